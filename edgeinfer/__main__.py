@@ -1,0 +1,5 @@
+"""``python -m edgeinfer`` runs the CLI."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,43 @@
+"""Helpers around native libraries that write to the process's stderr themselves."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+
+log = logging.getLogger("edgeinfer.native")
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def captured_native_stderr(what: str) -> Iterator[None]:
+    """Route fd 2 to a temp file while a runtime loads a model; log what it wrote at debug level.
+
+    LiteRT and OpenVINO print INFO lines and duplicate their error text straight to fd 2, which
+    would break the CLI's promise of exactly one error line. Used only around model loading.
+    """
+    if os.environ.get("EDGEINFER_NATIVE_STDERR") == "1":
+        yield
+        return
+    with _lock, tempfile.TemporaryFile(mode="w+b") as sink:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):
+            yield
+            return
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode("utf-8", errors="replace").strip()
+            if text:
+                log.debug("%s wrote to stderr: %s", what, text)

@@ -1,0 +1,121 @@
+"""The edgeinfer exception tree.
+
+Environment and runtime failures raise an :class:`EdgeInferError` subclass with a message that
+says what to do. A caller's wrong argument stays a plain ``ValueError`` / ``TypeError``, except
+where it is data the program received at run time (a frame of the wrong shape), which raises
+:class:`InputMismatch` — both an ``EdgeInferError`` and a ``ValueError``.
+
+    EdgeInferError
+    ├── ModelError                    something about a model file
+    │   ├── ModelNotFound             the path does not exist / is not a file
+    │   ├── ModelFormatError          not a model we know, or corrupt / truncated
+    │   └── ModelLoadError            a runtime refused a well-formed model
+    │       └── UnsupportedOperator   the model needs an op this runtime lacks (custom op, Edge TPU op)
+    ├── DelegateError
+    │   ├── DelegateUnavailable       one delegate cannot run here; ``.reason`` says why
+    │   └── NoDelegateAvailable       nothing can run this model; ``.reasons`` maps name -> reason
+    ├── InferenceError                invoke() failed inside the runtime
+    │   └── InputMismatch             (also ValueError) wrong shape / dtype for an input
+    ├── ImageError                    an image file cannot be read or decoded
+    ├── LabelsError                   a labels file cannot be read
+    ├── ProfileError                  a device profile is malformed (names the file and key)
+    ├── CaptureError                  a frame source failed to open or died
+    ├── ConfigError                   a config file is malformed (names the key)
+    ├── ProtocolError                 an MQTT message does not match its schema
+    └── UpdateRejected                a model update was refused; ``.reason`` says why
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class EdgeInferError(Exception):
+    """Base class of every error edgeinfer raises on purpose."""
+
+
+class ModelError(EdgeInferError):
+    """A model file cannot be used."""
+
+
+class ModelNotFound(ModelError, FileNotFoundError):
+    """The model path does not exist or is not a regular file."""
+
+
+class ModelFormatError(ModelError):
+    """The file is not a model format edgeinfer knows, or it is corrupt or truncated."""
+
+
+class ModelLoadError(ModelError):
+    """A runtime refused to load a well-formed model."""
+
+
+class UnsupportedOperator(ModelLoadError):
+    """The model needs an operator the chosen runtime does not provide."""
+
+    def __init__(self, message: str, operators: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.operators = operators
+
+
+class DelegateError(EdgeInferError):
+    """Base of delegate selection and loading failures."""
+
+
+class DelegateUnavailable(DelegateError):
+    """A delegate cannot run on this machine; ``reason`` says why in words a person can act on."""
+
+    def __init__(self, delegate: str, reason: str) -> None:
+        super().__init__(f"delegate {delegate!r} is unavailable: {reason}")
+        self.delegate = delegate
+        self.reason = reason
+
+
+class NoDelegateAvailable(DelegateError):
+    """No candidate delegate can run the model; ``reasons`` maps each candidate to its reason."""
+
+    def __init__(self, model: str, reasons: Mapping[str, str]) -> None:
+        listing = "; ".join(f"{name}: {why}" for name, why in reasons.items())
+        super().__init__(f"no delegate can run {model} — {listing}")
+        self.reasons = dict(reasons)
+
+
+class InferenceError(EdgeInferError):
+    """The runtime failed while running the model."""
+
+
+class InputMismatch(InferenceError, ValueError):
+    """Data given for an input tensor has the wrong shape or dtype."""
+
+
+class ImageError(EdgeInferError):
+    """An image file is missing or cannot be decoded."""
+
+
+class LabelsError(EdgeInferError):
+    """A labels file is missing or unreadable."""
+
+
+class ProfileError(EdgeInferError):
+    """A device profile is malformed; the message names the file and the key."""
+
+
+class CaptureError(EdgeInferError):
+    """A frame source failed to open or stopped delivering frames."""
+
+
+class ConfigError(EdgeInferError):
+    """A configuration file is malformed; the message names the key."""
+
+
+class ProtocolError(EdgeInferError):
+    """A message does not match its protocol schema."""
+
+
+class UpdateRejected(EdgeInferError):
+    """A model update was refused; ``reason`` is a short machine-readable code."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"update rejected ({reason}){': ' + detail if detail else ''}")
+        self.reason = reason
+        self.detail = detail

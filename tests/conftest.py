@@ -1,0 +1,43 @@
+"""Shared fixtures: the real assets beside the repository (../shared/assets or $EDGEINFER_ASSETS)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ASSETS = Path(os.environ.get("EDGEINFER_ASSETS", REPO.parent / "shared" / "assets")).resolve()
+MODELS = ASSETS / "models"
+IMAGES = ASSETS / "images"
+LABELS = ASSETS / "labels"
+
+#: the reference top-1 of MobileNet v2 quant (../shared/assets/README.md), label and score
+REFERENCE_TOP1 = {
+    "parrot.jpg": ("macaw", 1.00),
+    "cat.bmp": ("Egyptian cat", 0.84),
+    "grace_hopper.bmp": ("military uniform", 0.88),
+    "cat_720p.jpg": ("Egyptian cat", 0.88),
+    "dog_segmentation.bmp": ("Samoyed", 0.97),
+    "squat.bmp": ("dumbbell", 0.95),
+}
+
+if not MODELS.is_dir():
+    pytest.exit(f"test assets not found at {ASSETS}; set EDGEINFER_ASSETS", returncode=4)
+
+
+@pytest.fixture(scope="session")
+def assets() -> Path:
+    return ASSETS
+
+
+@pytest.fixture(scope="session")
+def imagenet_labels() -> Path:
+    return LABELS / "imagenet_labels.txt"
+
+
+def edgeinfer_cmd(*args: str) -> list[str]:
+    """The CLI as a user runs it, in a subprocess."""
+    return [sys.executable, "-m", "edgeinfer.cli", *args]

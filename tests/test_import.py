@@ -1,0 +1,33 @@
+"""`import edgeinfer` must stay cheap: no vendor runtime, no OpenCV, no threads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ["ai_edge_litert", "tflite_runtime", "onnxruntime", "onnx", "openvino", "tensorrt", "cv2",
+         "paho", "pycoral"]
+
+
+def test_import_leaves_vendor_runtimes_unloaded():
+    code = (
+        "import sys, json, threading, edgeinfer, edgeinfer.cli; "
+        "edgeinfer.EdgeInferError; edgeinfer.TensorSpec; "
+        f"print(json.dumps({{'loaded': [m for m in {HEAVY!r} if m in sys.modules], "
+        "'threads': threading.active_count()}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert result == {"loaded": [], "threads": 1}
+
+
+def test_runtime_is_imported_on_first_use():
+    code = (
+        "import sys, edgeinfer; from conftest import MODELS; "
+        "e = edgeinfer.load(MODELS / 'mobilenet_v2_1.0_224_quant.onnx', 'onnxruntime'); "
+        "print('onnxruntime' in sys.modules, 'ai_edge_litert' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=__file__.rsplit("/", 1)[0])
+    assert out.stdout.split() == ["True", "False"]
