@@ -130,5 +130,18 @@ def classify(model: str, images: tuple[str, ...], labels: str | None, top_k: int
         print_json(results)
 
 
+def _register_command_modules() -> None:
+    """Import every module of :mod:`edgeinfer.commands`; each adds its commands to ``main``."""
+    import importlib
+    import pkgutil
+
+    from . import commands
+
+    for module in sorted(m.name for m in pkgutil.iter_modules(commands.__path__)):
+        importlib.import_module(f"{commands.__name__}.{module}")
+
+
+_register_command_modules()
+
 if __name__ == "__main__":  # pragma: no cover
     main()

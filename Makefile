@@ -1,0 +1,46 @@
+# The two commands a fresh machine needs (see README.md):
+#   make demo   -- install everything, then run the end-to-end demo on the shared assets
+#   make test   -- install everything, then run ruff and the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+EXTRAS ?= all,dev
+export EDGEINFER_ASSETS ?= $(abspath ../shared/assets)
+
+.PHONY: demo test lint bench system-deps venv clean
+
+demo: venv
+	$(BIN)/edgeinfer demo
+
+test: venv
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check .
+
+bench: venv
+	$(BIN)/python bench/engine_overhead.py
+
+# Debian packages the demo and the tests use (a real Mosquitto broker, shellcheck for the
+# provisioning scripts). Installed only when missing; needs root, as on CI.
+system-deps:
+	@missing=""; \
+	command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
+	command -v shellcheck >/dev/null 2>&1 || missing="$$missing shellcheck"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+venv: system-deps $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info .edgeinfer-demo
