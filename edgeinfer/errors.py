@@ -22,6 +22,7 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── CaptureError                  a frame source failed to open or died
     ├── ConfigError                   a config file is malformed (names the key)
     ├── ProtocolError                 an MQTT message does not match its schema
+    ├── DownloadError                 an artifact download kept failing (network, server)
     └── UpdateRejected                a model update was refused; ``.reason`` says why
 """
 
@@ -110,6 +111,10 @@ class ConfigError(EdgeInferError):
 
 class ProtocolError(EdgeInferError):
     """A message does not match its protocol schema."""
+
+
+class DownloadError(EdgeInferError):
+    """An artifact download could not complete after its retries."""
 
 
 class UpdateRejected(EdgeInferError):
