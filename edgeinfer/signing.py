@@ -61,7 +61,8 @@ class Manifest:
     def validate(self) -> None:
         """Field-level checks, independent of the signature."""
         problems = []
-        if not (isinstance(self.sha256, str) and len(self.sha256) == 64 and all(c in "0123456789abcdef" for c in self.sha256)):
+        hex_digits = set("0123456789abcdef")
+        if not (isinstance(self.sha256, str) and len(self.sha256) == 64 and set(self.sha256) <= hex_digits):
             problems.append("sha256 must be 64 lowercase hex digits")
         if not isinstance(self.size, int) or self.size <= 0:
             problems.append("size must be a positive integer")

@@ -113,9 +113,8 @@ def test_tampered_artifact_is_rejected_and_removed(tmp_path):
     data = bytearray(stored.read_bytes())
     data[1000] ^= 0xFF  # flip a byte on the server's disk
     stored.write_bytes(bytes(data))
-    with FleetHTTPServer(store) as srv:
-        with pytest.raises(UpdateRejected) as info:
-            download(srv.artifact_url(sha), tmp_path / "m.tflite", sha256=sha, size=size)
+    with FleetHTTPServer(store) as srv, pytest.raises(UpdateRejected) as info:
+        download(srv.artifact_url(sha), tmp_path / "m.tflite", sha256=sha, size=size)
     assert info.value.reason == "sha256_mismatch"
     assert not (tmp_path / "m.tflite").exists() and not (tmp_path / "m.tflite.part").exists()
 

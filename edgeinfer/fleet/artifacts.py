@@ -45,7 +45,7 @@ class ArtifactStore:
         return path if path.is_file() else None
 
 
-def parse_range(header: str | None, size: int) -> tuple[int, int] | None | str:
+def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
     """(start, end inclusive) for a single-range header; None for no/ignored header; 'invalid' for 416."""
     if not header:
         return None
