@@ -118,7 +118,8 @@ class FleetDB:
     # -------------------------------------------------------------------------------- ingest
     def _upsert_device(self, conn, fleet: str, device_id: str, values: dict[str, Any], now: float) -> None:
         sa = self._sa
-        existing = conn.execute(sa.select(self.devices.c.device_id).where(self.devices.c.device_id == device_id)).first()
+        match = self.devices.c.device_id == device_id
+        existing = conn.execute(sa.select(self.devices.c.device_id).where(match)).first()
         if existing:
             conn.execute(self.devices.update().where(self.devices.c.device_id == device_id)
                          .values(fleet=fleet, last_seen=now, **values))
