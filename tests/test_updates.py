@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import MODELS, REPO
@@ -52,7 +53,7 @@ def test_update_goes_through_trial_and_commit(tmp_path, fleet):
     data, signature = signed(store, key, server, V2, 2)
     manifest = updater.check(data, signature)
     staged = updater.stage(manifest)
-    assert staged.slot == "b" and open(staged.path, "rb").read() == V2.read_bytes()
+    assert staged.slot == "b" and Path(staged.path).read_bytes() == V2.read_bytes()
     updater.slots.begin_trial(staged)
     assert updater.slots.active.version == 1  # not live until the gate passes
     updater.slots.commit()
@@ -155,14 +156,14 @@ def test_corrupt_state_file_is_a_clear_error(tmp_path):
 def test_sigkill_during_state_write_never_corrupts(tmp_path):
     """Kill a writer mid-loop many times: the state file always parses and names one model."""
     script = (
-        "import sys; sys.path.insert(0, %r)\n"
+        f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
         "from edgeinfer.updates import ModelSlots, InstalledModel\n"
-        "s = ModelSlots(%r)\n"
+        f"s = ModelSlots({str(tmp_path)!r})\n"
         "i = 0\n"
         "while True:\n"
         "    i += 1\n"
         "    s.begin_trial(InstalledModel('b', '/x', 'm', i, 'c' * 64)); s.commit()\n"
-    ) % (str(REPO), str(tmp_path))
+    )
     slots = ModelSlots(tmp_path)
     slots.install_initial(V1, name=V1.name, version=1, sha256=sha(V1))
     for _ in range(3):
