@@ -356,7 +356,8 @@ def _build(path: str, data: Mapping) -> Profile:
         delegates=tuple(_as_tuple(data["delegates"])), threads=data.get("threads"),
         camera=Camera(**camera_raw), telemetry=Telemetry(thermal_zones=zones, power_rails=rails),
         memory_budget_mb=data.get("memory_budget_mb"), setup_script=data.get("setup_script"),
-        l4t=() if l4t is None else tuple(l4t) if isinstance(l4t, list) else (l4t,), extends=data.get("extends"), source=path,
+        l4t=() if l4t is None else tuple(l4t) if isinstance(l4t, list) else (l4t,), extends=data.get("extends"),
+        source=path,
     )
 
 
