@@ -144,4 +144,8 @@ def _register_command_modules() -> None:
 _register_command_modules()
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    # `python -m edgeinfer.cli` runs this file as __main__, but command modules register on the
+    # importable `edgeinfer.cli.main`; run that one so every command is there.
+    from edgeinfer.cli import main as registered_main
+
+    registered_main()
