@@ -185,10 +185,14 @@ def _check_coral(host: Host, profile: Profile | None, user: str) -> list[Finding
                                 "connect the accelerator (USB 3 port for the USB Accelerator) and run doctor again"))
         return findings
     problem = library_problem(host)
-    findings.append(Finding("libedgetpu", PROBLEM, problem, f"run {_script(profile, family)}, or: echo 'deb "
-                            "https://packages.cloud.google.com/apt coral-edgetpu-stable main' | sudo tee "
-                            "/etc/apt/sources.list.d/coral-edgetpu.list && sudo apt-get update && sudo apt-get install "
-                            "libedgetpu1-std") if problem else Finding("libedgetpu", OK, "libedgetpu.so.1 is installed"))
+    if problem:
+        findings.append(Finding(
+            "libedgetpu", PROBLEM, problem,
+            f"run {_script(profile, family)}, or: echo 'deb https://packages.cloud.google.com/apt coral-edgetpu-stable "
+            "main' | sudo tee /etc/apt/sources.list.d/coral-edgetpu.list && sudo apt-get update && "
+            "sudo apt-get install libedgetpu1-std"))
+    else:
+        findings.append(Finding("libedgetpu", OK, "libedgetpu.so.1 is installed"))
     for device in usb:
         rules = udev_rules_mention(host, device.id.split(":")[0])
         if not rules:
@@ -226,8 +230,8 @@ def _check_coral(host: Host, profile: Profile | None, user: str) -> list[Finding
         if allowed is False:
             findings.append(Finding(
                 "apex-permission", PROBLEM, f"user {user!r} cannot open {node}",
-                f"add the udev rule SUBSYSTEM==\"apex\", MODE=\"0660\", GROUP=\"apex\" and sudo usermod -aG apex {user} "
-                f"(run {_script(profile, family)})"))
+                f"add the udev rule SUBSYSTEM==\"apex\", MODE=\"0660\", GROUP=\"apex\" and "
+                f"sudo usermod -aG apex {user} (run {_script(profile, family)})"))
         elif allowed:
             findings.append(Finding("apex-permission", OK, f"{node} present and usable by {user!r}"))
     return findings
@@ -301,7 +305,8 @@ def _check_intel(host: Host, profile: Profile | None, packages: Callable[[str], 
         elif version > MYRIAD_LAST_RELEASE:
             findings.append(Finding(
                 "openvino-myriad", PROBLEM,
-                f"a Neural Compute Stick 2 is connected but OpenVINO {openvino} has no MYRIAD plugin (removed in 2023.0)",
+                f"a Neural Compute Stick 2 is connected but OpenVINO {openvino} has no MYRIAD plugin "
+                "(removed in 2023.0)",
                 f"install openvino==2022.3.* (Python <= 3.10, numpy<2) in its own venv ({script}); until then "
                 "models run on openvino:CPU"))
         if not udev_rules_mention(host, "03e7"):
@@ -326,7 +331,8 @@ def _check_camera(host: Host, profile: Profile | None, user: str) -> list[Findin
             fix = ("check the ribbon cable and that camera_auto_detect=1 is in /boot/firmware/config.txt, then "
                    "`rpicam-hello --list-cameras`; a USB camera should appear in `lsusb`")
         elif host.tegra_release:
-            fix = "check the CSI ribbon and `sudo systemctl status nvargus-daemon`; a USB camera should appear in `lsusb`"
+            fix = ("check the CSI ribbon and `sudo systemctl status nvargus-daemon`; a USB camera should appear "
+                   "in `lsusb`")
         else:
             fix = "connect a camera (`lsusb`, `dmesg | tail`), or use a file / RTSP source instead"
         return [Finding("camera", WARNING, "no camera node (/dev/video*)", fix)]

@@ -20,7 +20,7 @@ import os
 import platform
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +173,8 @@ class Profile:
     extends: str | None = None
     #: the file this profile was loaded from
     source: str = ""
+    #: 0 for a shipped profile, 1, 2, … for each later directory; on equal specificity the later wins
+    layer: int = 0
 
     @property
     def specificity(self) -> int:
@@ -420,9 +422,10 @@ def _merge(base: Mapping, child: Mapping) -> dict:
     return merged
 
 
-def _collect(directories: Iterable[Path]) -> dict[str, tuple[str, dict]]:
-    raws: dict[str, tuple[str, dict]] = {}
-    for directory in directories:
+def _collect(directories: Iterable[Path]) -> dict[str, tuple[str, dict, int]]:
+    """name -> (file, checked mapping, layer); a later directory's profile replaces an earlier one's."""
+    raws: dict[str, tuple[str, dict, int]] = {}
+    for layer, directory in enumerate(directories):
         if not directory.is_dir():
             raise ProfileError(f"{directory}: profile directory does not exist (from --profile-dir or "
                                f"${PROFILE_DIRS_ENV})")
@@ -433,13 +436,13 @@ def _collect(directories: Iterable[Path]) -> dict[str, tuple[str, dict]]:
             if name in seen_here:
                 raise _error(str(path), "name", f"{name!r} is also defined in {seen_here[name]}")
             seen_here[name] = str(path)
-            raws[name] = (str(path), raw)  # a later directory overrides an earlier one
+            raws[name] = (str(path), raw, layer)
     return raws
 
 
-def _resolve(raws: Mapping[str, tuple[str, dict]], names: Iterable[str]) -> dict[str, Profile]:
+def _resolve(raws: Mapping[str, tuple[str, dict, int]], names: Iterable[str]) -> dict[str, Profile]:
     def resolve(name: str, chain: tuple[str, ...]) -> dict:
-        path, raw = raws[name]
+        path, raw, _layer = raws[name]
         base_name = raw.get("extends")
         if base_name is None:
             return raw
@@ -454,7 +457,7 @@ def _resolve(raws: Mapping[str, tuple[str, dict]], names: Iterable[str]) -> dict
         merged["extends"] = base_name
         return merged
 
-    return {name: _build(raws[name][0], resolve(name, (name,))) for name in names}
+    return {name: replace(_build(raws[name][0], resolve(name, (name,))), layer=raws[name][2]) for name in names}
 
 
 def load_profiles(dirs: Iterable[str | os.PathLike] = (), *, env: Mapping[str, str] | None = None,
@@ -470,7 +473,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
     raws = _collect([builtin_profile_dir()])
     raw = _check_raw(str(path), _read_yaml(path))
     name = raw.setdefault("name", path.stem)
-    raws[name] = (str(path), raw)
+    raws[name] = (str(path), raw, 1)
     return _resolve(raws, [name])[name]
 
 
@@ -655,7 +658,7 @@ class Detection:
 
     @property
     def ambiguous(self) -> bool:
-        """Two profiles matched with the same specificity (the alphabetically first one was taken)."""
+        """Two profiles matched with the same specificity (a user's profile, else the first by name, was taken)."""
         return len(self.ranking) > 1 and self.ranking[0][1] == self.ranking[1][1]
 
     def to_dict(self) -> dict[str, Any]:
@@ -684,12 +687,13 @@ def detect(root: str | os.PathLike = "/", *, profiles: Mapping[str, Profile] | N
     for profile in known.values():
         ok, evidence = profile.match.evaluate(host)
         if ok:
-            matches.append((profile.specificity, profile.name, profile, evidence))
-    matches.sort(key=lambda m: (-m[0], m[1]))
+            matches.append((profile.specificity, profile.layer, profile.name, profile, evidence))
+    # most specific first; on a tie the profile from a later directory (a user's) wins, then by name
+    matches.sort(key=lambda m: (-m[0], -m[1], m[2]))
     if not matches:
         return Detection(None, host)
-    score, _name, best, evidence = matches[0]
-    return Detection(best, host, score, evidence, tuple((m[1], m[0]) for m in matches))
+    score, _layer, _name, best, evidence = matches[0]
+    return Detection(best, host, score, evidence, tuple((m[2], m[0]) for m in matches))
 
 
 # ------------------------------------------------------------------------------------ telemetry

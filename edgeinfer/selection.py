@@ -260,12 +260,13 @@ def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | Non
     )
 
 
-def _load_candidate(candidate: Candidate, info: ModelInfo, threads: int | None) -> Engine:
+def _load_candidate(candidate: Candidate, info: ModelInfo, threads: int | None, *, cpu_fallback: bool = False,
+                    ) -> Engine:
     from .delegates import get_delegate
 
     delegate = get_delegate(candidate.name)
-    if candidate.name == "coral":  # selection handles the twin itself (it is in the plan)
-        return delegate.load(info, threads=threads, device=candidate.device, cpu_fallback=False)
+    if candidate.name == "coral":  # the twin is a candidate of its own in the plan, unless there is none
+        return delegate.load(info, threads=threads, device=candidate.device, cpu_fallback=cpu_fallback)
     return delegate.load(info, threads=threads, device=candidate.device)
 
 
@@ -290,7 +291,7 @@ def load(model: str | os.PathLike | ModelInfo, delegate: str | None = None, *, t
     if the_plan.source == "explicit" and len(candidates) == 1:
         # One delegate asked for by name: its own typed error (UnsupportedOperator, DelegateUnavailable).
         only = candidates[0]
-        chosen = _load_candidate(only, info, threads)
+        chosen = _load_candidate(only, info, threads, cpu_fallback=not strict)
         chosen.selection = replace(the_plan, candidates=(replace(only, available=True, reason=READY),), selected=0,
                                    fallback_reason=None)
         return chosen

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-X86_FLAGS = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat lm sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma"
+X86_FLAGS = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat lm sse sse2 ssse3 sse4_1 avx avx2 fma"
 ARM_FEATURES = "fp asimd evtstrm crc32 cpuid"
 
 

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 EDGETPU_LIBRARY = "libedgetpu.so.1"
 #: the file-name pattern of libedgetpu under a root (libedgetpu.so.1 -> libedgetpu.so.1.0)
 EDGETPU_LIBRARY_GLOB = "libedgetpu.so.1*"
-INSTALL_HINT = ("install libedgetpu1-std from Coral's apt repository (https://coral.ai/software/#debian-packages; "
-                "firmware_scripts/setup-pi.sh does it on a Raspberry Pi)")
+INSTALL_HINT = ("install libedgetpu1-std from Coral's apt repository (firmware_scripts/setup-pi.sh on a Raspberry Pi; "
+                "`edgeinfer doctor` prints the commands)")
 _DEVICE = re.compile(r"^(usb|pci)(?::(\d+))?$")
 _EDGETPU_SUFFIX = re.compile(r"_edgetpu(?=\.tflite$)")
 
@@ -77,8 +77,9 @@ def library_problem(host: Host | None = None) -> str | None:
     try:
         ctypes.CDLL(found or EDGETPU_LIBRARY)
     except OSError as exc:
-        where = f"found {found} but it does not load" if found else "not found by the dynamic loader"
-        return f"{EDGETPU_LIBRARY} {where} ({exc}) — {INSTALL_HINT}"
+        if found is None and "No such file" in str(exc):
+            return f"{EDGETPU_LIBRARY} not found — {INSTALL_HINT}"
+        return f"{found or EDGETPU_LIBRARY} does not load ({exc}) — {INSTALL_HINT}"
     return None
 
 
