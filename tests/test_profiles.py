@@ -282,3 +282,34 @@ def test_wheel_ships_the_profiles_and_they_load_from_the_package(tmp_path):
     where, count = out.stdout.split()
     assert Path(where) == tmp_path / "site" / "edgeinfer" / "device_profiles"
     assert int(count) == len(shipped)
+
+
+# -------------------------------------------------------------------------- nothing at import
+
+def test_nothing_is_probed_or_loaded_at_import_time():
+    """Importing the profile, selection, doctor and CLI modules opens no device file and no profile."""
+    code = (
+        "import sys, json\n"
+        "opened = []\n"
+        "sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == 'open' else None)\n"
+        "import edgeinfer.profiles, edgeinfer.selection, edgeinfer.doctor, edgeinfer.cli\n"
+        "import edgeinfer.delegates.coral, edgeinfer.delegates.tensorrt, edgeinfer.delegates.onnxruntime_gpu\n"
+        "print(json.dumps([p for p in opened if p.startswith(('/proc', '/sys', '/dev', '/etc')) "
+        "or p.endswith('.yaml')]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_alternative_device_tree_path_and_cpu_flags(tmp_path):
+    root = FakeRoot(tmp_path / "root").cpu("x86_64")
+    root.file("/sys/firmware/devicetree/base/model", b"Lab Box 2\x00")
+    assert probe_host(root).model == "Lab Box 2"
+    user = tmp_path / "user"
+    write_profile(user, "avx.yaml", "name: lab-avx\nmatch: {arch: [x86_64], cpu_flags: [avx2, fma]}\n"
+                                    "delegates: [onnxruntime]\n")
+    write_profile(user, "vnni.yaml", "name: lab-vnni\nmatch: {arch: [x86_64], cpu_flags: [avx512_vnni]}\n"
+                                     "delegates: [openvino]\n")
+    detection = detect(root, profile_dirs=[user], env=NO_ENV)
+    assert detection.profile.name == "lab-avx" and "CPU flags avx2 fma" in detection.evidence
+    assert "lab-vnni" not in dict(detection.ranking)
