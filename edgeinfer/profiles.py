@@ -422,9 +422,12 @@ def _merge(base: Mapping, child: Mapping) -> dict:
     return merged
 
 
-def _collect(directories: Iterable[Path]) -> dict[str, tuple[str, dict, int]]:
-    """name -> (file, checked mapping, layer); a later directory's profile replaces an earlier one's."""
-    raws: dict[str, tuple[str, dict, int]] = {}
+_Definitions = dict[str, list[tuple[str, dict, int]]]
+
+
+def _collect(directories: Iterable[Path]) -> _Definitions:
+    """name -> every definition (file, checked mapping, layer), earliest first; the last one is in force."""
+    raws: _Definitions = {}
     for layer, directory in enumerate(directories):
         if not directory.is_dir():
             raise ProfileError(f"{directory}: profile directory does not exist (from --profile-dir or "
@@ -436,28 +439,42 @@ def _collect(directories: Iterable[Path]) -> dict[str, tuple[str, dict, int]]:
             if name in seen_here:
                 raise _error(str(path), "name", f"{name!r} is also defined in {seen_here[name]}")
             seen_here[name] = str(path)
-            raws[name] = (str(path), raw, layer)
+            raws.setdefault(name, []).append((str(path), raw, layer))
     return raws
 
 
-def _resolve(raws: Mapping[str, tuple[str, dict, int]], names: Iterable[str]) -> dict[str, Profile]:
-    def resolve(name: str, chain: tuple[str, ...]) -> dict:
-        path, raw, _layer = raws[name]
+def _resolve(raws: _Definitions, names: Iterable[str]) -> dict[str, Profile]:
+    """Profiles for ``names`` with ``extends`` resolved; ``extends: <own name>`` extends the earlier definition."""
+
+    def resolve(name: str, index: int, chain: tuple[tuple[str, int], ...]) -> dict:
+        path, raw, _layer = raws[name][index]
         base_name = raw.get("extends")
         if base_name is None:
             return raw
-        if base_name not in raws:
+        if base_name == name:
+            if index == 0:
+                raise _error(path, "extends", f"{name!r} extends itself and no earlier directory defines it")
+            base_index = index - 1
+        elif base_name in raws:
+            base_index = len(raws[base_name]) - 1
+        else:
             raise _error(path, "extends", f"no profile named {base_name!r} (known: {', '.join(sorted(raws))})")
-        if base_name in chain:
-            raise _error(path, "extends", f"circular: {' -> '.join((*chain, base_name))}")
-        merged = _merge(resolve(base_name, (*chain, base_name)), raw)
+        if (base_name, base_index) in chain:
+            cycle = " -> ".join(n for n, _ in (*chain, (base_name, base_index)))
+            raise _error(path, "extends", f"circular: {cycle}")
+        merged = _merge(resolve(base_name, base_index, (*chain, (base_name, base_index))), raw)
         merged["name"] = raw["name"]
         if "description" in raw:
             merged["description"] = raw["description"]
         merged["extends"] = base_name
         return merged
 
-    return {name: replace(_build(raws[name][0], resolve(name, (name,))), layer=raws[name][2]) for name in names}
+    profiles = {}
+    for name in names:
+        path, _raw, layer = raws[name][-1]
+        profiles[name] = replace(_build(path, resolve(name, len(raws[name]) - 1, ((name, len(raws[name]) - 1),))),
+                                 layer=layer)
+    return profiles
 
 
 def load_profiles(dirs: Iterable[str | os.PathLike] = (), *, env: Mapping[str, str] | None = None,
@@ -473,7 +490,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
     raws = _collect([builtin_profile_dir()])
     raw = _check_raw(str(path), _read_yaml(path))
     name = raw.setdefault("name", path.stem)
-    raws[name] = (str(path), raw, 1)
+    raws.setdefault(name, []).append((str(path), raw, 1))
     return _resolve(raws, [name])[name]
 
 

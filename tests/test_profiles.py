@@ -223,6 +223,20 @@ def test_user_directory_adds_and_overrides_profiles(tmp_path, shipped):
     assert detect(root, profile_dirs=[user], env=NO_ENV).profile.name == "my-board"
 
 
+def test_a_user_profile_can_tweak_the_shipped_one_of_the_same_name(tmp_path, shipped):
+    user = tmp_path / "user"
+    write_profile(user, "pi4.yaml", "name: raspberry-pi-4\nextends: raspberry-pi-4\nthreads: 2\n")
+    tweaked = load_profiles([user], env=NO_ENV)["raspberry-pi-4"]
+    assert tweaked.threads == 2 and tweaked.source == str(user / "pi4.yaml") and tweaked.layer == 1
+    assert tweaked.delegates == shipped["raspberry-pi-4"].delegates and tweaked.match == shipped["raspberry-pi-4"].match
+    # the Coral variant extends the name, so it now builds on the tweaked profile
+    assert load_profiles([user], env=NO_ENV)["raspberry-pi-4-coral-usb"].threads == 2
+    alone = tmp_path / "alone"
+    write_profile(alone, "x.yaml", "name: lab\nextends: lab\n")
+    with pytest.raises(ProfileError, match="extends: 'lab' extends itself"):
+        load_profiles([alone], env=NO_ENV)
+
+
 def test_single_file_can_extend_a_shipped_profile(tmp_path):
     path = write_profile(tmp_path, "lab-pi.yaml", "name: lab-pi\nextends: raspberry-pi-4-coral-usb\nthreads: 2\n")
     profile = load_profile(path)
