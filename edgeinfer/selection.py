@@ -246,7 +246,7 @@ def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | Non
         raise ValueError(f"${DELEGATE_ENV}={specs[0]!r}: {exc}") from None
     others: tuple[Candidate, ...] = ()
     if include_others:
-        listed = set(names)
+        listed = {split_delegate(s)[0] for s in specs}
         others = tuple(_assess(n, info, host, twin, unknown_is_error=False, in_plan=False)
                        for n in delegate_names() if n not in listed)
     selected = next((i for i, c in enumerate(candidates) if c.available), None)
