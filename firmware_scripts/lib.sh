@@ -50,6 +50,7 @@ ei_incomplete() {
 _ei_on_error() {
     local rc=$? line=$1 cmd=$2
     printf '%s: error: command failed (exit %s) at line %s: %s\n' "$EI_SCRIPT" "$rc" "$line" "$cmd" >&2
+    exit 1  # 2 and 3 mean "bad usage" and "needs a person"; a failed command is a failure
 }
 trap '_ei_on_error "$LINENO" "$BASH_COMMAND"' ERR
 

@@ -183,7 +183,8 @@ EOF
                 ei_die "$OV_ARCHIVE does not match --openvino-sha256"
             fi
             mkdir -p "$tmp/x" "$(dirname "$(ei_path "$OV_NCS2_DIR")")"
-            tar -xzf "$src" -C "$tmp/x" --strip-components=1
+            tar -xzf "$src" -C "$tmp/x" --strip-components=1 ||
+                { rm -rf "$tmp"; ei_die "cannot unpack $OV_ARCHIVE (not a .tgz?)"; }
             [[ -f "$tmp/x/setupvars.sh" ]] || { rm -rf "$tmp"; ei_die "$OV_ARCHIVE is not an OpenVINO archive"; }
             rm -rf "$(ei_path "$OV_NCS2_DIR")"
             mv "$tmp/x" "$(ei_path "$OV_NCS2_DIR")"
