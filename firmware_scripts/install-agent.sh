@@ -148,8 +148,11 @@ if ! ei_exists "$VENV/bin/edgeinfer"; then
     ei_warn "$VENV/bin/edgeinfer does not exist yet: run setup-pi.sh / setup-jetson.sh / setup-intel.sh first" \
         "(the service is installed but cannot start until then)"
     START=0
-elif [[ -z "$EI_ROOT" ]]; then
-    ei_check "agent config ($CONFIG)" "$VENV/bin/edgeinfer" agent --config "$CONFIG" --check ||
+elif [[ -z "$EI_ROOT" ]] && ei_exists "$CONFIG"; then
+    # As the service user where possible: that also catches TLS files the agent cannot read.
+    as_agent=()
+    if ei_user_exists "$SERVICE_USER" && ei_have runuser; then as_agent=(runuser -u "$SERVICE_USER" --); fi
+    ei_check "agent config ($CONFIG)" "${as_agent[@]}" "$VENV/bin/edgeinfer" agent --config "$CONFIG" --check ||
         { ei_warn "the agent rejects $CONFIG; fix it before starting the service"; START=0; }
 fi
 
