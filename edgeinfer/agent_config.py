@@ -183,7 +183,7 @@ class _Reader:
             if required:
                 raise self.fail(key, "required")
             return default
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and choices is None and pattern is None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):  # mqtt_version: 5, device_id: 42
             value = str(value)
         if not isinstance(value, str) or not value.strip():
             raise self.fail(key, f"must be a non-empty string, got {value!r}")

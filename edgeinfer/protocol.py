@@ -427,3 +427,7 @@ def schemas_markdown() -> str:
     for kind, schema in SCHEMAS.items():
         parts.append(f"### `{kind}`\n\n```json\n{json.dumps(schema, indent=2, ensure_ascii=False)}\n```\n")
     return "\n".join(parts)
+
+
+if __name__ == "__main__":  # pragma: no cover - regenerates the schema section of docs/protocol.md
+    print(schemas_markdown(), end="")

@@ -127,8 +127,9 @@ class Spool:
         with self._lock:
             self._transaction(self._trim)
         if self.disk_bytes() > max_bytes:  # the bound was lowered since the file grew: give pages back
-            self._conn.execute("PRAGMA incremental_vacuum")
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            # executescript steps the pragma to completion (execute() would free a single page)
+            self._conn.executescript("PRAGMA incremental_vacuum;")
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=10)
