@@ -50,7 +50,9 @@ DEFAULT_INFLIGHT_WINDOW = 20
 STABLE_CONNECTION_S = 10.0
 MQTT_VERSIONS = ("auto", "5", "3.1.1")
 _LOOP_TIMEOUT_S = 0.1
-_NO_CONN = 4  # paho MQTTErrorCode.MQTT_ERR_NO_CONN: the message is queued and sent after the next CONNACK
+#: paho MQTTErrorCode.MQTT_ERR_QUEUE_SIZE: the only publish() result after which paho does NOT keep a
+#: QoS 1 message (for any other, e.g. NO_CONN or CONN_LOST, it resends it after the next CONNACK)
+_QUEUE_SIZE = 15
 
 
 @dataclass(frozen=True)
@@ -562,7 +564,7 @@ class MqttLink:
             pending = [(t, p, v) for t, (p, v) in self._retained.items() if self._retained_sent.get(t) != v]
         for topic, payload, version in pending:
             info = client.publish(topic, payload, qos=1, retain=True)
-            if info.rc != 0:
+            if info.rc == _QUEUE_SIZE:
                 return
             self._direct_inflight.add(info.mid)
             self.status.published += 1
@@ -581,7 +583,7 @@ class MqttLink:
                 break
             for index, row in enumerate(rows):
                 info = client.publish(row.topic, row.payload, qos=row.qos, retain=row.retain)
-                if info.rc not in (0, _NO_CONN):  # NO_CONN: paho queued it for resend
+                if info.rc == _QUEUE_SIZE:
                     spool.release(r.id for r in rows[index:])
                     return
                 self._inflight[info.mid] = row.id

@@ -7,6 +7,8 @@ TLS or require a password.
 
 from __future__ import annotations
 
+import contextlib
+import getpass
 import json
 import os
 import shutil
@@ -15,12 +17,10 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
@@ -76,7 +76,10 @@ class Broker:
         self.tls = tls
         self.proc: subprocess.Popen | None = None
         workdir.mkdir(parents=True, exist_ok=True)
-        lines = [f"listener {self.port} 127.0.0.1", "persistence false", "log_dest stderr",
+        # run as whoever runs the tests (started as root, mosquitto would switch to a user that cannot
+        # read the test's temporary files)
+        lines = [f"user {getpass.getuser()}", f"listener {self.port} 127.0.0.1", "persistence false",
+                 "log_dest stderr",
                  "log_type error", "log_type warning", "log_type notice", "log_type information"]
         if users:
             passwd = workdir / "passwd"
@@ -130,10 +133,10 @@ class Broker:
         return self.proc is not None and self.proc.poll() is None
 
 
-@pytest.fixture
-def broker(tmp_path):
-    """A fresh Mosquitto on a free port, stopped after the test."""
-    b = Broker(tmp_path / "broker").start()
+@contextlib.contextmanager
+def running_broker(workdir: Path) -> Iterator[Broker]:
+    """A fresh Mosquitto on a free port, killed on exit (test modules wrap it in a `broker` fixture)."""
+    b = Broker(workdir / "broker").start()
     try:
         yield b
     finally:
