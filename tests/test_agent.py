@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from agent_support import AgentProcess, fake_sysfs, write_config
 from broker_support import Broker, Collector, free_port, make_tls_files, running_broker, seqs
+from conftest import IMAGES, MODELS
 
 from edgeinfer.protocol import make_command, validate
 
@@ -351,3 +352,28 @@ def test_malformed_commands_get_error_events_and_change_nothing(tmp_path, broker
         assert collector.wait_until(lambda c: len(events(c, "cmd_result")) == 1, 10)
         assert events(collector, "cmd_result")[0]["data"]["duplicate"] is True
 
+
+
+# --------------------------------------------------------------------------------- pipelines
+
+def test_failing_pipeline_is_restarted_with_backoff_while_reporting_goes_on(tmp_path, broker):
+    broken = MODELS / "model_invoking_error.tflite"  # its custom op is unresolved: loading fails
+    config = agent_config(tmp_path, broker.url, restart_min_s=0.2, restart_max_s=0.8, pipelines=[
+        {"name": "main", "model": str(broken), "source": str(IMAGES / "parrot.jpg"), "loop": True}])
+    with Collector(broker.port) as collector, AgentProcess(config, tmp_path / "agent.log") as agent:
+        assert collector.wait_subscribed()
+        assert collector.wait_until(lambda c: len(events(c, "pipeline_restarting")) >= 4, 30), agent.output()
+        failed = events(collector, "pipeline_failed")
+        assert failed and failed[0]["pipeline"] == "main" and failed[0]["level"] == "error"
+        assert failed[0]["data"]["error"]
+        delays = [e["data"]["delay_s"] for e in events(collector, "pipeline_restarting")]
+        assert delays[0] <= 0.2 and max(delays) <= 0.8 and delays[3] > delays[0]  # exponential, capped
+        assert agent.alive()
+        telemetry = collector.of_kind("telemetry")
+        assert len(telemetry) >= 10  # reporting never stopped
+        entry = telemetry[-1]["pipelines"][0]
+        assert entry["name"] == "main" and entry["status"] in ("starting", "failed", "restarting")
+        assert entry["restarts"] >= 3 and entry["fps"] == 0
+        state = collector.of_kind("state")[-1]
+        assert state["pipelines"][0]["error"] or state["pipelines"][0]["status"] in ("starting", "restarting")
+        assert_all_valid(collector)
