@@ -137,6 +137,7 @@ class PipelineRunner:
                                       "format": None}
         self.frames_total = 0
         self.dropped_total = 0
+        self.last_run_frames = 0
 
     # -- control --------------------------------------------------------------------------
     def start(self) -> PipelineRunner:
@@ -225,7 +226,7 @@ class PipelineRunner:
                     self.last_error = None
                     self._set_status("ended")
                     self._emit("pipeline_ended", "info", f"pipeline {self.name} ended (its source has no more "
-                               "frames)", pipeline=self.name, data={"frames": self.frames_total})
+                               "frames)", pipeline=self.name, data={"frames": self.last_run_frames})
                     if self.config.restart != "always":
                         self._wait(1e9)  # until stop or a restart command
                         continue
@@ -284,8 +285,9 @@ class PipelineRunner:
                 self._pipeline = None
                 try:
                     self._leftover = _merge(self._leftover, pipeline.take_window())
+                    self.last_run_frames = int(pipeline.stats.frames)
                 except Exception:
-                    log.debug("final take_window failed", exc_info=True)
+                    log.debug("final stats failed", exc_info=True)
             error = None if requested else getattr(pipeline, "error", None)
             with contextlib.suppress(Exception):
                 pipeline.close()

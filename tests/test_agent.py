@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from agent_support import AgentProcess, fake_sysfs, write_config
 from broker_support import Broker, Collector, free_port, make_tls_files, running_broker, seqs
-from conftest import IMAGES, MODELS
+from conftest import IMAGES, LABELS, MODELS
 
+from edgeinfer.model import inspect_model
 from edgeinfer.protocol import make_command, validate
 
 
@@ -376,4 +377,60 @@ def test_failing_pipeline_is_restarted_with_backoff_while_reporting_goes_on(tmp_
         assert entry["restarts"] >= 3 and entry["fps"] == 0
         state = collector.of_kind("state")[-1]
         assert state["pipelines"][0]["error"] or state["pipelines"][0]["status"] in ("starting", "restarting")
+        assert_all_valid(collector)
+
+
+def test_agent_runs_real_pipelines_and_reports_what_they_do(tmp_path, broker):
+    pytest.importorskip("edgeinfer.pipeline", reason="the pipeline (issue 4) is not merged yet")
+    model = MODELS / "mobilenet_v1_0.25_128_quant.tflite"
+    config = agent_config(tmp_path, broker.url, telemetry_interval_s=0.25, pipelines=[
+        {"name": "main", "model": str(model), "source": str(IMAGES / "*.jpg"), "loop": True, "max_fps": 20,
+         "labels": str(LABELS / "imagenet_labels.txt"), "delegate": "xnnpack", "threads": 1, "version": "1"},
+        {"name": "once", "model": str(model), "source": str(IMAGES / "parrot.jpg"), "threads": 1},
+        # ^ one still image: that run ends, and the agent goes on
+    ])
+    with Collector(broker.port) as collector, AgentProcess(config, tmp_path / "agent.log") as agent:
+        assert collector.wait_subscribed()
+
+        def running_for_a_while(c: Collector) -> bool:
+            frames = [p["frames"] for m in c.of_kind("telemetry") for p in m["pipelines"] if p["name"] == "main"]
+            return sum(frames) >= 30
+
+        assert collector.wait_until(running_for_a_while, 40), agent.output()
+        assert collector.wait_until(lambda c: events(c, "pipeline_ended"), 10)
+        ended = events(collector, "pipeline_ended")[0]
+        assert ended["pipeline"] == "once" and ended["data"]["frames"] == 1
+        started = {e["pipeline"]: e for e in events(collector, "pipeline_started")}
+        assert started["main"]["data"]["delegate"] == "xnnpack"
+
+        window = collector.of_kind("telemetry")[-1]
+        main = next(p for p in window["pipelines"] if p["name"] == "main")
+        once = next(p for p in window["pipelines"] if p["name"] == "once")
+        assert main["status"] == "running" and main["delegate"] == "xnnpack"
+        assert 5 < main["fps"] <= 25  # max_fps 20 (the window's own fps, not a guess)
+        assert set(main["stages"]) >= {"capture", "preprocess", "infer", "postprocess", "latency"}
+        infer = main["stages"]["infer"]
+        assert 0 < infer["p50"] <= infer["p95"] <= infer["p99"]
+        assert main["stages"]["latency"]["p50"] >= infer["p50"]
+        assert once["status"] == "ended" and once["frames"] == 0
+
+        state = collector.of_kind("state")[-1]
+        described = {p["name"]: p for p in state["pipelines"]}
+        assert described["main"]["model"]["sha256"] == inspect_model(model).sha256
+        assert described["main"]["model"]["version"] == "1" and described["main"]["model"]["format"] == "tflite"
+        assert described["main"]["status"] == "running" and described["once"]["status"] == "ended"
+
+        # a restart command restarts just that pipeline; it comes back on its own
+        collector.publish("edgeinfer/v1/test/cam-01/cmd", json.dumps(
+            make_command("c-restart-1", "restart_pipeline", {"pipeline": "main"})).encode())
+        assert collector.wait_until(lambda c: len([e for e in events(c, "pipeline_started")
+                                                   if e["pipeline"] == "main"]) == 2, 20), agent.output()
+        assert events(collector, "cmd_result")[0]["data"]["result"] == {"pipeline": "main"}
+        assert collector.wait_until(lambda c: any(
+            p["name"] == "main" and p["restarts"] == 1 and p["frames"] > 0
+            for m in c.of_kind("telemetry") for p in m["pipelines"]), 10)
+
+        assert agent.terminate() == 0, agent.output()
+        assert collector.wait_until(lambda c: c.of_kind("state")[-1]["online"] is False, 5)
+        assert {p["status"] for p in collector.of_kind("state")[-1]["pipelines"]} == {"stopped"}
         assert_all_valid(collector)
