@@ -95,6 +95,28 @@ def delegate_report() -> list[dict[str, Any]]:
     return out
 
 
+def _lock_data_dir(config: AgentConfig) -> Any:
+    """Hold an exclusive lock on ``data_dir`` for the agent's life: two agents on one spool (and one
+    MQTT client id) would steal each other's session and send everything twice."""
+    import fcntl
+    import os
+
+    handle = open(config.data_dir / "agent.lock", "a+")  # noqa: SIM115 - held open until close()
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        other = handle.read().strip() or "?"
+        handle.close()
+        raise ConfigError(f"{config.path or 'config'}: data_dir: another agent (pid {other}) is running with "
+                          f"{config.data_dir}; give each agent its own data_dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 # ------------------------------------------------------------------------------------- pipelines
 
 def _merge(first: Any, second: Any) -> Any:
@@ -505,6 +527,7 @@ class Agent:
         self.commands: CommandRouter | None = None
         self._opened = False
         self._closed = False
+        self._lock_file: Any = None
 
     # -- public ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -561,6 +584,7 @@ class Agent:
         except OSError as exc:
             raise ConfigError(f"{config.path or 'config'}: data_dir: cannot write to {config.data_dir} "
                               f"({exc.strerror}) — create it and give the agent's user write access") from None
+        self._lock_file = _lock_data_dir(config)
         self._spool = Spool(config.data_dir / "spool.sqlite3", max_bytes=config.spool_max_bytes)
         self._versions = software_versions()
         self._delegates = delegate_report()
@@ -620,6 +644,9 @@ class Agent:
             self._link.stop(drain_timeout=SHUTDOWN_DRAIN_S)
         if self._spool is not None:
             self._spool.close()
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
 
     def __enter__(self) -> Agent:
         self.open()
@@ -637,7 +664,12 @@ class Agent:
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_tick:
-                self._tick()
+                try:
+                    self._tick()
+                except Exception as exc:  # a telemetry bug must not stop the daemon (or its pipelines)
+                    log.exception("telemetry tick failed")
+                    self.emit("error", "error", f"telemetry failed: {type(exc).__name__}: {exc}",
+                              data={"reason": "telemetry_failed"})
                 next_tick += interval
                 if next_tick <= time.monotonic():  # fell behind (suspended, overloaded): do not burst
                     next_tick = time.monotonic() + interval

@@ -364,9 +364,9 @@ class MqttLink:
             while not self._stop.is_set():
                 try:
                     self._step()
-                except Exception:  # the link must outlive any surprise; log it and start over
+                except Exception as exc:  # the link must outlive any surprise (a packet paho cannot decode)
                     log.exception("MQTT link error; reconnecting")
-                    self._drop_connection("internal error")
+                    self._lost(f"internal error: {type(exc).__name__}: {exc}")
             self._shutdown()
         finally:
             self.status.connected = False
@@ -387,7 +387,7 @@ class MqttLink:
         if not self.status.connected:
             if self._connecting_since is not None and now - self._connecting_since > self.settings.connect_timeout_s:
                 self._lost(f"no CONNACK from {self.broker.host}:{self.broker.port} within "
-                           f"{self.settings.connect_timeout_s:g} s")
+                           f"{self.settings.connect_timeout_s:g} s", answered=False)
             return
         self._pump_retained()
         self._pump_spool()
@@ -435,17 +435,20 @@ class MqttLink:
             else:
                 self._client.connect(self.broker.host, self.broker.port, keepalive=self.settings.keepalive_s)
         except (OSError, ValueError) as exc:
-            self._failed(describe_connect_error(exc, self.broker), tcp_ok=False)
+            self._failed(describe_connect_error(exc, self.broker), answered=False)
             return
         self._connecting_since = time.monotonic()
 
-    def _failed(self, reason: str, *, tcp_ok: bool) -> None:
-        """An attempt failed: schedule the next one with backoff and jitter."""
+    def _failed(self, reason: str, *, answered: bool) -> None:
+        """An attempt failed: schedule the next one with backoff and jitter.
+
+        ``answered``: the broker answered the CONNECT (refused it, or hung up before a CONNACK).
+        """
         self._connecting_since = None
         self.status.failed_attempts += 1
         self.status.last_error = reason
         self._attempt += 1
-        if self.settings.mqtt_version == "auto" and not self._ever_connected and tcp_ok:
+        if self.settings.mqtt_version == "auto" and not self._ever_connected and answered:
             # The broker answered but did not accept us. A broker that does not speak MQTT 5 refuses
             # the protocol level or just hangs up, so try the other version next (paho fixes the
             # protocol per client object; nothing has been published through it yet).
@@ -462,7 +465,7 @@ class MqttLink:
 
     _refused_protocol = False
 
-    def _lost(self, reason: str) -> None:
+    def _lost(self, reason: str, *, answered: bool = True) -> None:
         was_connected = self.status.connected
         since = self.status.connected_since
         self._drop_connection(reason)
@@ -478,7 +481,7 @@ class MqttLink:
             self._next_attempt = time.monotonic() + delay
             self.status.last_error = reason
         else:
-            self._failed(reason, tcp_ok=True)
+            self._failed(reason, answered=answered)
 
     def _drop_connection(self, reason: str) -> None:
         self.status.connected = False
@@ -598,9 +601,8 @@ class MqttLink:
             deadline = self._drain_deadline or time.monotonic()
             while time.monotonic() < deadline:
                 self._pump_retained()
-                with self._lock:
-                    retained_done = all(self._retained_sent.get(t) == v for t, (_p, v) in self._retained.items())
-                if retained_done and not self._direct_inflight:
+                self._pump_spool()  # the last window and events, if the broker takes them in time
+                if self.idle():
                     break
                 if client.loop(timeout=0.05) != 0:
                     break

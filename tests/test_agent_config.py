@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from agent_support import write_config
+from agent_support import AgentProcess, write_config
 from broker_support import make_tls_files
 from conftest import MODELS, edgeinfer_cmd
 
@@ -160,3 +160,15 @@ def test_unwritable_data_dir_is_a_config_error(tmp_path):
                             timeout=60)
     assert result.returncode == 78
     assert "data_dir: cannot write to" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_second_agent_on_the_same_data_dir_is_refused(tmp_path):
+    path = write_config(tmp_path / "agent.yaml", device_id="cam-01", broker="mqtt://127.0.0.1:1",
+                        data_dir=str(tmp_path / "data"))
+    with AgentProcess(path, tmp_path / "first.log") as first:
+        assert first.wait_for_output("event agent_started", 30), first.output()
+        second = subprocess.run(edgeinfer_cmd("agent", "--config", str(path)), capture_output=True, text=True,
+                                timeout=60)
+        assert second.returncode == 78
+        assert f"another agent (pid {first.pid}) is running with {tmp_path / 'data'}" in second.stderr
+        assert first.alive()

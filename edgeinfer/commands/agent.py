@@ -32,7 +32,8 @@ def agent(config_path: str, check: bool) -> None:
         click.echo(f"edgeinfer: error: {' '.join(str(exc).split())}", err=True)
         sys.exit(EXIT_CONFIG)
     if check:
-        print_json({"device_id": config.device_id, "fleet": config.fleet, "broker": config.broker,
+        print_json({"device_id": config.device_id, "fleet": config.fleet,
+                    "broker": str(config.link_settings().broker),  # without credentials
                     "data_dir": str(config.data_dir), "telemetry_interval_s": config.telemetry_interval_s,
                     "spool_max_bytes": config.spool_max_bytes, "topics": config.topics.root,
                     "pipelines": [p.name for p in config.pipelines]})
