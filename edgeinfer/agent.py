@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .agent_config import AgentConfig, PipelineConfig
+from .agent_config import AgentConfig, PipelineConfig, resolve_profile
 from .errors import ConfigError, EdgeInferError, ProtocolError
 from .mqtt import MqttLink, backoff_delay
 from .protocol import PROTOCOL_VERSION, Topics, decode, encode, schema_errors
 from .spool import PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
-from .telemetry import BootSequence, SystemProbe, pipeline_entry, telemetry_message
+from .telemetry import BootSequence, SystemProbe, default_throttle_sensors, pipeline_entry, telemetry_message
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,20 @@ def software_versions() -> dict[str, str | None]:
     return out
 
 
-def delegate_report() -> list[dict[str, Any]]:
-    """Every registered delegate with ``available`` and the reason when it is not."""
+def delegate_report(profile: Any = None, root: str = "/") -> list[dict[str, Any]]:
+    """Every registered delegate with ``available`` and the reason when it is not.
+
+    With a device profile: its delegate plan for this host (its order first, then the others),
+    as ``edgeinfer device --json`` lists it.
+    """
+    if profile is not None:
+        try:
+            from .selection import plan
+
+            return plan(None, profile=profile, root=root, include_others=True).to_dict()["delegates"]
+        except Exception as exc:  # the report must never stop the agent
+            log.warning("delegate plan for profile %s failed (%s); listing delegates without it",
+                        getattr(profile, "name", profile), exc)
     from .delegates import delegate_names, get_delegate
 
     out = []
@@ -115,6 +127,40 @@ def _lock_data_dir(config: AgentConfig) -> Any:
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     return handle
+
+
+def sd_notify(state: str) -> bool:
+    """Tell systemd (``Type=notify``) about ``state`` (READY=1, WATCHDOG=1, STOPPING=1); False when not under it."""
+    import os
+    import socket
+
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):  # abstract namespace
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(state.encode())
+        return True
+    except OSError as exc:
+        log.debug("sd_notify(%s) failed: %s", state, exc)
+        return False
+
+
+def _watchdog_interval() -> float | None:
+    """Half of systemd's WatchdogSec (from $WATCHDOG_USEC, if it is meant for this process)."""
+    import os
+
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return max(0.05, int(usec) / 1e6 / 2)
+    except ValueError:
+        return None
 
 
 # ------------------------------------------------------------------------------------- pipelines
@@ -511,8 +557,8 @@ class Agent:
         self.config = config
         self.topics: Topics = config.topics
         self.boot = BootSequence()
-        self.probe = probe or SystemProbe(root=config.sensors.root, thermal_zones=config.sensors.thermal_zones,
-                                          throttle=config.sensors.throttle)
+        self.probe = probe  # built in open(), once the device profile is known
+        self.profile: Any = None
         self._factory = pipeline_factory
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -585,9 +631,15 @@ class Agent:
             raise ConfigError(f"{config.path or 'config'}: data_dir: cannot write to {config.data_dir} "
                               f"({exc.strerror}) — create it and give the agent's user write access") from None
         self._lock_file = _lock_data_dir(config)
+        self.profile = resolve_profile(config)
+        if self.probe is None:
+            sensors = config.sensors
+            self.probe = SystemProbe(root=sensors.root, thermal_zones=sensors.thermal_zones,
+                                     throttle=sensors.throttle or default_throttle_sensors(sensors.root),
+                                     profile=self.profile)
         self._spool = Spool(config.data_dir / "spool.sqlite3", max_bytes=config.spool_max_bytes)
         self._versions = software_versions()
-        self._delegates = delegate_report()
+        self._delegates = delegate_report(self.profile, config.sensors.root)
         self.commands = CommandRouter(self, config.data_dir / "commands.sqlite3")
         self.commands.register("ping", _cmd_ping, description="answer with the boot id and uptime")
         self.commands.register("restart_pipeline", _cmd_restart_pipeline, args_schema={
@@ -611,6 +663,7 @@ class Agent:
                                     restart_max_s=config.restart_max_s)
             self._runners.append(runner)
             runner.start()
+        sd_notify("READY=1")
 
     def _start_metrics(self, host: str, port: int) -> None:
         from .metrics import MetricsServer
@@ -627,6 +680,7 @@ class Agent:
             self._closed = True
             return
         self._closed = True
+        sd_notify("STOPPING=1")
         self.emit("agent_stopping", "info", "agent stopping")
         for runner in self._runners:
             runner._stop.set()
@@ -661,8 +715,13 @@ class Agent:
         self._last_tick = time.monotonic()
         self.probe.sample()  # CPU figures are deltas: take the first mark now
         next_tick = self._last_tick + interval
+        watchdog = _watchdog_interval()
+        next_watchdog = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
+            if watchdog is not None and now >= next_watchdog:
+                sd_notify("WATCHDOG=1")  # from the main loop: if it hangs, systemd restarts the agent
+                next_watchdog = now + watchdog
             if now >= next_tick:
                 try:
                     self._tick()
@@ -677,7 +736,8 @@ class Agent:
                 self._state_dirty.clear()
                 if self._link is not None:
                     self._link.set_retained(self.topics.state, encode(self._state_message(online=True)))
-            self._wake.wait(max(0.0, next_tick - time.monotonic()))
+            until = next_tick if watchdog is None else min(next_tick, next_watchdog)
+            self._wake.wait(max(0.0, until - time.monotonic()))
             self._wake.clear()
 
     def _tick(self, final: bool = False) -> None:
@@ -724,7 +784,7 @@ class Agent:
         message: dict[str, Any] = {
             "v": PROTOCOL_VERSION, "type": "state", "fleet": self.topics.fleet, "device": self.topics.device,
             "ts": round(time.time(), 3), "online": online, "boot_id": self.boot.boot_id,
-            "started": round(self.boot.started, 3), "profile": self.config.profile,
+            "started": round(self.boot.started, 3), "profile": getattr(self.profile, "name", None),
         }
         if reason:
             message["reason"] = reason

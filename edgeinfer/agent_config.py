@@ -16,6 +16,7 @@ Example::
     telemetry_interval_s: 1.0
     spool_max_bytes: 64MiB
     metrics: 127.0.0.1:9108           # optional Prometheus /metrics
+    profile: auto                     # device profile: auto (detect), a name, a .yaml file, or none
     sensors:
       thermal_zones: [cpu-thermal]
       throttle: [/sys/devices/platform/soc/soc:firmware/get_throttled]
@@ -131,7 +132,8 @@ class AgentConfig:
     restart_min_s: float = DEFAULT_RESTART_MIN_S
     restart_max_s: float = DEFAULT_RESTART_MAX_S
     metrics: tuple[str, int] | None = None
-    profile: str | None = None
+    #: "auto" (detect from the device), a profile name, a profile .yaml file, or "none"
+    profile: str = "auto"
     sensors: SensorConfig = SensorConfig()
     pipelines: tuple[PipelineConfig, ...] = ()
 
@@ -411,7 +413,8 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
             raise r.fail("pipelines", f"two pipelines are named {name!r}; names must be unique")
 
     data_dir = Path(r.path("data_dir") or DEFAULT_DATA_DIR)
-    profile = r.string("profile")
+    profile = r.string("profile", "auto")
+    assert profile is not None
     return AgentConfig(
         device_id=device_id, fleet=fleet, broker=broker, ca=ca, cert=cert, key=key,
         username=username, password=password,
@@ -432,6 +435,37 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
         sensors=_sensors(r.get("sensors"), file, base),
         pipelines=pipelines,
     )
+
+
+def resolve_profile(config: AgentConfig, *, detect_now: bool = True) -> Any:
+    """The device profile the config names (``auto``: detected under ``sensors.root``), or None.
+
+    ConfigError (naming the ``profile`` key) for an unknown name or a bad profile file. With
+    ``detect_now=False`` (``--check``), ``auto`` is not resolved.
+    """
+    from .errors import ProfileError
+    from .profiles import detect, load_profile, load_profiles
+
+    spec = config.profile
+    where = f"{config.path or 'config'}: profile"
+    try:
+        if spec == "none":
+            return None
+        if spec == "auto":
+            return detect(config.sensors.root).profile if detect_now else None
+        if spec.endswith((".yaml", ".yml")) or "/" in spec:
+            path = Path(spec) if Path(spec).is_absolute() or config.path is None else config.path.parent / spec
+            return load_profile(path)
+        known = load_profiles()
+        if spec not in known:
+            close = difflib.get_close_matches(spec, sorted(known), n=1)
+            hint = f" — did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"
+            raise ConfigError(f"{where}: no device profile named {spec!r}{hint}")
+        return known[spec]
+    except ProfileError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {spec}: {exc.strerror or exc}") from None
 
 
 def load_config(path: str | os.PathLike[str]) -> AgentConfig:

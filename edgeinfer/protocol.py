@@ -229,6 +229,8 @@ TELEMETRY_SCHEMA: dict[str, Any] = {
                                   "description": "sensor name -> degrees C, for the zones the profile names"},
                 "throttled": {"type": ["boolean", "null"], "description": "null: no throttling sensor"},
                 "throttle_flags": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "power_mw": {"type": "object", "additionalProperties": _NUM,
+                             "description": "rail name -> milliwatts, for the power rails the profile names"},
             },
         },
         "spool": {

@@ -67,6 +67,12 @@ class ThrottleSensor:
         return self.name or Path(self.path).name
 
 
+def default_throttle_sensors(root: str | os.PathLike[str] = "/") -> tuple[ThrottleSensor, ...]:
+    """Throttling sensors this device has when the config names none (the Raspberry Pi firmware's file)."""
+    pi = "/sys/devices/platform/soc/soc:firmware/get_throttled"
+    return (throttle_sensor(pi),) if (Path(root) / pi.lstrip("/")).is_file() else ()
+
+
 def throttle_sensor(path: str, *, base: int | None = None, mask: int | None = None, name: str = "") -> ThrottleSensor:
     """A ThrottleSensor with the right defaults for known files (the Pi's ``get_throttled`` is hex, bits 0-3)."""
     if path.endswith("get_throttled"):
@@ -90,6 +96,9 @@ class SystemProbe:
     root: str | os.PathLike[str] = "/"
     thermal_zones: Sequence[str] = ()
     throttle: Sequence[ThrottleSensor] = ()
+    #: an :class:`edgeinfer.profiles.Profile`: its ``telemetry.thermal_zones`` (labelled) and
+    #: ``power_rails`` are read too
+    profile: Any = None
     proc: str | os.PathLike[str] = "/proc"
     _mark: _CpuMark | None = field(default=None, init=False, repr=False)
     _zone_paths: dict[str, Path] | None = field(default=None, init=False, repr=False)
@@ -126,8 +135,12 @@ class SystemProbe:
         return found
 
     def temperatures(self) -> dict[str, float]:
-        """Degrees C per named zone that could be read."""
+        """Degrees C per zone that could be read: the profile's (by its labels), then the configured ones."""
         out: dict[str, float] = {}
+        if self.profile is not None:
+            from .profiles import read_temperatures
+
+            out.update({label: round(value, 2) for label, value in read_temperatures(self.profile, self.root).items()})
         for name, path in self._resolve_zones().items():
             try:
                 raw = float(path.read_text().strip())
@@ -136,6 +149,14 @@ class SystemProbe:
             # sysfs thermal zones and hwmon report millidegrees; a few drivers report degrees
             out[name] = round(raw / 1000.0 if abs(raw) >= 200 else raw, 2)
         return out
+
+    def power_mw(self) -> dict[str, float]:
+        """Milliwatts per power rail the profile names (Jetson INA3221, ...), where readable."""
+        if self.profile is None:
+            return {}
+        from .profiles import read_power
+
+        return {rail: round(value, 1) for rail, value in read_power(self.profile, self.root).items()}
 
     def throttling(self) -> tuple[bool | None, dict[str, int]]:
         """(throttled now?, raw value per sensor); (None, {}) when no sensor could be read."""
@@ -213,6 +234,9 @@ class SystemProbe:
         }
         if flags:
             out["throttle_flags"] = flags
+        power = self.power_mw()
+        if power:
+            out["power_mw"] = power
         return out
 
 

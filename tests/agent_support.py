@@ -28,15 +28,16 @@ def write_config(path: Path, **values: Any) -> Path:
 class AgentProcess:
     """``edgeinfer agent --config FILE`` as a real subprocess, with its stderr kept in a file."""
 
-    def __init__(self, config: Path, log_path: Path, *args: str) -> None:
+    def __init__(self, config: Path, log_path: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.config = config
         self.log_path = log_path
         self.args = args
+        self.extra_env = env or {}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> AgentProcess:
         env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                   PYTHONUNBUFFERED="1")
+                   PYTHONUNBUFFERED="1", **self.extra_env)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in wait()/kill()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "edgeinfer", "-v", "agent", "--config", str(self.config), *self.args],

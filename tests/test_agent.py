@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import sqlite3
 import time
 import urllib.request
@@ -18,6 +19,7 @@ import pytest
 from agent_support import AgentProcess, fake_sysfs, write_config
 from broker_support import Broker, Collector, free_port, make_tls_files, running_broker, seqs
 from conftest import IMAGES, LABELS, MODELS
+from profiles_support import fake_root
 
 from edgeinfer.model import inspect_model
 from edgeinfer.protocol import make_command, validate
@@ -28,8 +30,6 @@ def broker(tmp_path):
     with running_broker(tmp_path) as b:
         yield b
 
-
-PI_THROTTLE = "/sys/devices/platform/soc/soc:firmware/get_throttled"
 
 
 def agent_config(tmp_path: Path, broker_url: str, **values) -> Path:
@@ -94,16 +94,26 @@ def last_seq(collector: Collector, boot_id: str) -> int:
 # --------------------------------------------------------------------------------- reporting
 
 def test_agent_reports_birth_telemetry_metrics_and_shuts_down_cleanly(tmp_path, broker):
-    sysfs = fake_sysfs(tmp_path / "root", {"cpu-thermal": 61.5}, throttled=0x0)
+    # a Raspberry Pi 4 as far as the agent can tell: its profile is detected, its labelled thermal
+    # zone and the firmware's throttling flags are read
+    root = fake_sysfs(Path(fake_root(tmp_path / "root", "raspberry-pi-4")), {"cpu-thermal": 61.5}, throttled=0x0)
     metrics_port = free_port()
-    config = agent_config(tmp_path, broker.url, metrics=f"127.0.0.1:{metrics_port}",
-                          sensors={"root": str(sysfs), "thermal_zones": ["cpu-thermal"], "throttle": [PI_THROTTLE]})
-    with Collector(broker.port) as collector, AgentProcess(config, tmp_path / "agent.log") as agent:
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(10)
+    config = agent_config(tmp_path, broker.url, metrics=f"127.0.0.1:{metrics_port}", sensors={"root": str(root)})
+    systemd = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "400000"}
+    with Collector(broker.port) as collector, AgentProcess(config, tmp_path / "agent.log", env=systemd) as agent:
+        assert notify.recv(64) == b"READY=1"
+        assert notify.recv(64) == b"WATCHDOG=1" and notify.recv(64) == b"WATCHDOG=1"  # every 0.2 s
         assert collector.wait_subscribed()
         assert collector.wait_until(lambda c: len(c.of_kind("telemetry")) >= 5, 20), agent.output()
         birth = collector.of_kind("state")[0]
         assert birth["online"] is True and birth["device"] == "cam-01" and birth["fleet"] == "test"
-        assert {d["name"] for d in birth["delegates"]} >= {"xnnpack", "onnxruntime", "openvino"}
+        assert birth["profile"] == "raspberry-pi-4"
+        delegates = {d["spec"]: d for d in birth["delegates"]}
+        assert delegates["xnnpack"]["available"] is True and delegates["xnnpack"]["in_plan"] is True
+        assert delegates["coral"]["available"] is False and "libedgetpu" in delegates["coral"]["reason"]
         assert birth["versions"]["paho-mqtt"] and birth["versions"]["edgeinfer"]
         assert events(collector, "agent_started")
         telemetry = collector.of_kind("telemetry")
@@ -111,17 +121,21 @@ def test_agent_reports_birth_telemetry_metrics_and_shuts_down_cleanly(tmp_path, 
         assert {m["boot_id"] for m in telemetry} == {boot_id}
         assert_gapless_exactly_once(telemetry, boot_id, last_seq(collector, boot_id))
         system = telemetry[-1]["system"]
-        assert system["temperature_c"] == {"cpu-thermal": 61.5} and system["throttled"] is False
+        assert system["temperature_c"] == {"cpu": 61.5}  # the profile's label for cpu-thermal
+        assert system["throttled"] is False and system["throttle_flags"] == {"get_throttled": 0}
         assert system["rss_bytes"] > 0 and telemetry[-1]["spool"]["dropped"] == 0
         assert 0.05 < telemetry[-1]["interval_s"] < 1.0
 
         body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-        assert 'edgeinfer_temperature_celsius{sensor="cpu-thermal"} 61.5' in body
+        assert 'edgeinfer_temperature_celsius{sensor="cpu"} 61.5' in body
         assert "edgeinfer_mqtt_connected 1.0" in body and "edgeinfer_throttled 0.0" in body
         seq_line = next(line for line in body.splitlines() if line.startswith("edgeinfer_telemetry_seq "))
         assert float(seq_line.split()[1]) >= 5
 
         assert agent.terminate() == 0, agent.output()
+        while notify.recv(64) != b"STOPPING=1":  # watchdog pings until then; a timeout fails the test
+            pass
+        notify.close()
         assert "Traceback" not in agent.output()
         assert collector.wait_until(lambda c: c.of_kind("state")[-1]["online"] is False, 5)
         final = collector.of_kind("state")[-1]

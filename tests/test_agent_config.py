@@ -172,3 +172,26 @@ def test_second_agent_on_the_same_data_dir_is_refused(tmp_path):
         assert second.returncode == 78
         assert f"another agent (pid {first.pid}) is running with {tmp_path / 'data'}" in second.stderr
         assert first.alive()
+
+
+def test_profile_by_name_file_or_detection(tmp_path):
+    from profiles_support import fake_root
+
+    from edgeinfer.agent_config import resolve_profile
+
+    def config(**values):
+        return load_config(write_config(tmp_path / "agent.yaml", device_id="cam-01", **values))
+
+    assert resolve_profile(config(profile="jetson-orin-nano")).name == "jetson-orin-nano"
+    assert resolve_profile(config(profile="none")) is None
+    root = fake_root(tmp_path / "root", "raspberry-pi-5")
+    assert resolve_profile(config(sensors={"root": str(root)})).name == "raspberry-pi-5"  # "auto" by default
+    (tmp_path / "mine.yaml").write_text("schema: 1\nname: my-board\nextends: generic-aarch64\n")
+    assert resolve_profile(config(profile="mine.yaml")).name == "my-board"
+    with pytest.raises(ConfigError, match="profile: no device profile named 'raspbery-pi-4' — did you mean "
+                                          "'raspberry-pi-4'"):
+        resolve_profile(config(profile="raspbery-pi-4"))
+    path = write_config(tmp_path / "agent.yaml", device_id="cam-01", profile="raspbery-pi-4")
+    result = subprocess.run(edgeinfer_cmd("agent", "--config", str(path), "--check"), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 78 and "did you mean 'raspberry-pi-4'" in result.stderr

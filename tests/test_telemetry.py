@@ -90,3 +90,19 @@ def test_telemetry_message_matches_its_schema():
                     "fps": 0.0, "restarts": 0, "stages": {}}
     assert telemetry_message(Topics("default", "cam-01"), boot, interval_s=1.0, pipelines=[], system={
         "cpu_percent": None, "rss_bytes": None}, spool={"pending": 0, "dropped": 0})["seq"] == 2
+
+
+def test_profile_names_the_zones_and_power_rails_telemetry_reads(tmp_path):
+    from edgeinfer.profiles import load_profiles
+
+    orin = load_profiles()["jetson-orin-nano"]
+    root = fake_sysfs(tmp_path, {"CPU-therm": 48.25, "GPU-therm": 45.0, "tj-therm": 50.5})  # JetPack 5 names
+    hwmon = tmp_path / "sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon3"
+    hwmon.mkdir(parents=True)
+    for channel, (millivolts, milliamps) in enumerate([(5000, 1200), (5000, 400)], start=1):
+        (hwmon / f"in{channel}_input").write_text(f"{millivolts}\n")
+        (hwmon / f"curr{channel}_input").write_text(f"{milliamps}\n")
+    sample = SystemProbe(root=root, profile=orin).sample()
+    assert sample["temperature_c"] == {"cpu": 48.25, "gpu": 45.0, "junction": 50.5}
+    assert sample["power_mw"] == {"VDD_IN": 6000.0, "VDD_CPU_GPU_CV": 2000.0}  # VDD_SOC is not there: left out
+    assert sample["throttled"] is None

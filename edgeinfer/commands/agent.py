@@ -23,11 +23,13 @@ def agent(config_path: str, check: bool) -> None:
     import signal
 
     from ..agent import Agent
-    from ..agent_config import load_config
+    from ..agent_config import load_config, resolve_profile
     from ..errors import ConfigError
 
     try:
         config = load_config(config_path)
+        if check:
+            resolve_profile(config, detect_now=False)  # a named profile must exist
     except ConfigError as exc:
         click.echo(f"edgeinfer: error: {' '.join(str(exc).split())}", err=True)
         sys.exit(EXIT_CONFIG)
@@ -36,6 +38,7 @@ def agent(config_path: str, check: bool) -> None:
                     "broker": str(config.link_settings().broker),  # without credentials
                     "data_dir": str(config.data_dir), "telemetry_interval_s": config.telemetry_interval_s,
                     "spool_max_bytes": config.spool_max_bytes, "topics": config.topics.root,
+                    "profile": config.profile,
                     "pipelines": [p.name for p in config.pipelines]})
         return
     daemon = Agent(config)
