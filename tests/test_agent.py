@@ -402,6 +402,9 @@ def test_agent_runs_real_pipelines_and_reports_what_they_do(tmp_path, broker):
          "labels": str(LABELS / "imagenet_labels.txt"), "delegate": "xnnpack", "threads": 1, "version": "1"},
         {"name": "once", "model": str(model), "source": str(IMAGES / "parrot.jpg"), "threads": 1},
         # ^ one still image: that run ends, and the agent goes on
+        {"name": "tpu", "model": str(MODELS / "mobilenet_v1_0.25_128_quant_edgetpu.tflite"), "delegate": "coral",
+         "source": str(IMAGES / "cat.bmp"), "threads": 1},
+        # ^ no Edge TPU here: the Edge TPU model falls back to its CPU twin, and says why
     ])
     with Collector(broker.port) as collector, AgentProcess(config, tmp_path / "agent.log") as agent:
         assert collector.wait_subscribed()
@@ -411,11 +414,16 @@ def test_agent_runs_real_pipelines_and_reports_what_they_do(tmp_path, broker):
             return sum(frames) >= 30
 
         assert collector.wait_until(running_for_a_while, 40), agent.output()
-        assert collector.wait_until(lambda c: events(c, "pipeline_ended"), 10)
-        ended = events(collector, "pipeline_ended")[0]
-        assert ended["pipeline"] == "once" and ended["data"]["frames"] == 1
+        assert collector.wait_until(lambda c: len(events(c, "pipeline_ended")) == 2, 10)
+        ended = {e["pipeline"]: e for e in events(collector, "pipeline_ended")}
+        assert ended["once"]["data"]["frames"] == 1 and ended["tpu"]["data"]["frames"] == 1
         started = {e["pipeline"]: e for e in events(collector, "pipeline_started")}
         assert started["main"]["data"]["delegate"] == "xnnpack"
+        assert collector.wait_until(lambda c: events(c, "fallback"), 10)
+        fallback = events(collector, "fallback")[0]
+        assert fallback["pipeline"] == "tpu" and fallback["level"] == "warning"
+        assert fallback["data"]["delegate"] == "xnnpack" and "libedgetpu" in fallback["data"]["reason"]
+        assert started["tpu"]["data"]["model"]["path"].endswith("mobilenet_v1_0.25_128_quant.tflite")  # the twin
 
         window = collector.of_kind("telemetry")[-1]
         main = next(p for p in window["pipelines"] if p["name"] == "main")
@@ -433,6 +441,7 @@ def test_agent_runs_real_pipelines_and_reports_what_they_do(tmp_path, broker):
         assert described["main"]["model"]["sha256"] == inspect_model(model).sha256
         assert described["main"]["model"]["version"] == "1" and described["main"]["model"]["format"] == "tflite"
         assert described["main"]["status"] == "running" and described["once"]["status"] == "ended"
+        assert described["tpu"]["delegate"] == "xnnpack" and "libedgetpu" in described["tpu"]["fallback_reason"]
 
         # a restart command restarts just that pipeline; it comes back on its own
         collector.publish("edgeinfer/v1/test/cam-01/cmd", json.dumps(
