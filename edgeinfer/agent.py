@@ -574,6 +574,7 @@ class Agent:
         self._opened = False
         self._closed = False
         self._lock_file: Any = None
+        self._spool_write_errors = 0
 
     # -- public ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -649,20 +650,21 @@ class Agent:
         offline = encode(self._state_message(online=False, reason="connection lost"))
         self._link = MqttLink(config.link_settings(), spool=self._spool, will=(self.topics.state, offline),
                               subscriptions=[self.topics.cmd], on_message=self._on_message)
+        # runners exist before the link connects: a command queued in the persistent session may
+        # arrive at once and name a pipeline; commands wait in the router's queue until it starts
+        self._runners = [PipelineRunner(p, emit=self.emit, on_change=self._state_changed, factory=self._factory,
+                                        restart_min_s=config.restart_min_s, restart_max_s=config.restart_max_s)
+                         for p in config.pipelines]
         self._link.set_retained(self.topics.state, encode(self._state_message(online=True)))
         self._link.start()
-        self.commands.start()
         if config.metrics is not None:
             self._start_metrics(*config.metrics)
         self.emit("agent_started", "info", f"agent {__version__} started on {config.device_id}",
                   data={"versions": self._versions, "pipelines": [p.name for p in config.pipelines],
-                        "broker": str(self._link.broker)})
-        for pipeline_config in config.pipelines:
-            runner = PipelineRunner(pipeline_config, emit=self.emit, on_change=self._state_changed,
-                                    factory=self._factory, restart_min_s=config.restart_min_s,
-                                    restart_max_s=config.restart_max_s)
-            self._runners.append(runner)
+                        "broker": str(self._link.broker), "profile": getattr(self.profile, "name", None)})
+        for runner in self._runners:
             runner.start()
+        self.commands.start()
         sd_notify("READY=1")
 
     def _start_metrics(self, host: str, port: int) -> None:
@@ -755,8 +757,8 @@ class Agent:
             totals["dropped"] += entry["dropped"]
         spool = self._spool.stats() if self._spool is not None else None
         spool_part = {"pending": spool.pending, "bytes": spool.bytes, "dropped": spool.dropped,
-                      "dropped_events": spool.dropped_events, "rejected": spool.rejected} if spool else \
-            {"pending": 0, "dropped": 0}
+                      "dropped_events": spool.dropped_events, "rejected": spool.rejected,
+                      "write_errors": self._spool_write_errors} if spool else {"pending": 0, "dropped": 0}
         link_status = self._link.status.to_dict() if self._link is not None else None
         message = telemetry_message(self.topics, self.boot, interval_s=window_s, pipelines=pipelines,
                                     system=self.probe.sample(), spool=spool_part, mqtt=link_status)
@@ -770,6 +772,7 @@ class Agent:
         try:
             spool.append(topic, encode(message), qos=1, priority=priority)
         except sqlite3.Error as exc:  # disk full, I/O error: report on stderr, keep running
+            self._spool_write_errors += 1
             log.error("cannot write to the spool %s: %s — message lost", spool.path, exc)
             return
         if self._link is not None:

@@ -237,7 +237,7 @@ TELEMETRY_SCHEMA: dict[str, Any] = {
             "type": "object",
             "required": ["pending", "dropped"],
             "properties": {"pending": _COUNT, "bytes": _COUNT, "dropped": _COUNT, "dropped_events": _COUNT,
-                           "rejected": _COUNT},
+                           "rejected": _COUNT, "write_errors": _COUNT},
             "description": "dropped counts are cumulative for the spool's life (they survive restarts)",
         },
         "mqtt": {"type": "object"},

@@ -359,13 +359,17 @@ def test_malformed_commands_get_error_events_and_change_nothing(tmp_path, broker
         assert collector.of_kind("state")[-1] == state_before  # nothing changed
         assert_all_valid(collector)
 
-    # the command log outlives the process: the same id after a restart is still a duplicate
-    with Collector(broker.port) as collector, AgentProcess(config, tmp_path / "agent2.log"):
+    with Collector(broker.port) as collector:
+        # the device is away: the broker keeps its persistent session and queues this for it
         assert collector.wait_subscribed()
-        assert collector.wait_until(lambda c: len(c.of_kind("telemetry")) >= 1, 20)
-        collector.publish(cmd_topic, json.dumps(make_command("c-ping-1", "ping")).encode())
-        assert collector.wait_until(lambda c: len(events(c, "cmd_result")) == 1, 10)
-        assert events(collector, "cmd_result")[0]["data"]["duplicate"] is True
+        collector.publish(cmd_topic, json.dumps(make_command("c-while-away", "ping")).encode())
+        with AgentProcess(config, tmp_path / "agent2.log") as again:
+            assert collector.wait_until(lambda c: len(events(c, "cmd_result")) == 1, 20), again.output()
+            assert events(collector, "cmd_result")[0]["cmd_id"] == "c-while-away"
+            # the command log outlives the process: the same id after a restart is still a duplicate
+            collector.publish(cmd_topic, json.dumps(make_command("c-ping-1", "ping")).encode())
+            assert collector.wait_until(lambda c: len(events(c, "cmd_result")) == 2, 10)
+            assert events(collector, "cmd_result")[1]["data"]["duplicate"] is True
 
 
 
