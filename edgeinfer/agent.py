@@ -387,13 +387,30 @@ class CommandLog:
     """Command ids already handled, with their outcome, in SQLite (survives restarts, bounded)."""
 
     def __init__(self, path: Path, size: int = COMMAND_LOG_SIZE) -> None:
-        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA synchronous = NORMAL")
-        self._conn.execute("CREATE TABLE IF NOT EXISTS commands (id TEXT PRIMARY KEY, cmd TEXT NOT NULL, "
-                           "received REAL NOT NULL, outcome TEXT)")
+        try:
+            self._conn = self._open(path)
+        except sqlite3.DatabaseError as exc:  # unreadable: keep it for a post-mortem, start empty
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            log.error("command log %s is unreadable (%s); moved it to %s", path, exc, aside)
+            for suffix in ("-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            path.replace(aside)
+            self._conn = self._open(path)
         self._size = size
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _open(path: Path) -> sqlite3.Connection:
+        conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("CREATE TABLE IF NOT EXISTS commands (id TEXT PRIMARY KEY, cmd TEXT NOT NULL, "
+                         "received REAL NOT NULL, outcome TEXT)")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def outcome(self, command_id: str) -> tuple[bool, Any]:
         """(seen before?, its recorded outcome or None while it has not finished)."""

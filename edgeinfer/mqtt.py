@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .errors import ConfigError
+from .errors import ConfigError, EdgeInferError
 from .spool import Spool
 
 log = logging.getLogger(__name__)
@@ -243,6 +243,18 @@ class LinkStatus:
 MessageCallback = Callable[[str, bytes], None]
 
 
+def _require_paho() -> None:
+    """EdgeInferError with the install hint when paho-mqtt (>= 2) is missing."""
+    try:
+        import paho.mqtt
+    except ImportError as exc:
+        raise EdgeInferError("MQTT needs paho-mqtt >= 2: pip install 'edgeinfer[fleet]'") from exc
+    major = str(getattr(paho.mqtt, "__version__", "0")).split(".")[0]
+    if not major.isdigit() or int(major) < 2:
+        raise EdgeInferError(f"paho-mqtt {paho.mqtt.__version__} is too old; edgeinfer needs >= 2: "
+                             "pip install -U 'paho-mqtt>=2'")
+
+
 class MqttLink:
     """A persistent, self-healing MQTT connection that drains a spool. One thread; close() is idempotent."""
 
@@ -251,6 +263,7 @@ class MqttLink:
                  on_message: MessageCallback | None = None,
                  on_connected: Callable[[], None] | None = None,
                  tls: ssl.SSLContext | None = None, name: str = "edgeinfer-mqtt") -> None:
+        _require_paho()
         self.settings = settings
         self.broker = settings.broker
         self._spool = spool

@@ -276,8 +276,14 @@ def test_long_outage_with_small_spool_stays_in_bound_and_counts_drops(tmp_path, 
 def test_unreachable_broker_at_start_is_no_crash_loop(tmp_path):
     port = free_port()
     config = agent_config(tmp_path, f"mqtt://127.0.0.1:{port}", reconnect_max_s=0.5)
+    data = tmp_path / "data"  # and its state files were damaged (a disk error, a bad copy): not fatal either
+    data.mkdir()
+    (data / "spool.sqlite3").write_bytes(b"\x00garbage" * 1000)
+    (data / "commands.sqlite3").write_bytes(b"not sqlite" * 1000)
     with AgentProcess(config, tmp_path / "agent.log") as agent:
         assert agent.wait_for_output(f"connection to 127.0.0.1:{port} refused — is the broker running", 20)
+        assert "spool" in agent.output() and "is unreadable" in agent.output()
+        assert len(list(data.glob("*.corrupt-*"))) == 2
         time.sleep(1.0)
         assert agent.alive()  # a daemon waits for its broker; it does not exit (and get restarted in a loop)
         b = Broker(tmp_path / "broker", port=port)
