@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import platform
@@ -169,8 +170,6 @@ def _merge(first: Any, second: Any) -> Any:
     """Two consecutive windows of one pipeline as one (frames and drops add up; the later figures win)."""
     if first is None or second is None:
         return second if first is None else first
-    import dataclasses
-
     with contextlib.suppress(TypeError, ValueError):
         return dataclasses.replace(second, frames=first.frames + second.frames,
                                    dropped=first.dropped + second.dropped)
@@ -230,6 +229,26 @@ class PipelineRunner:
     def close(self) -> None:
         """Same as stop(); idempotent."""
         self.stop()
+
+    def swap_engine(self, engine: Any, *, version: str | None = None) -> Any:
+        """Hot-swap the running pipeline's engine between two frames (capture keeps going).
+
+        Later restarts load the new model too. Returns the previous engine, which the caller closes
+        (or keeps, to roll back). EdgeInferError when the pipeline is not running; ValueError (the
+        run untouched) when the engine does not fit the task.
+        """
+        with self._lock:
+            pipeline = self._pipeline
+        if pipeline is None:
+            raise EdgeInferError(f"pipeline {self.name} is not running ({self.status}); nothing to swap")
+        old = pipeline.swap_engine(engine)
+        info = engine.model
+        self.config = dataclasses.replace(self.config, model=str(info.path), version=version)
+        self.delegate = engine.description
+        self.fallback_reason = engine.fallback_reason
+        self.model = {"path": str(info.path), "sha256": info.sha256, "version": version, "format": info.format.value}
+        self._on_change()
+        return old
 
     def take_window(self) -> Any:
         """Stats since the previous call (PipelineStats), or None when nothing ran in the window."""

@@ -467,3 +467,37 @@ def test_agent_runs_real_pipelines_and_reports_what_they_do(tmp_path, broker):
         assert collector.wait_until(lambda c: c.of_kind("state")[-1]["online"] is False, 5)
         assert {p["status"] for p in collector.of_kind("state")[-1]["pipelines"]} == {"stopped"}
         assert_all_valid(collector)
+
+
+def test_runner_hot_swaps_the_engine_without_stopping_capture(tmp_path):
+    pytest.importorskip("edgeinfer.pipeline", reason="the pipeline (issue 4) is not merged yet")
+    from edgeinfer.agent import PipelineRunner
+    from edgeinfer.agent_config import parse_config
+    from edgeinfer.delegates import load
+
+    bird = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
+    config = parse_config({"device_id": "cam-01", "pipelines": [{
+        "name": "main", "model": str(MODELS / "mobilenet_v1_0.25_128_quant.tflite"),
+        "source": str(IMAGES / "*.jpg"), "loop": True, "max_fps": 30, "threads": 1, "version": "1"}]})
+    seen: list[tuple[str, str | None]] = []
+    runner = PipelineRunner(config.pipelines[0], emit=lambda event, *a, **k: seen.append((event, k.get("pipeline"))),
+                            on_change=lambda: None).start()
+    try:
+        deadline = time.monotonic() + 30
+        while runner.status != "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        before = runner.take_window()
+        assert before.frames > 0
+        old = runner.swap_engine(load(bird, "xnnpack", threads=1), version="2")
+        old.close()
+        time.sleep(0.7)
+        after = runner.take_window()
+        assert after.frames > 0 and runner.status == "running"  # it never stopped
+        described = runner.describe()
+        assert described["model"]["sha256"] == inspect_model(bird).sha256 and described["model"]["version"] == "2"
+        assert runner.config.model == str(bird)  # a later restart loads the new model
+        assert [e for e, _ in seen].count("pipeline_started") == 1
+    finally:
+        runner.stop()
+    assert runner.status == "stopped"
