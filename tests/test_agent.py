@@ -266,7 +266,7 @@ def test_long_outage_with_small_spool_stays_in_bound_and_counts_drops(tmp_path, 
         last = max(telemetry, key=lambda m: m["seq"])
         dropped = last["spool"]["dropped"]
         received = {m["seq"] for m in telemetry if m["boot_id"] == boot_id}
-        assert dropped > 100 and last["spool"]["dropped_events"] == 0  # telemetry goes first, events stay
+        assert dropped > 50 and last["spool"]["dropped_events"] == 0  # telemetry goes first, events stay
         # every seq up to the last is either delivered or counted as dropped — never silently lost
         assert len(received) + dropped == last["seq"]
         assert received >= set(range(last["seq"] - 40, last["seq"] + 1))  # the newest windows survived
