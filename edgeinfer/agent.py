@@ -685,7 +685,8 @@ class Agent:
             description="restart one pipeline now")
         offline = encode(self._state_message(online=False, reason="connection lost"))
         self._link = MqttLink(config.link_settings(), spool=self._spool, will=(self.topics.state, offline),
-                              subscriptions=[self.topics.cmd], on_message=self._on_message)
+                              subscriptions=[self.topics.cmd], on_message=self._on_message,
+                              on_connected=self._on_connected)
         # runners exist before the link connects: a command queued in the persistent session may
         # arrive at once and name a pipeline; commands wait in the router's queue until it starts
         self._runners = [PipelineRunner(p, emit=self.emit, on_change=self._state_changed, factory=self._factory,
@@ -831,6 +832,15 @@ class Agent:
             message.update({"versions": self._versions, "delegates": self._delegates,
                             "pipelines": [runner.describe() for runner in self._runners]})
         return message
+
+    def _on_connected(self, offline_s: float | None) -> None:
+        """After a reconnect (not the first connect): say how long the device was cut off."""
+        if offline_s is None:
+            return
+        link = self._link
+        self.emit("mqtt_reconnected", "warning", f"reconnected to the broker after {offline_s:.1f} s offline",
+                  data={"offline_s": round(offline_s, 3), "session_present": link.status.session_present if link
+                        else None, "pending": self._spool.pending if self._spool else None})
 
     def _on_message(self, topic: str, payload: bytes) -> None:
         if topic != self.topics.cmd:

@@ -232,6 +232,8 @@ class LinkStatus:
     last_error: str | None = None
     connected_since: float | None = None
     session_present: bool | None = None
+    #: monotonic time the last connection was lost (None while connected or before the first)
+    lost_since: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"connected": self.connected, "protocol": self.protocol, "connects": self.connects,
@@ -261,7 +263,7 @@ class MqttLink:
     def __init__(self, settings: LinkSettings, *, spool: Spool | None = None,
                  will: tuple[str, bytes] | None = None, subscriptions: Sequence[str] = (),
                  on_message: MessageCallback | None = None,
-                 on_connected: Callable[[], None] | None = None,
+                 on_connected: Callable[[float | None], None] | None = None,
                  tls: ssl.SSLContext | None = None, name: str = "edgeinfer-mqtt") -> None:
         _require_paho()
         self.settings = settings
@@ -484,6 +486,7 @@ class MqttLink:
         self._drop_connection(reason)
         if was_connected:
             self.status.disconnects += 1
+            self.status.lost_since = time.monotonic()
             lasted = time.monotonic() - since if since else 0.0
             if lasted >= STABLE_CONNECTION_S:
                 self._attempt = 0
@@ -538,9 +541,11 @@ class MqttLink:
                  flags.session_present)
         for topic in self._subscriptions:
             client.subscribe(topic, qos=1)
+        offline_s = time.monotonic() - self.status.lost_since if self.status.lost_since is not None else None
+        self.status.lost_since = None
         if self._on_connected is not None:
             try:
-                self._on_connected()
+                self._on_connected(offline_s)
             except Exception:
                 log.exception("on_connected callback failed")
 

@@ -246,7 +246,7 @@ TELEMETRY_SCHEMA: dict[str, Any] = {
 
 EVENT_KINDS = (
     "agent_started", "agent_stopping", "pipeline_started", "pipeline_ended", "pipeline_failed",
-    "pipeline_restarting", "fallback", "cmd_result", "cmd_rejected", "error",
+    "pipeline_restarting", "fallback", "mqtt_reconnected", "cmd_result", "cmd_rejected", "error",
 )
 EVENT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

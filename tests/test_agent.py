@@ -175,6 +175,8 @@ def test_broker_killed_for_10s_loses_no_telemetry(tmp_path, broker):
         assert min(m["seq"] for m in during) <= before + 1
         assert all(m["spool"]["dropped"] == 0 for m in collector.of_kind("telemetry"))
         assert boots(collector) == [boot_id] and agent.alive()
+        assert collector.wait_until(lambda c: events(c, "mqtt_reconnected"), 5)
+        assert events(collector, "mqtt_reconnected")[0]["data"]["offline_s"] >= 10
         assert_all_valid(collector)
 
 
