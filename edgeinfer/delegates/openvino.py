@@ -40,13 +40,21 @@ _core = None
 _core_lock = threading.Lock()
 
 
+def openvino_api():
+    """The module holding Core and Tensor: ``openvino`` (2023.1+) or ``openvino.runtime`` (2022.x,
+    the last releases with the MYRIAD plugin that NCS2 sticks need)."""
+    ov = import_runtime("openvino", "openvino", "openvino")
+    if hasattr(ov, "Core"):
+        return ov
+    return import_runtime("openvino.runtime", "openvino", "openvino")
+
+
 def shared_core():
     """One ``openvino.Core`` per process: creating it scans plugins, which is slow."""
     global _core
     with _core_lock:
         if _core is None:
-            ov = import_runtime("openvino", "openvino", "openvino")
-            _core = ov.Core()
+            _core = openvino_api().Core()
         return _core
 
 
@@ -80,7 +88,7 @@ class OpenVinoEngine(Engine):
         super().__init__(model, threads=threads, device=device)
         import numpy as np
 
-        ov = import_runtime("openvino", self.delegate, "openvino")
+        ov = openvino_api()
         core = shared_core()
         virtual = device.split(":")[0] in ("AUTO", "MULTI", "HETERO")
         if not virtual and device.split(".")[0] not in core.available_devices:
