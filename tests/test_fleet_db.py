@@ -21,8 +21,9 @@ def db(tmp_path):
 
 
 def telemetry(seq: int, boot: str = "b1", fps: float = 30.0, p95: float = 12.0) -> dict:
-    return {"boot_id": boot, "seq": seq, "ts": 1_700_000_000.0 + seq, "fps": fps, "dropped": 1,
-            "stages": {"latency": {"p50": 8.0, "p95": p95, "p99": 20.0}}}
+    pipeline = {"name": "main", "status": "running", "frames": 30, "dropped": 1, "fps": fps,
+                "stages": {"latency": {"p50": 8.0, "p95": p95, "p99": 20.0}}}
+    return {"boot_id": boot, "seq": seq, "ts": 1_700_000_000.0 + seq, "pipelines": [pipeline]}
 
 
 def test_telemetry_is_deduplicated_and_rolled_up(db):
@@ -39,15 +40,18 @@ def test_telemetry_is_deduplicated_and_rolled_up(db):
 
 
 def test_state_birth_and_will(db):
-    db.record_state("f", "cam-1", {"online": True, "groups": ["lobby"], "delegate": "xnnpack",
-                                   "model": {"name": "mobilenet", "version": 1, "sha256": "a" * 64}})
+    db.record_state("f", "cam-1", {"online": True, "groups": ["lobby"], "pipelines": [
+        {"name": "main", "delegate": "xnnpack", "model": {"path": "/m/mobilenet.tflite", "version": "1",
+                                                          "sha256": "a" * 64}}]})
     device = db.get_device("cam-1")
     assert device["online"] and device["model_version"] == 1 and device["groups"] == ["lobby"]
+    assert device["model_name"] == "mobilenet.tflite" and device["delegate"] == "xnnpack"
     db.record_state("f", "cam-1", {"online": False})
     device = db.get_device("cam-1")
     assert not device["online"] and device["model_version"] == 1  # the will keeps what was known
     assert [d["device_id"] for d in db.list_devices(group="lobby")] == ["cam-1"]  # the will keeps groups
-    db.record_state("f", "cam-1", {"online": True, "groups": ["yard"], "model": {"name": "m", "version": 2}})
+    db.record_state("f", "cam-1", {"online": True, "groups": ["yard"], "pipelines": [
+        {"name": "main", "model": {"path": "/m/birds.tflite", "version": "2"}}]})
     assert db.list_devices(group="lobby") == []
     assert db.get_device("cam-1")["model_version"] == 2
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -130,13 +131,17 @@ class FleetDB:
 
     def record_state(self, fleet: str, device_id: str, state: dict) -> None:
         """A device's retained state message (birth or Last Will)."""
-        model = state.get("model") or {}
         values: dict[str, Any] = {"online": bool(state.get("online")), "state": state}
         if "groups" in state:  # a Last Will carries no groups: keep what the birth said
             values["groups"] = list(state.get("groups") or [])
-        if state.get("online"):
-            values.update(model_name=model.get("name"), model_version=model.get("version"),
-                          model_sha256=model.get("sha256"), delegate=state.get("delegate"))
+        pipelines = state.get("pipelines") or []
+        if state.get("online") and pipelines:
+            first = pipelines[0]  # the registry shows the first pipeline's model; state has them all
+            model = first.get("model") or {}
+            version = model.get("version")
+            values.update(model_name=Path(str(model.get("path") or "")).name or None,
+                          model_version=int(version) if str(version or "").isdigit() else None,
+                          model_sha256=model.get("sha256"), delegate=first.get("delegate"))
         with self._lock, self.engine.begin() as conn:
             self._upsert_device(conn, fleet, device_id, values, time.time())
 
@@ -145,11 +150,14 @@ class FleetDB:
         sa = self._sa
         now = time.time()
         ts = float(message.get("ts") or now)
-        latency = (message.get("stages") or {}).get("latency") or {}
+        pipelines = message.get("pipelines") or []
+        p95s = [((p.get("stages") or {}).get("latency") or {}).get("p95") for p in pipelines]
+        p95s = [v for v in p95s if v is not None]
         row = {
             "device_id": device_id, "boot_id": str(message.get("boot_id")), "seq": int(message.get("seq", 0)),
-            "ts": ts, "fps": message.get("fps"), "latency_p95_ms": latency.get("p95"),
-            "dropped": message.get("dropped"), "payload": message,
+            "ts": ts, "fps": sum(float(p.get("fps") or 0.0) for p in pipelines),
+            "latency_p95_ms": max(p95s) if p95s else None,
+            "dropped": sum(int(p.get("dropped") or 0) for p in pipelines), "payload": message,
         }
         with self._lock, self.engine.begin() as conn:
             try:

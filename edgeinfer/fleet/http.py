@@ -24,6 +24,9 @@ class FleetAPI(Protocol):
     def device_telemetry(self, device_id: str, limit: int) -> list[dict]: ...
 
 
+MAX_UPLOAD_BYTES = 2 << 30
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
@@ -53,6 +56,45 @@ class _Handler(BaseHTTPRequestHandler):
             self._api(path[len("/api/"):].split("/"), parse_qs(parts.query))
         else:
             self._json(404, {"error": "not found"})
+
+    def do_PUT(self) -> None:
+        """PUT /api/artifacts: the request body is a model file; answers its sha256 and size."""
+        if urlsplit(self.path).path.rstrip("/") != "/api/artifacts" or not hasattr(self.server.api, "put_artifact"):
+            self._json(404, {"error": "not found"})
+            return
+        length = int(self.headers.get("Content-Length") or -1)
+        if not 0 < length <= MAX_UPLOAD_BYTES:
+            self._json(411 if length < 0 else 413, {"error": "send the file with a Content-Length"})
+            return
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(dir=self.server.store.root, prefix=".upload-") as tmp:
+            remaining = length
+            while remaining:
+                chunk = self.rfile.read(min(1 << 16, remaining))
+                if not chunk:
+                    self._json(400, {"error": "the upload was cut short"})
+                    return
+                tmp.write(chunk)
+                remaining -= len(chunk)
+            tmp.flush()
+            sha256, size = self.server.api.put_artifact(tmp.name)
+        self._json(201, {"sha256": sha256, "size": size})
+
+    def do_POST(self) -> None:
+        """POST /api/deployments with a JSON deployment spec starts a rollout."""
+        if urlsplit(self.path).path.rstrip("/") != "/api/deployments" or not hasattr(
+                self.server.api, "create_deployment"):
+            self._json(404, {"error": "not found"})
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            spec = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(spec, dict):
+                raise ValueError("the body must be a JSON object")
+            self._json(201, self.server.api.create_deployment(spec))
+        except ValueError as exc:  # JSONDecodeError included
+            self._json(400, {"error": str(exc)})
 
     def _artifact(self, *, head: bool) -> None:
         sha = urlsplit(self.path).path.rstrip("/").rpartition("/")[2]
