@@ -144,4 +144,8 @@ def _register_command_modules() -> None:
 _register_command_modules()
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    # Run as `python -m edgeinfer.cli`: use the importable module's group, on which the command
+    # modules registered themselves (this file's own copy, __main__, has only the core commands).
+    from edgeinfer.cli import main as registered_main
+
+    registered_main()

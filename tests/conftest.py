@@ -40,4 +40,4 @@ def imagenet_labels() -> Path:
 
 def edgeinfer_cmd(*args: str) -> list[str]:
     """The CLI as a user runs it, in a subprocess."""
-    return [sys.executable, "-m", "edgeinfer.cli", *args]
+    return [sys.executable, "-m", "edgeinfer", *args]

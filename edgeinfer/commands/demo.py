@@ -1,0 +1,25 @@
+"""``edgeinfer demo``: the end-to-end demo on the shared sample assets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..cli import handle_errors, main, print_json
+
+
+@main.command()
+@click.option("--assets", type=click.Path(file_okay=False, path_type=Path),
+              help="The shared assets folder (default: $EDGEINFER_ASSETS or ../shared/assets).")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path(".edgeinfer-demo"),
+              show_default=True, help="Where generated files go.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON at the end.")
+@handle_errors
+def demo(assets: Path | None, workdir: Path, as_json: bool) -> None:
+    """Run the demo: sample models on sample photos and a generated video."""
+    from ..demo import default_assets, run_demo
+
+    summary = run_demo(assets or default_assets(), workdir, echo=click.echo)
+    if as_json:
+        print_json(summary)

@@ -1,0 +1,94 @@
+"""The end-to-end demo behind ``make demo``: the shared sample models and photos, nothing else."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from .classify import ImageClassifier
+from .delegates import get_delegate, load
+from .errors import EdgeInferError
+from .labels import Labels
+from .model import inspect_model
+
+DEMO_IMAGES = ("parrot.jpg", "cat.bmp", "grace_hopper.bmp", "dog_segmentation.bmp")
+
+
+def default_assets() -> Path:
+    """``$EDGEINFER_ASSETS``, else ``../shared/assets`` next to the current directory."""
+    return Path(os.environ.get("EDGEINFER_ASSETS", Path.cwd().parent / "shared" / "assets")).resolve()
+
+
+def write_demo_clip(path: Path, images: list[Path], *, seconds_each: float = 1.0, fps: int = 10,
+                    size: tuple[int, int] = (640, 480)) -> int:
+    """An MJPEG .avi showing each image for ``seconds_each``; returns the frame count."""
+    import cv2
+
+    from .images import read_image
+
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, size)
+    if not writer.isOpened():
+        raise EdgeInferError(f"OpenCV cannot write {path} (MJPG codec missing?)")
+    frames = 0
+    try:
+        for image in images:
+            frame = cv2.resize(read_image(image), size)
+            for _ in range(round(seconds_each * fps)):
+                writer.write(frame)
+                frames += 1
+    finally:
+        writer.release()
+    return frames
+
+
+def run_demo(assets: Path, workdir: Path, echo: Callable[[str], None] = print) -> dict:
+    """Classify the sample photos on every CPU delegate, then a generated clip; return a summary."""
+    models, images = assets / "models", assets / "images"
+    if not models.is_dir():
+        raise EdgeInferError(f"demo assets not found at {assets} — set EDGEINFER_ASSETS")
+    workdir.mkdir(parents=True, exist_ok=True)
+    tflite = models / "mobilenet_v2_1.0_224_quant.tflite"
+    onnx = models / "mobilenet_v2_1.0_224_quant.onnx"
+    labels = Labels.load(assets / "labels" / "imagenet_labels.txt")
+    summary: dict = {"photos": [], "clip": {}}
+
+    echo("== 1. photos, every CPU delegate")
+    for model, delegate in ((tflite, "xnnpack"), (onnx, "onnxruntime"), (tflite, "openvino"), (onnx, "openvino")):
+        reason = get_delegate(delegate).unavailable_reason()
+        if reason:
+            echo(f"   {delegate:<12} skipped: {reason}")
+            continue
+        with load(model, delegate) as engine:
+            classifier = ImageClassifier(engine, labels, top_k=1)
+            tops = [classifier.classify_file(images / name)[0] for name in DEMO_IMAGES]
+        cells = "  ".join(f"{t.label.split(',')[0]} {t.score:.2f}" for t in tops)
+        echo(f"   {model.suffix[1:]:<6} {engine.description:<13} {cells}")
+        summary["photos"].append({"model": model.name, "delegate": engine.description,
+                                  "top1": [t.label for t in tops]})
+
+    clip = workdir / "demo_clip.avi"
+    frames = write_demo_clip(clip, [images / n for n in DEMO_IMAGES])
+    echo(f"== 2. a generated clip: {clip} ({frames} frames, 640x480 MJPEG)")
+    import cv2
+
+    info = inspect_model(tflite)
+    seen: Counter[str] = Counter()
+    capture = cv2.VideoCapture(str(clip))
+    started = time.perf_counter()
+    with load(info, "xnnpack") as engine:
+        classifier = ImageClassifier(engine, labels, top_k=1)
+        ok, frame = capture.read()
+        while ok:
+            seen[classifier.classify_array(frame)[0].label.split(",")[0]] += 1
+            ok, frame = capture.read(frame)
+    capture.release()
+    elapsed = time.perf_counter() - started
+    total = sum(seen.values())
+    echo(f"   {total} frames in {elapsed:.2f} s ({total / elapsed:.1f} fps) on xnnpack")
+    for label, count in seen.most_common():
+        echo(f"   {label:<24} {count} frames")
+    summary["clip"] = {"frames": total, "fps": total / elapsed, "labels": dict(seen)}
+    return summary
