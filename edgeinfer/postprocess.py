@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Classification:
     """One class of a top-k result; ``score`` is a probability in [0, 1]."""
 
@@ -161,6 +161,10 @@ class ClassificationDecoder:
 
         if k < 1:
             raise ValueError(f"top_k must be >= 1, not {k}")
+        if sum(1 for d in output.shape if d > 1) > 1:
+            raise ValueError(
+                f"task 'classify' needs a 1xN class-score output; this model outputs {list(output.shape)}"
+            )
         if not output.flags.c_contiguous:
             raise ValueError("the classifier output must be a contiguous tensor (the engine's output view)")
         self._flat = output.reshape(-1)
@@ -169,9 +173,17 @@ class ClassificationDecoder:
         self.k = min(k, self._flat.size)
         self._scores = np.empty(self._flat.size, np.float32)
         self._work = np.empty(self._flat.size, np.float32)
+        # names made once: a per-frame str(index) would be an allocation per class per frame
+        self._names = [_label(labels, i) for i in range(self._flat.size)]
         self._quantized = spec.quantized
         self._zero = float(spec.zero_point or 0)
         self._scale = float(spec.scale or 1.0)
+        # a quantised output whose whole range lies in [0, 1] holds probabilities: never softmax it
+        self._probabilities = False
+        if self._quantized and np.issubdtype(output.dtype, np.integer):
+            info = np.iinfo(output.dtype)
+            low, high = (info.min - self._zero) * self._scale, (info.max - self._zero) * self._scale
+            self._probabilities = low >= -1e-6 and high <= 1.0 + 1e-6
 
     def scores(self) -> np.ndarray:
         """Dequantised class probabilities (softmax applied to logits) in a reused buffer."""
@@ -182,7 +194,7 @@ class ClassificationDecoder:
         if self._quantized:
             np.subtract(scores, self._zero, out=scores)
             np.multiply(scores, self._scale, out=scores)
-        if scores.min() < -1e-6 or scores.max() > 1.0 + 1e-6:  # logits: softmax in place
+        if not self._probabilities and (scores.min() < -1e-6 or scores.max() > 1.0 + 1e-6):  # logits
             np.subtract(scores, scores.max(), out=scores)
             np.exp(scores, out=scores)
             np.divide(scores, scores.sum(), out=scores)
@@ -199,7 +211,7 @@ class ClassificationDecoder:
         found = []
         for _ in range(self.k):
             index = int(work.argmax())
-            found.append(Classification(index, _label(self.labels, index), float(scores[index])))
+            found.append(Classification(index, self._names[index], float(scores[index])))
             work[index] = -1.0
         return found
 
