@@ -21,6 +21,7 @@ rest of the machine used meanwhile (from /proc/stat), and the medians use the qu
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -105,6 +106,20 @@ class Window:
         return self
 
 
+def other_load(seconds: float = 0.3) -> float:
+    """Cores the rest of the machine keeps busy right now (this process is idle meanwhile)."""
+    jiffies, cpu = _busy_jiffies(), time.process_time()
+    time.sleep(seconds)
+    return max((_busy_jiffies() - jiffies) / _HZ - (time.process_time() - cpu), 0.0) / seconds
+
+
+def wait_quiet(limit_s: float) -> None:
+    """Wait (up to ``limit_s``) for a moment when other processes leave the cores alone."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and other_load() >= QUIET_CORES:
+        time.sleep(0.5)
+
+
 def _interpreter(model: Path, threads: int):
     from ai_edge_litert.interpreter import Interpreter
 
@@ -180,7 +195,11 @@ def run_decode_source(case: Case, clip: Path, model: Path) -> Window:
     return window.end()
 
 
+PIPELINE_OPTIONS = json.loads(os.environ.get("EDGEINFER_BENCH_PIPELINE", "{}"))
+
+
 def run_pipeline(case: Case, clip: Path, model: Path, memory: bool = False, **options) -> Window | float:
+    options = {**PIPELINE_OPTIONS, **options}
     window = Window()
     tracker = _Allocations() if memory else None
     with Pipeline(model, str(clip), threads=case.threads, policy="every", max_frames=WARMUP + case.frames,
@@ -226,17 +245,23 @@ METHODS = {
     "decode_source": run_decode_source,
     "pipeline": run_pipeline,
 }
+# Pipeline variants to compare in the same interleaved run, e.g.
+# EDGEINFER_BENCH_VARIANTS='{"pre_capture": {"preprocess_in": "capture"}}'
+for _name, _options in json.loads(os.environ.get("EDGEINFER_BENCH_VARIANTS", "{}")).items():
+    METHODS[f"pipeline_{_name}"] = functools.partial(run_pipeline, **_options)
 
 
 # ------------------------------------------------------------------------------------ report
-def median_of(samples: list[Window], quiet_only: bool) -> tuple[float, float, int]:
-    """(median fps-denominator wall, median cpu, samples used) over quiet repetitions when enough."""
+def median_of(samples: list[Window]) -> tuple[float, float, int]:
+    """(median wall, median cpu, samples used): over the quiet repetitions, or all when none was quiet."""
     quiet = [w for w in samples if w.foreign_cores < QUIET_CORES]
-    used = quiet if quiet_only and len(quiet) >= max(3, len(samples) // 2) else samples
-    return statistics.median(w.wall for w in used), statistics.median(w.cpu for w in used), len(used)
+    used = quiet or samples
+    return statistics.median(w.wall for w in used), statistics.median(w.cpu for w in used), len(quiet)
 
 
-def bench_case(case: Case, reps: int, cache: Path | None, log) -> dict:
+def bench_case(case: Case, reps: int, cache: Path | None, log, quiet_wait: float = 0.0,
+               max_reps: int | None = None) -> dict:
+    """Interleaved repetitions until every method has ``reps`` quiet samples (or ``max_reps`` rounds)."""
     model = ASSETS / "models" / case.model
     photos = [ASSETS / "images" / name for name in PHOTOS]
     per_image = -(-(WARMUP + case.frames) // len(photos))
@@ -244,21 +269,30 @@ def bench_case(case: Case, reps: int, cache: Path | None, log) -> dict:
     log(f"\n== {case.title}\n   clip {clip} ({per_image * len(photos)} frames)")
     samples: dict[str, list[Window]] = {name: [] for name in METHODS}
     names = list(METHODS)
-    for rep in range(reps):
-        order = names[rep % len(names):] + names[: rep % len(names)]
+    rounds = 0
+    limit = max_reps or reps * 3
+    while rounds < limit:
+        quiet = min(sum(w.foreign_cores < QUIET_CORES for w in samples[name]) for name in names)
+        if quiet >= reps:
+            break
+        order = names[rounds % len(names):] + names[: rounds % len(names)]
+        rounds += 1
         line = []
         for name in order:
             gc.collect()
+            if quiet_wait:
+                wait_quiet(quiet_wait)
             window = METHODS[name](case, clip, model)
             samples[name].append(window)
-            line.append(f"{name} {case.frames / window.wall:6.1f}/s (other load {window.foreign_cores:.2f})")
-        log(f"   rep {rep + 1}: " + ", ".join(line))
+            mark = "" if window.foreign_cores < QUIET_CORES else "*"
+            line.append(f"{name} {case.frames / window.wall:6.1f}/s{mark}")
+        log(f"   round {rounds}: " + ", ".join(line))
     result: dict = {"case": case.name, "title": case.title, "model": case.model, "threads": case.threads,
-                    "size": list(case.size), "frames": case.frames, "reps": reps, "methods": {}}
+                    "size": list(case.size), "frames": case.frames, "rounds": rounds, "methods": {}}
     for name, windows in samples.items():
-        wall, cpu, used = median_of(windows, quiet_only=True)
+        wall, cpu, quiet = median_of(windows)
         result["methods"][name] = {
-            "fps": case.frames / wall, "cpu_ms_per_frame": cpu / case.frames * 1e3, "reps_used": used,
+            "fps": case.frames / wall, "cpu_ms_per_frame": cpu / case.frames * 1e3, "quiet_reps": quiet,
             "other_load_cores": statistics.median(w.foreign_cores for w in windows),
             "fps_all": [round(case.frames / w.wall, 2) for w in windows],
         }
@@ -292,14 +326,14 @@ def ratios(result: dict) -> dict[str, float]:
 
 
 def report(results: list[dict], log) -> None:
-    log("\n== summary (medians; fps = frames per second; CPU = process CPU time per frame, all threads)")
+    log("\n== summary (medians over the quiet repetitions — those where the rest of the machine used < "
+        f"{QUIET_CORES} cores; * above marks the others; CPU = process CPU time per frame, all threads)")
     for result in results:
         m = result["methods"]
-        log(f"\n{result['title']}  ({result['reps']} reps)")
-        log(f"   {'method':<14}{'fps':>9}{'CPU ms/frame':>14}{'other load':>12}")
+        log(f"\n{result['title']}  ({result['rounds']} rounds)")
+        log(f"   {'method':<20}{'fps':>9}{'CPU ms/frame':>14}{'quiet reps':>12}")
         for name in METHODS:
-            log(f"   {name:<14}{m[name]['fps']:>9.1f}{m[name]['cpu_ms_per_frame']:>14.2f}"
-                f"{m[name]['other_load_cores']:>11.2f}c")
+            log(f"   {name:<20}{m[name]['fps']:>9.1f}{m[name]['cpu_ms_per_frame']:>14.2f}{m[name]['quiet_reps']:>12}")
         r = ratios(result)
         result["ratios"] = r
         for label, goal in GOALS[result["case"]]:
@@ -315,12 +349,16 @@ def report(results: list[dict], log) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=7, help="repetitions (each runs every method once)")
+    parser.add_argument("--reps", type=int, default=5,
+                        help="quiet repetitions wanted per method (each round runs every method once)")
+    parser.add_argument("--max-rounds", type=int, help="give up waiting for quiet rounds after this many (3 x reps)")
     parser.add_argument("--cases", default="accelerator,decode,cpu")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="'all cores' thread count")
     parser.add_argument("--frames", type=float, default=1.0, help="scale the measured frame counts")
     parser.add_argument("--cache", type=Path, help="where the generated clips go (default ~/.cache/edgeinfer)")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--wait-quiet", type=float, default=20.0, metavar="S",
+                        help="before each measurement wait up to S seconds for other processes to calm down")
     args = parser.parse_args()
     table = cases(args.threads)
     chosen = [table[name.strip()] for name in args.cases.split(",") if name.strip()]
@@ -333,7 +371,7 @@ def main() -> int:
 
     log(f"edgeinfer pipeline benchmark — {os.cpu_count()} cores, OpenCV {cv2.__version__}, numpy {np.__version__}")
     log(f"load average at start: {os.getloadavg()}")
-    results = [bench_case(case, args.reps, args.cache, log) for case in chosen]
+    results = [bench_case(case, args.reps, args.cache, log, args.wait_quiet, args.max_rounds) for case in chosen]
     report(results, log)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -224,6 +224,7 @@ class Pipeline:
         backoff: Backoff = DEFAULT_BACKOFF,
         preprocess_in: str = "auto",
         opencv_threads: int | None = 1,
+        capture_nice: int | None = None,
         stats_window: int = DEFAULT_STATS_WINDOW,
     ) -> None:
         if task not in TASKS:
@@ -250,6 +251,7 @@ class Pipeline:
         self.keep_frames = keep_frames
         self.preprocess_in = preprocess_in
         self.opencv_threads = opencv_threads
+        self.capture_nice = capture_nice
         self._resize = resize or TASK_RESIZE[task]
         self._mean, self._std = mean, std
         self._decoder_options = {"top_k": top_k, "score_threshold": score_threshold,
@@ -296,11 +298,8 @@ class Pipeline:
         self._plan_gen = 0
         self._plan_lock = threading.Lock()
         self._swap: tuple[Engine, threading.Event, list] | None = None
-        # load balance estimates (ms, exponential averages) for preprocess_in="auto"
-        self._est_read = 0.0
-        self._est_pre = 0.0
-        self._est_infer = 0.0
-        self._pre_in_capture = preprocess_in == "capture"
+        # True while the inference thread waits for a frame: it has time to preprocess it itself
+        self._infer_idle = False
 
         self._callback: Callable[[FrameResult], None] | None = None
         self._iterating = False
@@ -564,8 +563,10 @@ class Pipeline:
         free = self._free
         latest = self.policy == "latest"
         queue_size = self.queue_size
-        auto = self.preprocess_in == "auto"
+        place = self.preprocess_in
         frame_id = 0
+        if self.capture_nice:
+            _renice_this_thread(self.capture_nice)
         try:
             while not self._stop_requested:
                 slot = free.get()
@@ -581,15 +582,17 @@ class Pipeline:
                 if frame is not buffer:  # first pass through the ring, or the frame size changed
                     frames[slot] = frame
                 plan = self._plan
-                if self._pre_in_capture and plan is not None and frame.shape == plan.frame_shape:
+                # Greedy balance: preprocess here unless the inference thread sits waiting for this
+                # frame (then it has the time, and the frame reaches it sooner). Decode-bound runs
+                # thus preprocess in the inference thread, inference-bound runs here, balanced ones mix.
+                if (plan is not None and frame.shape == plan.frame_shape and place != "inference"
+                        and (place == "capture" or not self._infer_idle)):
                     plan.pre(frame, plan.staged[slot])
                     staged_gen[slot] = plan.gen
                     t2 = perf()
-                    self._est_pre += 0.05 * ((t2 - t1) - self._est_pre)
                 else:
                     staged_gen[slot] = -1
                     t2 = t1
-                self._est_read += 0.05 * ((t1 - t0) - self._est_read)
                 info[slot] = (frame_id, t0, t1, t2, wall())
                 frame_id += 1
                 if latest:
@@ -604,8 +607,6 @@ class Pipeline:
                         free.put(old)
                         self.dropped += 1
                 ready.put(slot)
-                if auto and frame_id % 32 == 0:
-                    self._rebalance()
         except CaptureError as exc:
             self.error = exc
             log.error("capture stopped: %s", exc)
@@ -615,22 +616,6 @@ class Pipeline:
         finally:
             self._capture_done = True
             ready.put(_END)
-
-    def _rebalance(self) -> None:
-        """Run preprocessing on whichever thread leaves the slower stage faster (with hysteresis)."""
-        read, pre, infer = self._est_read, self._est_pre, self._est_infer
-        if pre <= 0.0 or infer <= 0.0:
-            if not self._pre_in_capture and self._plan is not None:
-                self._pre_in_capture = True  # measure it there once
-            return
-        if self._pre_in_capture:
-            here, there = max(read + pre, infer), max(read, infer + pre)
-        else:
-            here, there = max(read, infer + pre), max(read + pre, infer)
-        if there < 0.97 * here:
-            self._pre_in_capture = not self._pre_in_capture
-            log.debug("preprocessing moves to the %s thread (read %.2f, pre %.2f, infer %.2f ms)",
-                      "capture" if self._pre_in_capture else "inference", read * 1e3, pre * 1e3, infer * 1e3)
 
     def _infer_loop(self) -> None:
         import numpy as np
@@ -660,7 +645,9 @@ class Pipeline:
                         next_due += period
                     else:
                         next_due = now + period
+                self._infer_idle = ready.empty()
                 slot = ready.get()
+                self._infer_idle = False
                 if slot == _END:
                     break
                 t3 = perf()
@@ -683,9 +670,6 @@ class Pipeline:
                 t5 = perf()
                 result = plan.decoder(plan.transform)
                 t6 = perf()
-                if not staged:
-                    self._est_pre += 0.05 * ((t4 - t3) - self._est_pre)
-                self._est_infer += 0.05 * ((t6 - t4) - self._est_infer)
                 timings = StageTimings(
                     capture=(t1 - t0) * 1e3, preprocess=((t2 - t1) + (t4 - t3)) * 1e3, infer=(t5 - t4) * 1e3,
                     postprocess=(t6 - t5) * 1e3, latency=(t6 - t1) * 1e3, queue=(t3 - t2) * 1e3,
@@ -736,6 +720,15 @@ class Pipeline:
             capture.join(timeout=30.0)
         self._results.put(_STOP)
         self._finished.set()
+
+
+def _renice_this_thread(increment: int) -> None:
+    """Lower the calling thread's priority (Linux: per-thread nice); a no-op where unsupported."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+    except (AttributeError, OSError) as exc:
+        log.debug("cannot renice the capture thread: %s", exc)
 
 
 # ----------------------------------------------------------------------- OpenCV thread count
