@@ -198,13 +198,26 @@ def run_decode_source(case: Case, clip: Path, model: Path) -> Window:
 PIPELINE_OPTIONS = json.loads(os.environ.get("EDGEINFER_BENCH_PIPELINE", "{}"))
 
 
-def run_pipeline(case: Case, clip: Path, model: Path, memory: bool = False, **options) -> Window | float:
+def run_pipeline(case: Case, clip: Path, model: Path, memory: bool = False, callback: bool = False,
+                 **options) -> Window | float:
+    """The edgeinfer pipeline, consumed by iterating over it (or with a callback)."""
     options = {**PIPELINE_OPTIONS, **options}
     window = Window()
     tracker = _Allocations() if memory else None
     with Pipeline(model, str(clip), threads=case.threads, policy="every", max_frames=WARMUP + case.frames,
                   top_k=5, **options) as pipeline:
-        for count, _result in enumerate(pipeline, 1):
+        if callback:
+            count = 0
+
+            def consume(_result) -> None:
+                nonlocal count
+                count += 1
+                if count == WARMUP:
+                    window.begin()
+
+            pipeline.start(consume)
+            pipeline.wait()
+        for count, _result in enumerate(pipeline if not callback else (), 1):
             if count == WARMUP:
                 window.begin()
                 if tracker:

@@ -3,8 +3,8 @@
 Two threads, one ring of frame buffers, nothing allocated per frame but the result:
 
 * ``edgeinfer-capture`` reads (decodes) each frame into a preallocated slot of the ring
-  (``VideoCapture.read(image=slot)``) and, when that balances the load better, resizes and
-  converts it into a per-slot copy of the model input ("staged" preprocessing);
+  (``VideoCapture.read(image=slot)``) and, unless the inference thread is already waiting for it,
+  resizes and converts it into a per-slot copy of the model input ("staged" preprocessing);
 * ``edgeinfer-infer`` takes the oldest ready slot, writes the model input into the engine's input
   view (one memcpy of a staged input, or the whole preprocess), hands the slot back, invokes,
   decodes the outputs into a typed result and delivers it (iterator or callback).
@@ -224,7 +224,6 @@ class Pipeline:
         backoff: Backoff = DEFAULT_BACKOFF,
         preprocess_in: str = "auto",
         opencv_threads: int | None = 1,
-        capture_nice: int | None = None,
         stats_window: int = DEFAULT_STATS_WINDOW,
     ) -> None:
         if task not in TASKS:
@@ -251,12 +250,10 @@ class Pipeline:
         self.keep_frames = keep_frames
         self.preprocess_in = preprocess_in
         self.opencv_threads = opencv_threads
-        self.capture_nice = capture_nice
         self._resize = resize or TASK_RESIZE[task]
         self._mean, self._std = mean, std
         self._decoder_options = {"top_k": top_k, "score_threshold": score_threshold,
                                  "iou_threshold": iou_threshold, "max_detections": max_detections}
-        self._labels_arg = labels
         self.labels = Labels.load(labels) if isinstance(labels, (str, os.PathLike)) else labels
 
         self.source = open_source(source, size=size, fps=fps, fourcc=fourcc, loop=loop, backoff=backoff)
@@ -310,7 +307,6 @@ class Pipeline:
         self._started = False
         self._closed = False
         self._finished = threading.Event()
-        self._capture_done = False
         self._lock = threading.Lock()
         self._opencv_previous: int | None = None
 
@@ -548,10 +544,6 @@ class Pipeline:
         )
 
     # ---------------------------------------------------------------------------- threads
-    def _take_slot(self) -> int:
-        """A free slot; under ``every`` this blocks while the inference thread is behind."""
-        return self._free.get()
-
     def _capture_loop(self) -> None:
         perf = time.perf_counter
         wall = time.time
@@ -565,8 +557,6 @@ class Pipeline:
         queue_size = self.queue_size
         place = self.preprocess_in
         frame_id = 0
-        if self.capture_nice:
-            _renice_this_thread(self.capture_nice)
         try:
             while not self._stop_requested:
                 slot = free.get()
@@ -614,7 +604,6 @@ class Pipeline:
             self.error = exc
             log.exception("capture thread failed")
         finally:
-            self._capture_done = True
             ready.put(_END)
 
     def _infer_loop(self) -> None:
@@ -720,15 +709,6 @@ class Pipeline:
             capture.join(timeout=30.0)
         self._results.put(_STOP)
         self._finished.set()
-
-
-def _renice_this_thread(increment: int) -> None:
-    """Lower the calling thread's priority (Linux: per-thread nice); a no-op where unsupported."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
-    except (AttributeError, OSError) as exc:
-        log.debug("cannot renice the capture thread: %s", exc)
 
 
 # ----------------------------------------------------------------------- OpenCV thread count

@@ -306,3 +306,22 @@ def test_cli_run_human_status_and_errors(tmp_path):
     assert missing.stderr.count("\n") == 1 and "source not found" in missing.stderr
     wrong = _cli("run", str(MOBILENET_TINY), "--source", str(IMAGES / "cat.bmp"), "--task", "detect")
     assert wrong.returncode == 2 and "SSD-style" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def test_preprocessing_in_either_thread_gives_identical_inputs(clip):
+    """Staged (capture thread) and direct (inference thread) preprocessing write the same tensor."""
+    scores = {}
+    for place in ("capture", "inference", "auto"):
+        with Pipeline(MOBILENET_TINY, clip, preprocess_in=place, top_k=3) as pipeline:
+            scores[place] = [[(c.index, c.score) for c in r.result] for r in pipeline]
+    assert len(scores["capture"]) == CLIP_FRAMES
+    assert scores["capture"] == scores["inference"] == scores["auto"]
+
+
+def test_loop_and_keep_frames(clip):
+    with Pipeline(MOBILENET_TINY, clip, loop=True, keep_frames=True, max_frames=CLIP_FRAMES + 3) as pipeline:
+        results = list(pipeline)
+    assert len(results) == CLIP_FRAMES + 3  # went round the end of the file
+    assert results[0].frame is not None and results[0].frame.shape == (480, 640, 3)
+    assert (results[CLIP_FRAMES].frame == results[0].frame).all()  # the same picture, in its own copy
+    assert results[CLIP_FRAMES].frame is not results[0].frame
