@@ -206,6 +206,12 @@ class PipelineRunner:
         self.dropped_total = 0
         self.last_run_frames = 0
 
+    @property
+    def pipeline(self) -> Any:
+        """The running Pipeline, or None between runs."""
+        with self._lock:
+            return self._pipeline
+
     # -- control --------------------------------------------------------------------------
     def start(self) -> PipelineRunner:
         """Start supervising (the pipeline is built in the runner's thread)."""
@@ -607,6 +613,7 @@ class Agent:
         self._versions: dict[str, str | None] = {}
         self.figures = _Figures()
         self.commands: CommandRouter | None = None
+        self.updates: Any = None
         self._opened = False
         self._closed = False
         self._lock_file: Any = None
@@ -624,6 +631,10 @@ class Agent:
             if runner.name == name:
                 return runner
         raise ValueError(f"no pipeline named {name!r} (have: {', '.join(r.name for r in self._runners) or 'none'})")
+
+    @property
+    def runners(self) -> list[PipelineRunner]:
+        return list(self._runners)
 
     @property
     def link(self) -> MqttLink | None:
@@ -668,6 +679,10 @@ class Agent:
             raise ConfigError(f"{config.path or 'config'}: data_dir: cannot write to {config.data_dir} "
                               f"({exc.strerror}) — create it and give the agent's user write access") from None
         self._lock_file = _lock_data_dir(config)
+        from .agent_updates import UpdateService
+
+        self.updates = UpdateService(config)  # A/B model slots: may replace the configured model
+        self.config = config = self.updates.installed_config(config)
         self.profile = resolve_profile(config)
         if self.probe is None:
             sensors = config.sensors
@@ -683,6 +698,7 @@ class Agent:
             "type": "object", "required": ["pipeline"], "additionalProperties": False,
             "properties": {"pipeline": {"type": "string", "minLength": 1, "maxLength": 64}}},
             description="restart one pipeline now")
+        self.updates.register(self.commands)
         offline = encode(self._state_message(online=False, reason="connection lost"))
         self._link = MqttLink(config.link_settings(), spool=self._spool, will=(self.topics.state, offline),
                               subscriptions=[self.topics.cmd], on_message=self._on_message,
@@ -825,6 +841,7 @@ class Agent:
             "v": PROTOCOL_VERSION, "type": "state", "fleet": self.topics.fleet, "device": self.topics.device,
             "ts": round(time.time(), 3), "online": online, "boot_id": self.boot.boot_id,
             "started": round(self.boot.started, 3), "profile": getattr(self.profile, "name", None),
+            "groups": list(self.config.groups),
         }
         if reason:
             message["reason"] = reason

@@ -57,6 +57,9 @@ from .spool import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
 from .telemetry import ThrottleSensor, throttle_sensor
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
+DEFAULT_UPDATE_VALIDATE_TIMEOUT_S = 60.0
+DEFAULT_UPDATE_HEALTH_FRAMES = 20
+DEFAULT_UPDATE_MAX_LATENCY_FACTOR = 3.0
 DEFAULT_FLEET = "default"
 DEFAULT_DATA_DIR = "/var/lib/edgeinfer"
 DEFAULT_TELEMETRY_INTERVAL_S = 1.0
@@ -136,6 +139,16 @@ class AgentConfig:
     profile: str = "auto"
     sensors: SensorConfig = SensorConfig()
     pipelines: tuple[PipelineConfig, ...] = ()
+    #: device groups a rollout can target (``edgeinfer deploy --group``), reported in ``state``
+    groups: tuple[str, ...] = ()
+    #: the fleet's Ed25519 public key (base64, or a file holding it); no key: updates are refused
+    update_public_key: str | None = None
+    #: seconds a new model may take to load and run once in the validation subprocess
+    update_validate_timeout_s: float = DEFAULT_UPDATE_VALIDATE_TIMEOUT_S
+    #: frames the new model must run healthily in the live pipeline before it is committed
+    update_health_frames: int = DEFAULT_UPDATE_HEALTH_FRAMES
+    #: the new model's median inference time may be at most this factor of the old one's
+    update_max_latency_factor: float = DEFAULT_UPDATE_MAX_LATENCY_FACTOR
 
     @property
     def topics(self) -> Topics:
@@ -413,6 +426,10 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
             raise r.fail("pipelines", f"two pipelines are named {name!r}; names must be unique")
 
     data_dir = Path(r.path("data_dir") or DEFAULT_DATA_DIR)
+    groups = r.get("groups", [])
+    if not isinstance(groups, list) or not all(isinstance(g, str) and _ID_RE.match(g) for g in groups):
+        raise r.fail("groups", f"must be a list of ids (A-Z a-z 0-9 . _ -), got {groups!r}")
+    update_key = _update_key(r)
     profile = r.string("profile", "auto")
     assert profile is not None
     return AgentConfig(
@@ -434,7 +451,33 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
         profile=profile,
         sensors=_sensors(r.get("sensors"), file, base),
         pipelines=pipelines,
+        groups=tuple(groups),
+        update_public_key=update_key,
+        update_validate_timeout_s=float(r.number("update_validate_timeout_s", DEFAULT_UPDATE_VALIDATE_TIMEOUT_S,
+                                                 above=0, maximum=3600)),
+        update_health_frames=r.number("update_health_frames", DEFAULT_UPDATE_HEALTH_FRAMES, minimum=1,
+                                      maximum=100000, integer=True),
+        update_max_latency_factor=float(r.number("update_max_latency_factor", DEFAULT_UPDATE_MAX_LATENCY_FACTOR,
+                                                 above=1.0, maximum=1000)),
     )
+
+
+def _update_key(r: _Reader) -> str | None:
+    """The pinned fleet key: the base64 key itself, or the path of a file holding it."""
+    from .signing import VerifyKey
+
+    value = r.string("update_public_key")
+    if value is None:
+        return None
+    as_path = Path(os.path.expanduser(value))
+    as_path = as_path if as_path.is_absolute() else r.base / as_path
+    if len(value) < 4096 and as_path.is_file():
+        value = str(as_path)
+    try:
+        VerifyKey.from_config_value(value)
+    except ConfigError as exc:
+        raise r.fail("update_public_key", f"{exc} — pin the key `edgeinfer keys show` prints") from None
+    return value
 
 
 def resolve_profile(config: AgentConfig, *, detect_now: bool = True) -> Any:

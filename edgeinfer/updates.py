@@ -103,6 +103,18 @@ class ModelSlots:
     def trial(self) -> InstalledModel | None:
         return self._model(self._state.get("trial"))
 
+    @property
+    def configured(self) -> dict | None:
+        """The model the agent's config named when the slots were last reset (name, version, sha256)."""
+        return self._state.get("configured")
+
+    def reset_to(self, source: str | os.PathLike, *, name: str, version: int, sha256: str) -> InstalledModel:
+        """Make the configured model the committed baseline (first start, or the config changed)."""
+        self._state.update(active=None, previous=None, trial=None,
+                           configured={"path": str(source), "name": name, "version": version, "sha256": sha256})
+        self._save()
+        return self.install_initial(source, name=name, version=version, sha256=sha256)
+
     def seen(self, deployment_id: str) -> bool:
         return deployment_id in self._state.get("seen", [])
 
@@ -249,6 +261,18 @@ class Updater:
 
     def stage(self, manifest: Manifest, progress: Callable[[int], None] | None = None) -> InstalledModel:
         """Download into the inactive slot and validate there; returns the staged model."""
+        staged = self.download(manifest, progress)
+        self.validate(staged)
+        return staged
+
+    def validate(self, staged: InstalledModel) -> None:
+        """Load and run the staged model in a subprocess (UpdateRejected if it fails, crashes or hangs)."""
+        started = time.perf_counter()
+        validate_in_subprocess(staged.path, delegate=self.delegate, timeout_s=self.validate_timeout_s)
+        log.info("validated %s in %.1f s", staged.path, time.perf_counter() - started)
+
+    def download(self, manifest: Manifest, progress: Callable[[int], None] | None = None) -> InstalledModel:
+        """Fetch the artifact into the inactive slot (resuming a partial file) and verify it."""
         slot = self.slots.inactive_slot()
         folder = self.slots.slot_dir(slot)
         for stale in folder.iterdir():  # the inactive slot holds only the model being staged
@@ -256,9 +280,6 @@ class Updater:
                 stale.unlink()
         target = folder / f"{manifest.sha256}{_suffix_for(manifest.model_name)}"
         download(manifest.url, target, sha256=manifest.sha256, size=manifest.size, progress=progress)
-        started = time.perf_counter()
-        validate_in_subprocess(target, delegate=self.delegate, timeout_s=self.validate_timeout_s)
-        log.info("validated %s in %.1f s", target, time.perf_counter() - started)
         return InstalledModel(slot, str(target), manifest.model_name, manifest.version, manifest.sha256,
                               manifest.deployment_id)
 
