@@ -275,15 +275,23 @@ class Updater:
         """Fetch the artifact into the inactive slot (resuming a partial file) and verify it."""
         slot = self.slots.inactive_slot()
         folder = self.slots.slot_dir(slot)
+        target = folder / _file_name(manifest)
+        partial = target.with_name(target.name + ".part")
         for stale in folder.iterdir():  # the inactive slot holds only the model being staged
-            if not stale.name.endswith(".part") or not stale.name.startswith(manifest.sha256):
+            if stale != partial:
                 stale.unlink()
-        target = folder / f"{manifest.sha256}{_suffix_for(manifest.model_name)}"
         download(manifest.url, target, sha256=manifest.sha256, size=manifest.size, progress=progress)
         return InstalledModel(slot, str(target), manifest.model_name, manifest.version, manifest.sha256,
                               manifest.deployment_id)
 
 
-def _suffix_for(model_name: str) -> str:
-    suffix = Path(model_name).suffix
-    return suffix if suffix in (".tflite", ".onnx", ".xml", ".engine", ".plan") else ""
+def _file_name(manifest: Manifest) -> str:
+    """The artifact's name in its slot: the manifest's model name when it is a plain file name.
+
+    The name is only a label (the sha256 is what is trusted); runtimes such as OpenVINO pick a
+    reader by suffix, so it is kept.
+    """
+    name = Path(manifest.model_name).name
+    if name and name == manifest.model_name and not name.startswith(".") and len(name) <= 200:
+        return name
+    return manifest.sha256
