@@ -10,8 +10,11 @@ twice, in alternating order:
   this script starts on a free port; without Mosquitto, the link retries in the background and the
   spool still takes every window).
 
-The pipeline's own ``stats.fps`` is compared; medians over the repetitions; the cost is
-``1 - median(agent) / median(bare)``. Goal: < 2 % at the default 1 s interval. ``--interval 0.1``
+The pipeline's own ``stats.fps`` is compared; the cost is ``1 - median(agent_i / bare_i)`` over the
+repetitions (the two runs of a repetition are neighbours in time, so their ratio cancels slow drifts
+in the machine's load); medians of each column are printed too. Goal: < 2 % at the default 1 s
+interval. The CPU time of the agent's own threads (from /proc) is printed as well: it does not
+depend on what else runs on the machine. ``--interval 0.1``
 shows the headroom at ten times the default rate.
 
     python bench/telemetry_overhead.py [--model M] [--frames N] [--reps R] [--interval S]
@@ -172,7 +175,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=str(ASSETS / "models" / "mobilenet_v1_0.25_128_quant.tflite"),
                         help="default: the fastest shared model, the worst case for a fixed per-window cost")
-    parser.add_argument("--frames", type=int, default=600, help="frames per run")
+    parser.add_argument("--frames", type=int, default=3000, help="frames per run")
     parser.add_argument("--reps", type=int, default=5, help="repetitions (each runs both cases)")
     parser.add_argument("--interval", type=float, default=1.0, help="telemetry interval, s")
     parser.add_argument("--threads", type=int, default=None, help="delegate threads")
@@ -209,9 +212,13 @@ def main() -> int:
             print(f"  rep {rep + 1}: bare {bare[-1]:8.1f} fps   agent {agent[-1]:8.1f} fps   "
                   f"(broker acknowledged {acked} messages)")
         mb, ma = statistics.median(bare), statistics.median(agent)
-        cost = 1 - ma / mb
-        print(f"median: bare {mb:.1f} fps, with agent telemetry {ma:.1f} fps; ratio {ma / mb:.4f}; "
-              f"cost {cost * 100:+.2f} % (goal < 2 %) -> {'OK' if cost < 0.02 else 'OVER GOAL'}")
+        # each repetition's two runs are neighbours in time: their ratio cancels slow drifts of the
+        # machine's load, so the median of those ratios is the figure the goal is judged on
+        paired = statistics.median(a / b for a, b in zip(agent, bare))
+        cost = 1 - paired
+        print(f"median: bare {mb:.1f} fps, with agent telemetry {ma:.1f} fps (ratio of medians {ma / mb:.4f})")
+        print(f"median of per-repetition ratios {paired:.4f}: telemetry costs {cost * 100:+.2f} % "
+              f"(goal < 2 %) -> {'OK' if cost < 0.02 else 'OVER GOAL'}")
         print(f"the agent's own threads (telemetry tick, spool, MQTT, commands) used {agent_cpu * 1000:.0f} ms of "
               f"CPU in {agent_wall:.1f} s of pipeline runs: {agent_cpu / agent_wall * 100:.2f} % of one core "
               f"(/proc clock ticks; the fps ratio is the goal figure, this one is immune to other load)")
