@@ -378,10 +378,10 @@ def check_plot_path(path: str | os.PathLike) -> Path:
         raise MissingDependency(
             f"--plot needs matplotlib ({exc}) — pip install 'edgeinfer[plot]'"
         ) from exc
+    if target.is_dir():
+        raise OutputError(f"cannot write the chart to {target}: it is a folder — give a file name ending in .png")
     if target.suffix.lower() != ".png":
         raise ValueError(f"--plot writes a PNG; give a file name ending in .png, not {target.name!r}")
-    if target.is_dir():
-        raise OutputError(f"cannot write the chart to {target}: it is a folder")
     if not target.parent.is_dir():
         raise OutputError(f"cannot write the chart to {target}: folder {target.parent} does not exist")
     if not os.access(target.parent, os.W_OK):
