@@ -696,6 +696,9 @@ def optimize_model(model: str | os.PathLike, output: str | os.PathLike, options:
         validation = collect_images(options.calibration, "validation") if options.calibration else []
     threads = options.threads or os.cpu_count() or 1
     notes: list[str] = []
+    if calibration and validation is calibration:
+        notes.append("validated on the calibration images themselves; pass --validation DIR with held-out "
+                     "images for an unbiased check")
     temps: list[Path] = []
     temp_onnx = _temp_path(output_path, ".onnx")
     temps.append(temp_onnx)
