@@ -343,10 +343,12 @@ class _Feeder:
         self._pre: dict[tuple[int, int], Any] = {}
 
     def __call__(self, image_path: Path, dst: np.ndarray) -> None:
+        from ._native import captured_native_stderr
         from .images import read_image
         from .preprocess import Preprocessor
 
-        frame = read_image(image_path)
+        with captured_native_stderr("OpenCV"):  # libjpeg prints "Premature end of JPEG file" itself
+            frame = read_image(image_path)
         size = (frame.shape[1], frame.shape[0])
         pre = self._pre.get(size)
         if pre is None:
@@ -412,9 +414,9 @@ def _quantize_int8(source: Path, target: Path, images: Sequence[Path], feeder: _
             notes.append(f"quantisation pre-processing skipped: {' '.join(str(exc).split())[:200]}")
             quant_input = source
         kinds = quantization.QuantType
-        # A quantised Softmax rounds probabilities to 1/255 steps, which turns close calls between
-        # classes into exact ties (measured: a 0.08 top-1 margin in float became a tie). It is
-        # cheap in float, so it stays float; everything before it is INT8.
+        # Softmax is cheap in float, and an 8-bit softmax output (1/255 steps) only adds rounding
+        # that turns close calls into ties; it stays float. (float_outputs does the same for the
+        # logits feeding it.)
         onnx = _import("onnx", "onnx", "INT8 quantisation")
         graph = onnx.load(str(quant_input), load_external_data=False).graph
         keep_float = [node.name for node in graph.node if node.op_type in FLOAT_OPS and node.name]

@@ -189,6 +189,18 @@ def test_bad_input_is_one_clear_line_and_exit_1(tmp_path, case):
     assert not (tmp_path / "out.onnx").exists() and leftovers(tmp_path) == []
 
 
+def test_a_corrupt_calibration_image_is_named(tmp_path):
+    calibration = tmp_path / "calibration"
+    calibration.mkdir()
+    (calibration / "a_good.jpg").write_bytes((IMAGES / "parrot.jpg").read_bytes())
+    (calibration / "b_broken.jpg").write_bytes((IMAGES / "parrot.jpg").read_bytes()[:200])
+    out = tmp_path / "out.onnx"
+    result = run_cli("optimize", FLOAT_MODEL, "--int8", "--calibration", calibration, "-o", out, "-q", timeout=120)
+    assert result.returncode == 1
+    assert "b_broken.jpg" in error_line(result)
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
 def test_missing_mode_and_missing_calibration_are_usage_errors(tmp_path):
     out = tmp_path / "x.onnx"
     assert run_cli("optimize", FLOAT_MODEL, "-o", out, timeout=60).returncode == 2
