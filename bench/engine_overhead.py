@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 GOAL = 1.03
+#: untimed iterations at the start of each block (runtimes' thread pools spin for a while after a run)
+SETTLE = 3
 MODELS = {
     "xnnpack": "mobilenet_v2_1.0_224_quant.tflite",
     "onnxruntime": "mobilenet_v2_1.0_224_quant.onnx",
@@ -139,13 +141,13 @@ def measure(loops: dict[str, callable], reps: int, block_seconds: float, progres
         for _ in range(20):
             loops[name]()
     for rep in range(reps):
-        shift = rep % len(names)
+        shift = rep % len(names)  # every loop takes every position equally often
         order = names[shift:] + names[:shift]
-        if rep % 2:
-            order.reverse()
         for name in order:
             step = loops[name]
             out = samples[name]
+            for _ in range(SETTLE):  # untimed: let the previous loop's spinning worker threads go idle
+                step()
             deadline = clock() + block_seconds
             while True:
                 start = clock()

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 #: rounds of interleaved blocks when the caller does not say
 DEFAULT_ROUNDS = 7
+#: untimed invokes at the start of every block: thread pools (ONNX Runtime's especially) keep
+#: spinning for a moment after a run and would slow whichever engine comes next
+SETTLE = 2
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -75,6 +78,8 @@ def interleaved_latency(
         for index in order:
             invoke = engines[index].invoke
             out = samples[index]
+            for _ in range(SETTLE):  # untimed: the previous engine's worker threads may still be spinning
+                invoke()
             deadline = clock() + block
             while True:
                 start = clock()
