@@ -133,8 +133,13 @@ def plan_targets(models: Sequence[str | os.PathLike], delegates: Sequence[str] |
     for spec in names:
         name, device = split_delegate(spec)
         delegate = get_delegate(name)  # ValueError for an unknown name
+        unavailable: list[str | None] = []  # asked once per delegate, only if some model fits it
         for info in infos:
-            reason = delegate.unavailable_reason(device) or delegate.unsupported_reason(info)
+            reason = delegate.unsupported_reason(info)
+            if reason is None:
+                if not unavailable:
+                    unavailable.append(delegate.unavailable_reason(device))
+                reason = unavailable[0]
             if reason:
                 skipped.append({"model": info.path, "delegate": spec, "reason": reason})
             else:
@@ -469,8 +474,11 @@ def format_table(report: BenchReport) -> str:
     lines.append(f"{report.threads} threads per delegate; {report.seconds:g} s measured per target in "
                  f"{report.rounds} interleaved rounds; cold = engine load to first result in a fresh process, "
                  "cached = the same with a warm OpenVINO model cache")
+    grouped: dict[tuple[str, str], list[str]] = {}
     for item in report.skipped:
-        lines.append(f"skipped {item['delegate']} for {Path(item['model']).name}: {item['reason']}")
+        grouped.setdefault((item["delegate"], item["reason"]), []).append(Path(item["model"]).name)
+    for (delegate, reason), names in grouped.items():
+        lines.append(f"skipped {delegate} for {', '.join(names)}: {reason}")
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
