@@ -404,6 +404,10 @@ def _quantize_int8(source: Path, target: Path, images: Sequence[Path], feeder: _
             return {input_name: array}
 
     prepared = _temp_path(target, ".pre.onnx")
+    ort = _import("onnxruntime", "onnx", "INT8 quantisation")
+    # The quantiser's own sessions log C++ warnings (initialisers listed as graph inputs, ...)
+    # straight to stderr; the default is warning (2).
+    ort.set_default_logger_severity(3)
     try:
         say("quantising: preparing the graph (shape inference, graph optimisation)")
         try:
@@ -418,8 +422,11 @@ def _quantize_int8(source: Path, target: Path, images: Sequence[Path], feeder: _
         # that turns close calls into ties; it stays float. (float_outputs does the same for the
         # logits feeding it.)
         onnx = _import("onnx", "onnx", "INT8 quantisation")
-        graph = onnx.load(str(quant_input), load_external_data=False).graph
-        keep_float = [node.name for node in graph.node if node.op_type in FLOAT_OPS and node.name]
+        model = onnx.load(str(quant_input))
+        if _prepare_for_qdq(model, onnx, notes):
+            onnx.save(model, str(prepared))
+            quant_input = prepared
+        keep_float = [node.name for node in model.graph.node if node.op_type in FLOAT_OPS]
         with _quiet_vendor_logging():
             quantization.quantize_static(
                 str(quant_input), str(target), Reader(),
@@ -439,8 +446,37 @@ def _quantize_int8(source: Path, target: Path, images: Sequence[Path], feeder: _
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise OptimizeError(f"ONNX Runtime could not quantise {source}: {first}") from exc
     finally:
+        ort.set_default_logger_severity(2)
         with contextlib.suppress(OSError):
             prepared.unlink()
+
+
+#: QDQ with per-channel scales (DequantizeLinear's ``axis``) needs opset 13
+MIN_QDQ_OPSET = 13
+
+
+def _prepare_for_qdq(model: Any, onnx: Any, notes: list[str]) -> bool:
+    """Name every node and lift the opset to 13 if needed; True if ``model`` changed."""
+    changed = False
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{index}"
+            changed = True
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), MIN_QDQ_OPSET)
+    if opset < MIN_QDQ_OPSET:
+        from onnx import version_converter
+
+        try:
+            converted = version_converter.convert_version(model, MIN_QDQ_OPSET)
+        except Exception as exc:
+            raise OptimizeError(
+                f"the model uses ONNX opset {opset}; QDQ quantisation needs {MIN_QDQ_OPSET} and the conversion "
+                f"failed ({' '.join(str(exc).split())[:160]}) — re-export the model with opset >= {MIN_QDQ_OPSET}"
+            ) from exc
+        model.CopyFrom(converted)
+        notes.append(f"ONNX opset {opset} upgraded to {MIN_QDQ_OPSET} for QDQ quantisation")
+        changed = True
+    return changed
 
 
 def float_outputs(model: Any) -> int:
@@ -511,8 +547,8 @@ def _finish_model(path: Path, info: ModelInfo, options: OptimizeOptions, preproc
     model = onnx.load(str(path))
     float_tail = options.mode == "int8" and options.float_outputs
     if float_tail and float_outputs(model):
-        notes.append("the last layer keeps INT8 weights but emits float (8-bit logits turn close calls into "
-                     "ties); --quantize-outputs is faster and coarser")
+        notes.append("the layers feeding the outputs keep INT8 weights but emit float (8-bit outputs turn "
+                     "close scores into ties); --quantize-outputs is faster and coarser")
     stamp = {"mode": options.mode, "source_sha256": info.sha256, "source": Path(info.path).name,
              "calibration_images": calibration, "per_channel": options.per_channel,
              "activations": options.activations if options.mode == "int8" else None,
@@ -722,7 +758,7 @@ def optimize_model(model: str | os.PathLike, output: str | os.PathLike, options:
             optimized_bytes = temp_onnx.stat().st_size
             say(f"validating on {len(validation)} images against the original")
             reference = reference_outputs(original, validation, feeder)
-            with load(temp_onnx, options.delegate, threads=threads) as optimized:
+            with _load_optimized(temp_onnx, options.delegate, threads) as optimized:
                 accuracy = compare_to_reference(reference, optimized, validation, feeder,
                                                 ambiguous_margin=options.ambiguous_margin, say=say)
                 latency = None
@@ -759,6 +795,18 @@ def optimize_model(model: str | os.PathLike, output: str | os.PathLike, options:
                 temp.unlink()
 
 
+def _load_optimized(path: Path, delegate: str, threads: int) -> Engine:
+    """Load a model this run produced; a refusal is our conversion's fault, not the user's file."""
+    from .delegates import load
+    from .errors import ModelError
+
+    try:
+        return load(path, delegate, threads=threads)
+    except ModelError as exc:
+        detail = str(exc).replace(str(path), "the converted model")
+        raise OptimizeError(f"the optimised model does not load on {delegate}: {detail}") from exc
+
+
 def _ir_artifact(info: ModelInfo, temp_onnx: Path, final_xml: Path, options: OptimizeOptions, threads: int,
                  validation: Sequence[Path], reference: Sequence[np.ndarray], temps: list[Path],
                  say: Progress) -> Artifact:
@@ -776,7 +824,7 @@ def _ir_artifact(info: ModelInfo, temp_onnx: Path, final_xml: Path, options: Opt
         _export_ir(temp_onnx, temp_xml, compress_to_fp16=False)
     size = temp_xml.stat().st_size + temp_xml.with_suffix(".bin").stat().st_size
     say("validating the IR on openvino against the original")
-    with load(info, "openvino", threads=threads) as original, load(temp_xml, "openvino", threads=threads) as ir:
+    with load(info, "openvino", threads=threads) as original, _load_optimized(temp_xml, "openvino", threads) as ir:
         feeder = _Feeder(ir, options)
         accuracy = compare_to_reference(reference, ir, validation, feeder, ambiguous_margin=options.ambiguous_margin)
         latency = None

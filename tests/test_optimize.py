@@ -10,7 +10,7 @@ import io
 import json
 
 import pytest
-from conftest import REFERENCE_TOP1
+from conftest import MODELS, REFERENCE_TOP1
 from optimize_support import (
     FLOAT_MODEL,
     IMAGENET_LABELS,
@@ -133,6 +133,24 @@ def test_force_writes_a_refused_model_and_says_so(tmp_path):
     assert "forced past the accuracy check" in result.stdout
     assert "top-1 moved" in result.stdout
     assert out.stat().st_size > 1_000_000 and leftovers(tmp_path) == []
+
+
+def test_a_detector_has_no_top1_so_it_needs_force(tmp_path):
+    # Ultraface: opset 9 (lifted to 13 for per-channel QDQ), outputs are scores and boxes, not classes
+    out = tmp_path / "ultraface_int8.onnx"
+    args = ("optimize", MODELS / "ultraface_rfb_320.onnx", "--int8", "--calibration", IMAGES, "-o", out,
+            "--mean", "127", "--std", "128", "--bench-seconds", "0", "--json", "-q")
+    refused = run_cli(*args)
+    assert refused.returncode == 1
+    assert "not a class-score vector" in error_line(refused) and not out.exists()
+    report = json_out(refused)
+    assert report["artifacts"][0]["accuracy"]["top1_agreement"] is None
+    assert 0 < report["artifacts"][0]["accuracy"]["mean_abs_diff"] < 0.05
+    assert any("upgraded to 13" in note for note in report["notes"])
+    forced = run_cli(*args, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert json_out(forced)["forced"] is True
+    assert out.stat().st_size < (MODELS / "ultraface_rfb_320.onnx").stat().st_size
 
 
 def test_fp16_halves_the_model_and_keeps_float32_io(tmp_path):
