@@ -10,6 +10,8 @@ Commands arrive as JSON lines on stdin; replies leave as JSON lines on the origi
             "description", "rss_before_mb", "rss_after_mb"}
     {"op": "run", "seconds": S}
         -> {"ok": true, "latencies_ms": [...], "wall_s", "cpu_s"}
+    {"op": "pipeline", "source": SRC, "task": TASK, "seconds": S}
+        -> {"ok": true, "stages": {stage: [ms, ...]}, "frames", "dropped", "elapsed_s", "cpu_s"}
     {"op": "stats"} -> {"ok": true, "peak_rss_mb"}
     {"op": "quit"}
 Any failure -> {"ok": false, "error": TYPE, "message": TEXT}.
@@ -25,6 +27,8 @@ import time
 
 #: untimed invokes at the start of every timed block (see edgeinfer.timing.SETTLE)
 SETTLE = 2
+#: per-frame pipeline stages reported by ``edgeinfer bench --source`` (FrameResult.timings)
+PIPELINE_STAGES = ("capture", "preprocess", "infer", "postprocess", "latency")
 
 
 def _peak_rss_mb() -> float:
@@ -111,6 +115,40 @@ class _Worker:
         return {"ok": True, "latencies_ms": [round(v, 4) for v in latencies], "wall_s": clock() - wall0,
                 "cpu_s": time.process_time() - cpu0}
 
+    def pipeline(self, cmd: dict) -> dict:
+        """The whole pipeline on the loaded engine for ``seconds``: per-frame stage timings (ms)."""
+        from .pipeline import Pipeline
+
+        if self.engine is None:
+            return {"ok": False, "error": "BenchmarkError", "message": "pipeline before load"}
+        samples: dict[str, list[float]] = {stage: [] for stage in PIPELINE_STAGES}
+        seen = [0]
+
+        def on_result(result) -> None:
+            seen[0] += 1
+            if seen[0] <= SETTLE:  # the first frames carry thread start-up and the first decode
+                return
+            timings = result.timings
+            for stage, values in samples.items():
+                values.append(round(float(getattr(timings, stage)), 4))
+
+        pipe = Pipeline(self.engine, cmd["source"], task=cmd.get("task", "classify"), loop=True)
+        try:
+            cpu0 = time.process_time()
+            start = time.perf_counter()
+            pipe.start(on_result)
+            pipe.wait(float(cmd["seconds"]))
+            pipe.stop()
+            elapsed = time.perf_counter() - start
+            cpu = time.process_time() - cpu0
+            if pipe.error is not None:
+                raise pipe.error
+            dropped = pipe.stats.dropped
+        finally:
+            pipe.close()
+        return {"ok": True, "stages": samples, "frames": seen[0], "dropped": dropped, "elapsed_s": elapsed,
+                "cpu_s": cpu}
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
@@ -165,6 +203,8 @@ def main() -> int:
                     reply(worker.load(cmd))
                 elif op == "run":
                     reply(worker.run(cmd))
+                elif op == "pipeline":
+                    reply(worker.pipeline(cmd))
                 elif op == "stats":
                     reply({"ok": True, "peak_rss_mb": _peak_rss_mb()})
                 else:

@@ -254,10 +254,13 @@ def run_benchmark(
     rounds: int = DEFAULT_ROUNDS,
     progress: Progress | None = None,
     source: str | int | None = None,
+    task: str = "classify",
 ) -> BenchReport:
     """Benchmark every (model, delegate) pair that can run here, side by side, in one run.
 
-    ``seconds`` is the measured time per target, split over ``rounds`` interleaved rounds.
+    ``seconds`` is the measured time per target, split over ``rounds`` interleaved rounds. With
+    ``source``, each target's engine then also runs inside a whole :class:`~edgeinfer.pipeline.Pipeline`
+    (``task``) on that source for as long, and per-stage timings are reported.
     Raises NoDelegateAvailable when nothing can run, BenchmarkError when a worker fails.
     """
     if seconds <= 0:
@@ -267,7 +270,7 @@ def run_benchmark(
     say = progress or (lambda _message: None)
     threads = threads or os.cpu_count() or 1
     if source is not None:
-        _pipeline_class()
+        _check_source(source)
     targets, skipped = plan_targets(models, delegates)
     if not targets:
         raise NoDelegateAvailable(", ".join(Path(m).name for m in models),
@@ -319,10 +322,18 @@ def run_benchmark(
                 wall[index] += reply["wall_s"]
                 cpu[index] += reply["cpu_s"]
             say(f"measuring: round {round_index + 1}/{rounds}")
-        results = []
+        peaks = []  # before any pipeline run, whose frame buffers would count too
         for index, entry in enumerate(loads):
             stats = workers[index].request({"op": "stats"}, 30)
             _raise_remote(stats, entry["target"])
+            peaks.append(stats)
+        pipeline = None
+        if source is not None:
+            pipeline = _pipeline_rounds(workers, [entry["target"] for entry in loads], source, task, seconds, rounds,
+                                        say)
+        results = []
+        for index, entry in enumerate(loads):
+            stats = peaks[index]
             target: Target = entry["target"]
             count = len(latencies[index])
             empty, warm = cached.get(index, (None, None))
@@ -349,7 +360,46 @@ def run_benchmark(
         notes.append("this CPU has bfloat16 instructions: OpenVINO runs float layers in bf16 by default "
                      "(faster, slightly different scores)")
     return BenchReport(results=tuple(results), skipped=tuple(skipped), seconds=seconds, rounds=rounds,
-                       threads=threads, machine=machine_info(), notes=tuple(notes))
+                       threads=threads, machine=machine_info(), pipeline=pipeline, notes=tuple(notes))
+
+
+#: per-frame stages of ``--source`` runs (edgeinfer.pipeline.StageTimings)
+PIPELINE_STAGES = ("capture", "preprocess", "infer", "postprocess", "latency")
+
+
+def _pipeline_rounds(workers: Sequence[Worker], targets: Sequence[Target], source: str | int, task: str,
+                     seconds: float, rounds: int, say: Progress) -> tuple[dict[str, Any], ...]:
+    """Each target's engine inside a whole Pipeline on ``source``, interleaved in rounds like the engines."""
+    stages: list[dict[str, list[float]]] = [{stage: [] for stage in PIPELINE_STAGES} for _ in targets]
+    frames = [0] * len(targets)
+    dropped = [0] * len(targets)
+    elapsed = [0.0] * len(targets)
+    cpu = [0.0] * len(targets)
+    block = seconds / rounds
+    for round_index in range(rounds):
+        shift = round_index % len(targets)
+        order = list(range(len(targets)))[shift:] + list(range(len(targets)))[:shift]
+        for index in order:
+            reply = workers[index].request({"op": "pipeline", "source": source, "task": task, "seconds": block},
+                                           block * 20 + 120)
+            _raise_remote(reply, targets[index])
+            for stage in PIPELINE_STAGES:
+                stages[index][stage].extend(reply["stages"].get(stage, ()))
+            frames[index] += reply["frames"]
+            dropped[index] += reply["dropped"]
+            elapsed[index] += reply["elapsed_s"]
+            cpu[index] += reply["cpu_s"]
+        say(f"pipeline: round {round_index + 1}/{rounds}")
+    rows = []
+    for index, target in enumerate(targets):
+        rows.append({
+            "label": f"{Path(target.model.path).name} · {target.delegate}", "model": target.model.path,
+            "delegate": target.delegate, "source": str(source), "task": task, "frames": frames[index],
+            "dropped": dropped[index], "fps": round(frames[index] / elapsed[index], 2) if elapsed[index] else 0.0,
+            "cpu_utilization": round(cpu[index] / elapsed[index], 2) if elapsed[index] else 0.0,
+            "stages": {stage: summarize(values) for stage, values in stages[index].items()},
+        })
+    return tuple(rows)
 
 
 def _cpu_has_bf16() -> bool:
@@ -361,15 +411,17 @@ def _cpu_has_bf16() -> bool:
     return False
 
 
-def _pipeline_class() -> type:
+def _check_source(source: str | int) -> None:
+    """Fail before the run if the pipeline is missing or the source cannot be opened."""
     try:
-        from .pipeline import Pipeline  # type: ignore[import-not-found]
+        from .capture import open_source
+        from .pipeline import Pipeline  # noqa: F401
     except ImportError:
         raise BenchmarkError(
             "--source (whole-pipeline timing) needs edgeinfer.pipeline, which is not available yet in this "
             "build — run bench without --source"
         ) from None
-    return Pipeline
+    open_source(source, loop=True).close()  # CaptureError now, not in a worker minutes later
 
 
 # ------------------------------------------------------------------------------------ output
@@ -432,18 +484,37 @@ def plot_report(report: BenchReport, path: str | os.PathLike) -> Path:
         ax.set_xticks(x)
         ax.set_xticklabels(labels, fontsize=7)
         ax.grid(axis="y", alpha=0.3)
-    text.axis("off")
-    lines = [f"{report.threads} threads per delegate",
-             f"{report.seconds:g} s per target, {report.rounds} interleaved rounds"]
-    lines += [textwrap.fill(f"skipped {item['delegate']} / {Path(item['model']).name}: {item['reason']}", 60)
-              for item in report.skipped]
-    lines += [textwrap.fill(f"note: {note}", 60) for note in report.notes]
-    text.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=7, family="monospace",
-              transform=text.transAxes)
+    lines = [f"{report.threads} threads per delegate, {report.seconds:g} s per target, "
+             f"{report.rounds} interleaved rounds"]
+    lines += [textwrap.fill(f"note: {note}", 70) for note in report.notes]
+    lines += [f"skipped {item['delegate']} / {Path(item['model']).name}" for item in report.skipped]
+    if report.pipeline:
+        rows = report.pipeline
+        px = list(range(len(rows)))
+        bottom = [0.0] * len(rows)
+        for stage in PIPELINE_STAGES[:-1]:
+            values = [row["stages"][stage]["p50"] for row in rows]
+            text.bar(px, values, 0.6, bottom=bottom, label=stage)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        for i, row in enumerate(rows):
+            text.annotate(f"{row['fps']:.0f} fps", (i, bottom[i]), ha="center", va="bottom", fontsize=7)
+        text.set_title(f"pipeline on {textwrap.shorten(str(rows[0]['source']), 30)}: stage p50 (ms)")
+        text.set_xticks(px)
+        text.set_xticklabels([f"{row['delegate']}\n" + textwrap.fill(Path(row["model"]).name, 20) for row in rows],
+                             fontsize=7)
+        text.set_ylim(0, max(bottom) * 1.4 if max(bottom) > 0 else 1)
+        text.legend(fontsize=7, ncol=2, loc="upper left")
+        text.grid(axis="y", alpha=0.3)
+        fig.text(0.01, 0.005, "  |  ".join(line.replace("\n", " ") for line in lines[:2]), fontsize=7,
+                 family="monospace", va="bottom")
+    else:
+        text.axis("off")
+        text.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=7, family="monospace",
+                  transform=text.transAxes)
     machine = report.machine
     fig.suptitle(f"edgeinfer bench — {machine.get('cpu')} ({machine.get('cpu_count')} cores), "
                  f"{report.threads} threads, {report.seconds:g} s per target in {report.rounds} rounds", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.025, 1, 1))
     temp = target.with_name(f".{target.stem}.{os.getpid()}.tmp.png")
     try:
         fig.savefig(temp, format="png", dpi=110)
@@ -486,13 +557,13 @@ def format_table(report: BenchReport) -> str:
 
 def format_pipeline_table(report: BenchReport) -> str:
     """Per-stage pipeline timings (ms) for each target, when ``--source`` was given."""
-    stages = ("capture", "preprocess", "infer", "postprocess", "latency")
-    head = f"{'pipeline':<48} {'fps':>7} " + " ".join(f"{s + ' p50/p95':>20}" for s in stages)
+    stages = PIPELINE_STAGES
+    head = f"{'pipeline (ms p50/p95)':<48} {'fps':>7} " + " ".join(f"{s:>20}" for s in stages)
     lines = [head, "-" * len(head)]
     for row in report.pipeline or ():
         cells = " ".join(
-            f"{row['stages'].get(s, {}).get('p50', math.nan):>9.2f}/"
-            f"{row['stages'].get(s, {}).get('p95', math.nan):<10.2f}"
+            f"{row['stages'].get(s, {}).get('p50', math.nan):.2f}/{row['stages'].get(s, {}).get('p95', math.nan):.2f}"
+            .rjust(20)
             for s in stages
         )
         lines.append(f"{row['label'][:48]:<48} {row['fps']:>7.1f} {cells}")

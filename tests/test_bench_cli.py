@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from conftest import MODELS, edgeinfer_cmd
-from optimize_support import TINY_ONNX, TINY_TFLITE, error_line, json_out, leftovers, run_cli
+from optimize_support import IMAGES, TINY_ONNX, TINY_TFLITE, error_line, json_out, leftovers, run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -145,12 +145,45 @@ def test_missing_matplotlib_is_a_clear_error(tmp_path):
     assert "pip install 'edgeinfer[plot]'" in error_line(result)
 
 
-def test_source_without_the_pipeline_says_so():
+def _pipeline_available() -> bool:
     try:
         import edgeinfer.pipeline  # noqa: F401
     except ImportError:
-        pass
-    else:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _pipeline_available(), reason="edgeinfer.pipeline is not in this tree yet")
+def test_source_measures_the_whole_pipeline_per_stage():
+    result = run_cli("bench", TINY_TFLITE, "--delegate", "xnnpack", "--delegate", "openvino", "--source", IMAGES,
+                     "--seconds", "0.6", "--rounds", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json_out(result)["pipeline"]
+    assert [row["delegate"] for row in rows] == ["xnnpack", "openvino"]
+    for row in rows:
+        assert row["frames"] >= 10 and row["fps"] > 0 and row["task"] == "classify"
+        stages = row["stages"]
+        assert set(stages) == {"capture", "preprocess", "infer", "postprocess", "latency"}
+        for stage in stages.values():
+            assert 0 <= stage["min"] <= stage["p50"] <= stage["p95"] <= stage["p99"] <= stage["max"]
+        assert stages["latency"]["p50"] >= stages["infer"]["p50"]  # capture to result includes the invoke
+    assert "pipeline: round 2/2" in result.stderr
+    human = run_cli("bench", TINY_TFLITE, "--delegate", "xnnpack", "--source", IMAGES, "--seconds", "0.3",
+                    "--rounds", "1", "-q")
+    assert human.returncode == 0, human.stderr
+    assert "pipeline (ms p50/p95)" in human.stdout and "preprocess" in human.stdout
+
+
+@pytest.mark.skipif(not _pipeline_available(), reason="edgeinfer.pipeline is not in this tree yet")
+def test_a_bad_source_fails_before_measuring(tmp_path):
+    result = run_cli("bench", TINY_TFLITE, "--source", tmp_path / "no_such_clip.mp4", "--seconds", "0.3",
+                     timeout=60)
+    assert result.returncode == 1
+    assert "not found" in error_line(result)  # one line: nothing was measured
+
+
+def test_source_without_the_pipeline_says_so():
+    if _pipeline_available():
         pytest.skip("edgeinfer.pipeline exists: --source is covered by the pipeline bench test")
     result = run_cli("bench", TINY_TFLITE, "--source", "0", "--seconds", "0.1", timeout=60)
     assert result.returncode == 1 and "not available yet" in error_line(result)

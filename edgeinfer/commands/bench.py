@@ -13,7 +13,10 @@ from ..cli import handle_errors, main, print_json
               help="Delegate to measure (repeatable; name or name:device). Default: every delegate that can "
                    "read the model here.")
 @click.option("--all", "all_delegates", is_flag=True, help="Every registered delegate (the default).")
-@click.option("--source", help="Also measure the whole pipeline per stage on this source (camera index, file, URL).")
+@click.option("--source", help="Also measure the whole pipeline per stage on this source (camera index, video or "
+              "image folder, URL, synthetic:WxH[@FPS]); file sources loop.")
+@click.option("--task", type=click.Choice(["classify", "detect", "pose", "segment"]), default="classify",
+              show_default=True, help="What the pipeline decodes (with --source).")
 @click.option("--seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
               help="Measured time per target, split over the interleaved rounds.")
 @click.option("--rounds", default=5, show_default=True, type=click.IntRange(min=1),
@@ -23,7 +26,7 @@ from ..cli import handle_errors, main, print_json
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @handle_errors
-def bench(models: tuple[str, ...], delegates: tuple[str, ...], all_delegates: bool, source: str | None,
+def bench(models: tuple[str, ...], delegates: tuple[str, ...], all_delegates: bool, source: str | None, task: str,
           seconds: float, rounds: int, threads: int | None, plot: str | None, as_json: bool, quiet: bool) -> None:
     """Benchmark MODELS on every delegate that can run them, side by side in one run.
 
@@ -39,7 +42,8 @@ def bench(models: tuple[str, ...], delegates: tuple[str, ...], all_delegates: bo
         check_plot_path(plot)  # before minutes of measuring
     progress = StderrProgress(enabled=not quiet)
     report = run_benchmark(models, list(delegates) or None, seconds=seconds, threads=threads, rounds=rounds,
-                           progress=progress, source=source)
+                           progress=progress, source=int(source) if source and source.isdigit() else source,
+                           task=task)
     progress.done()
     if plot:
         progress("writing the chart")
