@@ -22,6 +22,11 @@ lint: venv
 bench: venv
 	$(BIN)/python bench/engine_overhead.py
 
+# The pipeline against a tutorial loop, invoke alone and decode alone (docs/benchmarks.md, "Pipeline").
+.PHONY: bench-pipeline
+bench-pipeline: venv
+	$(BIN)/python bench/pipeline.py
+
 # Debian packages the demo and the tests use (a real Mosquitto broker, shellcheck for the
 # provisioning scripts). Installed only when missing; needs root, as on CI.
 system-deps:

@@ -25,6 +25,18 @@ _LAZY = {
     "Transform": "edgeinfer.preprocess",
     "ImageClassifier": "edgeinfer.classify",
     "Classification": "edgeinfer.postprocess",
+    "Detection": "edgeinfer.postprocess",
+    "Detections": "edgeinfer.postprocess",
+    "Keypoint": "edgeinfer.postprocess",
+    "Pose": "edgeinfer.postprocess",
+    "Segmentation": "edgeinfer.postprocess",
+    "Pipeline": "edgeinfer.pipeline",
+    "FrameResult": "edgeinfer.pipeline",
+    "PipelineStats": "edgeinfer.pipeline",
+    "StageTimings": "edgeinfer.pipeline",
+    "FrameSource": "edgeinfer.capture",
+    "open_source": "edgeinfer.capture",
+    "make_test_clip": "edgeinfer.capture",
     "read_image": "edgeinfer.images",
 }
 _ERRORS = (
@@ -53,6 +65,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .capture import FrameSource, make_test_clip, open_source
     from .classify import ImageClassifier
     from .delegates import delegate_names, get_delegate, load
     from .engine import Engine
@@ -60,5 +73,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .images import read_image
     from .labels import Labels
     from .model import ModelFormat, ModelInfo, TensorSpec, inspect_model
-    from .postprocess import Classification
+    from .pipeline import FrameResult, Pipeline, PipelineStats, StageTimings
+    from .postprocess import Classification, Detection, Detections, Keypoint, Pose, Segmentation
     from .preprocess import Preprocessor, Transform

@@ -91,4 +91,8 @@ def run_demo(assets: Path, workdir: Path, echo: Callable[[str], None] = print) -
     for label, count in seen.most_common():
         echo(f"   {label:<24} {count} frames")
     summary["clip"] = {"frames": total, "fps": total / elapsed, "labels": dict(seen)}
+
+    from .agent_demo import run_agent_demo
+
+    summary["agent"] = run_agent_demo(clip, tflite, assets / "labels" / "imagenet_labels.txt", workdir, echo)
     return summary

@@ -22,3 +22,9 @@ def test_demo_runs_end_to_end(tmp_path):
     assert summary["clip"]["frames"] == 40
     assert summary["clip"]["labels"]["macaw"] >= 9
     assert (tmp_path / "demo_clip.avi").stat().st_size > 10_000
+    agent = summary["agent"]  # the agent ran the clip and its telemetry arrived over a local Mosquitto
+    if "skipped" in agent:
+        assert "pipeline" in agent["skipped"]  # only until the pipeline is merged
+    else:
+        assert agent["exit_code"] == 0 and agent["telemetry"] >= 3 and agent["fps"] > 0
+        assert agent["seqs"] == list(range(1, len(agent["seqs"]) + 1)) and agent["delegate"]

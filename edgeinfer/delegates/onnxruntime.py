@@ -87,8 +87,11 @@ class OnnxRuntimeEngine(Engine):
         self._run = self._session.run_with_iobinding
 
     def _invoke(self) -> None:
-        with map_ort_errors(self.model, "invoke"):
+        try:  # no context manager on the happy path: it would allocate once per frame
             self._run(self._binding)
+        except Exception:
+            with map_ort_errors(self.model, "invoke"):
+                raise
 
     def _close(self) -> None:
         self._binding = None

@@ -130,8 +130,11 @@ class OpenVinoEngine(Engine):
         self._infer = self._request.infer
 
     def _invoke(self) -> None:
-        with map_openvino_errors(self.model, "invoke"):
+        try:  # no context manager on the happy path: it would allocate once per frame
             self._infer()
+        except Exception:
+            with map_openvino_errors(self.model, "invoke"):
+                raise
 
     def _close(self) -> None:
         self._infer = None

@@ -114,8 +114,13 @@ class LiteRTEngine(Engine):
         self._raw_invoke = interpreter._interpreter.Invoke
 
     def _invoke(self) -> None:
-        with map_litert_errors(self.model, "invoke"):
+        # try/except rather than `with map_litert_errors()` on the happy path: a generator-based
+        # context manager allocates ~1 KB per call, and invoke runs once per frame.
+        try:
             self._raw_invoke()
+        except Exception:
+            with map_litert_errors(self.model, "invoke"):
+                raise
 
     def _close(self) -> None:
         self._raw_invoke = None

@@ -1,0 +1,137 @@
+"""Support for the capture / postprocess / pipeline tests: clips, a real MJPEG HTTP server, ports.
+
+Run as a script it *is* the server: ``python pipeline_support.py serve-mjpeg PORT IMAGE FPS`` serves
+``multipart/x-mixed-replace`` JPEG frames of IMAGE on http://127.0.0.1:PORT/ — what IP cameras and
+ESP32-CAMs speak. Tests start it as a subprocess, kill it mid-stream and start it again.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from conftest import IMAGES, LABELS, MODELS, REFERENCE_TOP1  # noqa: E402
+
+MOBILENET_V2 = MODELS / "mobilenet_v2_1.0_224_quant.tflite"
+MOBILENET_V2_ONNX = MODELS / "mobilenet_v2_1.0_224_quant.onnx"
+MOBILENET_TINY = MODELS / "mobilenet_v1_0.25_128_quant.tflite"
+ULTRAFACE = MODELS / "ultraface_rfb_320.onnx"
+MOVENET = MODELS / "movenet_single_pose_lightning_ptq.tflite"
+MOVENET_ONNX = MODELS / "movenet_single_pose_lightning_ptq.onnx"
+DEEPLAB = MODELS / "deeplabv3_mnv2_dm05_pascal_quant.tflite"
+IMAGENET_LABELS = LABELS / "imagenet_labels.txt"
+PASCAL_LABELS = LABELS / "pascal_voc_segmentation_labels.txt"
+MOVENET_REFERENCE = LABELS / "movenet_single_pose_lightning_ptq_reference.csv"
+#: Ultraface's face in grace_hopper.bmp (../shared/assets/README.md)
+GRACE_HOPPER_FACE = (167, 115, 356, 327)
+#: the clip tests classify: each reference photo for FRAMES_PER_IMAGE frames
+CLIP_IMAGES = list(REFERENCE_TOP1)
+FRAMES_PER_IMAGE = 4
+PASCAL_DOG = 12
+
+__all__ = [
+    "CLIP_IMAGES", "DEEPLAB", "FRAMES_PER_IMAGE", "GRACE_HOPPER_FACE", "IMAGENET_LABELS", "IMAGES", "LABELS",
+    "MOBILENET_TINY", "MOBILENET_V2", "MOBILENET_V2_ONNX", "MODELS", "MOVENET", "MOVENET_ONNX", "MOVENET_REFERENCE",
+    "PASCAL_DOG", "PASCAL_LABELS", "REFERENCE_TOP1", "ULTRAFACE", "MjpegServer", "free_port", "reference_clip",
+]
+
+
+def reference_clip(folder: Path, size: tuple[int, int] = (640, 480)) -> Path:
+    """An MJPEG clip of the reference photos (FRAMES_PER_IMAGE frames each), made once per folder."""
+    from edgeinfer.capture import cached_test_clip
+
+    return cached_test_clip([IMAGES / name for name in CLIP_IMAGES], size=size, fps=30,
+                            frames_per_image=FRAMES_PER_IMAGE, cache_dir=folder)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class MjpegServer:
+    """A real HTTP MJPEG server in a subprocess; ``kill()`` it mid-stream, ``start()`` it again."""
+
+    def __init__(self, image: Path, port: int | None = None, fps: float = 30.0) -> None:
+        self.image = image
+        self.port = port or free_port()
+        self.fps = fps
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/stream.mjpg"
+
+    def start(self, image: Path | None = None) -> MjpegServer:
+        if image is not None:
+            self.image = image
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "serve-mjpeg", str(self.port), str(self.image), str(self.fps)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()  # "listening" once the socket is bound
+        assert line.strip() == b"listening", line
+        return self
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            self.process.stdout.close()  # type: ignore[union-attr]
+            self.process = None
+
+    def __enter__(self) -> MjpegServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.kill()
+
+
+def _serve_mjpeg(port: int, image: str, fps: float) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import cv2
+
+    ok, encoded = cv2.imencode(".jpg", cv2.imread(image))
+    assert ok
+    payload = encoded.tobytes()
+    part = b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload + b"\r\n"
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+            self.end_headers()
+            try:
+                while True:
+                    self.wfile.write(part)
+                    time.sleep(1.0 / fps)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    ThreadingHTTPServer.allow_reuse_address = True
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    sys.stdout.write("listening\n")
+    sys.stdout.flush()
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "serve-mjpeg":
+        _serve_mjpeg(int(sys.argv[2]), sys.argv[3], float(sys.argv[4]))
+    else:
+        sys.exit("usage: pipeline_support.py serve-mjpeg PORT IMAGE FPS")

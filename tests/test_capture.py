@@ -1,0 +1,238 @@
+"""Frame sources on real files, a real HTTP MJPEG server in a subprocess, and real failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import cv2
+import numpy as np
+import pytest
+from pipeline_support import CLIP_IMAGES, FRAMES_PER_IMAGE, IMAGES, MjpegServer, free_port, reference_clip
+
+from edgeinfer.capture import (
+    Backoff,
+    CameraSource,
+    ImageFolderSource,
+    StreamSource,
+    SyntheticSource,
+    VideoFileSource,
+    cached_test_clip,
+    gstreamer_available,
+    make_test_clip,
+    open_source,
+)
+from edgeinfer.errors import CaptureError
+
+FAST_BACKOFF = Backoff(initial_s=0.05, max_s=0.3, jitter=0.1, give_up_s=20.0)
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    return reference_clip(tmp_path_factory.mktemp("clips"))
+
+
+def test_make_test_clip_writes_an_mjpeg_avi(tmp_path):
+    path = make_test_clip(tmp_path / "two.avi", [IMAGES / "parrot.jpg", IMAGES / "cat.bmp"], size=(320, 240),
+                          fps=15, frames_per_image=3)
+    cap = cv2.VideoCapture(str(path))
+    assert cap.isOpened()
+    fourcc = int(cap.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little").decode()
+    assert fourcc == "MJPG"
+    assert cap.get(cv2.CAP_PROP_FPS) == pytest.approx(15)
+    frames = []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        frames.append(frame)
+    assert len(frames) == 6 and frames[0].shape == (240, 320, 3)
+    # the photos really are in there: the parrot frames differ from the cat frames
+    assert np.abs(frames[0].astype(int) - frames[3].astype(int)).mean() > 20
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_cached_test_clip_is_made_once(tmp_path):
+    first = cached_test_clip([IMAGES / "cat.bmp"], size=(64, 48), frames_per_image=2, cache_dir=tmp_path)
+    stamp = first.stat().st_mtime_ns
+    again = cached_test_clip([IMAGES / "cat.bmp"], size=(64, 48), frames_per_image=2, cache_dir=tmp_path)
+    other = cached_test_clip([IMAGES / "cat.bmp"], size=(64, 48), frames_per_image=3, cache_dir=tmp_path)
+    assert again == first and again.stat().st_mtime_ns == stamp and other != first
+
+
+def test_video_file_reads_into_the_callers_buffers_and_ends_cleanly(clip):
+    with VideoFileSource(clip) as source:
+        assert source.backend == "CV_MJPEG"  # MJPEG AVI: OpenCV's own reader, straight to BGR
+        ring = [source.read(None), source.read(None)]
+        assert ring[0].shape == (480, 640, 3) and ring[0] is not ring[1]
+        count = 2
+        while True:
+            slot = ring[count % 2]
+            frame = source.read(slot)
+            if frame is None:
+                break
+            assert frame is slot  # decoded in place, no new array
+            count += 1
+        assert count == len(CLIP_IMAGES) * FRAMES_PER_IMAGE == source.frames_read
+        assert source.read(ring[0]) is None  # stays ended
+
+
+def test_video_file_loop_restarts(clip):
+    total = len(CLIP_IMAGES) * FRAMES_PER_IMAGE
+    with VideoFileSource(clip, loop=True) as source:
+        first = source.read().copy()
+        buffer = None
+        for _ in range(total - 1):
+            buffer = source.read(buffer)
+        again = source.read(buffer)
+        assert again is not None and np.array_equal(again, first)
+
+
+def test_image_glob_and_folder(tmp_path):
+    bmps = sorted(IMAGES.glob("*.bmp"))
+    with open_source(str(IMAGES / "*.bmp")) as source:
+        assert isinstance(source, ImageFolderSource)
+        shapes = [frame.shape for frame in source.frames()]
+    assert shapes == [cv2.imread(str(p)).shape for p in bmps]
+    folder = tmp_path / "shots"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes((IMAGES / "parrot.jpg").read_bytes())
+    (folder / "b.jpg").write_bytes(b"not a jpeg at all")
+    (folder / "c.bmp").write_bytes((IMAGES / "cat.bmp").read_bytes())
+    (folder / "notes.txt").write_text("ignored")
+    with open_source(folder, loop=True) as source:
+        frames = [source.read().shape for _ in range(4)]
+        assert frames == [(929, 512, 3), (341, 512, 3), (929, 512, 3), (341, 512, 3)]
+        assert source.skipped == 2  # the broken JPEG, once per pass
+
+
+def test_image_reads_reuse_a_matching_buffer():
+    with ImageFolderSource([IMAGES / "cat.bmp", IMAGES / "cat.bmp"]) as source:
+        first = source.read(None)
+        second = source.read(first)
+        assert second is first
+
+
+def test_synthetic_source_is_paced_and_moves():
+    with SyntheticSource((64, 48), fps=50, frames=11) as source:
+        started = time.monotonic()
+        frames = [frame.copy() for frame in source.frames()]
+        elapsed = time.monotonic() - started
+    assert len(frames) == 11 and frames[0].shape == (48, 64, 3)
+    assert elapsed >= 0.15  # 10 periods of 20 ms
+    assert not np.array_equal(frames[0], frames[5])
+
+
+def test_synthetic_spec_string():
+    source = open_source("synthetic:32x24@200", open_now=False)
+    assert isinstance(source, SyntheticSource) and source.size == (32, 24) and source.fps == 200
+
+
+def _bad_sources(tmp_path):
+    text = tmp_path / "clip.mp4"
+    text.write_text("this is not a video")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    return {
+        "missing file": (str(tmp_path / "absent.mp4"), "source not found"),
+        "not a video": (str(text), "cannot decode video file"),
+        "empty folder": (str(empty), "no images in folder"),
+        "glob without match": (str(tmp_path / "*.png"), "no files match"),
+        "missing device": ("/dev/video97", "does not exist"),
+        "no camera at index": (7, "cannot open camera 7"),
+        "refused stream": (f"http://127.0.0.1:{free_port()}/stream.mjpg", "check the URL"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing file", "not a video", "empty folder", "glob without match",
+                                  "missing device", "no camera at index", "refused stream"])
+def test_a_source_that_fails_to_open_says_why(tmp_path, case):
+    source, expected = _bad_sources(tmp_path)[case]
+    started = time.monotonic()
+    with pytest.raises(CaptureError) as info:
+        open_source(source)
+    assert expected in str(info.value)
+    assert time.monotonic() - started < 15
+
+
+def test_gstreamer_without_support_says_so():
+    if gstreamer_available():
+        pytest.skip("this OpenCV has GStreamer")
+    with pytest.raises(CaptureError, match="no GStreamer support"):
+        open_source("videotestsrc ! appsink")
+
+
+def test_picamera2_missing_says_how_to_install():
+    pytest.importorskip("numpy")
+    try:
+        import picamera2  # noqa: F401
+        pytest.skip("picamera2 is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(CaptureError, match="python3-picamera2"):
+        open_source("picamera2")
+
+
+def test_camera_options_are_checked():
+    with pytest.raises(ValueError, match="fourcc"):
+        CameraSource(0, fourcc="MJPEG")
+    with pytest.raises(ValueError, match="applies to cameras"):
+        open_source(str(IMAGES / "cat.bmp"), fourcc="MJPG")
+    with pytest.raises(ValueError):
+        Backoff(initial_s=0)
+
+
+def test_live_stream_reconnects_after_the_server_dies(tmp_path):
+    """Kill the real server mid-stream; it comes back 1 s later with another picture."""
+    server = MjpegServer(IMAGES / "parrot.jpg").start()
+    try:
+        with StreamSource(server.url, backoff=FAST_BACKOFF) as source:
+            buffer = None
+            for _ in range(5):
+                buffer = source.read(buffer)
+                assert buffer is not None and buffer.shape == (929, 512, 3)
+            server.kill()
+            restart = threading.Timer(1.0, server.start, kwargs={"image": IMAGES / "cat.bmp"})
+            restart.start()
+            started = time.monotonic()
+            frame = source.read(buffer)
+            waited = time.monotonic() - started
+            restart.join()
+            assert frame is not None and frame.shape == (341, 512, 3)  # the new stream's picture
+            assert source.reconnects == 1
+            assert 0.8 < waited < 15
+            assert source.read(frame) is frame  # and it keeps going, into the caller's buffer
+    finally:
+        server.kill()
+
+
+def test_live_stream_gives_up_after_the_deadline():
+    server = MjpegServer(IMAGES / "cat.bmp").start()
+    backoff = Backoff(initial_s=0.05, max_s=0.2, give_up_s=1.0)
+    try:
+        with StreamSource(server.url, backoff=backoff) as source:
+            assert source.read() is not None
+            server.kill()
+            started = time.monotonic()
+            with pytest.raises(CaptureError, match="did not come back within 1 s"):
+                while source.read() is not None:
+                    pass
+            assert time.monotonic() - started < 10
+    finally:
+        server.kill()
+
+
+def test_interrupt_cuts_a_reconnect_short():
+    server = MjpegServer(IMAGES / "cat.bmp").start()
+    try:
+        source = StreamSource(server.url, backoff=Backoff(initial_s=5.0, max_s=5.0)).open()
+        source.read()
+        server.kill()
+        threading.Timer(0.3, source.interrupt).start()
+        started = time.monotonic()
+        assert source.read() is None
+        assert time.monotonic() - started < 3
+        source.close()
+        source.close()  # idempotent
+    finally:
+        server.kill()
