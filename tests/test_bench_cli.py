@@ -145,15 +145,6 @@ def test_missing_matplotlib_is_a_clear_error(tmp_path):
     assert "pip install 'edgeinfer[plot]'" in error_line(result)
 
 
-def _pipeline_available() -> bool:
-    try:
-        import edgeinfer.pipeline  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _pipeline_available(), reason="edgeinfer.pipeline is not in this tree yet")
 def test_source_measures_the_whole_pipeline_per_stage():
     result = run_cli("bench", TINY_TFLITE, "--delegate", "xnnpack", "--delegate", "openvino", "--source", IMAGES,
                      "--seconds", "0.6", "--rounds", "2", "--json")
@@ -174,19 +165,11 @@ def test_source_measures_the_whole_pipeline_per_stage():
     assert "pipeline (ms p50/p95)" in human.stdout and "preprocess" in human.stdout
 
 
-@pytest.mark.skipif(not _pipeline_available(), reason="edgeinfer.pipeline is not in this tree yet")
 def test_a_bad_source_fails_before_measuring(tmp_path):
     result = run_cli("bench", TINY_TFLITE, "--source", tmp_path / "no_such_clip.mp4", "--seconds", "0.3",
                      timeout=60)
     assert result.returncode == 1
     assert "not found" in error_line(result)  # one line: nothing was measured
-
-
-def test_source_without_the_pipeline_says_so():
-    if _pipeline_available():
-        pytest.skip("edgeinfer.pipeline exists: --source is covered by the pipeline bench test")
-    result = run_cli("bench", TINY_TFLITE, "--source", "0", "--seconds", "0.1", timeout=60)
-    assert result.returncode == 1 and "not available yet" in error_line(result)
 
 
 # ----------------------------------------------------------------------------------------- library
