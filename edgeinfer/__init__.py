@@ -43,7 +43,8 @@ _ERRORS = (
     "EdgeInferError", "ModelError", "ModelNotFound", "ModelFormatError", "ModelLoadError",
     "UnsupportedOperator", "DelegateError", "DelegateUnavailable", "NoDelegateAvailable",
     "InferenceError", "InputMismatch", "ImageError", "LabelsError", "ProfileError", "CaptureError",
-    "ConfigError", "ProtocolError", "UpdateRejected",
+    "ConfigError", "ProtocolError", "UpdateRejected", "OutputError", "OptimizeError", "AccuracyRejected",
+    "BenchmarkError", "MissingDependency",
 )
 _LAZY.update({name: "edgeinfer.errors" for name in _ERRORS})
 
