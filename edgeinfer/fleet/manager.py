@@ -95,7 +95,9 @@ class FleetManager:
         except OSError as exc:
             raise ConfigError(f"cannot listen on {self.settings.http}: {exc.strerror or exc}") from None
         self._spool = Spool(self.data_dir / "commands-out.sqlite3")
-        link_settings = LinkSettings(url=self.broker_url, client_id=f"edgeinfer-fleet-{socket.gethostname()}"[:128])
+        # the embedded broker (amqtt) speaks MQTT 3.1.1 only
+        link_settings = LinkSettings(url=self.broker_url, client_id=f"edgeinfer-fleet-{socket.gethostname()}"[:128],
+                                     mqtt_version="3.1.1" if self._embedded else "auto")
         self._link = MqttLink(
             link_settings, spool=self._spool, name="edgeinfer-fleet-mqtt",
             subscriptions=[subscription(kind) for kind in ("state", "telemetry", "events")],
