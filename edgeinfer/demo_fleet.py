@@ -124,6 +124,7 @@ def _watch_and_deploy(fleet, agent: subprocess.Popen, model_v2: Path, echo: Call
     return {
         "telemetry": len(telemetry), "seqs": [m["seq"] for m in telemetry],
         "fps": next((p["fps"] for m in reversed(telemetry) for p in m["pipelines"] if p["frames"]), 0.0),
-        "delegate": device["delegate"], "deploy_exit_code": done.returncode,
+        "delegate": next((p["delegate"] for m in telemetry for p in m["pipelines"] if p.get("delegate")), None),
+        "deploy_exit_code": done.returncode,
         "version_after": after["model_version"], "update_states": [e["data"]["state"] for e in events],
     }
