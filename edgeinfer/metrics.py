@@ -8,6 +8,7 @@ are cumulative as Prometheus expects.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -50,6 +51,19 @@ class _AgentCollector:
                     if key in figures:
                         stage.add_metric([name, stage_name, quantile], figures[key])
         yield from (fps, frames, dropped, restarts, running, stage)
+
+        # which delegate and model each pipeline runs on: labels of a constant 1 (a Prometheus "info")
+        model_info = InfoMetricFamily(f"{PREFIX}_pipeline", "Delegate and model each pipeline runs on",
+                                      labels=["pipeline"])
+        for runner in agent.runners:
+            model = runner.model or {}
+            model_info.add_metric([runner.name], {
+                "delegate": str(runner.delegate or ""),
+                "model": Path(str(model.get("path") or "")).name,
+                "version": str(model.get("version") or ""),
+                "sha256": str(model.get("sha256") or "")[:12],
+            })
+        yield model_info
 
         system = latest.get("system", {})
         for key, help_text in (("cpu_percent", "Machine CPU use, % of all cores"),
