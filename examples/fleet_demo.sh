@@ -69,17 +69,15 @@ if [[ -z $WORK ]]; then
 fi
 mkdir -p "$WORK"
 PIDS=()
+FLEET_PID=""
 
-cleanup() {
-    local status=$?
-    trap - EXIT INT TERM
-    # agents first (they say goodbye over MQTT), then the fleet manager and its broker
+# stop_all PID...: SIGTERM, up to 10 s to finish cleanly, then SIGKILL
+stop_all() {
     local pid
-    for pid in "${PIDS[@]}"; do
+    for pid in "$@"; do
         kill -TERM "$pid" 2>/dev/null || true
     done
-    for pid in "${PIDS[@]}"; do
-        # give each process 10 s to finish cleanly, then SIGKILL it
+    for pid in "$@"; do
         for _ in $(seq 100); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.1
@@ -87,6 +85,19 @@ cleanup() {
         kill -KILL "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
+}
+
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    # the agents (and a running deploy) first, while the broker is still up to take their goodbye;
+    # then the fleet manager and its embedded broker
+    local others=() pid
+    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+        [[ $pid == "${FLEET_PID:-}" ]] || others+=("$pid")
+    done
+    stop_all ${others[@]+"${others[@]}"}
+    [[ -z ${FLEET_PID:-} ]] || stop_all "$FLEET_PID"
     if [[ $status -ne 0 ]]; then
         echo "fleet_demo.sh: failed (status $status); last lines of the logs in $WORK:" >&2
         tail -n 5 "$WORK"/*.log >&2 2>/dev/null || true
@@ -104,6 +115,13 @@ trap 'exit 143' TERM
 
 step() { echo "== $*"; }
 ei() { "${EI[@]}" "$@"; }
+# a long step runs in the background and is waited for: bash runs a trap only between foreground
+# commands, but at once during `wait`; and the cleanup then stops that step too
+ei_long() {
+    "${EI[@]}" "$@" &
+    PIDS+=("$!")
+    wait "$!"
+}
 
 # wait_for DESCRIPTION COMMAND...: run COMMAND every second until it succeeds or TIMEOUT passes
 wait_for() {
@@ -178,7 +196,7 @@ ei fleet devices
 step "4. deploy the bird classifier as version 2: a canary first, then the rest"
 # deploy signs the model's manifest with the fleet key, waits for every device, and exits 0 only
 # when all of them run the new version (a failed canary aborts the rollout for the others)
-ei deploy "$MODEL_V2" --version 2 --all --canary 34 --device-timeout "$TIMEOUT"
+ei_long deploy "$MODEL_V2" --version 2 --all --canary 34 --device-timeout "$TIMEOUT"
 
 step "5. the fleet now"
 # the agents' retained state reaches the manager a moment after the deploy command returns
