@@ -12,6 +12,10 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgeinfer import PipelineStats
 
 REPO = Path(__file__).resolve().parents[1]
 CAMERA = "/dev/video0"
@@ -91,7 +95,7 @@ class Every:
         return True
 
 
-def summary(stats) -> str:
+def summary(stats: PipelineStats) -> str:
     """One line about a finished run (PipelineStats)."""
     latency = stats.stages["latency"]
     return (f"{stats.frames} frames in {stats.elapsed_s:.1f} s: {stats.fps:.1f} fps, latency p50 "
