@@ -165,25 +165,25 @@ for i in $(seq 1 "$AGENTS"); do
 device_id: $device
 fleet: demo
 broker: $BROKER
-data_dir: $WORK/$device
+data_dir: '$WORK/$device'
 telemetry_interval_s: 1.0
 reconnect_min_s: 0.2
 mqtt_version: "3.1.1"          # the embedded broker (amqtt) speaks 3.1.1 only; with Mosquitto/EMQX leave "auto"
 profile: auto
 groups: [demo]
-update_public_key: $WORK/fleet-data/fleet-signing.pub
+update_public_key: '$WORK/fleet-data/fleet-signing.pub'
 update_health_frames: 5        # frames the new model must run well before it is committed
 pipelines:
   - name: main
-    model: $MODEL_V1
-    source: $ASSETS/images/*.jpg
+    model: '$MODEL_V1'
+    source: '$ASSETS/images/*.jpg'  # every .jpg photo, over and over
     loop: true
     max_fps: $FPS
     threads: 1
     version: "1"
 EOF
     "${EI[@]}" agent --config "$WORK/$device.yaml" > "$WORK/$device.log" 2>&1 &
-    PIDS+=($!)
+    PIDS+=("$!")
 done
 
 # count the rows of `edgeinfer fleet devices` (DEVICE STATUS MODEL VERSION ...) that match
