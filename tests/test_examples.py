@@ -77,11 +77,13 @@ def test_face_detector_boxes_are_in_source_pixels_and_drawn(cache, tmp_path):
     box = [int(v) for v in match.groups()[:4]]
     assert all(abs(got - want) <= 12 for got, want in zip(box, (167, 115, 356, 327))), box
     assert float(match.group(5)) >= 0.99
-    # frame 30 onwards: the group photo; a line is printed because the number of faces changed
-    assert 1 not in lines  # nothing changed on frame 1, and it is too early for the 2 s line
+    # frame 30 onwards: the group photo; a line is printed because the number of faces changed (other
+    # lines come only every 2 s, so there are none on a machine that is not very slow)
     group = int(re.match(r"(\d+) face", lines[30]).group(1))
     assert group >= 3, lines[30]
-    assert re.search(r"^saved 2 annotated frame\(s\)", result.stdout, re.M), result.stdout
+    assert len(lines) <= 4, lines
+    assert re.search(rf"^saved {len(lines)} annotated frame\(s\)", result.stdout, re.M), result.stdout
+    assert sorted(p.name for p in out.iterdir()) == [f"frame_{n:06d}.jpg" for n in sorted(lines)]
 
     drawn = cv2.imread(str(out / "frame_000000.jpg"))
     original = cv2.resize(cv2.imread(str(IMAGES / "grace_hopper.bmp")), (512, 600))
@@ -92,7 +94,6 @@ def test_face_detector_boxes_are_in_source_pixels_and_drawn(cache, tmp_path):
     assert left_edge.mean() > 60  # the green line is there ...
     assert drawn[y1 + 10:y2 - 10, x1, 1].mean() > 200  # ... and green
     assert diff[y2 + 20:, :x1 - 20].mean() < 12  # elsewhere the frame is untouched (JPEG noise only)
-    assert (out / "frame_000030.jpg").is_file()
 
 
 def test_pose_demo_keypoints_match_the_reference(cache, tmp_path):
