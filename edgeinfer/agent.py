@@ -633,6 +633,11 @@ class Agent:
         raise ValueError(f"no pipeline named {name!r} (have: {', '.join(r.name for r in self._runners) or 'none'})")
 
     @property
+    def stopping(self) -> bool:
+        """True once stop() was asked for: long command handlers should wrap up."""
+        return self._stop.is_set()
+
+    @property
     def runners(self) -> list[PipelineRunner]:
         return list(self._runners)
 

@@ -165,9 +165,16 @@ class UpdateService:
         try:
             swapped_at[0] = time.time()
             old_engine = runner.swap_engine(engine, version=str(staged.version))
-            if not decided.wait(HEALTH_GATE_TIMEOUT_S):
-                gate.reason = gate.reason or f"no_frames: under {gate.frames} frames in {HEALTH_GATE_TIMEOUT_S:.0f} s"
-                verdict.append(False)
+            deadline = time.monotonic() + HEALTH_GATE_TIMEOUT_S
+            while not decided.wait(0.2):
+                if agent.stopping:  # shutting down mid-trial: the old model stays committed
+                    gate.reason = "agent_stopping"
+                    verdict.append(False)
+                    break
+                if time.monotonic() > deadline:
+                    gate.reason = gate.reason or f"no_frames: under {gate.frames} in {HEALTH_GATE_TIMEOUT_S:.0f} s"
+                    verdict.append(False)
+                    break
         finally:
             pipeline.remove_observer(observe)
         if verdict and verdict[0]:

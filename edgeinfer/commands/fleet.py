@@ -24,19 +24,28 @@ def fleet() -> None:
 @fleet.command("serve")
 @click.option("--broker", help="MQTT broker URL (mqtt://host:port). Default: start an embedded broker.")
 @click.option("--broker-port", default=1883, show_default=True, help="Port of the embedded broker.")
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False), help="mqtts://: the CA that signed the broker.")
+@click.option("--cert", type=click.Path(exists=True, dir_okay=False), help="mqtts://: client certificate.")
+@click.option("--key", type=click.Path(exists=True, dir_okay=False), help="mqtts://: client key (unencrypted).")
+@click.option("--username", help="MQTT user name.")
+@click.option("--password-file", type=click.Path(exists=True, dir_okay=False),
+              help="File holding the MQTT password (kept out of the command line).")
 @click.option("--db", "db_url", help="SQLAlchemy URL (default: sqlite in the data dir; postgresql://... works).")
 @click.option("--http", default="127.0.0.1:8700", show_default=True, help="HOST:PORT for artifacts and the API.")
 @click.option("--public-url", help="How devices reach the HTTP server, if not http://HOST:PORT.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("fleet-data"),
               show_default=True, help="Signing key, artifacts, database, command spool.")
 @handle_errors
-def fleet_serve(broker: str | None, broker_port: int, db_url: str | None, http: str, public_url: str | None,
-                data_dir: Path) -> None:
+def fleet_serve(broker: str | None, broker_port: int, ca: str | None, cert: str | None, key: str | None,
+                username: str | None, password_file: str | None, db_url: str | None, http: str,
+                public_url: str | None, data_dir: Path) -> None:
     """Ingest every device's state, telemetry and events; serve artifacts and the API; run rollouts."""
     from ..fleet.manager import FleetManager, FleetSettings
 
+    password = Path(password_file).read_text().rstrip("\r\n") if password_file else None
     settings = FleetSettings(broker=broker, db_url=db_url, http=http, data_dir=data_dir, public_url=public_url,
-                             embedded_broker_port=broker_port)
+                             embedded_broker_port=broker_port, ca=ca, cert=cert, key=key, username=username,
+                             password=password)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with FleetManager(settings) as manager:

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,12 @@ class FleetSettings:
     data_dir: Path = DEFAULT_DATA_DIR
     public_url: str | None = None  # how devices reach the HTTP server (default: http://<http>)
     embedded_broker_port: int = 1883
+    #: for an mqtts:// broker: CA, client certificate and key; username/password for either
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
 
     def http_address(self) -> tuple[str, int]:
         host, _, port = self.http.rpartition(":")
@@ -96,8 +102,13 @@ class FleetManager:
             raise ConfigError(f"cannot listen on {self.settings.http}: {exc.strerror or exc}") from None
         self._spool = Spool(self.data_dir / "commands-out.sqlite3")
         # the embedded broker (amqtt) speaks MQTT 3.1.1 only
-        link_settings = LinkSettings(url=self.broker_url, client_id=f"edgeinfer-fleet-{socket.gethostname()}"[:128],
-                                     mqtt_version="3.1.1" if self._embedded else "auto")
+        s = self.settings
+        try:
+            link_settings = LinkSettings(url=self.broker_url, client_id=f"edgeinfer-fleet-{socket.gethostname()}"[:128],
+                                         mqtt_version="3.1.1" if self._embedded else "auto", ca=s.ca, cert=s.cert,
+                                         key=s.key, username=s.username, password=s.password)
+        except ValueError as exc:
+            raise ConfigError(f"--broker: {exc}") from None
         self._link = MqttLink(
             link_settings, spool=self._spool, name="edgeinfer-fleet-mqtt",
             subscriptions=[subscription(kind) for kind in ("state", "telemetry", "events")],
