@@ -325,3 +325,34 @@ def test_loop_and_keep_frames(clip):
     assert results[0].frame is not None and results[0].frame.shape == (480, 640, 3)
     assert (results[CLIP_FRAMES].frame == results[0].frame).all()  # the same picture, in its own copy
     assert results[CLIP_FRAMES].frame is not results[0].frame
+
+
+def test_cli_run_live_status_line_on_a_terminal():
+    """On a TTY the status line is redrawn in place (carriage return, erase line), then a summary."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "edgeinfer", "run", str(MOBILENET_TINY), "--source", "synthetic:160x120@40",
+             "--max-frames", "40"],
+            stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        )
+        os.close(follower)
+        output = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            output += chunk
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+        process.stderr.close()
+    finally:
+        os.close(leader)
+    text = output.decode()
+    assert "\r\x1b[K" in text and "fps" in text and "latency" in text and "[xnnpack]" in text
+    assert text.rstrip().splitlines()[-1].endswith("on xnnpack")
