@@ -38,12 +38,16 @@ _LAZY = {
     "open_source": "edgeinfer.capture",
     "make_test_clip": "edgeinfer.capture",
     "read_image": "edgeinfer.images",
+    "Agent": "edgeinfer.agent",
+    "load_config": "edgeinfer.agent_config",
+    "FleetManager": "edgeinfer.fleet.manager",
 }
 _ERRORS = (
     "EdgeInferError", "ModelError", "ModelNotFound", "ModelFormatError", "ModelLoadError",
     "UnsupportedOperator", "DelegateError", "DelegateUnavailable", "NoDelegateAvailable",
     "InferenceError", "InputMismatch", "ImageError", "LabelsError", "ProfileError", "CaptureError",
-    "ConfigError", "ProtocolError", "UpdateRejected",
+    "ConfigError", "ProtocolError", "UpdateRejected", "OutputError", "OptimizeError", "AccuracyRejected",
+    "BenchmarkError", "MissingDependency", "DownloadError",
 )
 _LAZY.update({name: "edgeinfer.errors" for name in _ERRORS})
 
@@ -64,11 +68,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .agent import Agent
+    from .agent_config import load_config
     from .capture import FrameSource, make_test_clip, open_source
     from .classify import ImageClassifier
     from .delegates import delegate_names, get_delegate, load
     from .engine import Engine
     from .errors import *  # noqa: F403
+    from .fleet.manager import FleetManager
     from .images import read_image
     from .labels import Labels
     from .model import ModelFormat, ModelInfo, TensorSpec, inspect_model

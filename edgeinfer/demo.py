@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +11,6 @@ from .classify import ImageClassifier
 from .delegates import get_delegate, load
 from .errors import EdgeInferError
 from .labels import Labels
-from .model import inspect_model
 
 DEMO_IMAGES = ("parrot.jpg", "cat.bmp", "grace_hopper.bmp", "dog_segmentation.bmp")
 
@@ -71,24 +69,22 @@ def run_demo(assets: Path, workdir: Path, echo: Callable[[str], None] = print) -
 
     clip = workdir / "demo_clip.avi"
     frames = write_demo_clip(clip, [images / n for n in DEMO_IMAGES])
-    echo(f"== 2. a generated clip: {clip} ({frames} frames, 640x480 MJPEG)")
-    import cv2
+    echo(f"== 2. a generated clip through the zero-copy pipeline: {clip} ({frames} frames, 640x480 MJPEG)")
+    from .pipeline import Pipeline
 
-    info = inspect_model(tflite)
     seen: Counter[str] = Counter()
-    capture = cv2.VideoCapture(str(clip))
-    started = time.perf_counter()
-    with load(info, "xnnpack") as engine:
-        classifier = ImageClassifier(engine, labels, top_k=1)
-        ok, frame = capture.read()
-        while ok:
-            seen[classifier.classify_array(frame)[0].label.split(",")[0]] += 1
-            ok, frame = capture.read(frame)
-    capture.release()
-    elapsed = time.perf_counter() - started
-    total = sum(seen.values())
-    echo(f"   {total} frames in {elapsed:.2f} s ({total / elapsed:.1f} fps) on xnnpack")
+    with Pipeline(tflite, clip, task="classify", labels=labels, policy="every") as pipeline:
+        for result in pipeline:
+            seen[result.result[0].label.split(",")[0]] += 1
+        stats = pipeline.stats
+    stages = "  ".join(f"{name} p50 {values['p50']:.1f} ms" for name, values in stats.stages.items())
+    echo(f"   {stats.frames} frames at {stats.fps:.1f} fps on {stats.delegate}; {stages}")
     for label, count in seen.most_common():
         echo(f"   {label:<24} {count} frames")
-    summary["clip"] = {"frames": total, "fps": total / elapsed, "labels": dict(seen)}
+    summary["clip"] = {"frames": stats.frames, "fps": stats.fps, "labels": dict(seen)}
+
+    from .demo_fleet import run_fleet_demo
+
+    bird_model = models / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
+    summary["fleet"] = run_fleet_demo(clip, tflite, bird_model, workdir, echo)
     return summary

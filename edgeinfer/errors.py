@@ -22,7 +22,13 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── CaptureError                  a frame source failed to open or died
     ├── ConfigError                   a config file is malformed (names the key)
     ├── ProtocolError                 an MQTT message does not match its schema
-    └── UpdateRejected                a model update was refused; ``.reason`` says why
+    ├── DownloadError                 an artifact download kept failing (network, server)
+    ├── UpdateRejected                a model update was refused; ``.reason`` says why
+    ├── OutputError                   a result file cannot be written (path, permissions, disk)
+    ├── OptimizeError                 a model cannot be optimised (no calibration images, ...)
+    │   └── AccuracyRejected          the optimised model disagrees with the original too often
+    ├── BenchmarkError                a benchmark worker process failed
+    └── MissingDependency             (also ImportError) an optional package is not installed
 """
 
 from __future__ import annotations
@@ -112,6 +118,10 @@ class ProtocolError(EdgeInferError):
     """A message does not match its protocol schema."""
 
 
+class DownloadError(EdgeInferError):
+    """An artifact download could not complete after its retries."""
+
+
 class UpdateRejected(EdgeInferError):
     """A model update was refused; ``reason`` is a short machine-readable code."""
 
@@ -119,3 +129,30 @@ class UpdateRejected(EdgeInferError):
         super().__init__(f"update rejected ({reason}){': ' + detail if detail else ''}")
         self.reason = reason
         self.detail = detail
+
+
+class OutputError(EdgeInferError):
+    """A result file (optimised model, chart, report) cannot be written where the user asked."""
+
+
+class OptimizeError(EdgeInferError):
+    """A model cannot be optimised: unusable calibration data, a conversion the toolkit refused."""
+
+
+class AccuracyRejected(OptimizeError):
+    """The optimised model's top-1 agreement with the original is below the threshold; nothing was written.
+
+    ``report`` is the full :class:`~edgeinfer.optimize.OptimizeReport` (sizes, accuracy, latency).
+    """
+
+    def __init__(self, message: str, report: object = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class BenchmarkError(EdgeInferError):
+    """A benchmark could not run (a worker process died, no delegate could be measured)."""
+
+
+class MissingDependency(EdgeInferError, ImportError):
+    """An optional Python package is not installed; the message names the pip extra to install."""

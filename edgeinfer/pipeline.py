@@ -301,6 +301,7 @@ class Pipeline:
         self._infer_idle = False
 
         self._callback: Callable[[FrameResult], None] | None = None
+        self._observers: tuple[Callable[[FrameResult], None], ...] = ()
         self._iterating = False
         self._capture_thread: threading.Thread | None = None
         self._infer_thread: threading.Thread | None = None
@@ -691,7 +692,19 @@ class Pipeline:
             self._t_end = perf()
             self._finish()
 
+    def add_observer(self, observer: Callable[[FrameResult], None]) -> None:
+        """Also hand every result to ``observer`` (guarded like a callback): health checks, recorders."""
+        self._observers = (*self._observers, observer)
+
+    def remove_observer(self, observer: Callable[[FrameResult], None]) -> None:
+        self._observers = tuple(o for o in self._observers if o is not observer)
+
     def _deliver(self, result: FrameResult) -> None:
+        for observer in self._observers:  # a tuple swapped whole, so no lock is needed
+            try:
+                observer(result)
+            except Exception:
+                log.exception("pipeline observer failed on frame %d (the pipeline goes on)", result.frame_id)
         callback = self._callback
         if callback is not None:
             try:

@@ -22,3 +22,8 @@ def test_demo_runs_end_to_end(tmp_path):
     assert summary["clip"]["frames"] == 40
     assert summary["clip"]["labels"]["macaw"] >= 9
     assert (tmp_path / "demo_clip.avi").stat().st_size > 10_000
+    fleet = summary["fleet"]  # the agent's telemetry reached the fleet manager, then v2 was deployed to it
+    assert fleet["telemetry"] >= 3 and fleet["fps"] > 0 and fleet["delegate"]
+    assert fleet["seqs"] == list(range(1, len(fleet["seqs"]) + 1))
+    assert fleet["deploy_exit_code"] == 0 and fleet["version_after"] == 2
+    assert fleet["update_states"][-1] == "active" and fleet["agent_exit_code"] == 0

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import importlib
 import os
-from pathlib import Path
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..engine import Engine
-from ..errors import DelegateUnavailable, NoDelegateAvailable
-from ..model import ModelFormat, ModelInfo, inspect_model
+from ..model import ModelFormat, ModelInfo
 from .base import Delegate
+
+if TYPE_CHECKING:
+    from ..profiles import Profile
 
 ENTRY_POINT_GROUP = "edgeinfer.delegates"
 
@@ -21,15 +24,18 @@ BUILTIN_DELEGATES: dict[str, str] = {
     "xnnpack": "edgeinfer.delegates.xnnpack:XnnpackDelegate",
     "onnxruntime": "edgeinfer.delegates.onnxruntime:OnnxRuntimeDelegate",
     "openvino": "edgeinfer.delegates.openvino:OpenVinoDelegate",
+    "coral": "edgeinfer.delegates.coral:CoralDelegate",
+    "tensorrt": "edgeinfer.delegates.tensorrt:TensorRTDelegate",
+    "onnxruntime-gpu": "edgeinfer.delegates.onnxruntime_gpu:OnnxRuntimeGpuDelegate",
 }
 
-#: the order tried when neither the caller nor a device profile says otherwise
+#: the order tried when no device profile matches (and neither the caller nor the environment names one)
 DEFAULT_ORDER: dict[ModelFormat, tuple[str, ...]] = {
     ModelFormat.TFLITE: ("xnnpack", "openvino"),
     ModelFormat.EDGETPU_TFLITE: ("xnnpack",),
     ModelFormat.ONNX: ("onnxruntime", "openvino"),
     ModelFormat.OPENVINO_IR: ("openvino",),
-    ModelFormat.TENSORRT_PLAN: (),
+    ModelFormat.TENSORRT_PLAN: ("tensorrt",),
 }
 
 _instances: dict[str, Delegate] = {}
@@ -72,33 +78,23 @@ def load(
     delegate: str | None = None,
     *,
     threads: int | None = None,
+    profile: Profile | str | None = None,
+    root: str | os.PathLike | None = None,
+    strict: bool | None = None,
+    profile_dirs: Iterable[str | os.PathLike] = (),
 ) -> Engine:
-    """Load ``model`` on ``delegate`` (``name`` or ``name:device``), or the first that can run it.
+    """Load ``model`` on ``delegate`` (``name`` or ``name:device``), or on the best delegate for this device.
 
-    With no delegate, the candidates for the model's format are tried in order; the engine's
-    ``fallback_reason`` says why earlier ones were skipped, and NoDelegateAvailable lists every
-    candidate's reason when none works.
+    With no delegate: ``$EDGEINFER_DELEGATE``, else the device profile's order (detected from
+    ``root``, default ``/``), filtered by availability and the model's format. The engine's
+    ``fallback_reason`` says why earlier candidates were passed over and ``selection`` holds the
+    plan; ``strict=True`` turns a fallback into an error. NoDelegateAvailable lists every
+    candidate's reason when none works. See :mod:`edgeinfer.selection`.
     """
-    info = model if isinstance(model, ModelInfo) else inspect_model(Path(model))
-    if delegate:
-        name, device = split_delegate(delegate)
-        return get_delegate(name).load(info, threads=threads, device=device)
-    reasons: dict[str, str] = {}
-    for name in DEFAULT_ORDER.get(info.format, ()):
-        candidate = get_delegate(name)
-        reason = candidate.unavailable_reason() or candidate.unsupported_reason(info)
-        if reason:
-            reasons[name] = reason
-            continue
-        try:
-            engine = candidate.load(info, threads=threads)
-        except DelegateUnavailable as exc:
-            reasons[name] = exc.reason
-            continue
-        if reasons:
-            engine.fallback_reason = "; ".join(f"{n}: {r}" for n, r in reasons.items())
-        return engine
-    raise NoDelegateAvailable(info.path, reasons or {"(none)": f"no delegate reads {info.format.value} models"})
+    from ..selection import load as select_and_load
+
+    return select_and_load(model, delegate, threads=threads, profile=profile, root=root, strict=strict,
+                           profile_dirs=profile_dirs)
 
 
 __all__ = ["ENTRY_POINT_GROUP", "Delegate", "delegate_names", "get_delegate", "load", "split_delegate"]

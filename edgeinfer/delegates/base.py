@@ -5,18 +5,24 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from types import ModuleType
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ..engine import Engine
 from ..errors import DelegateUnavailable
 from ..model import ModelFormat, ModelInfo
+
+if TYPE_CHECKING:
+    from ..profiles import Host
 
 
 class Delegate(ABC):
     """A runtime backend. Subclasses set ``name`` / ``formats`` and implement ``load``.
 
     ``unavailable_reason()`` returns None when the delegate can run here, else a sentence a person
-    can act on. It must be cheap-ish and never raise.
+    can act on. It must be cheap-ish and never raise. ``host`` is what device detection read from a
+    root filesystem: hardware and system-library checks read it (so a fake root in a test, or
+    ``edgeinfer device --root``, sees the device it describes); Python-module checks are always
+    about this interpreter. Delegates written before ``host`` existed may omit the parameter.
     """
 
     name: ClassVar[str]
@@ -24,7 +30,7 @@ class Delegate(ABC):
     #: the pip extra that installs this delegate's runtime
     extra: ClassVar[str] = ""
 
-    def unavailable_reason(self, device: str | None = None) -> str | None:
+    def unavailable_reason(self, device: str | None = None, host: Host | None = None) -> str | None:
         """None if this delegate can run here (on ``device``), else why not."""
         return None
 

@@ -107,7 +107,7 @@ class OnnxRuntimeDelegate(Delegate):
     formats = frozenset({ModelFormat.ONNX})
     extra = "onnx"
 
-    def unavailable_reason(self, device: str | None = None) -> str | None:
+    def unavailable_reason(self, device: str | None = None, host=None) -> str | None:
         return runtime_missing_reason("onnxruntime", self.extra)
 
     def load(self, model: ModelInfo, *, threads: int | None = None, device: str | None = None) -> Engine:

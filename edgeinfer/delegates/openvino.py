@@ -1,10 +1,18 @@
-"""``openvino``: Intel OpenVINO; reads .tflite, .onnx and IR; device CPU / GPU / NPU / MYRIAD / AUTO."""
+"""``openvino``: Intel OpenVINO; reads .tflite, .onnx and IR; device CPU / GPU / NPU / MYRIAD / AUTO.
+
+``CPU`` runs here (tests). ``GPU``, ``NPU`` and ``MYRIAD`` are written against OpenVINO's documented
+device names and not yet run on that hardware (docs/hardware.md). The MYRIAD plugin (Neural
+Compute Stick 2) exists only up to OpenVINO 2022.3 LTS; on a newer release the delegate says so
+instead of "device not found".
+"""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from .._native import captured_native_stderr
 from ..engine import Engine
@@ -12,9 +20,33 @@ from ..errors import DelegateUnavailable, EdgeInferError, InferenceError, ModelL
 from ..model import ModelFormat, ModelInfo, TensorSpec, guess_layout
 from .base import Delegate, import_runtime, runtime_missing_reason
 
+if TYPE_CHECKING:
+    from ..profiles import Host
+
 DEFAULT_DEVICE = "CPU"
+#: physical devices OpenVINO knows, and the virtual ones that pick among them
+PHYSICAL_DEVICES = ("CPU", "GPU", "NPU", "MYRIAD")
+VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
+#: the last OpenVINO release with the MYRIAD plugin
+MYRIAD_LAST_RELEASE = (2022, 3)
+#: what a device needs from the system, and how to get it (firmware_scripts/setup-intel.sh)
+DEVICE_HINTS = {
+    "GPU": ("/dev/dri/renderD*", "no Intel GPU render node (/dev/dri/renderD*) — install the Intel compute runtime "
+                                 "(intel-opencl-icd; firmware_scripts/setup-intel.sh) and add the user to 'render'"),
+    "NPU": ("/dev/accel/accel*", "no NPU device node (/dev/accel/accel*) — install the Intel NPU driver "
+                                 "(linux-npu-driver, kernel >= 6.6 with intel_vpu; firmware_scripts/setup-intel.sh)"),
+}
 _core = None
 _core_lock = threading.Lock()
+
+
+def openvino_api():
+    """The module holding Core and Tensor: ``openvino`` (2023.1+) or ``openvino.runtime`` (2022.x,
+    the last releases with the MYRIAD plugin that NCS2 sticks need)."""
+    ov = import_runtime("openvino", "openvino", "openvino")
+    if hasattr(ov, "Core"):
+        return ov
+    return import_runtime("openvino.runtime", "openvino", "openvino")
 
 
 def shared_core():
@@ -22,8 +54,7 @@ def shared_core():
     global _core
     with _core_lock:
         if _core is None:
-            ov = import_runtime("openvino", "openvino", "openvino")
-            _core = ov.Core()
+            _core = openvino_api().Core()
         return _core
 
 
@@ -57,7 +88,7 @@ class OpenVinoEngine(Engine):
         super().__init__(model, threads=threads, device=device)
         import numpy as np
 
-        ov = import_runtime("openvino", self.delegate, "openvino")
+        ov = openvino_api()
         core = shared_core()
         virtual = device.split(":")[0] in ("AUTO", "MULTI", "HETERO")
         if not virtual and device.split(".")[0] not in core.available_devices:
@@ -111,6 +142,44 @@ class OpenVinoEngine(Engine):
         self._compiled = None
 
 
+def openvino_version() -> tuple[int, int] | None:
+    """(year, release) of the installed OpenVINO, from its metadata (no import), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = version("openvino")
+    except PackageNotFoundError:
+        return None
+    found = re.match(r"(\d+)\.(\d+)", text)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def device_family(device: str) -> str:
+    """``"GPU.1"`` -> ``"GPU"``, ``"AUTO:GPU,CPU"`` -> ``"AUTO"``."""
+    return re.split(r"[.:]", device.strip(), maxsplit=1)[0].upper()
+
+
+def release_problem(device: str, version: tuple[int, int] | None) -> str | None:
+    """Why this OpenVINO release cannot drive ``device`` at all, or None."""
+    if device_family(device) == "MYRIAD" and version is not None and version > MYRIAD_LAST_RELEASE:
+        return (f"OpenVINO {version[0]}.{version[1]} has no MYRIAD plugin (removed in 2023.0; 2022.3 LTS is the last "
+                "release that drives the Neural Compute Stick 2) — pip install 'openvino==2022.3.*' (Python <= 3.10, "
+                "numpy<2) in a separate environment (firmware_scripts/setup-intel.sh), or use openvino:CPU")
+    return None
+
+
+def host_device_problem(device: str, host: Host) -> str | None:
+    """Why ``host`` (a detected root) shows no hardware for ``device``, or None."""
+    from ..profiles import NCS2_USB_IDS
+
+    family = device_family(device)
+    if family == "MYRIAD" and not host.usb_devices(NCS2_USB_IDS):
+        return f"no Neural Compute Stick 2 (USB {' / '.join(NCS2_USB_IDS)}) found"
+    if family in DEVICE_HINTS and not host.exists(DEVICE_HINTS[family][0]):
+        return DEVICE_HINTS[family][1]
+    return None
+
+
 class OpenVinoDelegate(Delegate):
     """OpenVINO Runtime: CPU here; GPU / NPU / MYRIAD / AUTO where the hardware and release allow."""
 
@@ -118,9 +187,34 @@ class OpenVinoDelegate(Delegate):
     formats = frozenset({ModelFormat.TFLITE, ModelFormat.ONNX, ModelFormat.OPENVINO_IR})
     extra = "openvino"
 
-    def unavailable_reason(self, device: str | None = None) -> str | None:
-        return runtime_missing_reason("openvino", self.extra)
+    def unavailable_reason(self, device: str | None = None, host: Host | None = None) -> str | None:
+        missing = runtime_missing_reason("openvino", self.extra)
+        if missing:
+            return missing
+        device = device or DEFAULT_DEVICE
+        family = device_family(device)
+        if family not in PHYSICAL_DEVICES + VIRTUAL_DEVICES:
+            return (f"unknown OpenVINO device {device!r} (known: {', '.join(PHYSICAL_DEVICES)}, or "
+                    f"{', '.join(VIRTUAL_DEVICES)}:<devices>)")
+        problem = release_problem(device, openvino_version())
+        if problem or family == "CPU" or family in VIRTUAL_DEVICES:
+            return problem
+        if host is not None and not host.live:
+            return host_device_problem(device, host)
+        try:
+            available = shared_core().available_devices
+        except Exception as exc:  # never raise from an availability check
+            return f"OpenVINO failed to start ({exc})"
+        if any(d.split(".")[0] == family for d in available):
+            return None
+        hint = DEVICE_HINTS.get(family, ("", "plug in the Neural Compute Stick 2 and install its udev rules "
+                                             "(97-myriad-usbboot.rules)"))[1]
+        return f"OpenVINO device {family!r} not found (available: {', '.join(available)}); {hint}"
 
     def load(self, model: ModelInfo, *, threads: int | None = None, device: str | None = None) -> Engine:
         self.check(model)
-        return OpenVinoEngine(model, threads=threads, device=device or DEFAULT_DEVICE)
+        device = device or DEFAULT_DEVICE
+        problem = release_problem(device, openvino_version())
+        if problem:
+            raise DelegateUnavailable(self.name, problem)
+        return OpenVinoEngine(model, threads=threads, device=device)

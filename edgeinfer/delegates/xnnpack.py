@@ -143,7 +143,7 @@ class XnnpackDelegate(Delegate):
     formats = frozenset({ModelFormat.TFLITE, ModelFormat.EDGETPU_TFLITE})
     extra = "tflite"
 
-    def unavailable_reason(self, device: str | None = None) -> str | None:
+    def unavailable_reason(self, device: str | None = None, host=None) -> str | None:
         return litert_missing_reason()
 
     def unsupported_reason(self, model: ModelInfo) -> str | None:

@@ -1,0 +1,1 @@
+"""The fleet manager: ingest over MQTT, storage, deployments, artifact server, HTTP API."""

@@ -1,0 +1,69 @@
+"""A TCP proxy that cuts connections after N bytes: a real network fault for download tests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+
+class CuttingProxy:
+    """Forwards to ``target``; each of the first ``cuts`` connections is closed after ``cut_after`` bytes."""
+
+    def __init__(self, target_port: int, *, cut_after: int, cuts: int) -> None:
+        self.target_port = target_port
+        self.cut_after = cut_after
+        self.cuts_left = cuts
+        self.connections = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="cutting-proxy", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        self._listener.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            limit = self.cut_after if self.cuts_left > 0 else None
+            self.cuts_left -= 1
+            threading.Thread(target=self._serve, args=(client, limit), daemon=True).start()
+
+    def _serve(self, client: socket.socket, limit: int | None) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.target_port))
+
+        def pump_up() -> None:
+            try:
+                while data := client.recv(65536):
+                    upstream.sendall(data)
+            except OSError:
+                pass
+
+        threading.Thread(target=pump_up, daemon=True).start()
+        sent = 0
+        try:
+            while data := upstream.recv(65536):
+                if limit is not None and sent + len(data) > limit:
+                    client.sendall(data[: limit - sent])
+                    break
+                client.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (client, upstream):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+        self._thread.join(timeout=2)

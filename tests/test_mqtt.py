@@ -1,0 +1,164 @@
+"""The MQTT link against a real Mosquitto: PUBACK-gated spool drain, window, TLS, auth, sessions."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+import pytest
+from broker_support import Broker, Collector, make_tls_files, running_broker
+
+from edgeinfer.mqtt import LinkSettings, MqttLink, backoff_delay, parse_broker_url
+from edgeinfer.spool import Spool
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with running_broker(tmp_path) as b:
+        yield b
+
+TOPIC = "edgeinfer/v1/default/cam-01/telemetry"
+CMD = "edgeinfer/v1/default/cam-01/cmd"
+
+
+def wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def settings(url: str, **overrides) -> LinkSettings:
+    values = {"url": url, "client_id": "test-cam-01", "reconnect_min_s": 0.1, "reconnect_max_s": 0.5}
+    values.update(overrides)
+    return LinkSettings(**values)
+
+
+def test_broker_urls():
+    assert str(parse_broker_url("mqtt://example.org")) == "mqtt://example.org:1883"
+    assert str(parse_broker_url("mqtts://example.org")) == "mqtts://example.org:8883"
+    url = parse_broker_url("mqtt://user:p%40ss@10.0.0.2:1884")
+    assert (url.host, url.port, url.username, url.password, url.tls) == ("10.0.0.2", 1884, "user", "p@ss", False)
+    for bad in ("tcp://x", "mqtt://x:99999", "mqtt://x/path", "x:1883", ""):
+        with pytest.raises(ValueError, match="mqtt://HOST"):
+            parse_broker_url(bad)
+
+
+def test_backoff_grows_is_capped_and_jittered():
+    rng = random.Random(1)
+    delays = [[backoff_delay(n, 0.5, 30, rng) for _ in range(200)] for n in (1, 2, 3, 8, 20)]
+    for values, base in zip(delays, (0.5, 1, 2, 30, 30)):
+        assert base / 2 <= min(values) and max(values) <= base  # "equal jitter": within [base/2, base]
+        assert max(values) - min(values) > base / 4  # really spread, so a fleet does not reconnect in lockstep
+
+
+def test_rows_leave_the_spool_only_on_puback_and_the_window_is_bounded(tmp_path, broker):
+    with Collector(broker.port) as collector, Spool(tmp_path / "s.db") as spool:
+        assert collector.wait_subscribed()
+        for i in range(50):
+            spool.append(TOPIC, b'{"seq":%d}' % i)
+        link = MqttLink(settings(broker.url, inflight_window=5), spool=spool)
+        with link:
+            assert link.wait_connected(10)
+            assert wait_for(lambda: spool.pending == 0, 10)
+            assert wait_for(lambda: len(collector.of_kind("telemetry")) == 50, 5)
+            assert [m["seq"] for m in collector.of_kind("telemetry")] == list(range(50))  # in order
+
+            broker.proc.send_signal(signal.SIGSTOP)  # the broker takes the bytes but acknowledges nothing
+            try:
+                published = link.status.published
+                for i in range(50, 80):
+                    spool.append(TOPIC, b'{"seq":%d}' % i)
+                link.notify()
+                assert wait_for(lambda: link.status.published == published + 5, 5)
+                time.sleep(0.5)
+                assert link.status.published == published + 5  # window of 5, not one more
+                assert spool.pending == 30  # sent, but not acknowledged: still in the spool
+            finally:
+                broker.proc.send_signal(signal.SIGCONT)
+            assert wait_for(lambda: spool.pending == 0, 10)
+            assert wait_for(lambda: len(collector.of_kind("telemetry")) == 80, 5)
+            assert [m["seq"] for m in collector.of_kind("telemetry")] == list(range(80))
+
+
+@pytest.mark.parametrize("version", ["5", "3.1.1"])
+def test_persistent_session_gets_commands_sent_while_offline(tmp_path, broker, version):
+    got: list[bytes] = []
+    with Collector(broker.port) as fleet:
+        link = MqttLink(settings(broker.url, mqtt_version=version), subscriptions=[CMD],
+                        on_message=lambda topic, payload: got.append(payload))
+        with link:
+            assert link.wait_connected(10)
+            time.sleep(0.2)  # SUBACK
+            fleet.publish(CMD, b"first")
+            assert wait_for(lambda: got == [b"first"], 5)
+            assert link.status.protocol == version
+        # the device is away (clean disconnect); the broker keeps its session and queues QoS 1
+        fleet.publish(CMD, b"while-away")
+        again = MqttLink(settings(broker.url, mqtt_version=version), subscriptions=[CMD],
+                         on_message=lambda topic, payload: got.append(payload))
+        with again:
+            assert wait_for(lambda: got == [b"first", b"while-away"], 10)
+            assert again.status.session_present is True
+
+
+def test_last_will_and_retained_birth(tmp_path, broker):
+    state = "edgeinfer/v1/default/cam-01/state"
+    with Collector(broker.port, state) as collector:
+        assert collector.wait_subscribed()
+        link = MqttLink(settings(broker.url), will=(state, b'{"online":false}'))
+        link.set_retained(state, b'{"online":true}')
+        link.start()
+        assert wait_for(lambda: collector.of_kind("state") == [b'{"online":true}'] or
+                        collector.of_kind("state") == [{"online": True}], 10)
+        # kill the link's socket the way a crash would: the broker sends the will
+        link._client.socket().close()
+        assert wait_for(lambda: {"online": False} in collector.of_kind("state"), 10)
+        # and it comes back by itself, re-publishing the birth after reconnecting
+        assert wait_for(lambda: collector.of_kind("state")[-1] == {"online": True}, 10)
+        link.close()
+        link.close()
+
+
+def test_tls_with_client_certificate(tmp_path):
+    tls = make_tls_files(tmp_path / "tls")
+    other = make_tls_files(tmp_path / "other")  # a CA that did not sign the broker's certificate
+    b = Broker(tmp_path / "broker", tls=tls).start()
+    try:
+        with Spool(tmp_path / "s.db") as spool:
+            spool.append(TOPIC, b"{}")
+            good = MqttLink(settings(b.url, ca=str(tls.ca), cert=str(tls.client_cert), key=str(tls.client_key)),
+                            spool=spool)
+            with good:
+                assert good.wait_connected(10) and wait_for(lambda: spool.pending == 0, 5)
+            wrong_ca = MqttLink(settings(b.url, ca=str(other.ca), cert=str(tls.client_cert),
+                                         key=str(tls.client_key)))
+            with wrong_ca:
+                assert wait_for(lambda: wrong_ca.status.failed_attempts >= 2, 10)
+                assert not wrong_ca.connected
+                assert "TLS verification of 127.0.0.1" in wrong_ca.status.last_error
+                assert "check `ca`" in wrong_ca.status.last_error
+    finally:
+        b.kill()
+
+
+def test_bad_password_is_reported_and_retried_with_backoff(tmp_path):
+    b = Broker(tmp_path / "broker", users={"cam-01": "right"}).start()
+    try:
+        good = MqttLink(settings(b.url, username="cam-01", password="right"))
+        with good:
+            assert good.wait_connected(10)
+        bad = MqttLink(settings(b.url, username="cam-01", password="wrong", reconnect_min_s=0.2,
+                                reconnect_max_s=0.4))
+        with bad:
+            assert wait_for(lambda: bad.status.failed_attempts >= 3, 10)
+            assert not bad.connected
+            assert "refused the connection" in bad.status.last_error
+            assert "check username/password" in bad.status.last_error
+            time.sleep(1.0)
+            assert bad.status.failed_attempts < 12  # backing off, not hammering the broker
+    finally:
+        b.kill()
