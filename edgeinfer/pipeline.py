@@ -697,6 +697,7 @@ class Pipeline:
         self._observers = (*self._observers, observer)
 
     def remove_observer(self, observer: Callable[[FrameResult], None]) -> None:
+        """Stop handing results to ``observer`` (no error if it was not added)."""
         self._observers = tuple(o for o in self._observers if o is not observer)
 
     def _deliver(self, result: FrameResult) -> None:

@@ -356,3 +356,27 @@ def test_cli_run_live_status_line_on_a_terminal():
     text = output.decode()
     assert "\r\x1b[K" in text and "fps" in text and "latency" in text and "[xnnpack]" in text
     assert text.rstrip().splitlines()[-1].endswith("on xnnpack")
+
+
+def test_observers_see_every_result_and_cannot_break_the_run(clip):
+    seen: list[int] = []
+    late: list[int] = []
+
+    def broken(result: FrameResult) -> None:
+        raise ValueError("observer bug")
+
+    def record_late(result: FrameResult) -> None:
+        late.append(result.frame_id)
+
+    with Pipeline(MOBILENET_TINY, clip) as pipeline:
+        pipeline.add_observer(lambda result: seen.append(result.frame_id))
+        pipeline.add_observer(broken)
+        pipeline.add_observer(record_late)
+        ids = []
+        for result in pipeline:
+            ids.append(result.frame_id)
+            if len(ids) == 5:
+                pipeline.remove_observer(record_late)
+        assert pipeline.error is None
+    assert seen == ids == list(range(CLIP_FRAMES))  # the broken observer stopped nothing
+    assert late == list(range(len(late))) and 5 <= len(late) < CLIP_FRAMES  # removed mid-run
