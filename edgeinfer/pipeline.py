@@ -133,16 +133,18 @@ class PipelineStats:
 class _Plan:
     """Everything that depends on (engine, frame size): preprocessor, staged inputs, decoder."""
 
-    __slots__ = ("decoder", "engine", "frame_shape", "gen", "pre", "staged", "transform", "view")
+    __slots__ = ("decoder", "engine", "frame_shape", "gen", "pre", "pre_staged", "staged", "transform", "view")
 
     def __init__(self, gen: int, engine: Engine, frame_shape: tuple[int, ...], pre: Preprocessor,
-                 decoder: Any, slots: int) -> None:
+                 pre_staged: Preprocessor, decoder: Any, slots: int) -> None:
         import numpy as np
 
         self.gen = gen
         self.engine = engine
         self.frame_shape = frame_shape
-        self.pre = pre
+        # one preprocessor per thread: each owns scratch buffers, and both threads may preprocess at once
+        self.pre = pre  # inference thread, into the engine's input view
+        self.pre_staged = pre_staged  # capture thread, into staged[slot]
         self.transform = pre.transform
         self.decoder = decoder
         self.view = engine.input_view(0)
@@ -352,12 +354,13 @@ class Pipeline:
     def _build_plan(self, engine: Engine, frame_shape: tuple[int, ...]) -> _Plan:
         decoder = self._make_decoder(engine)
         mean, std = self._normalisation(engine, decoder)
-        pre = Preprocessor(engine.inputs[0], (frame_shape[1], frame_shape[0]), resize=self._resize,  # type: ignore[arg-type]
-                           mean=mean, std=std)
+        size = (frame_shape[1], frame_shape[0])
+        pre, pre_staged = (Preprocessor(engine.inputs[0], size, resize=self._resize, mean=mean, std=std)  # type: ignore[arg-type]
+                           for _ in range(2))
         with self._plan_lock:
             self._plan_gen += 1
             gen = self._plan_gen
-        return _Plan(gen, engine, frame_shape, pre, decoder, self._slots)
+        return _Plan(gen, engine, frame_shape, pre, pre_staged, decoder, self._slots)
 
     # ------------------------------------------------------------------------------ control
     @property
@@ -451,9 +454,14 @@ class Pipeline:
         if self._opencv_previous is not None:
             _opencv_threads_release()
             self._opencv_previous = None
-        if self._owns_source:
+        capture = self._capture_thread
+        if capture is not None and capture.is_alive():
+            # releasing a device under a thread still blocked in its read() can crash the driver: leak it
+            log.warning("not closing %s: the capture thread is still blocked in it", self.source.description)
+        elif self._owns_source:
             self.source.close()
-        if self._owns_engine:
+        infer = self._infer_thread
+        if self._owns_engine and not (infer is not None and infer.is_alive()):
             self.engine.close()
 
     def __enter__(self) -> Pipeline:
@@ -578,7 +586,7 @@ class Pipeline:
                 # thus preprocess in the inference thread, inference-bound runs here, balanced ones mix.
                 if (plan is not None and frame.shape == plan.frame_shape and place != "inference"
                         and (place == "capture" or not self._infer_idle)):
-                    plan.pre(frame, plan.staged[slot])
+                    plan.pre_staged(frame, plan.staged[slot])
                     staged_gen[slot] = plan.gen
                     t2 = perf()
                 else:
@@ -689,6 +697,7 @@ class Pipeline:
         self._observers = (*self._observers, observer)
 
     def remove_observer(self, observer: Callable[[FrameResult], None]) -> None:
+        """Stop handing results to ``observer`` (no error if it was not added)."""
         self._observers = tuple(o for o in self._observers if o is not observer)
 
     def _deliver(self, result: FrameResult) -> None:

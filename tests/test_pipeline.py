@@ -325,3 +325,58 @@ def test_loop_and_keep_frames(clip):
     assert results[0].frame is not None and results[0].frame.shape == (480, 640, 3)
     assert (results[CLIP_FRAMES].frame == results[0].frame).all()  # the same picture, in its own copy
     assert results[CLIP_FRAMES].frame is not results[0].frame
+
+
+def test_cli_run_live_status_line_on_a_terminal():
+    """On a TTY the status line is redrawn in place (carriage return, erase line), then a summary."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "edgeinfer", "run", str(MOBILENET_TINY), "--source", "synthetic:160x120@40",
+             "--max-frames", "40"],
+            stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        )
+        os.close(follower)
+        output = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            output += chunk
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+        process.stderr.close()
+    finally:
+        os.close(leader)
+    text = output.decode()
+    assert "\r\x1b[K" in text and "fps" in text and "latency" in text and "[xnnpack]" in text
+    assert text.rstrip().splitlines()[-1].endswith("on xnnpack")
+
+
+def test_observers_see_every_result_and_cannot_break_the_run(clip):
+    seen: list[int] = []
+    late: list[int] = []
+
+    def broken(result: FrameResult) -> None:
+        raise ValueError("observer bug")
+
+    def record_late(result: FrameResult) -> None:
+        late.append(result.frame_id)
+
+    with Pipeline(MOBILENET_TINY, clip) as pipeline:
+        pipeline.add_observer(lambda result: seen.append(result.frame_id))
+        pipeline.add_observer(broken)
+        pipeline.add_observer(record_late)
+        ids = []
+        for result in pipeline:
+            ids.append(result.frame_id)
+            if len(ids) == 5:
+                pipeline.remove_observer(record_late)
+        assert pipeline.error is None
+    assert seen == ids == list(range(CLIP_FRAMES))  # the broken observer stopped nothing
+    assert late == list(range(len(late))) and 5 <= len(late) < CLIP_FRAMES  # removed mid-run

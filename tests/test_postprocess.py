@@ -186,3 +186,22 @@ def test_results_are_frozen_and_serialise():
     assert data["score"] == 0.5 and data["keypoints"][0] == {"name": "nose", "x": 96.0, "y": 96.0, "score": 0.5}
     with pytest.raises(AttributeError):
         pose.score = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("resize", ["stretch", "letterbox", "crop"])
+def test_transforms_map_model_pixels_back_to_the_frame(resize):
+    """A white square in a 400x200 frame lands where the recorded transform says, both ways."""
+    frame = np.zeros((200, 400, 3), np.uint8)
+    frame[80:120, 180:220] = 255
+    spec = TensorSpec("x", (1, 100, 100, 3), "uint8", "NHWC")
+    pre = Preprocessor(spec, (400, 200), resize=resize)
+    model_input = np.zeros(spec.shape, np.uint8)
+    transform = pre(frame, model_input)
+    ys, xs = np.nonzero(model_input[0, :, :, 0] > 128)
+    x0, y0 = transform.to_source(xs.min(), ys.min())
+    x1, y1 = transform.to_source(xs.max() + 1, ys.max() + 1)
+    assert (x0, y0, x1, y1) == pytest.approx((180, 80, 220, 120), abs=5)
+    if resize == "letterbox":  # padding above and below, none at the sides
+        assert transform.pad_y == 25 and transform.pad_x == 0 and (model_input[0, :20] == 114).all()
+    if resize == "crop":  # the centre 200x200 of the frame fills the input
+        assert transform.to_source(0, 0) == pytest.approx((100.0, 0.0))
