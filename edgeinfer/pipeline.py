@@ -566,8 +566,17 @@ class Pipeline:
         queue_size = self.queue_size
         place = self.preprocess_in
         frame_id = 0
+        # max_fps with `every` (files): pace the reading, so frames do not wait in the ring and the
+        # latency figure stays honest. With `latest` (live sources) the inference thread paces and
+        # the newest frame wins.
+        period = 1.0 / self.max_fps if self.max_fps and not latest else 0.0
+        next_due = 0.0
         try:
             while not self._stop_requested:
+                if period:
+                    next_due = self._pace(next_due, period)
+                    if next_due < 0:
+                        break
                 slot = free.get()
                 if slot == _END:
                     break
@@ -615,6 +624,16 @@ class Pipeline:
         finally:
             ready.put(_END)
 
+    def _pace(self, next_due: float, period: float) -> float:
+        """Sleep until ``next_due`` (perf_counter); the next due time, or -1 when stop() cut the wait."""
+        now = time.perf_counter()
+        if next_due <= now:
+            return now + period
+        if self._pacing.acquire(timeout=next_due - now):
+            self._pacing.release()
+            return -1.0
+        return next_due + period
+
     def _infer_loop(self) -> None:
         import numpy as np
 
@@ -627,7 +646,7 @@ class Pipeline:
         stats = self._stats
         samples = stats.samples
         ring = stats.size
-        period = 1.0 / self.max_fps if self.max_fps else 0.0
+        period = 1.0 / self.max_fps if self.max_fps and self.policy == "latest" else 0.0
         next_due = 0.0
         max_frames = self.max_frames
         keep_frames = self.keep_frames
@@ -635,14 +654,9 @@ class Pipeline:
         try:
             while not self._stop_requested:
                 if period:
-                    now = perf()
-                    if next_due > now:
-                        if self._pacing.acquire(timeout=next_due - now):
-                            self._pacing.release()
-                            break
-                        next_due += period
-                    else:
-                        next_due = now + period
+                    next_due = self._pace(next_due, period)
+                    if next_due < 0:
+                        break
                 self._infer_idle = ready.empty()
                 slot = ready.get()
                 self._infer_idle = False
