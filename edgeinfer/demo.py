@@ -20,28 +20,6 @@ def default_assets() -> Path:
     return Path(os.environ.get("EDGEINFER_ASSETS", Path.cwd().parent / "shared" / "assets")).resolve()
 
 
-def write_demo_clip(path: Path, images: list[Path], *, seconds_each: float = 1.0, fps: int = 10,
-                    size: tuple[int, int] = (640, 480)) -> int:
-    """An MJPEG .avi showing each image for ``seconds_each``; returns the frame count."""
-    import cv2
-
-    from .images import read_image
-
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, size)
-    if not writer.isOpened():
-        raise EdgeInferError(f"OpenCV cannot write {path} (MJPG codec missing?)")
-    frames = 0
-    try:
-        for image in images:
-            frame = cv2.resize(read_image(image), size)
-            for _ in range(round(seconds_each * fps)):
-                writer.write(frame)
-                frames += 1
-    finally:
-        writer.release()
-    return frames
-
-
 def run_demo(assets: Path, workdir: Path, echo: Callable[[str], None] = print) -> dict:
     """Classify the sample photos on every CPU delegate, then a generated clip; return a summary."""
     models, images = assets / "models", assets / "images"
@@ -68,7 +46,10 @@ def run_demo(assets: Path, workdir: Path, echo: Callable[[str], None] = print) -
                                   "top1": [t.label for t in tops]})
 
     clip = workdir / "demo_clip.avi"
-    frames = write_demo_clip(clip, [images / n for n in DEMO_IMAGES])
+    from .capture import make_test_clip
+
+    make_test_clip(clip, [images / n for n in DEMO_IMAGES], size=(640, 480), fps=10, frames_per_image=10)
+    frames = 10 * len(DEMO_IMAGES)
     echo(f"== 2. a generated clip through the zero-copy pipeline: {clip} ({frames} frames, 640x480 MJPEG)")
     from .pipeline import Pipeline
 

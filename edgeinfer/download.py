@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import logging
 import os
@@ -13,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import DownloadError, UpdateRejected
+from .model import sha256_file
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 16
@@ -53,13 +53,6 @@ def _fetch_into(url: str, part: Path, have: int, size: int, timeout: float,
             os.fsync(fh.fileno())
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 def download(url: str, dest: str | os.PathLike, *, sha256: str, size: int, attempts: int = DEFAULT_ATTEMPTS,
              timeout: float = DEFAULT_TIMEOUT_S, backoff_s: float = 0.2,
@@ -98,7 +91,7 @@ def download(url: str, dest: str | os.PathLike, *, sha256: str, size: int, attem
             raise DownloadError(f"download of {url} stalled at {now_have}/{size} bytes after {attempts} tries"
                                 f" ({last_error or 'server sent no more data'})")
         time.sleep(min(backoff_s * (2 ** failures), 5.0))
-    actual = file_sha256(part)
+    actual = sha256_file(part)
     if actual != sha256:
         part.unlink()
         raise UpdateRejected("sha256_mismatch", f"artifact sha256 is {actual}, the manifest says {sha256}")

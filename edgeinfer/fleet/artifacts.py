@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..download import file_sha256
+from ..model import sha256_file
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
@@ -27,7 +27,7 @@ class ArtifactStore:
 
     def put(self, source: str | os.PathLike) -> tuple[str, int]:
         """Copy ``source`` into the store (atomically); return (sha256, size)."""
-        digest = file_sha256(Path(source))
+        digest = sha256_file(source)
         target = self.path_for(digest)
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)

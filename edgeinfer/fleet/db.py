@@ -6,7 +6,6 @@ de-duplicated on (device, boot_id, seq), so QoS 1 redeliveries count once.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -306,6 +305,3 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
 
-
-def dumps(rows: Any) -> str:
-    return json.dumps(rows, default=str)
