@@ -17,7 +17,8 @@ from ..cli import handle_errors, main, print_json
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON at the end.")
 @handle_errors
 def demo(assets: Path | None, workdir: Path, as_json: bool) -> None:
-    """Run the demo: sample models on sample photos and a generated video."""
+    """Run the demo: photos on every CPU delegate, a clip through the pipeline, an agent reporting
+    to a fleet manager, and a signed deploy of version 2 to it."""
     from ..demo import default_assets, run_demo
 
     summary = run_demo(assets or default_assets(), workdir, echo=click.echo)
