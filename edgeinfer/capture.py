@@ -150,6 +150,19 @@ class FrameSource(ABC):
             self.frames_read += 1
         return frame
 
+    def prefer_min_size(self, size: tuple[int, int] | None) -> bool:
+        """Allow frames smaller than the source's own, down to ``size`` (w, h); None: full size again.
+
+        Sources that can decode less than the whole frame (MJPEG at 1/2, 1/4, 1/8 scale) do so
+        from the next frame on and return True; the others ignore it and return False.
+        """
+        return False
+
+    @property
+    def native_size(self) -> tuple[int, int] | None:
+        """(width, height) of the source's own frames when they are delivered reduced; else None."""
+        return None
+
     def frames(self) -> Iterator[np.ndarray]:
         """Iterate over frames, reusing one buffer (copy a frame you keep)."""
         buffer = None
@@ -820,7 +833,17 @@ def _make_source(source: str | int | os.PathLike, *, size, fps, fourcc, loop, ba
     if not path.exists():
         raise CaptureError(f"source not found: {text} — {SOURCE_HELP}")
     _reject(text, size=size, fps=fps, **camera_only)
-    return VideoFileSource(path, loop=loop)
+    return video_file_source(path, loop=loop)
+
+
+def video_file_source(path: str | os.PathLike, *, loop: bool = False, pace: bool = False) -> VideoFileSource:
+    """The best reader for a video file: MJPEG AVIs through PyAV + libjpeg-turbo when installed
+    (they can decode at reduced scale, see :mod:`edgeinfer.mjpeg`), anything else through OpenCV."""
+    from . import mjpeg
+
+    if _is_mjpeg_avi(Path(path)) and mjpeg.available():
+        return mjpeg.MjpegFileSource(path, loop=loop, pace=pace)
+    return VideoFileSource(path, loop=loop, pace=pace)
 
 
 def _reject(source: str, **given: Any) -> None:

@@ -165,6 +165,13 @@ def _check_python(packages: Callable[[str], str | None]) -> list[Finding]:
     else:
         findings.append(Finding("litert", WARNING, "no LiteRT runtime (ai-edge-litert or tflite-runtime) is installed",
                                 "pip install 'edgeinfer[tflite]'"))
+    av, simplejpeg = packages("av"), packages("simplejpeg")
+    if av and simplejpeg:
+        findings.append(Finding("mjpeg", OK, f"MJPEG decodes at reduced scale (PyAV {av}, simplejpeg {simplejpeg})"))
+    else:
+        findings.append(Finding("mjpeg", INFO, "MJPEG files decode at full size through OpenCV (PyAV and simplejpeg "
+                                "decode them at the model's size: 1.5-2x faster for 1080p)",
+                                "pip install 'edgeinfer[mjpeg]'"))
     return findings
 
 

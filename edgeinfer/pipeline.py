@@ -45,7 +45,7 @@ from .postprocess import (
     PoseDecoder,
     SegmentationDecoder,
 )
-from .preprocess import Preprocessor, input_geometry
+from .preprocess import Preprocessor, Transform, input_geometry
 
 if TYPE_CHECKING:
     import numpy as np
@@ -136,7 +136,7 @@ class _Plan:
     __slots__ = ("decoder", "engine", "frame_shape", "gen", "pre", "pre_staged", "staged", "transform", "view")
 
     def __init__(self, gen: int, engine: Engine, frame_shape: tuple[int, ...], pre: Preprocessor,
-                 pre_staged: Preprocessor, decoder: Any, slots: int) -> None:
+                 pre_staged: Preprocessor, decoder: Any, slots: int, transform: Transform) -> None:
         import numpy as np
 
         self.gen = gen
@@ -145,7 +145,7 @@ class _Plan:
         # one preprocessor per thread: each owns scratch buffers, and both threads may preprocess at once
         self.pre = pre  # inference thread, into the engine's input view
         self.pre_staged = pre_staged  # capture thread, into staged[slot]
-        self.transform = pre.transform
+        self.transform = transform  # frame → model input, expressed in the source's own pixels
         self.decoder = decoder
         self.view = engine.input_view(0)
         self.staged = [np.empty(self.view.shape, self.view.dtype) for _ in range(slots)]
@@ -196,6 +196,10 @@ class Pipeline:
     ``model`` is a path (loaded on ``delegate`` with ``threads``; the pipeline closes it) or an
     :class:`Engine` you keep owning. ``source`` is anything :func:`edgeinfer.capture.open_source`
     takes, or a :class:`FrameSource`; it is opened here, so a bad source raises CaptureError now.
+
+    ``reduced_decode`` (default on, off with ``keep_frames``) lets a source that can decode less
+    than the whole frame do so, down to the model's input size — MJPEG files decode at 1/2, 1/4 or
+    1/8 scale (:mod:`edgeinfer.mjpeg`). Boxes, keypoints and masks are still in the source's pixels.
     """
 
     def __init__(
@@ -226,6 +230,7 @@ class Pipeline:
         backoff: Backoff = DEFAULT_BACKOFF,
         preprocess_in: str = "auto",
         opencv_threads: int | None = 1,
+        reduced_decode: bool = True,
         stats_window: int = DEFAULT_STATS_WINDOW,
     ) -> None:
         if task not in TASKS:
@@ -252,6 +257,8 @@ class Pipeline:
         self.keep_frames = keep_frames
         self.preprocess_in = preprocess_in
         self.opencv_threads = opencv_threads
+        # frames kept for the caller stay full size; otherwise sources that can decode less may
+        self.reduced_decode = reduced_decode and not keep_frames
         self._resize = resize or TASK_RESIZE[task]
         self._mean, self._std = mean, std
         self._decoder_options = {"top_k": top_k, "score_threshold": score_threshold,
@@ -270,6 +277,7 @@ class Pipeline:
                 self.engine = load(model, delegate, threads=threads)
                 self._owns_engine = True
             self._check_engine(self.engine)
+            self._offer_input_size(self.engine)
             if self.labels is None and task == "classify":
                 self.labels = Labels.embedded(self.engine.model)
         except BaseException:
@@ -344,6 +352,12 @@ class Pipeline:
             return PoseDecoder(outputs[0], engine.outputs[0], (width, height))
         return SegmentationDecoder(outputs[0], engine.outputs[0], self.labels)
 
+    def _offer_input_size(self, engine: Engine) -> None:
+        """Let the source decode frames as small as the model input (MJPEG: 1/2, 1/4, 1/8 scale)."""
+        if self.reduced_decode:
+            height, width, _, _ = input_geometry(engine.inputs[0])
+            self.source.prefer_min_size((width, height))
+
     def _normalisation(self, engine: Engine, decoder: Any) -> tuple[Any, Any]:
         mean, std = self._mean, self._std
         if (mean is None and std is None and engine.inputs[0].dtype.startswith("float")
@@ -357,10 +371,13 @@ class Pipeline:
         size = (frame_shape[1], frame_shape[0])
         pre, pre_staged = (Preprocessor(engine.inputs[0], size, resize=self._resize, mean=mean, std=std)  # type: ignore[arg-type]
                            for _ in range(2))
+        # results are in the source's own pixels even when its frames arrive reduced
+        native = self.source.native_size
+        transform = pre.transform if native is None else pre.transform.for_source_size(*native)
         with self._plan_lock:
             self._plan_gen += 1
             gen = self._plan_gen
-        return _Plan(gen, engine, frame_shape, pre, pre_staged, decoder, self._slots)
+        return _Plan(gen, engine, frame_shape, pre, pre_staged, decoder, self._slots, transform)
 
     # ------------------------------------------------------------------------------ control
     @property
@@ -517,6 +534,7 @@ class Pipeline:
         self.engine = engine
         self._plan = holder[0]
         self._owns_engine = True
+        self._offer_input_size(engine)
         holder.append(old)
         log.info("swapped engine %s -> %s", old.description, engine.description)
         done.set()

@@ -36,6 +36,14 @@ class Transform:
     source_width: int
     source_height: int
 
+    def for_source_size(self, width: int, height: int) -> Transform:
+        """The same mapping for a source whose frames were shrunk to ``source_width`` x ``source_height``
+        from ``width`` x ``height`` (reduced-scale decoding): coordinates come out in the full frame."""
+        if (width, height) == (self.source_width, self.source_height):
+            return self
+        return Transform(self.scale_x * self.source_width / width, self.scale_y * self.source_height / height,
+                         self.pad_x, self.pad_y, width, height)
+
     def to_source(self, x: float, y: float) -> tuple[float, float]:
         """Model-input pixel coordinates -> source pixel coordinates (clipped to the frame)."""
         sx = (x - self.pad_x) / self.scale_x

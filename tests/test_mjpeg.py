@@ -1,0 +1,185 @@
+"""MJPEG files through PyAV + libjpeg-turbo, at full and reduced scale, on real clips of the shared photos."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import cv2
+import numpy as np
+import pytest
+from pipeline_support import (
+    CLIP_IMAGES,
+    FRAMES_PER_IMAGE,
+    GRACE_HOPPER_FACE,
+    IMAGES,
+    MOBILENET_TINY,
+    ULTRAFACE,
+    reference_clip,
+)
+
+from edgeinfer import Pipeline, mjpeg
+from edgeinfer.capture import VideoFileSource, cached_test_clip, open_source, video_file_source
+from edgeinfer.errors import CaptureError
+from edgeinfer.mjpeg import MjpegFileSource, reduction_for
+
+CLIP_FRAMES = len(CLIP_IMAGES) * FRAMES_PER_IMAGE
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    return reference_clip(tmp_path_factory.mktemp("clips"))
+
+
+def _opencv_frames(path) -> list[np.ndarray]:
+    with VideoFileSource(path) as source:
+        return [frame.copy() for frame in source.frames()]
+
+
+def _avi_chunks(data: bytes) -> list[tuple[int, int]]:
+    """(offset of the JPEG, its length) for each video chunk of an AVI."""
+    chunks, at, end = [], data.find(b"movi"), data.rfind(b"idx1")
+    while 0 <= (at := data.find(b"00dc", at + 4)) < end:
+        size = int.from_bytes(data[at + 4:at + 8], "little")
+        chunks.append((at + 8, size))
+        at += 8 + size - 4
+    return chunks
+
+
+def test_mjpeg_avis_open_through_pyav_and_match_opencv_at_full_size(clip):
+    assert mjpeg.available()
+    reference = _opencv_frames(clip)
+    with open_source(clip) as source:
+        assert isinstance(source, MjpegFileSource) and source.backend == "PyAV+libjpeg-turbo"
+        assert source.fps == 30 and source.frame_count == CLIP_FRAMES
+        ring = [source.read(), source.read()]
+        frames = [ring[0].copy(), ring[1].copy()]
+        while (frame := source.read(ring[len(frames) % 2])) is not None:
+            assert frame is ring[len(frames) % 2]  # decoded into the caller's buffer
+            frames.append(frame.copy())
+        assert source.native_size == (640, 480) and source.corrupt_frames == 0
+    assert len(frames) == len(reference) == CLIP_FRAMES
+    for ours, theirs in zip(frames, reference):
+        assert ours.shape == theirs.shape == (480, 640, 3)
+        assert np.abs(ours.astype(np.int16) - theirs).mean() < 1.0  # both libjpeg-turbo; IDCTs may differ by 1
+
+
+@pytest.mark.parametrize(("native", "minimum", "factor"), [
+    ((640, 480), None, 1), ((640, 480), (224, 224), 2), ((640, 480), (100, 100), 4), ((640, 480), (80, 60), 8),
+    ((640, 480), (400, 100), 1), ((1920, 1080), (128, 128), 8), ((1920, 1080), (224, 224), 4),
+    ((1001, 751), (126, 94), 8), ((1001, 751), (127, 94), 4),
+])
+def test_reduction_never_goes_below_the_minimum(native, minimum, factor):
+    assert reduction_for(native, minimum) == factor
+
+
+def test_reduced_frames_are_a_downscaled_frame_and_the_size_can_change_mid_stream(clip):
+    full = _opencv_frames(clip)
+    with open_source(clip) as source:
+        source.prefer_min_size((224, 224))
+        half = source.read()
+        assert half.shape == (240, 320, 3) and source.native_size == (640, 480)
+        expected = cv2.resize(full[0], (320, 240), interpolation=cv2.INTER_AREA)
+        assert np.abs(half.astype(np.int16) - expected).mean() < 3.0  # the same picture, averaged down
+        assert source.read(half) is half
+        source.prefer_min_size((100, 100))
+        quarter = source.read(half)
+        assert quarter is not half and quarter.shape == (120, 160, 3)  # a new size gets a new buffer
+        source.prefer_min_size(None)
+        assert source.read(quarter).shape == (480, 640, 3)
+
+
+def test_damaged_frames_are_skipped_and_a_truncated_file_ends_cleanly(clip, tmp_path):
+    data = bytearray(clip.read_bytes())
+    chunks = _avi_chunks(bytes(data))
+    assert len(chunks) == CLIP_FRAMES
+    start, size = chunks[2]
+    data[start + size // 2:start + size // 2 + 64] = np.random.default_rng(1).integers(0, 256, 64, np.uint8).tobytes()
+    damaged = tmp_path / "damaged.avi"
+    damaged.write_bytes(data)
+    with open_source(damaged) as source:
+        count = sum(1 for _ in source.frames())
+        assert source.corrupt_frames == 1 and count == CLIP_FRAMES - 1
+
+    start, size = chunks[CLIP_FRAMES // 2]
+    truncated = tmp_path / "truncated.avi"
+    truncated.write_bytes(clip.read_bytes()[:start + size // 2])  # cut inside a frame
+    with open_source(truncated) as source:
+        count = sum(1 for _ in source.frames())
+    assert CLIP_FRAMES // 2 - 1 <= count <= CLIP_FRAMES // 2
+
+
+def test_files_that_are_not_mjpeg_videos_give_a_clear_error(tmp_path):
+    empty = tmp_path / "empty.avi"
+    empty.write_bytes(b"")
+    garbage = tmp_path / "garbage.avi"
+    garbage.write_bytes(b"RIFF\x00\x00\x00\x00AVI " + bytes(range(256)) * 8)
+    for path in (empty, garbage, tmp_path / "missing.avi"):
+        with pytest.raises(CaptureError, match=str(path.name)):
+            MjpegFileSource(path).open()
+
+
+def test_without_pyav_mjpeg_files_fall_back_to_opencv(clip, monkeypatch):
+    monkeypatch.setattr(mjpeg, "available", lambda: False)
+    source = video_file_source(clip)
+    assert type(source) is VideoFileSource
+    with source:
+        assert source.prefer_min_size((224, 224)) is False and source.read().shape == (480, 640, 3)
+        assert source.native_size is None
+
+
+def test_loop_restarts_the_file(clip):
+    with video_file_source(clip, loop=True) as source:
+        first = source.read().copy()
+        buffer = None
+        for _ in range(CLIP_FRAMES - 1):
+            buffer = source.read(buffer)
+        assert np.array_equal(source.read(buffer), first)
+
+
+def test_pipeline_results_stay_in_source_pixels_when_frames_decode_reduced(tmp_path):
+    """Ultraface (320x240 input) on a 1024x1200 clip of grace_hopper: frames decode at 1/2 scale, the
+    face box still comes out in the clip's pixels (twice the photo's)."""
+    big = cached_test_clip([IMAGES / "grace_hopper.bmp"], size=(1024, 1200), frames_per_image=3, cache_dir=tmp_path)
+    boxes = {}
+    for reduced in (True, False):
+        with Pipeline(ULTRAFACE, big, task="detect", reduced_decode=reduced) as pipeline:
+            results = [r.result for r in pipeline]
+            boxes[reduced] = [face.box for faces in results for face in faces]
+            assert pipeline.source.native_size == (1024, 1200)
+            assert pipeline.source.reduction == (2 if reduced else 1)
+    assert len(boxes[True]) == len(boxes[False]) == 3
+    expected = [2 * v for v in GRACE_HOPPER_FACE]
+    for reduced_box, full_box in zip(boxes[True], boxes[False]):
+        assert reduced_box == pytest.approx(expected, abs=24)
+        assert reduced_box == pytest.approx(full_box, abs=10)
+
+
+def test_keep_frames_keeps_full_size_frames(clip):
+    with Pipeline(MOBILENET_TINY, clip, keep_frames=True, max_frames=2) as pipeline:
+        frames = [r.frame for r in pipeline]
+    assert [f.shape for f in frames] == [(480, 640, 3)] * 2
+
+
+def test_reduced_decode_allocates_under_1_kib_per_frame(clip):
+    with Pipeline(MOBILENET_TINY, clip, loop=True, max_frames=300, top_k=5) as pipeline:
+        results = iter(pipeline)
+        for _ in range(40):
+            next(results)
+        assert pipeline.source.native_size == (640, 480)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            level = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            total = 0
+            for count, _ in enumerate(results, 1):
+                current, peak = tracemalloc.get_traced_memory()
+                total += peak - level
+                level = current
+                tracemalloc.reset_peak()
+                if count == 200:
+                    break
+        finally:
+            tracemalloc.stop()
+    assert total / 200 < 1024, f"{total / 200:.0f} B per frame"
