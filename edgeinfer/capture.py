@@ -150,6 +150,21 @@ class FrameSource(ABC):
             self.frames_read += 1
         return frame
 
+    #: read_encoded() / decode() split reading a frame from decoding it, so that two threads can
+    #: decode consecutive frames at once (MJPEG files); frames stay in order, the caller keeps it
+    defers_decode: bool = False
+
+    def read_encoded(self) -> Any | None:
+        """The next frame still compressed (pass it to :meth:`decode`), or None at the end."""
+        raise NotImplementedError(f"{type(self).__name__} cannot hand out undecoded frames")
+
+    def decode(self, encoded: Any, out: np.ndarray | None = None) -> np.ndarray | None:
+        """Decode what :meth:`read_encoded` gave (into ``out`` when it fits); None when it is damaged.
+
+        Thread-safe: consecutive frames may be decoded by different threads at the same time.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot hand out undecoded frames")
+
     def prefer_min_size(self, size: tuple[int, int] | None) -> bool:
         """Allow frames smaller than the source's own, down to ``size`` (w, h); None: full size again.
 

@@ -141,7 +141,39 @@ class MjpegFileSource(VideoFileSource):
             self._pacer = _Pacer(self._fps)
         return container
 
+    defers_decode = True
+
+    def read_encoded(self) -> Any | None:
+        """The next JPEG packet (PyAV ``Packet``, bytes-like), or None at the end of the file."""
+        if not self._opened:
+            self.open()
+        if self._interrupted.is_set() or (self.pace and not self._pacer.wait(self)):
+            return None
+        packet = self._next_packet()
+        if packet is None and self.loop and self.frames_read and not self._interrupted.is_set():
+            self._release()
+            self._cap = self._open_capture()
+            packet = self._next_packet()
+        if packet is not None:
+            self.frames_read += 1
+        return packet
+
+    def decode(self, encoded: Any, out: np.ndarray | None = None) -> np.ndarray | None:
+        try:
+            return self._decoder.decode(encoded, out)
+        except ValueError as exc:
+            self.corrupt_frames += 1
+            log.warning("%s: skipped a frame that does not decode (%s)", self.description, exc)
+            return None
+
     def _grab(self, out: np.ndarray | None) -> np.ndarray | None:
+        while (packet := self._next_packet()) is not None:
+            frame = self.decode(packet, out)
+            if frame is not None:
+                return frame
+        return None
+
+    def _next_packet(self) -> Any | None:
         import av
 
         packets = self._packets
@@ -149,13 +181,8 @@ class MjpegFileSource(VideoFileSource):
             return None
         try:
             for packet in packets:
-                if not packet.size:  # the demuxer's end-of-stream flush packet
-                    continue
-                try:
-                    return self._decoder.decode(packet, out)
-                except ValueError as exc:
-                    self.corrupt_frames += 1
-                    log.warning("%s: skipped a frame that does not decode (%s)", self.description, exc)
+                if packet.size:  # (an empty one is the demuxer's end-of-stream flush packet)
+                    return packet
         except av.FFmpegError as exc:
             log.warning("%s is damaged (%s); treating it as the end of the file", self.description, exc)
         self._packets = None

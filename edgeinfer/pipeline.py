@@ -27,6 +27,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -291,6 +292,15 @@ class Pipeline:
         self._staged_gen = [-1] * slots
         # per slot: (frame id, read start, read end, preprocess end [perf_counter], wall time)
         self._slot_info: list[tuple[int, float, float, float, float]] = [(0, 0.0, 0.0, 0.0, 0.0)] * slots
+        # Sources that split reading from decoding (MJPEG files) publish frames still compressed;
+        # either thread decodes them (see _capture_encoded_loop). A slot's lock is held from
+        # publishing until its frame is decoded.
+        self._defer_decode = policy == "every" and self.source.defers_decode
+        self._encoded: list[Any] = [None] * slots
+        self._decode_failed = [False] * slots
+        self._decode_locks = [threading.Lock() for _ in range(slots)]
+        self._undecoded: deque[int] = deque()  # published, not yet claimed by a decoding thread
+        self._claim_lock = threading.Lock()
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         self._ready: queue.SimpleQueue = queue.SimpleQueue()
         for slot in range(slots):
@@ -325,6 +335,8 @@ class Pipeline:
         self.frames = 0
         self.dropped = 0
         self.callback_errors = 0
+        #: frames the inference thread decoded itself while it would have waited (decode-bound runs)
+        self.decoded_by_inference = 0
         self._t_start = 0.0
         self._t_end = 0.0
         self._window = (0, 0, 0.0)  # frames, dropped, time at the previous take_window()
@@ -572,67 +584,11 @@ class Pipeline:
 
     # ---------------------------------------------------------------------------- threads
     def _capture_loop(self) -> None:
-        perf = time.perf_counter
-        wall = time.time
-        source = self.source
-        frames = self._frames
-        staged_gen = self._staged_gen
-        info = self._slot_info
-        ready = self._ready
-        free = self._free
-        latest = self.policy == "latest"
-        queue_size = self.queue_size
-        place = self.preprocess_in
-        frame_id = 0
-        # max_fps with `every` (files): pace the reading, so frames do not wait in the ring and the
-        # latency figure stays honest. With `latest` (live sources) the inference thread paces and
-        # the newest frame wins.
-        period = 1.0 / self.max_fps if self.max_fps and not latest else 0.0
-        next_due = 0.0
         try:
-            while not self._stop_requested:
-                if period:
-                    next_due = self._pace(next_due, period)
-                    if next_due < 0:
-                        break
-                slot = free.get()
-                if slot == _END:
-                    break
-                t0 = perf()
-                buffer = frames[slot]
-                frame = source.read(buffer)
-                if frame is None:
-                    free.put(slot)
-                    break
-                t1 = perf()
-                if frame is not buffer:  # first pass through the ring, or the frame size changed
-                    frames[slot] = frame
-                plan = self._plan
-                # Greedy balance: preprocess here unless the inference thread sits waiting for this
-                # frame (then it has the time, and the frame reaches it sooner). Decode-bound runs
-                # thus preprocess in the inference thread, inference-bound runs here, balanced ones mix.
-                if (plan is not None and frame.shape == plan.frame_shape and place != "inference"
-                        and (place == "capture" or not self._infer_idle)):
-                    plan.pre_staged(frame, plan.staged[slot])
-                    staged_gen[slot] = plan.gen
-                    t2 = perf()
-                else:
-                    staged_gen[slot] = -1
-                    t2 = t1
-                info[slot] = (frame_id, t0, t1, t2, wall())
-                frame_id += 1
-                if latest:
-                    while ready.qsize() >= queue_size:
-                        try:
-                            old = ready.get_nowait()
-                        except queue.Empty:
-                            break
-                        if old == _END:
-                            ready.put(_END)
-                            break
-                        free.put(old)
-                        self.dropped += 1
-                ready.put(slot)
+            if self._defer_decode:
+                self._capture_encoded()
+            else:
+                self._capture_decoded()
         except CaptureError as exc:
             self.error = exc
             log.error("capture stopped: %s", exc)
@@ -640,7 +596,160 @@ class Pipeline:
             self.error = exc
             log.exception("capture thread failed")
         finally:
-            ready.put(_END)
+            self._ready.put(_END)
+
+    def _capture_decoded(self) -> None:
+        """Capture for sources that deliver decoded frames: read into the ring, stage, publish."""
+        perf = time.perf_counter
+        wall = time.time
+        source = self.source
+        frames = self._frames
+        info = self._slot_info
+        ready = self._ready
+        free = self._free
+        latest = self.policy == "latest"
+        queue_size = self.queue_size
+        frame_id = 0
+        # max_fps with `every` (files): pace the reading, so frames do not wait in the ring and the
+        # latency figure stays honest. With `latest` (live sources) the inference thread paces and
+        # the newest frame wins.
+        period = 1.0 / self.max_fps if self.max_fps and not latest else 0.0
+        next_due = 0.0
+        while not self._stop_requested:
+            if period:
+                next_due = self._pace(next_due, period)
+                if next_due < 0:
+                    break
+            slot = free.get()
+            if slot == _END:
+                break
+            t0 = perf()
+            buffer = frames[slot]
+            frame = source.read(buffer)
+            if frame is None:
+                free.put(slot)
+                break
+            t1 = perf()
+            if frame is not buffer:  # first pass through the ring, or the frame size changed
+                frames[slot] = frame
+            t2 = self._stage(slot, frame, t1)
+            info[slot] = (frame_id, t0, t1, t2, wall())
+            frame_id += 1
+            if latest:
+                while ready.qsize() >= queue_size:
+                    try:
+                        old = ready.get_nowait()
+                    except queue.Empty:
+                        break
+                    if old == _END:
+                        ready.put(_END)
+                        break
+                    free.put(old)
+                    self.dropped += 1
+            ready.put(slot)
+
+    def _stage(self, slot: int, frame: Any, now: float) -> float:
+        """Preprocess ``frame`` into the slot's staged input when this thread should; the time after.
+
+        Greedy balance: preprocess in the capture thread unless the inference thread sits waiting
+        for this frame (then it has the time, and the frame reaches it sooner). Decode-bound runs
+        thus preprocess in the inference thread, inference-bound runs here, balanced ones mix.
+        """
+        plan = self._plan
+        place = self.preprocess_in
+        if (plan is not None and frame.shape == plan.frame_shape and place != "inference"
+                and (place == "capture" or not self._infer_idle)):
+            plan.pre_staged(frame, plan.staged[slot])
+            self._staged_gen[slot] = plan.gen
+            return time.perf_counter()
+        self._staged_gen[slot] = -1
+        return now
+
+    def _capture_encoded(self) -> None:
+        """Capture for sources that hand out frames still compressed (MJPEG files, ``every`` policy).
+
+        Each frame is published in order as soon as it is read, and decoded by whichever thread
+        gets to it first: this one, right after publishing, or the inference thread when it would
+        otherwise wait for it. A decode-bound run thus decodes on two cores, still in frame order;
+        an inference-bound one decodes here, ahead of the inference thread.
+        """
+        perf = time.perf_counter
+        wall = time.time
+        source = self.source
+        info = self._slot_info
+        ready = self._ready
+        free = self._free
+        locks = self._decode_locks
+        undecoded = self._undecoded
+        claim_lock = self._claim_lock
+        period = 1.0 / self.max_fps if self.max_fps else 0.0
+        next_due = 0.0
+        frame_id = 0
+        while not self._stop_requested:
+            if period:
+                next_due = self._pace(next_due, period)
+                if next_due < 0:
+                    break
+            slot = free.get()
+            if slot == _END:
+                break
+            t0 = perf()
+            packet = source.read_encoded()
+            if packet is None:
+                free.put(slot)
+                break
+            self._encoded[slot] = packet
+            locks[slot].acquire()  # released by whichever thread decodes the frame
+            info[slot] = (frame_id, t0, perf(), 0.0, wall())
+            frame_id += 1
+            with claim_lock:
+                undecoded.append(slot)
+            ready.put(slot)
+            # keep one more frame published ahead, for an idle inference thread to decode meanwhile
+            if len(undecoded) < 2 and free.qsize():
+                continue
+            self._decode_next(in_capture=True)
+
+    def _decode_next(self, in_capture: bool) -> bool:
+        """Decode the oldest published frame that no thread has taken yet; False when there is none."""
+        with self._claim_lock:
+            if not self._undecoded:
+                return False
+            slot = self._undecoded.popleft()
+        self._decode_slot(slot, in_capture)
+        return True
+
+    def _decode_slot(self, slot: int, in_capture: bool) -> None:
+        perf = time.perf_counter
+        try:
+            started = perf()
+            packet, self._encoded[slot] = self._encoded[slot], None
+            buffer = self._frames[slot]
+            frame = self.source.decode(packet, buffer)
+            t1 = perf()
+            self._decode_failed[slot] = frame is None
+            if frame is None:
+                return
+            if frame is not buffer:
+                self._frames[slot] = frame
+            t2 = self._stage(slot, frame, t1) if in_capture else t1
+            frame_id, t0, fetched, _, stamp = self._slot_info[slot]
+            # capture time = reading the packet + decoding it, wherever that happened
+            self._slot_info[slot] = (frame_id, t1 - (fetched - t0) - (t1 - started), t1, t2, stamp)
+            if not in_capture:
+                self._staged_gen[slot] = -1
+                self.decoded_by_inference += 1
+        finally:
+            self._decode_locks[slot].release()
+
+    def _await_decoded(self, slot: int) -> None:
+        """Inference thread: make sure ``slot`` is decoded, decoding it or a later frame meanwhile."""
+        lock = self._decode_locks[slot]
+        while not lock.acquire(blocking=False):
+            if not self._decode_next(in_capture=False):
+                lock.acquire()  # the capture thread is decoding it
+                break
+        lock.release()
 
     def _pace(self, next_due: float, period: float) -> float:
         """Sleep until ``next_due`` (perf_counter); the next due time, or -1 when stop() cut the wait."""
@@ -669,6 +778,7 @@ class Pipeline:
         max_frames = self.max_frames
         keep_frames = self.keep_frames
         copyto = np.copyto
+        defer_decode = self._defer_decode
         try:
             while not self._stop_requested:
                 if period:
@@ -680,6 +790,11 @@ class Pipeline:
                 self._infer_idle = False
                 if slot == _END:
                     break
+                if defer_decode:
+                    self._await_decoded(slot)
+                    if self._decode_failed[slot]:
+                        free.put(slot)  # a damaged frame: skipped (the source counts it)
+                        continue
                 t3 = perf()
                 if self._swap is not None:
                     self._apply_swap()

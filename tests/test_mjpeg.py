@@ -12,6 +12,7 @@ from pipeline_support import (
     CLIP_IMAGES,
     FRAMES_PER_IMAGE,
     GRACE_HOPPER_FACE,
+    IMAGENET_LABELS,
     IMAGES,
     MOBILENET_TINY,
     ULTRAFACE,
@@ -183,3 +184,42 @@ def test_reduced_decode_allocates_under_1_kib_per_frame(clip):
         finally:
             tracemalloc.stop()
     assert total / 200 < 1024, f"{total / 200:.0f} B per frame"
+
+
+def test_a_decode_bound_run_decodes_on_both_threads_in_frame_order(tmp_path):
+    """A 1280x960 clip into the 128x128 model: decoding dominates, so the inference thread decodes
+    frames too while it would wait; the results still come in frame order, each photo's answer steady."""
+    big = reference_clip(tmp_path, size=(1280, 960))
+    with Pipeline(MOBILENET_TINY, big, labels=IMAGENET_LABELS, threads=1) as pipeline:
+        results = list(pipeline)
+        helped = pipeline.decoded_by_inference
+        assert pipeline.source.reduction == 4  # 320x240: 1/8 would be 160x120, below 128x128
+    assert [r.frame_id for r in results] == list(range(CLIP_FRAMES))
+    assert helped > 0
+    for index in range(0, CLIP_FRAMES, FRAMES_PER_IMAGE):
+        tops = {r.result[0].label for r in results[index:index + FRAMES_PER_IMAGE]}
+        assert len(tops) == 1  # the same picture gives the same answer whichever thread decoded it
+
+
+def test_damaged_frames_are_skipped_by_the_pipeline_too(clip, tmp_path):
+    data = bytearray(clip.read_bytes())
+    for number in (1, 7):
+        start, size = _avi_chunks(bytes(data))[number]
+        noise = np.random.default_rng(number).integers(0, 256, 64, np.uint8).tobytes()
+        data[start + size // 2:start + size // 2 + 64] = noise
+    damaged = tmp_path / "damaged.avi"
+    damaged.write_bytes(data)
+    with Pipeline(MOBILENET_TINY, damaged) as pipeline:
+        ids = [r.frame_id for r in pipeline]
+        assert pipeline.source.corrupt_frames == 2 and pipeline.error is None
+    assert ids == [i for i in range(CLIP_FRAMES) if i not in (1, 7)]
+
+
+def test_stopping_early_leaves_no_thread_behind(tmp_path):
+    big = reference_clip(tmp_path, size=(1280, 960))
+    for stop_after in (1, 3, 10):
+        with Pipeline(MOBILENET_TINY, big, threads=1) as pipeline:
+            for count, _ in enumerate(pipeline, 1):
+                if count == stop_after:
+                    break
+        assert not pipeline.running
