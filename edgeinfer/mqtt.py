@@ -48,6 +48,13 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_INFLIGHT_WINDOW = 20
 #: a connection must last this long before the reconnect backoff starts again from the minimum
 STABLE_CONNECTION_S = 10.0
+#: a spooled message is dropped as poison when the connection dies this many times in a row, each
+#: time within STABLE_CONNECTION_S and with that message the oldest unacknowledged one (from the
+#: second time on it is sent alone, so nothing else can be to blame)
+POISON_STRIKES = 3
+#: PUBLISH overhead besides topic and payload: fixed header, remaining length, topic length, packet
+#: id, property length (an upper bound, for checking against the broker's Maximum Packet Size)
+_PUBLISH_OVERHEAD = 12
 MQTT_VERSIONS = ("auto", "5", "3.1.1")
 _LOOP_TIMEOUT_S = 0.1
 #: paho MQTTErrorCode.MQTT_ERR_QUEUE_SIZE: the only publish() result after which paho does NOT keep a
@@ -297,6 +304,8 @@ class MqttLink:
         self._direct_inflight: set[int] = set()   # mids of retained/direct messages
         self._cursor = 0                          # highest spool id handed to paho
         self._refused: str | None = None
+        self._max_packet: int | None = None       # the broker's Maximum Packet Size (MQTT 5 CONNACK)
+        self._suspect: tuple[int, int] | None = None  # (spool row, strikes): a message that may kill connections
         # "latest value" retained messages (the state birth): topic -> (payload, version)
         self._retained: dict[str, tuple[bytes, int]] = {}
         self._retained_sent: dict[str, int] = {}
@@ -493,6 +502,7 @@ class MqttLink:
             if lasted >= STABLE_CONNECTION_S:
                 self._attempt = 0
             log.warning("MQTT: disconnected from %s: %s", self.broker, reason)
+            self._check_poison(lasted)
             self._attempt += 1
             delay = backoff_delay(self._attempt, self.settings.reconnect_min_s, self.settings.reconnect_max_s,
                                   self._rng)
@@ -500,6 +510,33 @@ class MqttLink:
             self.status.last_error = reason
         else:
             self._failed(reason, answered=answered)
+
+    def _check_poison(self, lasted: float) -> None:
+        """A connection lost soon after connecting, with spooled messages unacknowledged: suspect the
+        oldest of them (a broker drops the connection on a message over its size limit, and paho
+        would resend it after every reconnect for ever). It goes alone on the next connection; after
+        POISON_STRIKES such losses in a row it is dropped, counted in ``rejected``."""
+        if self._spool is None or self._spool.closed or not self._inflight or lasted >= STABLE_CONNECTION_S:
+            self._suspect = None
+            return
+        row = min(self._inflight.values())
+        strikes = self._suspect[1] + 1 if self._suspect is not None and self._suspect[0] == row else 1
+        if strikes >= POISON_STRIKES:
+            self._suspect = None
+            self._reject(row, f"the broker dropped the connection {strikes} times in a row while it was in flight "
+                              "(over the broker's message size limit?)")
+        else:
+            self._suspect = (row, strikes)
+        # paho would resend its whole queue; start over from the spool, the suspect first and alone
+        self._discard_client()
+
+    def _reject(self, row_id: int, why: str) -> None:
+        """Drop a spooled message that no broker will take; it is counted, logged, and never retried."""
+        self.status.rejected += 1
+        self.status.last_error = f"dropped spooled message {row_id}: {why}"
+        log.error("MQTT: dropped spooled message %d: %s", row_id, why)
+        if self._spool is not None:
+            self._spool.ack(row_id, rejected=True)
 
     def _drop_connection(self, reason: str) -> None:
         self.status.connected = False
@@ -538,6 +575,7 @@ class MqttLink:
         self.status.connects += 1
         self.status.protocol = "5" if self._protocol == "5" else "3.1.1"
         self.status.session_present = bool(flags.session_present)
+        self._max_packet = getattr(properties, "MaximumPacketSize", None) if properties is not None else None
         self.status.last_error = None
         log.info("MQTT: connected to %s (MQTT %s, session present: %s)", self.broker, self.status.protocol,
                  flags.session_present)
@@ -560,6 +598,8 @@ class MqttLink:
         failed = bool(getattr(reason, "is_failure", False))
         row = self._inflight.pop(mid, None)
         if row is not None:
+            if self._suspect is not None and self._suspect[0] == row:
+                self._suspect = None  # it got through (or was refused with a reason): not poison
             self.status.acked += 1
             if failed:
                 self.status.rejected += 1
@@ -599,12 +639,20 @@ class MqttLink:
         spool = self._spool
         if spool is None or spool.closed:
             return
-        while len(self._inflight) < self.settings.inflight_window and spool.last_id > self._cursor:
-            rows = spool.fetch(self._cursor, self.settings.inflight_window - len(self._inflight))
+        # a suspected poison message travels alone until it is acknowledged
+        window = 1 if self._suspect is not None else self.settings.inflight_window
+        while len(self._inflight) < window and spool.last_id > self._cursor:
+            rows = spool.fetch(self._cursor, window - len(self._inflight))
             if not rows:
                 self._cursor = spool.last_id
                 break
             for index, row in enumerate(rows):
+                size = len(row.topic.encode()) + len(row.payload) + _PUBLISH_OVERHEAD
+                if self._max_packet is not None and size > self._max_packet:
+                    self._cursor = row.id
+                    self._reject(row.id, f"{size} bytes on {row.topic} is over the broker's maximum packet size "
+                                         f"({self._max_packet} bytes)")
+                    continue
                 info = client.publish(row.topic, row.payload, qos=row.qos, retain=row.retain)
                 if info.rc == _QUEUE_SIZE:
                     spool.release(r.id for r in rows[index:])

@@ -70,7 +70,7 @@ class Broker:
     """One Mosquitto process on a fixed port; start/kill/restart at will."""
 
     def __init__(self, workdir: Path, *, port: int | None = None, tls: TlsFiles | None = None,
-                 users: dict[str, str] | None = None) -> None:
+                 users: dict[str, str] | None = None, config: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.tls = tls
@@ -93,6 +93,7 @@ class Broker:
         if tls:
             lines += [f"cafile {tls.ca}", f"certfile {tls.server_cert}", f"keyfile {tls.server_key}",
                       "require_certificate true", "tls_version tlsv1.2"]
+        lines += config  # extra mosquitto.conf lines, e.g. "max_packet_size 2000"
         self.conf = workdir / "mosquitto.conf"
         self.conf.write_text("\n".join(lines) + "\n")
         self.log = workdir / "mosquitto.log"

@@ -162,3 +162,56 @@ def test_bad_password_is_reported_and_retried_with_backoff(tmp_path):
             assert bad.status.failed_attempts < 12  # backing off, not hammering the broker
     finally:
         b.kill()
+
+
+@pytest.mark.parametrize(("limit", "version"), [
+    ("max_packet_size 2000", "5"),        # announced in CONNACK: refused before it is ever sent
+    ("max_packet_size 2000", "3.1.1"),    # not announced: the broker hangs up on it, every time
+    ("message_size_limit 1000", "5"),     # mosquitto drops the connection too
+])
+def test_a_message_the_broker_will_never_take_is_dropped_not_retried_for_ever(tmp_path, caplog, limit, version):
+    """One oversized message at the head of the spool must not cut the device off for good."""
+    broker = Broker(tmp_path / "broker", config=(limit,)).start()
+    try:
+        with Collector(broker.port) as collector, Spool(tmp_path / "s.db") as spool:
+            assert collector.wait_subscribed()
+            spool.append(TOPIC, b'{"seq":1}')
+            spool.append(TOPIC, b'{"seq":2,"pad":"' + b"x" * 5000 + b'"}')
+            for seq in range(3, 30):
+                spool.append(TOPIC, b'{"seq":%d}' % seq)
+            link = MqttLink(settings(broker.url, mqtt_version=version, inflight_window=5), spool=spool)
+            with link:
+                assert wait_for(lambda: spool.pending == 0, 30), link.status.to_dict()
+                assert wait_for(lambda: len(collector.of_kind("telemetry")) >= 28, 5)
+                seqs = sorted({m["seq"] for m in collector.of_kind("telemetry")})
+                assert seqs == [1, *range(3, 30)]  # everything else arrived
+                assert link.status.rejected == 1
+                assert "dropped spooled message 2" in caplog.text
+                spool.append(TOPIC, b'{"seq":30}')  # and the link goes on working
+                link.notify()
+                assert wait_for(lambda: 30 in {m["seq"] for m in collector.of_kind("telemetry")}, 10)
+                assert link.connected
+    finally:
+        broker.stop()
+
+
+def test_a_flaky_connection_loses_nothing_even_when_it_drops_right_after_sending(tmp_path):
+    """The poison check must not drop messages a broker would take: kill the broker while a message
+    is in flight, again and again (under the strike count each time it is acknowledged in between)."""
+    broker = Broker(tmp_path / "broker").start()
+    try:
+        with Spool(tmp_path / "s.db") as spool:
+            link = MqttLink(settings(broker.url), spool=spool)
+            with link:
+                assert link.wait_connected(10)
+                for round_ in range(4):
+                    broker.proc.send_signal(signal.SIGSTOP)  # takes bytes, acks nothing
+                    spool.append(TOPIC, b'{"seq":%d}' % round_)
+                    link.notify()
+                    assert wait_for(lambda n=round_: link.status.published > n, 5)
+                    broker.kill()
+                    broker.start()
+                    assert wait_for(lambda: spool.pending == 0, 20), link.status.to_dict()
+                assert link.status.rejected == 0
+    finally:
+        broker.stop()
