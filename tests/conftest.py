@@ -38,6 +38,14 @@ def imagenet_labels() -> Path:
     return LABELS / "imagenet_labels.txt"
 
 
+@pytest.fixture(scope="session")
+def clip(tmp_path_factory) -> Path:
+    """The MJPEG clip of the reference photos (pipeline_support.reference_clip), made once per run."""
+    from pipeline_support import reference_clip
+
+    return reference_clip(tmp_path_factory.mktemp("clips"))
+
+
 def edgeinfer_cmd(*args: str) -> list[str]:
     """The CLI as a user runs it, in a subprocess."""
     return [sys.executable, "-m", "edgeinfer", *args]

@@ -7,10 +7,13 @@ ESP32-CAMs speak. Tests start it as a subprocess, kill it mid-stream and start i
 
 from __future__ import annotations
 
+import gc
 import socket
 import subprocess
 import sys
 import time
+import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -34,12 +37,14 @@ GRACE_HOPPER_FACE = (167, 115, 356, 327)
 #: the clip tests classify: each reference photo for FRAMES_PER_IMAGE frames
 CLIP_IMAGES = list(REFERENCE_TOP1)
 FRAMES_PER_IMAGE = 4
+CLIP_FRAMES = len(CLIP_IMAGES) * FRAMES_PER_IMAGE
 PASCAL_DOG = 12
 
 __all__ = [
-    "CLIP_IMAGES", "DEEPLAB", "FRAMES_PER_IMAGE", "GRACE_HOPPER_FACE", "IMAGENET_LABELS", "IMAGES", "LABELS",
-    "MOBILENET_TINY", "MOBILENET_V2", "MOBILENET_V2_ONNX", "MODELS", "MOVENET", "MOVENET_ONNX", "MOVENET_REFERENCE",
-    "PASCAL_DOG", "PASCAL_LABELS", "REFERENCE_TOP1", "ULTRAFACE", "MjpegServer", "free_port", "reference_clip",
+    "CLIP_FRAMES", "CLIP_IMAGES", "DEEPLAB", "FRAMES_PER_IMAGE", "GRACE_HOPPER_FACE", "IMAGENET_LABELS", "IMAGES",
+    "LABELS", "MOBILENET_TINY", "MOBILENET_V2", "MOBILENET_V2_ONNX", "MODELS", "MOVENET", "MOVENET_ONNX",
+    "MOVENET_REFERENCE", "PASCAL_DOG", "PASCAL_LABELS", "REFERENCE_TOP1", "ULTRAFACE", "MjpegServer",
+    "allocations_per_frame", "free_port", "reference_clip",
 ]
 
 
@@ -49,6 +54,28 @@ def reference_clip(folder: Path, size: tuple[int, int] = (640, 480)) -> Path:
 
     return cached_test_clip([IMAGES / name for name in CLIP_IMAGES], size=size, fps=30,
                             frames_per_image=FRAMES_PER_IMAGE, cache_dir=folder)
+
+
+def allocations_per_frame(results: Iterator, frames: int = 200) -> tuple[float, int]:
+    """tracemalloc over the next ``frames`` items of ``results``: (bytes per frame — the peak above each
+    frame's starting level, averaged —, growth of traced memory over the whole span)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        level = start = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        total = count = 0
+        for count, _ in enumerate(results, 1):
+            current, peak = tracemalloc.get_traced_memory()
+            total += peak - level
+            level = current
+            tracemalloc.reset_peak()
+            if count == frames:
+                break
+    finally:
+        tracemalloc.stop()
+    assert count == frames, f"only {count} results"
+    return total / frames, level - start
 
 
 def free_port() -> int:

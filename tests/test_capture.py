@@ -8,7 +8,7 @@ import time
 import cv2
 import numpy as np
 import pytest
-from pipeline_support import CLIP_IMAGES, FRAMES_PER_IMAGE, IMAGES, MjpegServer, free_port, reference_clip
+from pipeline_support import CLIP_IMAGES, FRAMES_PER_IMAGE, IMAGES, MjpegServer, free_port
 
 from edgeinfer.capture import (
     Backoff,
@@ -25,11 +25,6 @@ from edgeinfer.capture import (
 from edgeinfer.errors import CaptureError
 
 FAST_BACKOFF = Backoff(initial_s=0.05, max_s=0.3, jitter=0.1, give_up_s=20.0)
-
-
-@pytest.fixture(scope="module")
-def clip(tmp_path_factory):
-    return reference_clip(tmp_path_factory.mktemp("clips"))
 
 
 def test_make_test_clip_writes_an_mjpeg_avi(tmp_path):

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import gc
-import tracemalloc
-
 import cv2
 import numpy as np
 import pytest
 from pipeline_support import (
-    CLIP_IMAGES,
+    CLIP_FRAMES,
     FRAMES_PER_IMAGE,
     GRACE_HOPPER_FACE,
     IMAGENET_LABELS,
     IMAGES,
     MOBILENET_TINY,
     ULTRAFACE,
+    allocations_per_frame,
     reference_clip,
 )
 
@@ -23,13 +21,6 @@ from edgeinfer import Pipeline, mjpeg
 from edgeinfer.capture import VideoFileSource, cached_test_clip, open_source, video_file_source
 from edgeinfer.errors import CaptureError
 from edgeinfer.mjpeg import MjpegFileSource, reduction_for
-
-CLIP_FRAMES = len(CLIP_IMAGES) * FRAMES_PER_IMAGE
-
-
-@pytest.fixture(scope="module")
-def clip(tmp_path_factory):
-    return reference_clip(tmp_path_factory.mktemp("clips"))
 
 
 def _opencv_frames(path) -> list[np.ndarray]:
@@ -168,22 +159,9 @@ def test_reduced_decode_allocates_under_1_kib_per_frame(clip):
         for _ in range(40):
             next(results)
         assert pipeline.source.native_size == (640, 480)
-        gc.collect()
-        tracemalloc.start()
-        try:
-            level = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-            total = 0
-            for count, _ in enumerate(results, 1):
-                current, peak = tracemalloc.get_traced_memory()
-                total += peak - level
-                level = current
-                tracemalloc.reset_peak()
-                if count == 200:
-                    break
-        finally:
-            tracemalloc.stop()
-    assert total / 200 < 1024, f"{total / 200:.0f} B per frame"
+        per_frame, growth = allocations_per_frame(results)
+    assert per_frame < 1024, f"{per_frame:.0f} B per frame"
+    assert growth < 16 * 1024
 
 
 def test_a_decode_bound_run_decodes_on_both_threads_in_frame_order(tmp_path):

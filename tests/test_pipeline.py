@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import subprocess
 import sys
 import threading
 import time
-import tracemalloc
 
 import pytest
 from pipeline_support import (
+    CLIP_FRAMES,
     CLIP_IMAGES,
     DEEPLAB,
     FRAMES_PER_IMAGE,
@@ -27,7 +26,7 @@ from pipeline_support import (
     REFERENCE_TOP1,
     ULTRAFACE,
     MjpegServer,
-    reference_clip,
+    allocations_per_frame,
 )
 
 import edgeinfer
@@ -35,13 +34,6 @@ from edgeinfer import FrameResult, Pipeline, PipelineStats
 from edgeinfer.capture import Backoff, SyntheticSource
 from edgeinfer.errors import CaptureError, EdgeInferError
 from edgeinfer.pipeline import STAGES
-
-CLIP_FRAMES = len(CLIP_IMAGES) * FRAMES_PER_IMAGE
-
-
-@pytest.fixture(scope="module")
-def clip(tmp_path_factory):
-    return reference_clip(tmp_path_factory.mktemp("clips"))
 
 
 def _check_stats(stats: PipelineStats, frames: int) -> None:
@@ -247,24 +239,9 @@ def test_steady_state_allocates_under_1_kib_per_frame():
         results = iter(pipeline)
         for _ in range(100):
             next(results)
-        gc.collect()
-        tracemalloc.start()
-        try:
-            level = start = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-            total = 0
-            for count, _ in enumerate(results, 1):
-                current, peak = tracemalloc.get_traced_memory()
-                total += peak - level
-                level = current
-                tracemalloc.reset_peak()
-                if count == 200:
-                    break
-            growth = level - start
-        finally:
-            tracemalloc.stop()
+        per_frame, growth = allocations_per_frame(results)
     source.close()
-    assert total / 200 < 1024, f"{total / 200:.0f} B per frame"
+    assert per_frame < 1024, f"{per_frame:.0f} B per frame"
     assert growth < 16 * 1024  # nothing accumulates
 
 
