@@ -89,6 +89,8 @@ class FrameSource(ABC):
         self.frames_read = 0
         #: successful reconnects (live sources)
         self.reconnects = 0
+        #: frames that did not decode and were skipped
+        self.corrupt_frames = 0
         self._opened = False
         self._closed = False
         self._interrupted = threading.Event()
@@ -177,6 +179,11 @@ class FrameSource(ABC):
     def native_size(self) -> tuple[int, int] | None:
         """(width, height) of the source's own frames when they are delivered reduced; else None."""
         return None
+
+    @property
+    def reduction(self) -> int:
+        """The last frame was decoded at 1/reduction of the source's own size (1: full size)."""
+        return 1
 
     def frames(self) -> Iterator[np.ndarray]:
         """Iterate over frames, reusing one buffer (copy a frame you keep)."""

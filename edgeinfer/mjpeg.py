@@ -98,8 +98,6 @@ class MjpegFileSource(VideoFileSource):
         self._decoder = JpegDecoder()
         self._packets: Any = None
         self._frame_count: int | None = None
-        #: frames that did not decode (skipped)
-        self.corrupt_frames = 0
 
     def prefer_min_size(self, size: tuple[int, int] | None) -> bool:
         self._decoder.min_size = size

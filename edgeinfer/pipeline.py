@@ -123,11 +123,16 @@ class PipelineStats:
     reconnects: int = 0
     callback_errors: int = 0
     source: str = ""
+    #: the last frame was decoded at 1/reduction of the source's size (1: full size)
+    reduction: int = 1
+    #: frames the source could not decode (skipped), over its life
+    corrupt_frames: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"frames": self.frames, "dropped": self.dropped, "fps": round(self.fps, 3),
                 "elapsed_s": round(self.elapsed_s, 3), "delegate": self.delegate, "reconnects": self.reconnects,
-                "callback_errors": self.callback_errors, "source": self.source,
+                "callback_errors": self.callback_errors, "source": self.source, "reduction": self.reduction,
+                "corrupt_frames": self.corrupt_frames,
                 "stages": {k: {m: round(v, 3) for m, v in d.items()} for k, d in self.stages.items()}}
 
 
@@ -579,7 +584,8 @@ class Pipeline:
             frames=frames, dropped=dropped, fps=frames / elapsed if elapsed > 0 else 0.0, elapsed_s=elapsed,
             stages=self._stats.summary(first, last), delegate=self.engine.description,
             reconnects=self.source.reconnects, callback_errors=self.callback_errors,
-            source=self.source.description,
+            source=self.source.description, reduction=self.source.reduction,
+            corrupt_frames=self.source.corrupt_frames,
         )
 
     # ---------------------------------------------------------------------------- threads

@@ -190,6 +190,7 @@ def test_damaged_frames_are_skipped_by_the_pipeline_too(clip, tmp_path):
     with Pipeline(MOBILENET_TINY, damaged) as pipeline:
         ids = [r.frame_id for r in pipeline]
         assert pipeline.source.corrupt_frames == 2 and pipeline.error is None
+        assert pipeline.stats.corrupt_frames == 2 and pipeline.stats.reduction == 2  # 320x240 for 128x128
     assert ids == [i for i in range(CLIP_FRAMES) if i not in (1, 7)]
 
 
