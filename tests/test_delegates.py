@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import IMAGES, LABELS, MODELS, REFERENCE_TOP1
+from pipeline_support import allocations_per_frame
 
 import edgeinfer
 from edgeinfer.classify import ImageClassifier
@@ -178,3 +179,13 @@ def test_float_onnx_model_classifies(labels):
         with edgeinfer.load(model, delegate) as engine:
             top = ImageClassifier(engine, labels, mean=128.0, std=128.0).classify_file(IMAGES / "cat.bmp")
             assert top[0].label == "Egyptian cat", (delegate, top)
+
+
+@pytest.mark.parametrize(("model", "delegate"), RUNS, ids=[f"{m.suffix[1:]}-{d}" for m, d in RUNS])
+def test_invoke_allocates_under_1_kib(model, delegate):
+    """The pipeline's per-frame budget is 1 KiB in all; invoke itself must stay well inside it."""
+    with edgeinfer.load(model, delegate, threads=2) as engine:
+        for _ in range(5):
+            engine.invoke()
+        per_invoke, _ = allocations_per_frame((engine.invoke() for _ in range(30)), frames=30)
+    assert per_invoke < 512, f"{per_invoke:.0f} B per invoke on {delegate}"

@@ -127,17 +127,20 @@ class OpenVinoEngine(Engine):
                 self._request.set_input_tensor(index, ov.Tensor(array, shared_memory=True))
             for index, array in enumerate(self._output_arrays):
                 self._request.set_output_tensor(index, ov.Tensor(array, shared_memory=True))
-        self._infer = self._request.infer
+        # start_async() + wait() run the same inference as infer() (the GIL is released while it
+        # runs) without building infer()'s results dict: ~0.4 KB per call instead of ~4.5 KB
+        self._start, self._wait = self._request.start_async, self._request.wait
 
     def _invoke(self) -> None:
         try:  # no context manager on the happy path: it would allocate once per frame
-            self._infer()
+            self._start()
+            self._wait()
         except Exception:
             with map_openvino_errors(self.model, "invoke"):
                 raise
 
     def _close(self) -> None:
-        self._infer = None
+        self._start = self._wait = None
         self._request = None
         self._compiled = None
 
