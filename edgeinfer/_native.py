@@ -19,7 +19,8 @@ def captured_native_stderr(what: str) -> Iterator[None]:
     """Route fd 2 to a temp file while a runtime loads a model; log what it wrote at debug level.
 
     LiteRT and OpenVINO print INFO lines and duplicate their error text straight to fd 2, which
-    would break the CLI's promise of exactly one error line. Used only around model loading.
+    would break the CLI's promise of exactly one error line; so does libjpeg on a damaged JPEG. Used
+    around model loading and still-image decoding.
     """
     if os.environ.get("EDGEINFER_NATIVE_STDERR") == "1":
         yield

@@ -62,6 +62,8 @@ def _bad_inputs(tmp):
     truncated.write_bytes(TFLITE.read_bytes()[:900_000])
     text = tmp / "notes.txt"
     text.write_text("hello")
+    cut_jpeg = tmp / "cut.jpg"
+    cut_jpeg.write_bytes((IMAGES / "parrot.jpg").read_bytes()[:20_000])  # libjpeg complains on stderr
     return {
         "missing": (str(tmp / "absent.tflite"), str(IMAGES / "cat.bmp"), "not found"),
         "truncated": (str(truncated), str(IMAGES / "cat.bmp"), "truncated"),
@@ -69,12 +71,13 @@ def _bad_inputs(tmp):
         "custom op": (str(MODELS / "model_invoking_error.tflite"), str(IMAGES / "cat.bmp"), "fake-op-double"),
         "edgetpu": (str(MODELS / "mobilenet_v1_0.25_128_quant_edgetpu.tflite"), str(IMAGES / "cat.bmp"), "coral"),
         "bad image": (str(TFLITE), str(text), "cannot decode image"),
+        "truncated jpeg": (str(TFLITE), str(cut_jpeg), "cannot decode image"),
         "missing image": (str(TFLITE), str(tmp / "none.jpg"), "image not found"),
     }
 
 
 @pytest.mark.parametrize("case", ["missing", "truncated", "wrong format", "custom op", "edgetpu", "bad image",
-                                  "missing image"])
+                                  "truncated jpeg", "missing image"])
 def test_errors_are_one_line_and_exit_1(tmp_path, case):
     model, image, expected = _bad_inputs(tmp_path)[case]
     result = run("classify", model, image)
