@@ -20,7 +20,7 @@ def captured_native_stderr(what: str) -> Iterator[None]:
 
     LiteRT and OpenVINO print INFO lines and duplicate their error text straight to fd 2, which
     would break the CLI's promise of exactly one error line; so does libjpeg on a damaged JPEG. Used
-    around model loading and still-image decoding.
+    around model loading and, in `edgeinfer classify`, image decoding (it redirects the process's fd 2).
     """
     if os.environ.get("EDGEINFER_NATIVE_STDERR") == "1":
         yield

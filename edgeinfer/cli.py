@@ -108,6 +108,7 @@ def info(model: str, as_json: bool) -> None:
 def classify(model: str, images: tuple[str, ...], labels: str | None, top_k: int, delegate: str | None,
              threads: int | None, resize: str, as_json: bool) -> None:
     """Classify IMAGES with MODEL and print the top-k classes of each."""
+    from ._native import captured_native_stderr
     from .classify import ImageClassifier
     from .delegates import load
     from .labels import Labels
@@ -120,7 +121,9 @@ def classify(model: str, images: tuple[str, ...], labels: str | None, top_k: int
             click.echo(f"note: using {engine.description} ({engine.fallback_reason})", err=True)
         classifier = ImageClassifier(engine, names, top_k=top_k, resize=resize)
         for image in images:
-            top = classifier.classify_file(image)
+            # libjpeg reports a damaged JPEG on stderr itself; the error below says it in one line
+            with captured_native_stderr("OpenCV"):
+                top = classifier.classify_file(image)
             results.append({"image": image, "delegate": engine.description,
                             "top": [c.to_dict() for c in top]})
             if not as_json:

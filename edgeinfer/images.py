@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._native import captured_native_stderr
 from .errors import ImageError
 
 if TYPE_CHECKING:
@@ -22,8 +21,7 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     image_path = Path(path)
     if not image_path.is_file():
         raise ImageError(f"image not found: {image_path}")
-    with captured_native_stderr("OpenCV"):  # libjpeg prints "Premature end of JPEG file" and the like
-        image = cv2.imread(str(image_path), cv2.IMREAD_COLOR)
+    image = cv2.imread(str(image_path), cv2.IMREAD_COLOR)
     if image is None:
         raise ImageError(f"cannot decode image {image_path} — is it a JPEG/PNG/BMP and complete?")
     return image
