@@ -2,25 +2,40 @@
 
 from __future__ import annotations
 
+import time
+
 import cv2
 import numpy as np
 import pytest
 from pipeline_support import (
     CLIP_FRAMES,
+    CLIP_IMAGES,
     FRAMES_PER_IMAGE,
     GRACE_HOPPER_FACE,
     IMAGENET_LABELS,
     IMAGES,
     MOBILENET_TINY,
+    MOBILENET_V2,
+    REFERENCE_TOP1,
     ULTRAFACE,
     allocations_per_frame,
     reference_clip,
 )
 
+import edgeinfer
 from edgeinfer import Pipeline, mjpeg
 from edgeinfer.capture import VideoFileSource, cached_test_clip, open_source, video_file_source
 from edgeinfer.errors import CaptureError
 from edgeinfer.mjpeg import MjpegFileSource, reduction_for
+
+
+def wait_until(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def _opencv_frames(path) -> list[np.ndarray]:
@@ -202,3 +217,26 @@ def test_stopping_early_leaves_no_thread_behind(tmp_path):
                 if count == stop_after:
                     break
         assert not pipeline.running
+
+
+def test_swapping_in_a_model_with_a_larger_input_decodes_larger_frames(tmp_path):
+    """128x128 → 224x224 mid-run on a 1080p clip: 1/8 scale (240x135) becomes 1/4 (480x270) from the
+    next frames on, and the swapped-in model still gets the reference answers."""
+    big = reference_clip(tmp_path, size=(1920, 1080))
+    seen: list[tuple[int, int, str]] = []  # (frame id, reduction, label)
+
+    def callback(result) -> None:
+        seen.append((result.frame_id, pipeline.source.reduction, result.result[0].label))
+
+    with Pipeline(MOBILENET_TINY, big, labels=IMAGENET_LABELS, max_fps=60) as pipeline:
+        pipeline.start(callback)
+        assert wait_until(lambda: len(seen) >= 3)
+        assert pipeline.source.reduction == 8
+        pipeline.swap_engine(edgeinfer.load(MOBILENET_V2, "xnnpack")).close()
+        assert pipeline.wait(60) and pipeline.error is None
+        assert pipeline.source.reduction == 4
+    assert [frame_id for frame_id, _, _ in seen] == list(range(CLIP_FRAMES))
+    # the last photo's frames all came after the swap: the 224x224 model's reference answer
+    last = CLIP_IMAGES[-1]
+    for _, reduction, label in seen[-FRAMES_PER_IMAGE:]:
+        assert reduction == 4 and label.startswith(REFERENCE_TOP1[last][0])
