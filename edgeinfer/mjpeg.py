@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 from .capture import SOURCE_HELP, VideoFileSource, _Pacer
@@ -56,10 +57,22 @@ class JpegDecoder:
         self._simplejpeg = simplejpeg
         #: (width, height) the decoded frames must not go below; None decodes at full size
         self.min_size: tuple[int, int] | None = None
-        #: (width, height) of the last JPEG before reduction
-        self.native_size: tuple[int, int] | None = None
-        #: the reduction of the last frame (1 = full size)
-        self.reduction = 1
+        # Two threads may decode at once: a decoding thread sees the size and reduction of its own
+        # last frame (the pipeline records them per frame), any other thread those of the last
+        # frame decoded anywhere.
+        self._last = threading.local()
+        self._any_native: tuple[int, int] | None = None
+        self._any_reduction = 1
+
+    @property
+    def native_size(self) -> tuple[int, int] | None:
+        """(width, height) of the last JPEG (this thread's, if it decodes) before reduction."""
+        return getattr(self._last, "native", self._any_native)
+
+    @property
+    def reduction(self) -> int:
+        """The reduction of the last frame (this thread's, if it decodes); 1 = full size."""
+        return getattr(self._last, "reduction", self._any_reduction)
 
     def decode(self, data: Any, out: np.ndarray | None = None) -> np.ndarray:
         """Decode ``data`` (bytes-like) into ``out`` when its shape fits, else into a new array.
@@ -68,11 +81,13 @@ class JpegDecoder:
         """
         simplejpeg = self._simplejpeg
         height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-        native = self.native_size
+        last = self._last
+        native = getattr(last, "native", None)
         if native is None or native[0] != width or native[1] != height:
-            self.native_size = native = (width, height)
+            last.native = native = (width, height)  # a new tuple only when the size changes
         factor = reduction_for(native, self.min_size)
-        self.reduction = factor
+        last.reduction = factor
+        self._any_native, self._any_reduction = native, factor
         shape = (-(-height // factor), -(-width // factor), 3)
         if out is None or out.shape != shape or out.dtype != self._np.uint8 or not out.flags.c_contiguous:
             out = self._np.empty(shape, self._np.uint8)

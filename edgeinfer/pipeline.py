@@ -139,15 +139,17 @@ class PipelineStats:
 class _Plan:
     """Everything that depends on (engine, frame size): preprocessor, staged inputs, decoder."""
 
-    __slots__ = ("decoder", "engine", "frame_shape", "gen", "pre", "pre_staged", "staged", "transform", "view")
+    __slots__ = ("decoder", "engine", "frame_shape", "gen", "native", "pre", "pre_staged", "staged", "transform",
+                 "view")
 
-    def __init__(self, gen: int, engine: Engine, frame_shape: tuple[int, ...], pre: Preprocessor,
-                 pre_staged: Preprocessor, decoder: Any, slots: int, transform: Transform) -> None:
+    def __init__(self, gen: int, engine: Engine, frame_shape: tuple[int, ...], native: tuple[int, int] | None,
+                 pre: Preprocessor, pre_staged: Preprocessor, decoder: Any, slots: int, transform: Transform) -> None:
         import numpy as np
 
         self.gen = gen
         self.engine = engine
         self.frame_shape = frame_shape
+        self.native = native  # the source's own frame size when frames arrive reduced, else None
         # one preprocessor per thread: each owns scratch buffers, and both threads may preprocess at once
         self.pre = pre  # inference thread, into the engine's input view
         self.pre_staged = pre_staged  # capture thread, into staged[slot]
@@ -302,6 +304,9 @@ class Pipeline:
         # publishing until its frame is decoded.
         self._defer_decode = policy == "every" and self.source.defers_decode
         self._encoded: list[Any] = [None] * slots
+        # per slot: the source's own frame size when the frame was decoded reduced (set by the thread
+        # that decoded it, right after decoding), else None
+        self._natives: list[tuple[int, int] | None] = [None] * slots
         self._decode_failed = [False] * slots
         self._decode_locks = [threading.Lock() for _ in range(slots)]
         self._undecoded: deque[int] = deque()  # published, not yet claimed by a decoding thread
@@ -382,19 +387,18 @@ class Pipeline:
             return SSD_FLOAT_MEAN, SSD_FLOAT_STD
         return mean, std
 
-    def _build_plan(self, engine: Engine, frame_shape: tuple[int, ...]) -> _Plan:
+    def _build_plan(self, engine: Engine, frame_shape: tuple[int, ...], native: tuple[int, int] | None) -> _Plan:
         decoder = self._make_decoder(engine)
         mean, std = self._normalisation(engine, decoder)
         size = (frame_shape[1], frame_shape[0])
         pre, pre_staged = (Preprocessor(engine.inputs[0], size, resize=self._resize, mean=mean, std=std)  # type: ignore[arg-type]
                            for _ in range(2))
         # results are in the source's own pixels even when its frames arrive reduced
-        native = self.source.native_size
         transform = pre.transform if native is None else pre.transform.for_source_size(*native)
         with self._plan_lock:
             self._plan_gen += 1
             gen = self._plan_gen
-        return _Plan(gen, engine, frame_shape, pre, pre_staged, decoder, self._slots, transform)
+        return _Plan(gen, engine, frame_shape, native, pre, pre_staged, decoder, self._slots, transform)
 
     # ------------------------------------------------------------------------------ control
     @property
@@ -526,7 +530,7 @@ class Pipeline:
             raise ValueError("cannot swap in a closed engine")
         self._check_engine(engine)
         plan = self._plan
-        prepared = self._build_plan(engine, plan.frame_shape) if plan is not None else None
+        prepared = self._build_plan(engine, plan.frame_shape, plan.native) if plan is not None else None
         if not self.running:
             old = self.engine
             self.engine, self._plan = engine, prepared
@@ -610,6 +614,7 @@ class Pipeline:
         wall = time.time
         source = self.source
         frames = self._frames
+        natives = self._natives
         info = self._slot_info
         ready = self._ready
         free = self._free
@@ -638,6 +643,7 @@ class Pipeline:
             t1 = perf()
             if frame is not buffer:  # first pass through the ring, or the frame size changed
                 frames[slot] = frame
+            natives[slot] = source.native_size
             t2 = self._stage(slot, frame, t1)
             info[slot] = (frame_id, t0, t1, t2, wall())
             frame_id += 1
@@ -663,7 +669,8 @@ class Pipeline:
         """
         plan = self._plan
         place = self.preprocess_in
-        if (plan is not None and frame.shape == plan.frame_shape and place != "inference"
+        if (plan is not None and frame.shape == plan.frame_shape and plan.native == self._natives[slot]
+                and place != "inference"
                 and (place == "capture" or not self._infer_idle)):
             plan.pre_staged(frame, plan.staged[slot])
             self._staged_gen[slot] = plan.gen
@@ -738,6 +745,7 @@ class Pipeline:
                 return
             if frame is not buffer:
                 self._frames[slot] = frame
+            self._natives[slot] = self.source.native_size  # this thread's last decode
             t2 = self._stage(slot, frame, t1) if in_capture else t1
             frame_id, t0, fetched, _, stamp = self._slot_info[slot]
             # capture time = reading the packet + decoding it, wherever that happened
@@ -785,6 +793,7 @@ class Pipeline:
         keep_frames = self.keep_frames
         copyto = np.copyto
         defer_decode = self._defer_decode
+        natives = self._natives
         try:
             while not self._stop_requested:
                 if period:
@@ -806,8 +815,9 @@ class Pipeline:
                     self._apply_swap()
                 frame = frames[slot]
                 plan = self._plan
-                if plan is None or plan.frame_shape != frame.shape:
-                    plan = self._plan = self._build_plan(self.engine, frame.shape)
+                native = natives[slot]
+                if plan is None or plan.frame_shape != frame.shape or plan.native != native:
+                    plan = self._plan = self._build_plan(self.engine, frame.shape, native)
                 staged = staged_gen[slot] == plan.gen
                 if staged:
                     copyto(plan.view, plan.staged[slot])
