@@ -556,6 +556,26 @@ class ImageFolderSource(FrameSource):
         self.paths: list[Path] = []
         self._next = 0
         self.skipped = 0
+        self._min_size: tuple[int, int] | None = None
+        self._native: tuple[int, int] | None = None
+        self._reduction = 1
+        self._header: bytearray | None = None  # reused for reading JPEG headers
+
+    def prefer_min_size(self, size: tuple[int, int] | None) -> bool:
+        """JPEGs then decode at 1/2, 1/4 or 1/8 scale (OpenCV's IMREAD_REDUCED_*, libjpeg's DCT
+        scaling), never below ``size``; needs simplejpeg to read the size first. Other formats: full."""
+        from . import mjpeg
+
+        self._min_size = size
+        return mjpeg.available()
+
+    @property
+    def native_size(self) -> tuple[int, int] | None:
+        return self._native
+
+    @property
+    def reduction(self) -> int:
+        return self._reduction
 
     @property
     def fps(self) -> float | None:
@@ -587,7 +607,6 @@ class ImageFolderSource(FrameSource):
         self.paths = list(paths)
 
     def _read(self, out: np.ndarray | None) -> np.ndarray | None:
-        cv2 = _cv2()
         failures = 0
         while True:
             if self._next >= len(self.paths):
@@ -598,14 +617,8 @@ class ImageFolderSource(FrameSource):
             self._next += 1
             if not self._pacer.wait(self):
                 return None
-            frame = None
-            if out is not None and cv2.haveImageReader(str(path)):
-                try:  # OpenCV >= 4.10 decodes into a buffer of the right size
-                    frame = cv2.imread(str(path), out, cv2.IMREAD_COLOR)
-                except (cv2.error, TypeError):
-                    frame = None
-            if frame is None:
-                frame = cv2.imread(str(path), cv2.IMREAD_COLOR)
+            header = self._jpeg_size(path) if self._min_size is not None else None
+            frame = self._decode(path, out, header)
             if frame is not None:
                 return frame
             self.skipped += 1
@@ -613,6 +626,57 @@ class ImageFolderSource(FrameSource):
             log.warning("skipping %s: not a decodable image", path)
             if failures >= len(self.paths):
                 raise CaptureError(f"none of the images in {self.description} can be decoded")
+
+    def _decode(self, path: Path, out: np.ndarray | None, header: tuple[int, int] | None) -> np.ndarray | None:
+        """imread into ``out`` when it fits; reduced when the JPEG ``header`` (w, h) allows it."""
+        from .mjpeg import reduction_for
+
+        cv2 = _cv2()
+        factor = 1
+        if header is not None:  # EXIF may rotate the picture: the reduction must suit both ways round
+            factor = min(reduction_for(header, self._min_size), reduction_for(header[::-1], self._min_size))
+        flags = _IMREAD_REDUCED.get(factor, cv2.IMREAD_COLOR)
+        frame = None
+        if out is not None and cv2.haveImageReader(str(path)):
+            try:  # OpenCV >= 4.10 decodes into a buffer of the right size
+                frame = cv2.imread(str(path), out, flags)
+            except (cv2.error, TypeError):
+                frame = None
+        if frame is None:
+            frame = cv2.imread(str(path), flags)
+        self._native, self._reduction = None, 1
+        if frame is not None and factor > 1 and header is not None:
+            width, height = header
+            shape = frame.shape[:2]
+            if shape == (-(-height // factor), -(-width // factor)):
+                self._native, self._reduction = (width, height), factor
+            elif shape == (-(-width // factor), -(-height // factor)):  # rotated by its EXIF orientation
+                self._native, self._reduction = (height, width), factor
+            else:  # not what libjpeg's scaling gives: do not guess the mapping, decode it whole
+                frame = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        return frame
+
+    def _jpeg_size(self, path: Path) -> tuple[int, int] | None:
+        """(width, height) from a JPEG's header (the first 256 KB, read into a reused buffer), or None."""
+        if path.suffix.lower() not in (".jpg", ".jpeg"):
+            return None
+        try:
+            import simplejpeg
+        except ImportError:
+            return None
+        if self._header is None:
+            self._header = bytearray(256 * 1024)
+        try:
+            with path.open("rb") as handle:
+                count = handle.readinto(self._header)
+            height, width, _, _ = simplejpeg.decode_jpeg_header(memoryview(self._header)[:count])
+        except (OSError, ValueError):
+            return None
+        return width, height
+
+
+#: cv2.imread flags for decoding a JPEG at 1/factor scale
+_IMREAD_REDUCED = {2: 17, 4: 33, 8: 65}  # IMREAD_REDUCED_COLOR_2/4/8 (no cv2 import at module load)
 
 
 # ---------------------------------------------------------------------------------- synthetic

@@ -101,6 +101,38 @@ def test_image_glob_and_folder(tmp_path):
         assert source.skipped == 2  # the broken JPEG, once per pass
 
 
+def _with_exif_orientation(jpeg: bytes, orientation: int) -> bytes:
+    """``jpeg`` with an APP1 EXIF segment whose IFD0 holds only Orientation (0x0112) = ``orientation``."""
+    entry = b"\x01\x12\x00\x03\x00\x00\x00\x01" + orientation.to_bytes(2, "big") + b"\x00\x00"
+    tiff = b"MM\x00\x2a\x00\x00\x00\x08" + b"\x00\x01" + entry + b"\x00\x00\x00\x00"
+    app1 = b"Exif\x00\x00" + tiff
+    return jpeg[:2] + b"\xff\xe1" + (len(app1) + 2).to_bytes(2, "big") + app1 + jpeg[2:]
+
+
+def test_jpegs_decode_reduced_when_asked_and_say_their_own_size(tmp_path):
+    rotated = tmp_path / "z_rotated.jpg"  # the kite photo, marked "rotate 90° clockwise" by EXIF
+    rotated.write_bytes(_with_exif_orientation((IMAGES / "kite_and_cold.jpg").read_bytes(), 6))
+    paths = [*sorted(IMAGES.glob("*.jpg")), rotated, IMAGES / "cat.bmp"]
+    full = [cv2.imread(str(p)) for p in paths]
+    assert full[-2].shape == (1352, 900, 3)  # OpenCV applies the EXIF orientation
+    with ImageFolderSource(paths) as source:
+        assert source.prefer_min_size((224, 224)) is True
+        seen = [(frame.copy(), source.native_size, source.reduction) for frame in source.frames()]
+    assert len(seen) == len(paths)
+    for (frame, native, reduction), whole, path in zip(seen, full, paths):
+        height, width = whole.shape[:2]
+        if reduction == 1:
+            assert native is None and frame.shape == whole.shape, path
+            continue
+        assert native == (width, height), path  # the picture's own size, rotation included
+        assert frame.shape == (-(-height // reduction), -(-width // reduction), 3), path
+        assert min(frame.shape[:2]) >= 224  # never below what was asked
+        shrunk = cv2.resize(whole, (frame.shape[1], frame.shape[0]), interpolation=cv2.INTER_AREA)
+        assert np.abs(frame.astype(np.int16) - shrunk).mean() < 4.0, path  # the same picture
+    reductions = {path.name: reduction for (_, _, reduction), path in zip(seen, paths)}
+    assert reductions["kite_and_cold.jpg"] == reductions["z_rotated.jpg"] == 4 and reductions["cat.bmp"] == 1
+
+
 def test_image_reads_reuse_a_matching_buffer():
     with ImageFolderSource([IMAGES / "cat.bmp", IMAGES / "cat.bmp"]) as source:
         first = source.read(None)

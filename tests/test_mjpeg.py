@@ -144,17 +144,30 @@ def test_loop_restarts_the_file(clip):
         assert np.array_equal(source.read(buffer), first)
 
 
-def test_pipeline_results_stay_in_source_pixels_when_frames_decode_reduced(tmp_path):
-    """Ultraface (320x240 input) on a 1024x1200 clip of grace_hopper: frames decode at 1/2 scale, the
-    face box still comes out in the clip's pixels (twice the photo's)."""
-    big = cached_test_clip([IMAGES / "grace_hopper.bmp"], size=(1024, 1200), frames_per_image=3, cache_dir=tmp_path)
+def _grace_hopper_twice(kind: str, folder) -> str:
+    """Three frames of grace_hopper at twice its size (1024x1200): an MJPEG clip or a folder of JPEGs."""
+    if kind == "clip":
+        return str(cached_test_clip([IMAGES / "grace_hopper.bmp"], size=(1024, 1200), frames_per_image=3,
+                                    cache_dir=folder))
+    big = cv2.resize(cv2.imread(str(IMAGES / "grace_hopper.bmp")), (1024, 1200), interpolation=cv2.INTER_CUBIC)
+    for index in range(3):
+        cv2.imwrite(str(folder / f"{index}.jpg"), big, [cv2.IMWRITE_JPEG_QUALITY, 95])
+    return str(folder)
+
+
+@pytest.mark.parametrize("kind", ["clip", "jpegs"])
+def test_pipeline_results_stay_in_source_pixels_when_frames_decode_reduced(tmp_path, kind):
+    """Ultraface (320x240 input) on 1024x1200 frames of grace_hopper: they decode at 1/2 scale, the
+    face box still comes out in the frames' own pixels (twice the photo's)."""
+    source = _grace_hopper_twice(kind, tmp_path)
     boxes = {}
     for reduced in (True, False):
-        with Pipeline(ULTRAFACE, big, task="detect", reduced_decode=reduced) as pipeline:
+        with Pipeline(ULTRAFACE, source, task="detect", reduced_decode=reduced) as pipeline:
             results = [r.result for r in pipeline]
             boxes[reduced] = [face.box for faces in results for face in faces]
-            assert pipeline.source.native_size == (1024, 1200)
             assert pipeline.source.reduction == (2 if reduced else 1)
+            if reduced:
+                assert pipeline.source.native_size == (1024, 1200)
     assert len(boxes[True]) == len(boxes[False]) == 3
     expected = [2 * v for v in GRACE_HOPPER_FACE]
     for reduced_box, full_box in zip(boxes[True], boxes[False]):
@@ -240,3 +253,18 @@ def test_swapping_in_a_model_with_a_larger_input_decodes_larger_frames(tmp_path)
     last = CLIP_IMAGES[-1]
     for _, reduction, label in seen[-FRAMES_PER_IMAGE:]:
         assert reduction == 4 and label.startswith(REFERENCE_TOP1[last][0])
+
+
+def test_frames_of_one_decoded_size_from_different_sized_pictures_map_back_to_their_own(tmp_path):
+    """grace_hopper at 4x (decoded at 1/4) and at 2x (decoded at 1/2) both arrive as 512x600 frames;
+    each face box must still come out in its own picture's pixels."""
+    photo = cv2.imread(str(IMAGES / "grace_hopper.bmp"))
+    scales = [4, 2, 4, 2, 2, 4]
+    for index, scale in enumerate(scales):
+        big = cv2.resize(photo, (512 * scale, 600 * scale), interpolation=cv2.INTER_CUBIC)
+        cv2.imwrite(str(tmp_path / f"{index}.jpg"), big, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    with Pipeline(ULTRAFACE, str(tmp_path), task="detect") as pipeline:
+        results = [r.result for r in pipeline]
+    assert [len(faces) for faces in results] == [1] * len(scales)
+    for faces, scale in zip(results, scales):
+        assert faces[0].box == pytest.approx([scale * v for v in GRACE_HOPPER_FACE], abs=12 * scale)
