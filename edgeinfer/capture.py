@@ -876,15 +876,22 @@ def open_source(
     any other path: a video file (``loop`` restarts it at the end).
     """
     if isinstance(source, FrameSource):
-        made = source
-    else:
-        made = _make_source(source, size=size, fps=fps, fourcc=fourcc, loop=loop, backoff=backoff)
+        if open_now:
+            source.open()
+        return source
+    made = _make_source(source, size=size, fps=fps, fourcc=fourcc, loop=loop, backoff=backoff, probe=open_now)
     if open_now:
-        made.open()
+        from .mjpeg import MjpegStreamSource, NotMjpeg
+
+        try:
+            made.open()
+        except NotMjpeg:  # an HTTP stream of another codec (HLS, MP4): OpenCV's FFmpeg reads it
+            assert isinstance(made, MjpegStreamSource)
+            made = StreamSource(made.url, backoff=backoff).open()
     return made
 
 
-def _make_source(source: str | int | os.PathLike, *, size, fps, fourcc, loop, backoff) -> FrameSource:
+def _make_source(source: str | int | os.PathLike, *, size, fps, fourcc, loop, backoff, probe) -> FrameSource:
     if isinstance(source, bool):
         raise TypeError("source must be a path, URL, camera index or FrameSource, not a bool")
     if isinstance(source, int):
@@ -908,6 +915,11 @@ def _make_source(source: str | int | os.PathLike, *, size, fps, fourcc, loop, ba
         return SyntheticSource(size or parsed_size or (640, 480), fps=fps or parsed_fps)
     if lower.startswith(STREAM_SCHEMES):
         _reject(text, size=size, fps=fps, **camera_only)
+        from . import mjpeg
+
+        # HTTP MJPEG through PyAV (it can decode reduced) when opening now can tell whether it is MJPEG
+        if probe and lower.startswith(("http://", "https://")) and mjpeg.available():
+            return mjpeg.MjpegStreamSource(text, backoff=backoff)
         return StreamSource(text, backoff=backoff)
     if "!" in text:
         _reject(text, size=size, fps=fps, **camera_only)

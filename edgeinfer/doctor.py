@@ -167,10 +167,11 @@ def _check_python(packages: Callable[[str], str | None]) -> list[Finding]:
                                 "pip install 'edgeinfer[tflite]'"))
     av, simplejpeg = packages("av"), packages("simplejpeg")
     if av and simplejpeg:
-        findings.append(Finding("mjpeg", OK, f"MJPEG decodes at reduced scale (PyAV {av}, simplejpeg {simplejpeg})"))
+        findings.append(Finding("mjpeg", OK, "MJPEG files and HTTP streams, and JPEG folders, decode at the "
+                                f"model's size (PyAV {av}, simplejpeg {simplejpeg})"))
     else:
-        findings.append(Finding("mjpeg", INFO, "MJPEG files decode at full size through OpenCV (PyAV and simplejpeg "
-                                "decode them at the model's size: 1.5-2x faster for 1080p)",
+        findings.append(Finding("mjpeg", INFO, "MJPEG and JPEGs decode at full size through OpenCV (PyAV and "
+                                "simplejpeg decode them at the model's size: 1.5-2x faster for 1080p)",
                                 "pip install 'edgeinfer[mjpeg]'"))
     return findings
 

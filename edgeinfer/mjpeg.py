@@ -18,7 +18,16 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .capture import SOURCE_HELP, VideoFileSource, _Pacer
+from .capture import (
+    DEFAULT_BACKOFF,
+    DEFAULT_OPEN_TIMEOUT_S,
+    DEFAULT_READ_TIMEOUT_S,
+    SOURCE_HELP,
+    Backoff,
+    StreamSource,
+    VideoFileSource,
+    _Pacer,
+)
 from .errors import CaptureError
 
 if TYPE_CHECKING:
@@ -99,20 +108,25 @@ class JpegDecoder:
         return out
 
 
-class MjpegFileSource(VideoFileSource):
-    """An MJPEG video file, demuxed by PyAV and decoded by libjpeg-turbo into the caller's buffer.
+class NotMjpeg(CaptureError):
+    """The container opened, but its video is not MJPEG (the caller can use an OpenCV source)."""
 
-    With :meth:`prefer_min_size` the frames come at 1/2, 1/4 or 1/8 of the file's size, never
-    smaller than asked; :attr:`native_size` keeps the file's own size so results can be mapped
-    back to it. A damaged frame is skipped and counted in :attr:`corrupt_frames`; a damaged
-    container ends the file early, with a warning.
+
+class _PyAVJpegFrames:
+    """What the PyAV MJPEG sources share: packets from a demuxer, decoded by a :class:`JpegDecoder`.
+
+    Mixed in before an :class:`~edgeinfer.capture.OpenCVSource` subclass, whose reconnect / loop
+    logic then runs on these ``_grab`` / ``_release``.
     """
 
-    def __init__(self, path: str | os.PathLike, *, loop: bool = False, pace: bool = False) -> None:
-        super().__init__(path, loop=loop, pace=pace)
+    description: str
+    corrupt_frames: int
+    _cap: Any
+
+    def _init_pyav(self) -> None:
         self._decoder = JpegDecoder()
         self._packets: Any = None
-        self._frame_count: int | None = None
+        self._damage = "treating it as the end of the file"
 
     def prefer_min_size(self, size: tuple[int, int] | None) -> bool:
         self._decoder.min_size = size
@@ -127,49 +141,21 @@ class MjpegFileSource(VideoFileSource):
         """How much the last frame was shrunk in decoding: 1 (full size), 2, 4 or 8."""
         return self._decoder.reduction
 
-    @property
-    def frame_count(self) -> int | None:
-        return self._frame_count
-
-    def _open_capture(self) -> Any:
+    def _open_container(self, target: str, failure: str, **options: Any) -> tuple[Any, Any]:
+        """(container, its MJPEG video stream); CaptureError (NotMjpeg when the video is another codec)."""
         import av
 
-        if not self.path.is_file():
-            raise CaptureError(f"video file not found: {self.path} — {SOURCE_HELP}")
         try:
-            container = av.open(str(self.path))
+            container = av.open(target, **options)
         except (av.FFmpegError, OSError, ValueError) as exc:
-            raise CaptureError(f"{self._open_failure()} ({exc})") from exc
+            raise CaptureError(f"{failure} ({exc})") from exc
         streams = container.streams.video
         if not streams or streams[0].codec_context.name != "mjpeg":
+            codec = streams[0].codec_context.name if streams else "no video"
             container.close()
-            raise CaptureError(f"{self.path} has no MJPEG video stream — open it with VideoFileSource")
-        stream = streams[0]
-        rate = stream.average_rate or stream.guessed_rate
-        self._fps = float(rate) if rate and 0 < rate < 1000 else None
-        self._frame_count = stream.frames or None
-        self.backend = "PyAV+libjpeg-turbo"
-        self._packets = container.demux(stream)
-        if self.pace and self._fps:
-            self._pacer = _Pacer(self._fps)
-        return container
-
-    defers_decode = True
-
-    def read_encoded(self) -> Any | None:
-        """The next JPEG packet (PyAV ``Packet``, bytes-like), or None at the end of the file."""
-        if not self._opened:
-            self.open()
-        if self._interrupted.is_set() or (self.pace and not self._pacer.wait(self)):
-            return None
-        packet = self._next_packet()
-        if packet is None and self.loop and self.frames_read and not self._interrupted.is_set():
-            self._release()
-            self._cap = self._open_capture()
-            packet = self._next_packet()
-        if packet is not None:
-            self.frames_read += 1
-        return packet
+            raise NotMjpeg(f"{self.description} is not MJPEG ({codec})")
+        self._packets = container.demux(streams[0])
+        return container, streams[0]
 
     def decode(self, encoded: Any, out: np.ndarray | None = None) -> np.ndarray | None:
         try:
@@ -197,16 +183,87 @@ class MjpegFileSource(VideoFileSource):
                 if packet.size:  # (an empty one is the demuxer's end-of-stream flush packet)
                     return packet
         except av.FFmpegError as exc:
-            log.warning("%s is damaged (%s); treating it as the end of the file", self.description, exc)
+            log.warning("%s: %s; %s", self.description, exc, self._damage)
         self._packets = None
         return None
+
+    def _release(self) -> None:
+        container, self._cap, self._packets = self._cap, None, None
+        if container is not None:
+            container.close()
+
+
+class MjpegFileSource(_PyAVJpegFrames, VideoFileSource):
+    """An MJPEG video file, demuxed by PyAV and decoded by libjpeg-turbo into the caller's buffer.
+
+    With :meth:`prefer_min_size` the frames come at 1/2, 1/4 or 1/8 of the file's size, never
+    smaller than asked; :attr:`native_size` keeps the file's own size so results can be mapped
+    back to it. A damaged frame is skipped and counted in :attr:`corrupt_frames`; a damaged
+    container ends the file early, with a warning.
+    """
+
+    defers_decode = True
+
+    def __init__(self, path: str | os.PathLike, *, loop: bool = False, pace: bool = False) -> None:
+        super().__init__(path, loop=loop, pace=pace)
+        self._init_pyav()
+        self._frame_count: int | None = None
+
+    @property
+    def frame_count(self) -> int | None:
+        return self._frame_count
+
+    def _open_capture(self) -> Any:
+        if not self.path.is_file():
+            raise CaptureError(f"video file not found: {self.path} — {SOURCE_HELP}")
+        container, stream = self._open_container(str(self.path), self._open_failure())
+        rate = stream.average_rate or stream.guessed_rate
+        self._fps = float(rate) if rate and 0 < rate < 1000 else None
+        self._frame_count = stream.frames or None
+        self.backend = "PyAV+libjpeg-turbo"
+        if self.pace and self._fps:
+            self._pacer = _Pacer(self._fps)
+        return container
+
+    def read_encoded(self) -> Any | None:
+        """The next JPEG packet (PyAV ``Packet``, bytes-like), or None at the end of the file."""
+        if not self._opened:
+            self.open()
+        if self._interrupted.is_set() or (self.pace and not self._pacer.wait(self)):
+            return None
+        packet = self._next_packet()
+        if packet is None and self.loop and self.frames_read and not self._interrupted.is_set():
+            self._release()
+            self._cap = self._open_capture()
+            packet = self._next_packet()
+        if packet is not None:
+            self.frames_read += 1
+        return packet
 
     def _restart(self, out: np.ndarray | None) -> np.ndarray | None:
         self._release()
         self._cap = self._open_capture()
         return self._grab(out)
 
-    def _release(self) -> None:
-        container, self._cap, self._packets = self._cap, None, None
-        if container is not None:
-            container.close()
+
+class MjpegStreamSource(_PyAVJpegFrames, StreamSource):
+    """An HTTP MJPEG stream (``multipart/x-mixed-replace``: IP cameras, ESP32-CAM, motion, mjpg-streamer)
+    demuxed by PyAV and decoded by libjpeg-turbo, reduced on request like :class:`MjpegFileSource`.
+
+    Reconnects like any live source. Opening a stream that is not MJPEG raises :class:`NotMjpeg`;
+    :func:`~edgeinfer.capture.open_source` then uses OpenCV's :class:`StreamSource` for it.
+    """
+
+    def __init__(self, url: str, *, open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, backoff: Backoff = DEFAULT_BACKOFF) -> None:
+        super().__init__(url, open_timeout_s=open_timeout_s, read_timeout_s=read_timeout_s, backoff=backoff)
+        self._init_pyav()
+        self._damage = "the stream dropped"
+        self._timeouts = (open_timeout_s, read_timeout_s)
+
+    def _open_capture(self) -> Any:
+        container, stream = self._open_container(self.url, self._open_failure(), timeout=self._timeouts)
+        rate = stream.average_rate or stream.guessed_rate
+        self._fps = float(rate) if rate and 0 < rate < 1000 else None
+        self.backend = "PyAV+libjpeg-turbo"
+        return container

@@ -23,6 +23,7 @@ from edgeinfer.capture import (
     open_source,
 )
 from edgeinfer.errors import CaptureError
+from edgeinfer.mjpeg import MjpegStreamSource
 
 FAST_BACKOFF = Backoff(initial_s=0.05, max_s=0.3, jitter=0.1, give_up_s=20.0)
 
@@ -209,11 +210,16 @@ def test_camera_options_are_checked():
         Backoff(initial_s=0)
 
 
-def test_live_stream_reconnects_after_the_server_dies(tmp_path):
+#: both readers of HTTP MJPEG: OpenCV's FFmpeg backend, and PyAV + libjpeg-turbo (what open_source picks)
+STREAM_READERS = pytest.mark.parametrize("reader", [StreamSource, MjpegStreamSource], ids=["opencv", "pyav"])
+
+
+@STREAM_READERS
+def test_live_stream_reconnects_after_the_server_dies(tmp_path, reader):
     """Kill the real server mid-stream; it comes back 1 s later with another picture."""
     server = MjpegServer(IMAGES / "parrot.jpg").start()
     try:
-        with StreamSource(server.url, backoff=FAST_BACKOFF) as source:
+        with reader(server.url, backoff=FAST_BACKOFF) as source:
             buffer = None
             for _ in range(5):
                 buffer = source.read(buffer)
@@ -233,11 +239,12 @@ def test_live_stream_reconnects_after_the_server_dies(tmp_path):
         server.kill()
 
 
-def test_live_stream_gives_up_after_the_deadline():
+@STREAM_READERS
+def test_live_stream_gives_up_after_the_deadline(reader):
     server = MjpegServer(IMAGES / "cat.bmp").start()
     backoff = Backoff(initial_s=0.05, max_s=0.2, give_up_s=1.0)
     try:
-        with StreamSource(server.url, backoff=backoff) as source:
+        with reader(server.url, backoff=backoff) as source:
             assert source.read() is not None
             server.kill()
             started = time.monotonic()
@@ -249,10 +256,11 @@ def test_live_stream_gives_up_after_the_deadline():
         server.kill()
 
 
-def test_interrupt_cuts_a_reconnect_short():
+@STREAM_READERS
+def test_interrupt_cuts_a_reconnect_short(reader):
     server = MjpegServer(IMAGES / "cat.bmp").start()
     try:
-        source = StreamSource(server.url, backoff=Backoff(initial_s=5.0, max_s=5.0)).open()
+        source = reader(server.url, backoff=Backoff(initial_s=5.0, max_s=5.0)).open()
         source.read()
         server.kill()
         threading.Timer(0.3, source.interrupt).start()
@@ -263,3 +271,39 @@ def test_interrupt_cuts_a_reconnect_short():
         source.close()  # idempotent
     finally:
         server.kill()
+
+
+def test_http_mjpeg_opens_through_pyav_and_decodes_at_the_asked_size():
+    server = MjpegServer(IMAGES / "parrot.jpg").start()
+    try:
+        with open_source(server.url) as source:
+            assert isinstance(source, MjpegStreamSource) and source.live
+            assert source.read().shape == (929, 512, 3)
+            source.prefer_min_size((224, 224))
+            frame = source.read()
+            assert frame.shape == (465, 256, 3) and source.native_size == (512, 929) and source.reduction == 2
+    finally:
+        server.kill()
+
+
+def test_an_http_stream_that_is_not_mjpeg_falls_back_to_opencv(tmp_path):
+    """An MPEG-4 file served over HTTP: PyAV says it is not MJPEG, OpenCV's FFmpeg reads it."""
+    import functools
+    import http.server
+
+    clip = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (160, 120))
+    assert writer.isOpened()
+    for _ in range(10):
+        writer.write(cv2.resize(cv2.imread(str(IMAGES / "cat.bmp")), (160, 120)))
+    writer.release()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with open_source(f"http://127.0.0.1:{server.server_address[1]}/clip.mp4") as source:
+            assert type(source) is StreamSource
+            assert source.read().shape == (120, 160, 3)
+    finally:
+        server.shutdown()
+        server.server_close()
