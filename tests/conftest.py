@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,16 @@ def clip(tmp_path_factory) -> Path:
     from pipeline_support import reference_clip
 
     return reference_clip(tmp_path_factory.mktemp("clips"))
+
+
+def wait_until(condition, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Poll ``condition`` until it is true or ``timeout`` s pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return bool(condition())
 
 
 def edgeinfer_cmd(*args: str) -> list[str]:

@@ -12,6 +12,7 @@ import uuid
 import pytest
 from broker_support import Collector, running_broker
 from conftest import MODELS
+from conftest import wait_until as wait
 
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
@@ -50,15 +51,6 @@ def telemetry(device: str, boot: str, seq: int) -> dict:
 def event(device: str, boot: str, seq: int, name: str, cmd_id: str, data: dict) -> dict:
     return {"v": 1, "type": "event", "fleet": "f", "device": device, "ts": time.time(), "boot_id": boot,
             "seq": seq, "event": name, "level": "info", "message": name, "cmd_id": cmd_id, "data": data}
-
-
-def wait(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_ingest_deduplicates_and_ignores_malformed(manager, broker):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import cv2
 import numpy as np
 import pytest
+from conftest import wait_until
 from pipeline_support import (
     CLIP_FRAMES,
     CLIP_IMAGES,
@@ -27,15 +26,6 @@ from edgeinfer import Pipeline, mjpeg
 from edgeinfer.capture import VideoFileSource, cached_test_clip, open_source, video_file_source
 from edgeinfer.errors import CaptureError
 from edgeinfer.mjpeg import MjpegFileSource, reduction_for
-
-
-def wait_until(condition, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def _opencv_frames(path) -> list[np.ndarray]:
@@ -243,7 +233,7 @@ def test_swapping_in_a_model_with_a_larger_input_decodes_larger_frames(tmp_path)
 
     with Pipeline(MOBILENET_TINY, big, labels=IMAGENET_LABELS, max_fps=60) as pipeline:
         pipeline.start(callback)
-        assert wait_until(lambda: len(seen) >= 3)
+        assert wait_until(lambda: len(seen) >= 3, 30)
         assert pipeline.source.reduction == 8
         pipeline.swap_engine(edgeinfer.load(MOBILENET_V2, "xnnpack")).close()
         assert pipeline.wait(60) and pipeline.error is None
