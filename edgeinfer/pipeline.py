@@ -311,6 +311,9 @@ class Pipeline:
         self._decode_locks = [threading.Lock() for _ in range(slots)]
         self._undecoded: deque[int] = deque()  # published, not yet claimed by a decoding thread
         self._claim_lock = threading.Lock()
+        # moving averages (s) of decoding one frame and of the inference thread's work on one frame
+        self._decode_s = 0.0
+        self._infer_s = 0.0
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         self._ready: queue.SimpleQueue = queue.SimpleQueue()
         for slot in range(slots):
@@ -732,6 +735,19 @@ class Pipeline:
         self._decode_slot(slot, in_capture)
         return True
 
+    def _claim_for_inference(self, needed: int) -> int | None:
+        """The frame the inference thread should decode while ``needed`` is not ready, or None to wait.
+
+        ``needed`` itself when no thread has taken it yet. A later frame only when decoding is the
+        bottleneck (decoding takes longer than inferring, on average): otherwise the capture thread
+        keeps ahead by itself, and a decode here would only delay the next inference.
+        """
+        with self._claim_lock:
+            undecoded = self._undecoded
+            if not undecoded or (undecoded[0] != needed and self._decode_s <= self._infer_s):
+                return None
+            return undecoded.popleft()
+
     def _decode_slot(self, slot: int, in_capture: bool) -> None:
         perf = time.perf_counter
         try:
@@ -740,6 +756,7 @@ class Pipeline:
             buffer = self._frames[slot]
             frame = self.source.decode(packet, buffer)
             t1 = perf()
+            self._decode_s += 0.1 * ((t1 - started) - self._decode_s)  # moving average, for _claim_for_inference
             self._decode_failed[slot] = frame is None
             if frame is None:
                 return
@@ -760,9 +777,11 @@ class Pipeline:
         """Inference thread: make sure ``slot`` is decoded, decoding it or a later frame meanwhile."""
         lock = self._decode_locks[slot]
         while not lock.acquire(blocking=False):
-            if not self._decode_next(in_capture=False):
-                lock.acquire()  # the capture thread is decoding it
+            claimed = self._claim_for_inference(slot)
+            if claimed is None:
+                lock.acquire()  # the capture thread is decoding it: wait
                 break
+            self._decode_slot(claimed, in_capture=False)
         lock.release()
 
     def _pace(self, next_due: float, period: float) -> float:
@@ -831,6 +850,7 @@ class Pipeline:
                 t5 = perf()
                 result = plan.decoder(plan.transform)
                 t6 = perf()
+                self._infer_s += 0.1 * ((t6 - t3) - self._infer_s)
                 timings = StageTimings(
                     capture=(t1 - t0) * 1e3, preprocess=((t2 - t1) + (t4 - t3)) * 1e3, infer=(t5 - t4) * 1e3,
                     postprocess=(t6 - t5) * 1e3, latency=(t6 - t1) * 1e3, queue=(t3 - t2) * 1e3,
