@@ -564,10 +564,10 @@ class ImageFolderSource(FrameSource):
     def prefer_min_size(self, size: tuple[int, int] | None) -> bool:
         """JPEGs then decode at 1/2, 1/4 or 1/8 scale (OpenCV's IMREAD_REDUCED_*, libjpeg's DCT
         scaling), never below ``size``; needs simplejpeg to read the size first. Other formats: full."""
-        from . import mjpeg
+        import importlib.util
 
         self._min_size = size
-        return mjpeg.available()
+        return importlib.util.find_spec("simplejpeg") is not None
 
     @property
     def native_size(self) -> tuple[int, int] | None:
