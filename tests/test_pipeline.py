@@ -262,6 +262,8 @@ def test_cli_run_json(clip):
     assert summary["frames"] == 5 and summary["dropped"] == 0 and summary["fps"] > 0
     assert summary["delegate"] == "xnnpack"
     assert summary["reduction"] == 2 and summary["corrupt_frames"] == 0  # 640x480 decoded at 320x240 for 224x224
+    full = _cli("run", str(MOBILENET_V2), "--source", str(clip), "--max-frames", "2", "--full-decode", "--json")
+    assert json.loads(full.stdout.splitlines()[-1])["reduction"] == 1
     for stage in ("capture", "preprocess", "infer", "postprocess", "latency"):
         assert set(summary["stages"][stage]) == {"p50", "p95", "p99", "mean"}
 

@@ -68,12 +68,14 @@ def _brief(result: object) -> str:
 @click.option("--size", callback=_parse_size, help="Camera / synthetic frame size, WxH.")
 @click.option("--fps", "camera_fps", type=click.FloatRange(min=0.1), help="Camera / synthetic frame rate.")
 @click.option("--fourcc", help="Camera pixel format, e.g. MJPG or YUYV.")
+@click.option("--full-decode", is_flag=True,
+              help="Decode MJPEG / JPEG frames at full size (default: at the model's size, 1/2-1/8 scale).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
 @handle_errors
 def run(model: str, source: str, task: str, labels: str | None, delegate: str | None, threads: int | None,
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
         resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
-        fourcc: str | None, as_json: bool) -> None:
+        fourcc: str | None, full_decode: bool, as_json: bool) -> None:
     """Run MODEL over frames from --source and print results (or a live status line)."""
     from ..capture import open_source
     from ..pipeline import Pipeline
@@ -83,7 +85,7 @@ def run(model: str, source: str, task: str, labels: str | None, delegate: str | 
         chosen_policy = policy or ("latest" if frames.live else "every")
         pipeline = Pipeline(model, frames, task=task, labels=labels, delegate=delegate, threads=threads,
                             policy=chosen_policy, max_fps=max_fps, max_frames=max_frames, top_k=top_k,
-                            resize=resize, score_threshold=score_threshold)
+                            resize=resize, score_threshold=score_threshold, reduced_decode=not full_decode)
     except BaseException:
         frames.close()
         raise
