@@ -18,6 +18,7 @@ Other processes on the machine distort every figure: each measurement records ho
 rest of the machine used meanwhile (from /proc/stat), and the medians use the quiet repetitions.
 
     PYTHONPATH=. python bench/pipeline.py [--reps 7] [--cases accelerator,decode,cpu] [--json out.json]
+                                          [--per-thread]   (+ CPU per frame of each pipeline thread)
 """
 
 from __future__ import annotations
@@ -239,6 +240,39 @@ def run_pipeline(case: Case, clip: Path, model: Path, memory: bool = False, call
     return tracker.per_frame() if tracker else window.end()
 
 
+def thread_cpu(case: Case, clip: Path, model: Path, **options) -> dict[str, float]:
+    """CPU ms per frame of each of the process's threads during a pipeline run (/proc/self/task)."""
+    import threading
+
+    def sample() -> dict[int, float]:
+        out = {}
+        for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / _HZ
+        return out
+
+    options = {**PIPELINE_OPTIONS, **options}
+    measured = case.frames - 20  # stop before the end: finished threads leave /proc
+    with Pipeline(model, str(clip), threads=case.threads, policy="every", max_frames=WARMUP + case.frames,
+                  top_k=5, **options) as pipeline:
+        results = iter(pipeline)
+        for _ in range(WARMUP):
+            next(results)
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        before = sample()
+        for _ in range(measured):
+            next(results)
+        after = sample()
+    per_thread: dict[str, float] = {}
+    for tid, seconds in after.items():
+        name = names.get(tid, "runtime worker")
+        per_thread[name] = per_thread.get(name, 0.0) + (seconds - before.get(tid, 0.0)) / measured * 1e3
+    return per_thread
+
+
 class _Allocations:
     """tracemalloc: per frame, the peak of traced memory above its level when the frame began."""
 
@@ -283,7 +317,7 @@ def median_of(samples: list[Window]) -> tuple[float, float, int]:
 
 
 def bench_case(case: Case, reps: int, cache: Path | None, log, quiet_wait: float = 0.0,
-               max_reps: int | None = None) -> dict:
+               max_reps: int | None = None, per_thread: bool = False) -> dict:
     """Interleaved repetitions until every method has ``reps`` quiet samples (or ``max_reps`` rounds)."""
     model = ASSETS / "models" / case.model
     photos = [ASSETS / "images" / name for name in PHOTOS]
@@ -319,6 +353,8 @@ def bench_case(case: Case, reps: int, cache: Path | None, log, quiet_wait: float
             "other_load_cores": statistics.median(w.foreign_cores for w in windows),
             "fps_all": [round(case.frames / w.wall, 2) for w in windows],
         }
+    if per_thread:
+        result["thread_cpu_ms_per_frame"] = thread_cpu(case, clip, model)
     tracemalloc.start()
     try:
         result["bytes_per_frame"] = {
@@ -368,6 +404,9 @@ def report(results: list[dict], log) -> None:
         b = result["bytes_per_frame"]
         log(f"   allocated per frame (tracemalloc): pipeline {b['pipeline']:,.0f} B, tutorial {b['tutorial']:,.0f} B"
             f" ({'meets' if b['pipeline'] < 1024 else 'MISSES'} goal < 1 KiB)")
+        if "thread_cpu_ms_per_frame" in result:  # 10 ms jiffies: read these over a few hundred frames
+            split = ", ".join(f"{name} {ms:.2f}" for name, ms in sorted(result["thread_cpu_ms_per_frame"].items()))
+            log(f"   pipeline CPU ms per frame by thread (one extra run): {split}")
 
 
 def main() -> int:
@@ -380,6 +419,8 @@ def main() -> int:
     parser.add_argument("--frames", type=float, default=1.0, help="scale the measured frame counts")
     parser.add_argument("--cache", type=Path, help="where the generated clips go (default ~/.cache/edgeinfer)")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--per-thread", action="store_true",
+                        help="one extra pipeline run per case: CPU per frame of each thread (/proc/self/task)")
     parser.add_argument("--wait-quiet", type=float, default=20.0, metavar="S",
                         help="before each measurement wait up to S seconds for other processes to calm down")
     args = parser.parse_args()
@@ -394,7 +435,8 @@ def main() -> int:
 
     log(f"edgeinfer pipeline benchmark — {os.cpu_count()} cores, OpenCV {cv2.__version__}, numpy {np.__version__}")
     log(f"load average at start: {os.getloadavg()}")
-    results = [bench_case(case, args.reps, args.cache, log, args.wait_quiet, args.max_rounds) for case in chosen]
+    results = [bench_case(case, args.reps, args.cache, log, args.wait_quiet, args.max_rounds, args.per_thread)
+               for case in chosen]
     report(results, log)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
