@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -325,7 +325,10 @@ class OpenCVSource(FrameSource):
         self._cap = self._open_capture()
         return self._grab(out)
 
-    def _reconnect(self, out: np.ndarray | None) -> np.ndarray | None:
+    def _reconnect(self, out: np.ndarray | None, grab: Callable[[Any], Any] | None = None) -> Any:
+        """Reopen with backoff until ``grab(out)`` (default ``self._grab``) gives something; None when
+        interrupted; CaptureError after ``backoff.give_up_s``."""
+        grab = grab or self._grab
         started = time.monotonic()
         give_up = self.backoff.give_up_s
         last_error = "it stopped delivering frames"
@@ -345,7 +348,7 @@ class OpenCVSource(FrameSource):
                 last_error = str(exc)
                 log.debug("reconnect to %s failed: %s", self.description, exc)
                 continue
-            frame = self._grab(out)
+            frame = grab(out)
             if frame is not None:
                 self.reconnects += 1
                 log.warning("%s reconnected after %.1f s", self.description, time.monotonic() - started)

@@ -124,6 +124,8 @@ class _PyAVJpegFrames:
     _cap: Any
 
     def _init_pyav(self) -> None:
+        #: frames decoded (or tried): fewer than read when a pipeline drops frames still compressed
+        self.frames_decoded = 0
         self._decoder = JpegDecoder()
         self._packets: Any = None
         self._damage = "treating it as the end of the file"
@@ -158,6 +160,7 @@ class _PyAVJpegFrames:
         return container, streams[0]
 
     def decode(self, encoded: Any, out: np.ndarray | None = None) -> np.ndarray | None:
+        self.frames_decoded += 1
         try:
             return self._decoder.decode(encoded, out)
         except ValueError as exc:
@@ -251,8 +254,11 @@ class MjpegStreamSource(_PyAVJpegFrames, StreamSource):
     demuxed by PyAV and decoded by libjpeg-turbo, reduced on request like :class:`MjpegFileSource`.
 
     Reconnects like any live source. Opening a stream that is not MJPEG raises :class:`NotMjpeg`;
-    :func:`~edgeinfer.capture.open_source` then uses OpenCV's :class:`StreamSource` for it.
+    :func:`~edgeinfer.capture.open_source` then uses OpenCV's :class:`StreamSource` for it. Hands
+    out frames still compressed, so a pipeline under ``latest`` decodes only the frames it keeps.
     """
+
+    defers_decode = True
 
     def __init__(self, url: str, *, open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
                  read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, backoff: Backoff = DEFAULT_BACKOFF) -> None:
@@ -260,6 +266,19 @@ class MjpegStreamSource(_PyAVJpegFrames, StreamSource):
         self._init_pyav()
         self._damage = "the stream dropped"
         self._timeouts = (open_timeout_s, read_timeout_s)
+
+    def read_encoded(self) -> Any | None:
+        """The next JPEG packet, reconnecting when the stream drops; None when interrupted."""
+        if not self._opened:
+            self.open()
+        if self._interrupted.is_set():
+            return None
+        packet = self._next_packet()
+        if packet is None:
+            packet = self._reconnect(None, grab=lambda _: self._next_packet())
+        if packet is not None:
+            self.frames_read += 1
+        return packet
 
     def _open_capture(self) -> Any:
         container, stream = self._open_container(self.url, self._open_failure(), timeout=self._timeouts)

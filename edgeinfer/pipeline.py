@@ -302,7 +302,7 @@ class Pipeline:
         # Sources that split reading from decoding (MJPEG files) publish frames still compressed;
         # either thread decodes them (see _capture_encoded_loop). A slot's lock is held from
         # publishing until its frame is decoded.
-        self._defer_decode = policy == "every" and self.source.defers_decode
+        self._defer_decode = self.source.defers_decode
         self._encoded: list[Any] = [None] * slots
         # per slot: the source's own frame size when the frame was decoded reduced (set by the thread
         # that decoded it, right after decoding), else None
@@ -682,12 +682,14 @@ class Pipeline:
         return now
 
     def _capture_encoded(self) -> None:
-        """Capture for sources that hand out frames still compressed (MJPEG files, ``every`` policy).
+        """Capture for sources that hand out frames still compressed (MJPEG files and HTTP streams).
 
         Each frame is published in order as soon as it is read, and decoded by whichever thread
         gets to it first: this one, right after publishing, or the inference thread when it would
-        otherwise wait for it. A decode-bound run thus decodes on two cores, still in frame order;
-        an inference-bound one decodes here, ahead of the inference thread.
+        otherwise wait for it. Under ``every`` a decode-bound run thus decodes on two cores, still
+        in frame order, and an inference-bound one decodes here, ahead of the inference thread.
+        Under ``latest`` this thread decodes only while the inference thread waits for a frame;
+        otherwise frames wait compressed, and the ones dropped for newer ones are never decoded.
         """
         perf = time.perf_counter
         wall = time.time
@@ -698,7 +700,8 @@ class Pipeline:
         locks = self._decode_locks
         undecoded = self._undecoded
         claim_lock = self._claim_lock
-        period = 1.0 / self.max_fps if self.max_fps else 0.0
+        latest = self.policy == "latest"
+        period = 1.0 / self.max_fps if self.max_fps and not latest else 0.0  # (latest: the inference thread paces)
         next_due = 0.0
         frame_id = 0
         while not self._stop_requested:
@@ -720,11 +723,39 @@ class Pipeline:
             frame_id += 1
             with claim_lock:
                 undecoded.append(slot)
+            if latest:
+                self._drop_stale()
+                ready.put(slot)
+                if self._infer_idle:  # it waits for this very frame: decode it now
+                    self._decode_next(in_capture=True)
+                continue
             ready.put(slot)
             # keep one more frame published ahead, for an idle inference thread to decode meanwhile
             if len(undecoded) < 2 and free.qsize():
                 continue
             self._decode_next(in_capture=True)
+
+    def _drop_stale(self) -> None:
+        """``latest``: drop the oldest waiting frames until there is room for one more, still
+        compressed when no thread has decoded them (their slot locks are released here)."""
+        ready, free = self._ready, self._free
+        while ready.qsize() >= self.queue_size:
+            try:
+                old = ready.get_nowait()
+            except queue.Empty:
+                return
+            if old == _END:
+                ready.put(_END)
+                return
+            with self._claim_lock:
+                waiting = old in self._undecoded
+                if waiting:
+                    self._undecoded.remove(old)
+            if waiting:
+                self._encoded[old] = None
+                self._decode_locks[old].release()
+            free.put(old)
+            self.dropped += 1
 
     def _decode_next(self, in_capture: bool) -> bool:
         """Decode the oldest published frame that no thread has taken yet; False when there is none."""
@@ -744,7 +775,9 @@ class Pipeline:
         """
         with self._claim_lock:
             undecoded = self._undecoded
-            if not undecoded or (undecoded[0] != needed and self._decode_s <= self._infer_s):
+            if not undecoded:
+                return None
+            if undecoded[0] != needed and (self.policy == "latest" or self._decode_s <= self._infer_s):
                 return None
             return undecoded.popleft()
 

@@ -258,3 +258,23 @@ def test_frames_of_one_decoded_size_from_different_sized_pictures_map_back_to_th
     assert [len(faces) for faces in results] == [1] * len(scales)
     for faces, scale in zip(results, scales):
         assert faces[0].box == pytest.approx([scale * v for v in GRACE_HOPPER_FACE], abs=12 * scale)
+
+
+def test_latest_policy_on_an_http_stream_decodes_only_the_frames_it_keeps():
+    """A 60 fps MJPEG camera in front of a pipeline held to 10 fps: ~5 of every 6 frames are dropped,
+    still compressed — read, never decoded — and the ones kept are right."""
+    from pipeline_support import MjpegServer
+
+    server = MjpegServer(IMAGES / "parrot.jpg", fps=60).start()
+    try:
+        with Pipeline(MOBILENET_V2, server.url, labels=IMAGENET_LABELS, policy="latest", max_fps=10,
+                      max_frames=10) as pipeline:
+            assert type(pipeline.source).__name__ == "MjpegStreamSource"
+            labels = [r.result[0].label for r in pipeline]
+            stats = pipeline.stats
+            read, decoded = pipeline.source.frames_read, pipeline.source.frames_decoded
+    finally:
+        server.kill()
+    assert labels == ["macaw"] * 10
+    assert read >= 3 * len(labels) and stats.dropped >= 2 * len(labels)
+    assert decoded <= len(labels) + 3, (read, decoded)  # the dropped frames cost no decode
