@@ -27,6 +27,11 @@ bench: venv
 bench-pipeline: venv
 	$(BIN)/python bench/pipeline.py
 
+# A live MJPEG camera under the latest policy: frames dropped compressed vs OpenCV decoding them all.
+.PHONY: bench-live
+bench-live: venv
+	$(BIN)/python bench/live_decode.py
+
 # Debian packages the demo and the tests use (a real Mosquitto broker, shellcheck for the
 # provisioning scripts). Installed only when missing; needs root, as on CI.
 system-deps:
