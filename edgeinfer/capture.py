@@ -152,8 +152,9 @@ class FrameSource(ABC):
             self.frames_read += 1
         return frame
 
-    #: read_encoded() / decode() split reading a frame from decoding it, so that two threads can
-    #: decode consecutive frames at once (MJPEG files); frames stay in order, the caller keeps it
+    #: read_encoded() / decode() split reading a frame from decoding it (MJPEG files and streams):
+    #: two threads can decode consecutive frames at once, and a frame dropped before it is
+    #: decoded costs no decode. Frames come in order; keeping them in order is the caller's job.
     defers_decode: bool = False
 
     def read_encoded(self) -> Any | None:
