@@ -622,7 +622,6 @@ class Pipeline:
         ready = self._ready
         free = self._free
         latest = self.policy == "latest"
-        queue_size = self.queue_size
         frame_id = 0
         # max_fps with `every` (files): pace the reading, so frames do not wait in the ring and the
         # latency figure stays honest. With `latest` (live sources) the inference thread paces and
@@ -651,16 +650,7 @@ class Pipeline:
             info[slot] = (frame_id, t0, t1, t2, wall())
             frame_id += 1
             if latest:
-                while ready.qsize() >= queue_size:
-                    try:
-                        old = ready.get_nowait()
-                    except queue.Empty:
-                        break
-                    if old == _END:
-                        ready.put(_END)
-                        break
-                    free.put(old)
-                    self.dropped += 1
+                self._drop_stale()
             ready.put(slot)
 
     def _stage(self, slot: int, frame: Any, now: float) -> float:
@@ -736,8 +726,8 @@ class Pipeline:
             self._decode_next(in_capture=True)
 
     def _drop_stale(self) -> None:
-        """``latest``: drop the oldest waiting frames until there is room for one more, still
-        compressed when no thread has decoded them (their slot locks are released here)."""
+        """``latest``: drop the oldest waiting frames until there is room for one more (frames still
+        compressed, that no thread has decoded, are dropped as they are: their slot locks released)."""
         ready, free = self._ready, self._free
         while ready.qsize() >= self.queue_size:
             try:
