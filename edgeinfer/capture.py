@@ -564,14 +564,19 @@ class ImageFolderSource(FrameSource):
         self._native: tuple[int, int] | None = None
         self._reduction = 1
         self._header: bytearray | None = None  # reused for reading JPEG headers
+        self._simplejpeg: Any = None  # reads them; imported by prefer_min_size
 
     def prefer_min_size(self, size: tuple[int, int] | None) -> bool:
         """JPEGs then decode at 1/2, 1/4 or 1/8 scale (OpenCV's IMREAD_REDUCED_*, libjpeg's DCT
         scaling), never below ``size``; needs simplejpeg to read the size first. Other formats: full."""
-        import importlib.util
-
+        if self._simplejpeg is None:
+            try:
+                import simplejpeg
+            except ImportError:
+                return False
+            self._simplejpeg = simplejpeg
         self._min_size = size
-        return importlib.util.find_spec("simplejpeg") is not None
+        return True
 
     @property
     def native_size(self) -> tuple[int, int] | None:
@@ -633,8 +638,6 @@ class ImageFolderSource(FrameSource):
 
     def _decode(self, path: Path, out: np.ndarray | None, header: tuple[int, int] | None) -> np.ndarray | None:
         """imread into ``out`` when it fits; reduced when the JPEG ``header`` (w, h) allows it."""
-        from .mjpeg import reduction_for
-
         cv2 = _cv2()
         factor = 1
         if header is not None:  # EXIF may rotate the picture: the reduction must suit both ways round
@@ -662,21 +665,32 @@ class ImageFolderSource(FrameSource):
 
     def _jpeg_size(self, path: Path) -> tuple[int, int] | None:
         """(width, height) from a JPEG's header (the first 256 KB, read into a reused buffer), or None."""
-        if path.suffix.lower() not in (".jpg", ".jpeg"):
-            return None
-        try:
-            import simplejpeg
-        except ImportError:
+        if path.suffix.lower() not in (".jpg", ".jpeg") or self._simplejpeg is None:
             return None
         if self._header is None:
             self._header = bytearray(256 * 1024)
         try:
             with path.open("rb") as handle:
                 count = handle.readinto(self._header)
-            height, width, _, _ = simplejpeg.decode_jpeg_header(memoryview(self._header)[:count])
+            height, width, _, _ = self._simplejpeg.decode_jpeg_header(memoryview(self._header)[:count])
         except (OSError, ValueError):
             return None
         return width, height
+
+
+#: the DCT-domain reductions libjpeg-turbo does fastest, largest first
+REDUCTIONS = (8, 4, 2)
+
+
+def reduction_for(native: tuple[int, int], minimum: tuple[int, int] | None) -> int:
+    """The largest of 8, 4, 2 that keeps both sides of ``native`` (w, h) at or above ``minimum``; else 1."""
+    if minimum is None:
+        return 1
+    (width, height), (min_width, min_height) = native, minimum
+    for factor in REDUCTIONS:
+        if -(-width // factor) >= min_width and -(-height // factor) >= min_height:
+            return factor
+    return 1
 
 
 #: cv2.imread flags for decoding a JPEG at 1/factor scale

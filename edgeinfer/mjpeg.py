@@ -27,6 +27,7 @@ from .capture import (
     StreamSource,
     VideoFileSource,
     _Pacer,
+    reduction_for,
 )
 from .errors import CaptureError
 
@@ -35,24 +36,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: the DCT-domain reductions libjpeg-turbo does fastest, largest first
-REDUCTIONS = (8, 4, 2)
-
-
 def available() -> bool:
     """PyAV and simplejpeg are importable (the reduced-scale MJPEG path can be used)."""
     return all(importlib.util.find_spec(name) is not None for name in ("av", "simplejpeg"))
 
-
-def reduction_for(native: tuple[int, int], minimum: tuple[int, int] | None) -> int:
-    """The largest of 8, 4, 2 that keeps both sides of ``native`` (w, h) at or above ``minimum``; else 1."""
-    if minimum is None:
-        return 1
-    (width, height), (min_width, min_height) = native, minimum
-    for factor in REDUCTIONS:
-        if -(-width // factor) >= min_width and -(-height // factor) >= min_height:
-            return factor
-    return 1
 
 
 class JpegDecoder:
@@ -119,6 +106,7 @@ class _PyAVJpegFrames:
     logic then runs on these ``_grab`` / ``_release``.
     """
 
+    defers_decode = True
     description: str
     corrupt_frames: int
     _cap: Any
@@ -158,6 +146,27 @@ class _PyAVJpegFrames:
             raise NotMjpeg(f"{self.description} is not MJPEG ({codec})")
         self._packets = container.demux(streams[0])
         return container, streams[0]
+
+    def read_encoded(self) -> Any | None:
+        """The next JPEG packet (PyAV ``Packet``, bytes-like); at the end of the packets the source's
+        own rule applies (a file ends or loops, a stream reconnects). None when it ended or stopped."""
+        if not self._opened:
+            self.open()
+        if self._interrupted.is_set() or not self._ready_to_read():
+            return None
+        packet = self._next_packet()
+        if packet is None:
+            packet = self._packet_after_end()
+        if packet is not None:
+            self.frames_read += 1
+        return packet
+
+    def _ready_to_read(self) -> bool:
+        """False when the source was interrupted while waiting to be due (pacing)."""
+        return True
+
+    def _packet_after_end(self) -> Any | None:
+        return None
 
     def decode(self, encoded: Any, out: np.ndarray | None = None) -> np.ndarray | None:
         self.frames_decoded += 1
@@ -205,8 +214,6 @@ class MjpegFileSource(_PyAVJpegFrames, VideoFileSource):
     container ends the file early, with a warning.
     """
 
-    defers_decode = True
-
     def __init__(self, path: str | os.PathLike, *, loop: bool = False, pace: bool = False) -> None:
         super().__init__(path, loop=loop, pace=pace)
         self._init_pyav()
@@ -228,25 +235,23 @@ class MjpegFileSource(_PyAVJpegFrames, VideoFileSource):
             self._pacer = _Pacer(self._fps)
         return container
 
-    def read_encoded(self) -> Any | None:
-        """The next JPEG packet (PyAV ``Packet``, bytes-like), or None at the end of the file."""
-        if not self._opened:
-            self.open()
-        if self._interrupted.is_set() or (self.pace and not self._pacer.wait(self)):
+    def _ready_to_read(self) -> bool:
+        return not self.pace or self._pacer.wait(self)
+
+    def _packet_after_end(self) -> Any | None:
+        if not (self.loop and self.frames_read and not self._interrupted.is_set()):
             return None
-        packet = self._next_packet()
-        if packet is None and self.loop and self.frames_read and not self._interrupted.is_set():
-            self._release()
-            self._cap = self._open_capture()
-            packet = self._next_packet()
-        if packet is not None:
-            self.frames_read += 1
-        return packet
+        self._reopen()
+        return self._next_packet()
 
     def _restart(self, out: np.ndarray | None) -> np.ndarray | None:
+        self._reopen()
+        return self._grab(out)
+
+    def _reopen(self) -> None:
+        """Back to the first frame: open the file again."""
         self._release()
         self._cap = self._open_capture()
-        return self._grab(out)
 
 
 class MjpegStreamSource(_PyAVJpegFrames, StreamSource):
@@ -258,8 +263,6 @@ class MjpegStreamSource(_PyAVJpegFrames, StreamSource):
     out frames still compressed, so a pipeline under ``latest`` decodes only the frames it keeps.
     """
 
-    defers_decode = True
-
     def __init__(self, url: str, *, open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
                  read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, backoff: Backoff = DEFAULT_BACKOFF) -> None:
         super().__init__(url, open_timeout_s=open_timeout_s, read_timeout_s=read_timeout_s, backoff=backoff)
@@ -267,18 +270,8 @@ class MjpegStreamSource(_PyAVJpegFrames, StreamSource):
         self._damage = "the stream dropped"
         self._timeouts = (open_timeout_s, read_timeout_s)
 
-    def read_encoded(self) -> Any | None:
-        """The next JPEG packet, reconnecting when the stream drops; None when interrupted."""
-        if not self._opened:
-            self.open()
-        if self._interrupted.is_set():
-            return None
-        packet = self._next_packet()
-        if packet is None:
-            packet = self._reconnect(None, grab=lambda _: self._next_packet())
-        if packet is not None:
-            self.frames_read += 1
-        return packet
+    def _packet_after_end(self) -> Any | None:
+        return self._reconnect(None, grab=lambda _: self._next_packet())
 
     def _open_capture(self) -> Any:
         container, stream = self._open_container(self.url, self._open_failure(), timeout=self._timeouts)
