@@ -622,20 +622,7 @@ class Pipeline:
         ready = self._ready
         free = self._free
         latest = self.policy == "latest"
-        frame_id = 0
-        # max_fps with `every` (files): pace the reading, so frames do not wait in the ring and the
-        # latency figure stays honest. With `latest` (live sources) the inference thread paces and
-        # the newest frame wins.
-        period = 1.0 / self.max_fps if self.max_fps and not latest else 0.0
-        next_due = 0.0
-        while not self._stop_requested:
-            if period:
-                next_due = self._pace(next_due, period)
-                if next_due < 0:
-                    break
-            slot = free.get()
-            if slot == _END:
-                break
+        for frame_id, slot in enumerate(self._free_slots()):
             t0 = perf()
             buffer = frames[slot]
             frame = source.read(buffer)
@@ -648,10 +635,29 @@ class Pipeline:
             natives[slot] = source.native_size
             t2 = self._stage(slot, frame, t1)
             info[slot] = (frame_id, t0, t1, t2, wall())
-            frame_id += 1
             if latest:
                 self._drop_stale()
             ready.put(slot)
+
+    def _free_slots(self) -> Iterator[int]:
+        """Capture thread: free ring slots, one at a time, until stop() or the ring is closed.
+
+        max_fps with `every` (files) paces the reading here, so frames do not wait in the ring and
+        the latency figure stays honest. With `latest` (live sources) the inference thread paces and
+        the newest frame wins.
+        """
+        period = 1.0 / self.max_fps if self.max_fps and self.policy != "latest" else 0.0
+        next_due = 0.0
+        free = self._free
+        while not self._stop_requested:
+            if period:
+                next_due = self._pace(next_due, period)
+                if next_due < 0:
+                    return
+            slot = free.get()
+            if slot == _END:
+                return
+            yield slot
 
     def _stage(self, slot: int, frame: Any, now: float) -> float:
         """Preprocess ``frame`` into the slot's staged input when this thread should; the time after.
@@ -691,17 +697,7 @@ class Pipeline:
         undecoded = self._undecoded
         claim_lock = self._claim_lock
         latest = self.policy == "latest"
-        period = 1.0 / self.max_fps if self.max_fps and not latest else 0.0  # (latest: the inference thread paces)
-        next_due = 0.0
-        frame_id = 0
-        while not self._stop_requested:
-            if period:
-                next_due = self._pace(next_due, period)
-                if next_due < 0:
-                    break
-            slot = free.get()
-            if slot == _END:
-                break
+        for frame_id, slot in enumerate(self._free_slots()):
             t0 = perf()
             packet = source.read_encoded()
             if packet is None:
@@ -710,7 +706,6 @@ class Pipeline:
             self._encoded[slot] = packet
             locks[slot].acquire()  # released by whichever thread decodes the frame
             info[slot] = (frame_id, t0, perf(), 0.0, wall())
-            frame_id += 1
             with claim_lock:
                 undecoded.append(slot)
             if latest:
