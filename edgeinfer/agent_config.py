@@ -35,7 +35,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -116,19 +116,8 @@ class AgentConfig:
     path: Path | None = None
     device_id: str
     fleet: str = DEFAULT_FLEET
-    broker: str = DEFAULT_BROKER
-    ca: str | None = None
-    cert: str | None = None
-    key: str | None = None
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    mqtt_version: str = "auto"
-    keepalive_s: int = DEFAULT_KEEPALIVE_S
-    session_expiry_s: int = DEFAULT_SESSION_EXPIRY_S
-    reconnect_min_s: float = DEFAULT_RECONNECT_MIN_S
-    reconnect_max_s: float = DEFAULT_RECONNECT_MAX_S
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    inflight_window: int = DEFAULT_INFLIGHT_WINDOW
+    #: how to reach the broker: URL, TLS files, credentials, MQTT version, timers (client id: fleet + device)
+    mqtt: LinkSettings
     data_dir: Path = Path(DEFAULT_DATA_DIR)
     telemetry_interval_s: float = DEFAULT_TELEMETRY_INTERVAL_S
     spool_max_bytes: int = DEFAULT_MAX_BYTES
@@ -157,15 +146,23 @@ class AgentConfig:
     @property
     def client_id(self) -> str:
         """The stable MQTT client id (a persistent session is keyed by it)."""
-        return f"edgeinfer-{self.fleet}-{self.device_id}"
+        return self.mqtt.client_id
+
+    @property
+    def broker(self) -> str:
+        return self.mqtt.url
+
+    @property
+    def username(self) -> str | None:
+        return self.mqtt.username
+
+    @property
+    def password(self) -> str | None:
+        return self.mqtt.password
 
     def link_settings(self) -> LinkSettings:
         """The MQTT link's settings."""
-        return LinkSettings(url=self.broker, client_id=self.client_id, ca=self.ca, cert=self.cert, key=self.key,
-                            username=self.username, password=self.password, mqtt_version=self.mqtt_version,
-                            keepalive_s=self.keepalive_s, session_expiry_s=self.session_expiry_s,
-                            reconnect_min_s=self.reconnect_min_s, reconnect_max_s=self.reconnect_max_s,
-                            connect_timeout_s=self.connect_timeout_s, inflight_window=self.inflight_window)
+        return self.mqtt
 
 
 # --------------------------------------------------------------------------------------- loading
@@ -268,7 +265,9 @@ class _Reader:
                 raise self.fail(str(key), f"unknown key{hint}")
 
 
-_TOP_KEYS = {f.name for f in fields(AgentConfig)} - {"path"} | {"password_file"}
+# the YAML's top-level keys: the agent's own, and the MQTT link's settings flat beside them
+_TOP_KEYS = (({f.name for f in fields(AgentConfig)} - {"path", "mqtt"})
+             | ({f.name for f in fields(LinkSettings)} - {"url", "client_id"}) | {"broker", "password_file"})
 _PIPELINE_KEYS = {f.name for f in fields(PipelineConfig)}
 _SENSOR_KEYS = {"root", "thermal_zones", "throttle"}
 
@@ -432,8 +431,8 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
     update_key = _update_key(r)
     profile = r.string("profile", "auto")
     assert profile is not None
-    return AgentConfig(
-        device_id=device_id, fleet=fleet, broker=broker, ca=ca, cert=cert, key=key,
+    mqtt = LinkSettings(
+        url=broker, client_id=f"edgeinfer-{fleet}-{device_id}", ca=ca, cert=cert, key=key,
         username=username, password=password,
         mqtt_version=str(r.string("mqtt_version", "auto", choices=MQTT_VERSIONS)),
         keepalive_s=r.number("keepalive_s", DEFAULT_KEEPALIVE_S, minimum=5, maximum=65535, integer=True),
@@ -442,6 +441,9 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
         reconnect_min_s=float(reconnect_min), reconnect_max_s=float(reconnect_max),
         connect_timeout_s=float(r.number("connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S, above=0, maximum=600)),
         inflight_window=r.number("inflight_window", DEFAULT_INFLIGHT_WINDOW, minimum=1, maximum=1000, integer=True),
+    )
+    return AgentConfig(
+        device_id=device_id, fleet=fleet, mqtt=mqtt,
         data_dir=data_dir,
         telemetry_interval_s=float(r.number("telemetry_interval_s", DEFAULT_TELEMETRY_INTERVAL_S,
                                             minimum=MIN_TELEMETRY_INTERVAL_S, maximum=3600)),
