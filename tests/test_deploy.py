@@ -17,6 +17,7 @@ import pytest
 from agent_support import AgentProcess, write_config
 from broker_support import running_broker
 from conftest import IMAGES, MODELS, edgeinfer_cmd
+from conftest import wait_until as wait
 from fleet_support import CuttingProxy
 
 from edgeinfer.agent import Agent
@@ -86,15 +87,6 @@ def start_agents(tmp_path, broker, fleet, clip, count: int) -> list[AgentThread]
     assert wait(lambda: sum(d["online"] for d in fleet.db.list_devices()) == count, 60), fleet.db.list_devices()
     assert wait(lambda: all(a.agent.runners and a.agent.runners[0].status == "running" for a in agents), 60)
     return agents
-
-
-def wait(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def deploy_cli(fleet: FleetManager, model: Path, *args: str) -> subprocess.CompletedProcess:

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from broker_support import Broker, Collector, make_tls_files, running_broker
+from conftest import wait_until as wait_for
 
 from edgeinfer.mqtt import LinkSettings, MqttLink, backoff_delay, parse_broker_url
 from edgeinfer.spool import Spool
@@ -20,15 +21,6 @@ def broker(tmp_path):
 
 TOPIC = "edgeinfer/v1/default/cam-01/telemetry"
 CMD = "edgeinfer/v1/default/cam-01/cmd"
-
-
-def wait_for(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def settings(url: str, **overrides) -> LinkSettings:
