@@ -64,11 +64,7 @@ while [[ $# -gt 0 ]]; do
             shift 2 ;;
         --no-systemctl) SYSTEMCTL=0; shift ;;
         --no-start) START=0; shift ;;
-        --root) ei_set_root "$(ei_optarg "$@")"; shift 2 ;;
-        --dry-run) EI_DRY_RUN=1; shift ;;
-        --detect) ei_set_detect "$(ei_optarg "$@")"; shift 2 ;;
-        -h | --help) usage; exit 0 ;;
-        *) ei_usage_error "unknown option: $1" ;;
+        *) ei_common_option "$@" || ei_usage_error "unknown option: $1"; shift "$EI_SHIFT" ;;
     esac
 done
 [[ "$VENV" =~ ^/[A-Za-z0-9._/+-]+$ ]] || ei_usage_error "--venv must be an absolute path of letters, digits and ._/+-"

@@ -145,6 +145,26 @@ ei_optarg() {
     printf '%s' "$2"
 }
 
+# An option every script takes (--root, --dry-run, --detect, -h/--help; help calls the script's
+# usage). Sets EI_SHIFT to the arguments it used; returns 1 when $1 is not one of them.
+ei_common_option() {
+    case "$1" in
+        --root) ei_set_root "$(ei_optarg "$@")"; EI_SHIFT=2 ;;
+        --dry-run) EI_DRY_RUN=1; EI_SHIFT=1 ;;
+        --detect) ei_set_detect "$(ei_optarg "$@")"; EI_SHIFT=2 ;;
+        -h | --help) usage; exit 0 ;;
+        *) return 1 ;;
+    esac
+}
+
+# Go on only on the device family $1 (named $2 in messages), or anywhere with --force (FORCE=1).
+ei_expect_family() {
+    [[ "$EI_FAMILY" == "$1" ]] && return 0
+    ((${FORCE:-0})) || ei_die "this is not $2 (detected: $EI_FAMILY, $EI_MODEL); use the setup script for" \
+        "that device, or --force"
+    ei_warn "not detected as $2; going on because of --force"
+}
+
 # Changing the running system needs root; a dry run or a --root tree the caller owns does not.
 ei_require_root() {
     ((EI_DRY_RUN)) && return 0

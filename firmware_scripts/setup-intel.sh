@@ -81,11 +81,7 @@ while [[ $# -gt 0 ]]; do
         --npu-driver-debs) NPU_DEBS=$(ei_optarg "$@"); shift 2 ;;
         --user) USER_NAME=$(ei_optarg "$@"); shift 2 ;;
         --upgrade) UPGRADE=1; shift ;;
-        --root) ei_set_root "$(ei_optarg "$@")"; shift 2 ;;
-        --dry-run) EI_DRY_RUN=1; shift ;;
-        --detect) ei_set_detect "$(ei_optarg "$@")"; shift 2 ;;
-        -h | --help) usage; exit 0 ;;
-        *) ei_usage_error "unknown option: $1" ;;
+        *) ei_common_option "$@" || ei_usage_error "unknown option: $1"; shift "$EI_SHIFT" ;;
     esac
 done
 [[ "$VENV" == /* ]] || ei_usage_error "--venv must be an absolute path"

@@ -72,11 +72,7 @@ while [[ $# -gt 0 ]]; do
         --max-clocks) MAX_CLOCKS=1; shift ;;
         --upgrade) UPGRADE=1; shift ;;
         --force) FORCE=1; shift ;;
-        --root) ei_set_root "$(ei_optarg "$@")"; shift 2 ;;
-        --dry-run) EI_DRY_RUN=1; shift ;;
-        --detect) ei_set_detect "$(ei_optarg "$@")"; shift 2 ;;
-        -h | --help) usage; exit 0 ;;
-        *) ei_usage_error "unknown option: $1" ;;
+        *) ei_common_option "$@" || ei_usage_error "unknown option: $1"; shift "$EI_SHIFT" ;;
     esac
 done
 [[ "$VENV" == /* ]] || ei_usage_error "--venv must be an absolute path"
@@ -86,11 +82,7 @@ PACKAGE=${PACKAGE:-$(ei_default_package)}
 # ------------------------------------------------------------------------------------------ detect
 
 ei_detect "$VENV"
-if [[ "$EI_FAMILY" != jetson ]]; then
-    ((FORCE)) || ei_die "this is not a Jetson (detected: $EI_FAMILY, $EI_MODEL); use the setup script for" \
-        "that device, or --force"
-    ei_warn "not detected as a Jetson; going on because of --force"
-fi
+ei_expect_family jetson "a Jetson"
 
 ei_l4t_release || ei_die "no readable /etc/nv_tegra_release under '${EI_ROOT:-/}': cannot tell the L4T" \
     "release (flash the device with JetPack 5 or 6 from NVIDIA's SDK Manager)"

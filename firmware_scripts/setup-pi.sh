@@ -70,11 +70,7 @@ while [[ $# -gt 0 ]]; do
         --no-camera) CAMERA=0; shift ;;
         --upgrade) UPGRADE=1; shift ;;
         --force) FORCE=1; shift ;;
-        --root) ei_set_root "$(ei_optarg "$@")"; shift 2 ;;
-        --dry-run) EI_DRY_RUN=1; shift ;;
-        --detect) ei_set_detect "$(ei_optarg "$@")"; shift 2 ;;
-        -h | --help) usage; exit 0 ;;
-        *) ei_usage_error "unknown option: $1" ;;
+        *) ei_common_option "$@" || ei_usage_error "unknown option: $1"; shift "$EI_SHIFT" ;;
     esac
 done
 [[ "$VENV" == /* ]] || ei_usage_error "--venv must be an absolute path"
@@ -85,11 +81,7 @@ PACKAGE=${PACKAGE:-$(ei_default_package)}
 # ------------------------------------------------------------------------------------------ detect
 
 ei_detect "$VENV"
-if [[ "$EI_FAMILY" != pi ]]; then
-    ((FORCE)) || ei_die "this is not a Raspberry Pi (detected: $EI_FAMILY, $EI_MODEL); use the setup script" \
-        "for that device, or --force"
-    ei_warn "not detected as a Raspberry Pi; going on because of --force"
-fi
+ei_expect_family pi "a Raspberry Pi"
 
 codename=$(ei_os_release VERSION_CODENAME)
 if [[ "$codename" != bookworm ]]; then
