@@ -42,7 +42,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from edgeinfer.capture import cached_test_clip, video_file_source  # noqa: E402
+from edgeinfer.model import inspect_model  # noqa: E402
 from edgeinfer.pipeline import Pipeline  # noqa: E402
+from edgeinfer.preprocess import input_geometry  # noqa: E402
 
 ASSETS = Path(os.environ.get("EDGEINFER_ASSETS", REPO.parent / "shared" / "assets")).resolve()
 PHOTOS = ["parrot.jpg", "cat.bmp", "grace_hopper.bmp", "cat_720p.jpg", "dog_segmentation.bmp", "squat.bmp"]
@@ -185,10 +187,10 @@ def run_decode_cv2(case: Case, clip: Path, model: Path) -> Window:
     return window.end()
 
 
-@functools.cache
 def _input_size(model: Path) -> tuple[int, int]:
-    shape = _interpreter(model, 1).get_input_details()[0]["shape"]
-    return int(shape[2]), int(shape[1])
+    """(width, height) of the model's image input — the frame size the pipeline asks sources for."""
+    height, width, _, _ = input_geometry(inspect_model(model).inputs[0])
+    return width, height
 
 
 def run_decode_source(case: Case, clip: Path, model: Path) -> Window:
