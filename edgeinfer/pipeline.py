@@ -206,8 +206,9 @@ class Pipeline:
     takes, or a :class:`FrameSource`; it is opened here, so a bad source raises CaptureError now.
 
     ``reduced_decode`` (default on, off with ``keep_frames``) lets a source that can decode less
-    than the whole frame do so, down to the model's input size — MJPEG files decode at 1/2, 1/4 or
-    1/8 scale (:mod:`edgeinfer.mjpeg`). Boxes, keypoints and masks are still in the source's pixels.
+    than the whole frame do so, down to the model's input size — MJPEG files and streams, and JPEG
+    folders, decode at 1/2, 1/4 or 1/8 scale (:mod:`edgeinfer.mjpeg`). Boxes, keypoints and masks
+    are still in the source's pixels.
     """
 
     def __init__(
@@ -299,8 +300,8 @@ class Pipeline:
         self._staged_gen = [-1] * slots
         # per slot: (frame id, read start, read end, preprocess end [perf_counter], wall time)
         self._slot_info: list[tuple[int, float, float, float, float]] = [(0, 0.0, 0.0, 0.0, 0.0)] * slots
-        # Sources that split reading from decoding (MJPEG files) publish frames still compressed;
-        # either thread decodes them (see _capture_encoded_loop). A slot's lock is held from
+        # Sources that split reading from decoding (MJPEG files and streams) publish frames still
+        # compressed; either thread decodes them (see _capture_encoded). A slot's lock is held from
         # publishing until its frame is decoded.
         self._defer_decode = self.source.defers_decode
         self._encoded: list[Any] = [None] * slots
