@@ -60,7 +60,7 @@ def frame_for(size: int):
 # ------------------------------------------------------------------------------ raw vendor loops
 
 def raw_litert(model: Path, threads: int, frame):
-    from edgeinfer.delegates.xnnpack import import_litert
+    from edgeinfer.runtime.delegates.xnnpack import import_litert
 
     litert = import_litert()
     interpreter = litert.Interpreter(model_path=str(model), num_threads=threads)

@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from edgeinfer.capture import StreamSource  # noqa: E402
-from edgeinfer.mjpeg import MjpegStreamSource  # noqa: E402
-from edgeinfer.pipeline import Pipeline  # noqa: E402
+from edgeinfer.capture.mjpeg import MjpegStreamSource  # noqa: E402
+from edgeinfer.pipeline.core import Pipeline  # noqa: E402
 
 ASSETS = Path(os.environ.get("EDGEINFER_ASSETS", REPO.parent / "shared" / "assets")).resolve()
 MODEL = ASSETS / "models" / "mobilenet_v2_1.0_224_quant.tflite"

@@ -42,9 +42,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from edgeinfer.capture import cached_test_clip, video_file_source  # noqa: E402
-from edgeinfer.model import inspect_model  # noqa: E402
-from edgeinfer.pipeline import Pipeline  # noqa: E402
-from edgeinfer.preprocess import input_geometry  # noqa: E402
+from edgeinfer.pipeline.core import Pipeline  # noqa: E402
+from edgeinfer.pipeline.preprocess import input_geometry  # noqa: E402
+from edgeinfer.runtime.model import inspect_model  # noqa: E402
 
 ASSETS = Path(os.environ.get("EDGEINFER_ASSETS", REPO.parent / "shared" / "assets")).resolve()
 PHOTOS = ["parrot.jpg", "cat.bmp", "grace_hopper.bmp", "cat_720p.jpg", "dog_segmentation.bmp", "squat.bmp"]

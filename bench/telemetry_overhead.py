@@ -69,7 +69,7 @@ def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen | None, str]:
 
 
 def make_clip(workdir: Path) -> Path:
-    from edgeinfer.demo import write_demo_clip
+    from edgeinfer.tools.demo import write_demo_clip
 
     clip = workdir / "clip.avi"
     images = [ASSETS / "images" / name for name in ("parrot.jpg", "cat.bmp", "grace_hopper.bmp", "squat.bmp")]
@@ -79,7 +79,7 @@ def make_clip(workdir: Path) -> Path:
 
 def _measured_factory(finished: dict):
     """A pipeline factory whose pipelines keep their final stats (the runner closes them when they end)."""
-    from edgeinfer.pipeline import Pipeline
+    from edgeinfer.pipeline.core import Pipeline
 
     class MeasuredPipeline(Pipeline):
         def close(self) -> None:
@@ -95,7 +95,7 @@ def _measured_factory(finished: dict):
 
 def _config(model: Path, clip: Path, frames: int, threads: int | None, broker: str, interval: float,
             workdir: Path):
-    from edgeinfer.agent_config import parse_config
+    from edgeinfer.agent.config import parse_config
 
     return parse_config({
         "device_id": "bench", "broker": broker, "data_dir": str(Path(tempfile.mkdtemp(dir=workdir))),
@@ -116,7 +116,7 @@ def _wait_for(finished: dict, runner_of) -> None:
 
 def run_bare(config) -> float:
     """The pipeline hosted exactly as the agent hosts it (a PipelineRunner thread), with no telemetry."""
-    from edgeinfer.agent import PipelineRunner
+    from edgeinfer.agent.daemon import PipelineRunner
 
     finished: dict = {}
     runner = PipelineRunner(config.pipelines[0], emit=lambda *a, **k: None, on_change=lambda: None,
@@ -144,7 +144,7 @@ def _thread_cpu_s(native_ids: list[int]) -> float:
 
 def run_with_agent(config) -> tuple[float, int, float, float]:
     """(pipeline fps, messages acknowledged, CPU s of the agent's own threads, run wall s) under the real agent."""
-    from edgeinfer.agent import Agent
+    from edgeinfer.agent.daemon import Agent
 
     finished: dict = {}
     agent = Agent(config, pipeline_factory=_measured_factory(finished))

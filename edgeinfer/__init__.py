@@ -9,37 +9,37 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 _LAZY = {
-    "load": "edgeinfer.delegates",
-    "get_delegate": "edgeinfer.delegates",
-    "delegate_names": "edgeinfer.delegates",
-    "Engine": "edgeinfer.engine",
-    "inspect_model": "edgeinfer.model",
-    "ModelInfo": "edgeinfer.model",
-    "ModelFormat": "edgeinfer.model",
-    "TensorSpec": "edgeinfer.model",
-    "Labels": "edgeinfer.labels",
-    "Preprocessor": "edgeinfer.preprocess",
-    "Transform": "edgeinfer.preprocess",
-    "ImageClassifier": "edgeinfer.classify",
-    "Classification": "edgeinfer.postprocess",
-    "Detection": "edgeinfer.postprocess",
-    "Detections": "edgeinfer.postprocess",
-    "Keypoint": "edgeinfer.postprocess",
-    "Pose": "edgeinfer.postprocess",
-    "Segmentation": "edgeinfer.postprocess",
-    "Pipeline": "edgeinfer.pipeline",
-    "FrameResult": "edgeinfer.pipeline",
-    "PipelineStats": "edgeinfer.pipeline",
-    "StageTimings": "edgeinfer.pipeline",
+    "load": "edgeinfer.runtime.delegates",
+    "get_delegate": "edgeinfer.runtime.delegates",
+    "delegate_names": "edgeinfer.runtime.delegates",
+    "Engine": "edgeinfer.runtime.engine",
+    "inspect_model": "edgeinfer.runtime.model",
+    "ModelInfo": "edgeinfer.runtime.model",
+    "ModelFormat": "edgeinfer.runtime.model",
+    "TensorSpec": "edgeinfer.runtime.model",
+    "Labels": "edgeinfer.pipeline.labels",
+    "Preprocessor": "edgeinfer.pipeline.preprocess",
+    "Transform": "edgeinfer.pipeline.preprocess",
+    "ImageClassifier": "edgeinfer.pipeline.classify",
+    "Classification": "edgeinfer.pipeline.postprocess",
+    "Detection": "edgeinfer.pipeline.postprocess",
+    "Detections": "edgeinfer.pipeline.postprocess",
+    "Keypoint": "edgeinfer.pipeline.postprocess",
+    "Pose": "edgeinfer.pipeline.postprocess",
+    "Segmentation": "edgeinfer.pipeline.postprocess",
+    "Pipeline": "edgeinfer.pipeline.core",
+    "FrameResult": "edgeinfer.pipeline.core",
+    "PipelineStats": "edgeinfer.pipeline.core",
+    "StageTimings": "edgeinfer.pipeline.core",
     "FrameSource": "edgeinfer.capture",
     "open_source": "edgeinfer.capture",
     "make_test_clip": "edgeinfer.capture",
-    "read_image": "edgeinfer.images",
-    "Agent": "edgeinfer.agent",
-    "load_config": "edgeinfer.agent_config",
+    "read_image": "edgeinfer.capture.images",
+    "Agent": "edgeinfer.agent.daemon",
+    "load_config": "edgeinfer.agent.config",
     "FleetManager": "edgeinfer.fleet.manager",
 }
 _ERRORS = (
@@ -68,17 +68,17 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .agent import Agent
-    from .agent_config import load_config
+    from .agent.config import load_config
+    from .agent.daemon import Agent
     from .capture import FrameSource, make_test_clip, open_source
-    from .classify import ImageClassifier
-    from .delegates import delegate_names, get_delegate, load
-    from .engine import Engine
+    from .capture.images import read_image
     from .errors import *  # noqa: F403
     from .fleet.manager import FleetManager
-    from .images import read_image
-    from .labels import Labels
-    from .model import ModelFormat, ModelInfo, TensorSpec, inspect_model
-    from .pipeline import FrameResult, Pipeline, PipelineStats, StageTimings
-    from .postprocess import Classification, Detection, Detections, Keypoint, Pose, Segmentation
-    from .preprocess import Preprocessor, Transform
+    from .pipeline.classify import ImageClassifier
+    from .pipeline.core import FrameResult, Pipeline, PipelineStats, StageTimings
+    from .pipeline.labels import Labels
+    from .pipeline.postprocess import Classification, Detection, Detections, Keypoint, Pose, Segmentation
+    from .pipeline.preprocess import Preprocessor, Transform
+    from .runtime.delegates import delegate_names, get_delegate, load
+    from .runtime.engine import Engine
+    from .runtime.model import ModelFormat, ModelInfo, TensorSpec, inspect_model

@@ -21,8 +21,8 @@ from broker_support import Broker, Collector, free_port, make_tls_files, running
 from conftest import IMAGES, LABELS, MODELS
 from profiles_support import fake_root
 
-from edgeinfer.model import inspect_model
-from edgeinfer.protocol import make_command, validate
+from edgeinfer.link.protocol import make_command, validate
+from edgeinfer.runtime.model import inspect_model
 
 
 @pytest.fixture
@@ -478,9 +478,9 @@ def test_agent_runs_real_pipelines_and_reports_what_they_do(tmp_path, broker):
 
 
 def test_runner_hot_swaps_the_engine_without_stopping_capture(tmp_path):
-    from edgeinfer.agent import PipelineRunner
-    from edgeinfer.agent_config import parse_config
-    from edgeinfer.delegates import load
+    from edgeinfer.agent.config import parse_config
+    from edgeinfer.agent.daemon import PipelineRunner
+    from edgeinfer.runtime.delegates import load
 
     bird = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
     config = parse_config({"device_id": "cam-01", "pipelines": [{

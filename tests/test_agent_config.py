@@ -10,9 +10,9 @@ from agent_support import AgentProcess, write_config
 from broker_support import make_tls_files
 from conftest import MODELS, edgeinfer_cmd
 
-from edgeinfer.agent_config import load_config, parse_config
+from edgeinfer.agent.config import load_config, parse_config
 from edgeinfer.errors import ConfigError
-from edgeinfer.spool import DEFAULT_MAX_BYTES
+from edgeinfer.link.spool import DEFAULT_MAX_BYTES
 
 MODEL = str(MODELS / "mobilenet_v2_1.0_224_quant.tflite")
 
@@ -177,7 +177,7 @@ def test_second_agent_on_the_same_data_dir_is_refused(tmp_path):
 def test_profile_by_name_file_or_detection(tmp_path):
     from profiles_support import fake_root
 
-    from edgeinfer.agent_config import resolve_profile
+    from edgeinfer.agent.config import resolve_profile
 
     def config(**values):
         return load_config(write_config(tmp_path / "agent.yaml", device_id="cam-01", **values))

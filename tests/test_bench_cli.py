@@ -175,7 +175,7 @@ def test_a_bad_source_fails_before_measuring(tmp_path):
 # ----------------------------------------------------------------------------------------- library
 
 def test_percentiles_and_summary():
-    from edgeinfer.timing import percentile, summarize
+    from edgeinfer.tools.timing import percentile, summarize
 
     values = [float(v) for v in range(1, 101)]
     assert percentile(values, 50) == pytest.approx(50.5)
@@ -186,8 +186,8 @@ def test_percentiles_and_summary():
 
 
 def test_worker_close_is_idempotent_and_refuses_reuse():
-    from edgeinfer.benchmark import Worker
     from edgeinfer.errors import BenchmarkError
+    from edgeinfer.tools.bench.runner import Worker
 
     with Worker() as worker:
         reply = worker.request({"op": "stats"}, 60)

@@ -22,8 +22,8 @@ from edgeinfer.capture import (
     make_test_clip,
     open_source,
 )
+from edgeinfer.capture.mjpeg import MjpegStreamSource
 from edgeinfer.errors import CaptureError
-from edgeinfer.mjpeg import MjpegStreamSource
 
 FAST_BACKOFF = Backoff(initial_s=0.05, max_s=0.3, jitter=0.1, give_up_s=20.0)
 

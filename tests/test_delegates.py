@@ -8,7 +8,6 @@ from conftest import IMAGES, LABELS, MODELS, REFERENCE_TOP1
 from pipeline_support import allocations_per_frame
 
 import edgeinfer
-from edgeinfer.classify import ImageClassifier
 from edgeinfer.errors import (
     DelegateUnavailable,
     EdgeInferError,
@@ -16,8 +15,9 @@ from edgeinfer.errors import (
     NoDelegateAvailable,
     UnsupportedOperator,
 )
-from edgeinfer.labels import Labels
-from edgeinfer.postprocess import class_scores
+from edgeinfer.pipeline.classify import ImageClassifier
+from edgeinfer.pipeline.labels import Labels
+from edgeinfer.pipeline.postprocess import class_scores
 
 TFLITE = MODELS / "mobilenet_v2_1.0_224_quant.tflite"
 ONNX = MODELS / "mobilenet_v2_1.0_224_quant.onnx"

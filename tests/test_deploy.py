@@ -20,12 +20,12 @@ from conftest import IMAGES, MODELS, edgeinfer_cmd
 from conftest import wait_until as wait
 from fleet_support import CuttingProxy
 
-from edgeinfer.agent import Agent
-from edgeinfer.agent_config import parse_config
+from edgeinfer.agent.config import parse_config
+from edgeinfer.agent.daemon import Agent
 from edgeinfer.capture import make_test_clip
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
-from edgeinfer.signing import SigningKey, new_manifest
-from edgeinfer.updates import ModelSlots
+from edgeinfer.updates.signing import SigningKey, new_manifest
+from edgeinfer.updates.slots import ModelSlots
 
 V1 = MODELS / "mobilenet_v2_1.0_224_quant.tflite"  # as heavy as the bird model: the latency gate passes
 BIRDS = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"

@@ -16,7 +16,7 @@ from conftest import wait_until as wait
 
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
-from edgeinfer.protocol import Topics
+from edgeinfer.link.protocol import Topics
 
 
 @pytest.fixture

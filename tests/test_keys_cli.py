@@ -10,7 +10,7 @@ import paho.mqtt.client as mqtt
 from conftest import edgeinfer_cmd
 
 from edgeinfer.fleet.broker import EmbeddedBroker
-from edgeinfer.signing import SigningKey, VerifyKey, new_manifest
+from edgeinfer.updates.signing import SigningKey, VerifyKey, new_manifest
 
 
 def test_keys_init_and_show(tmp_path):

@@ -22,10 +22,10 @@ from pipeline_support import (
 )
 
 import edgeinfer
-from edgeinfer import Pipeline, mjpeg
-from edgeinfer.capture import VideoFileSource, cached_test_clip, open_source, video_file_source
+from edgeinfer import Pipeline
+from edgeinfer.capture import VideoFileSource, cached_test_clip, mjpeg, open_source, video_file_source
+from edgeinfer.capture.mjpeg import MjpegFileSource, reduction_for
 from edgeinfer.errors import CaptureError
-from edgeinfer.mjpeg import MjpegFileSource, reduction_for
 
 
 def _opencv_frames(path) -> list[np.ndarray]:

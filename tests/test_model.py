@@ -8,7 +8,7 @@ import pytest
 from conftest import IMAGES, MODELS
 
 from edgeinfer.errors import ModelFormatError, ModelNotFound
-from edgeinfer.model import ModelFormat, detect_format, inspect_model, sha256_file
+from edgeinfer.runtime.model import ModelFormat, detect_format, inspect_model, sha256_file
 
 
 @pytest.mark.parametrize(

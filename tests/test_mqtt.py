@@ -10,8 +10,8 @@ import pytest
 from broker_support import Broker, Collector, make_tls_files, running_broker
 from conftest import wait_until as wait_for
 
-from edgeinfer.mqtt import LinkSettings, MqttLink, backoff_delay, parse_broker_url
-from edgeinfer.spool import Spool
+from edgeinfer.link.mqtt import LinkSettings, MqttLink, backoff_delay, parse_broker_url
+from edgeinfer.link.spool import Spool
 
 
 @pytest.fixture

@@ -229,7 +229,7 @@ def test_missing_mode_and_missing_calibration_are_usage_errors(tmp_path):
 # ----------------------------------------------------------------------------------------- library
 
 def test_options_are_validated():
-    from edgeinfer.optimize import OptimizeOptions
+    from edgeinfer.tools.optimize import OptimizeOptions
 
     with pytest.raises(ValueError, match="calibration"):
         OptimizeOptions(mode="int8")
@@ -242,7 +242,7 @@ def test_options_are_validated():
 
 
 def test_progress_throttles_a_series_but_prints_its_end():
-    from edgeinfer.progress import StderrProgress
+    from edgeinfer.cli.progress import StderrProgress
 
     stream = io.StringIO()
     progress = StderrProgress(stream, interval=60.0)

@@ -33,7 +33,7 @@ import edgeinfer
 from edgeinfer import FrameResult, Pipeline, PipelineStats
 from edgeinfer.capture import Backoff, SyntheticSource
 from edgeinfer.errors import CaptureError, EdgeInferError
-from edgeinfer.pipeline import STAGES
+from edgeinfer.pipeline.core import STAGES
 
 
 def _check_stats(stats: PipelineStats, frames: int) -> None:

@@ -23,9 +23,8 @@ from pipeline_support import (
 )
 
 import edgeinfer
-from edgeinfer.labels import Labels
-from edgeinfer.model import TensorSpec
-from edgeinfer.postprocess import (
+from edgeinfer.pipeline.labels import Labels
+from edgeinfer.pipeline.postprocess import (
     KEYPOINT_NAMES,
     ClassificationDecoder,
     DetectionDecoder,
@@ -35,7 +34,8 @@ from edgeinfer.postprocess import (
     nms,
     top_k,
 )
-from edgeinfer.preprocess import Preprocessor, Transform
+from edgeinfer.pipeline.preprocess import Preprocessor, Transform
+from edgeinfer.runtime.model import TensorSpec
 
 
 def _run(engine, image, resize, **options):

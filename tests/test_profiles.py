@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from profiles_support import PI4, ROOTS, FakeRoot, fake_root, write_profile
 
-from edgeinfer.errors import ProfileError
-from edgeinfer.profiles import (
+from edgeinfer.device.profiles import (
     PROFILE_DIRS_ENV,
     PROFILE_ENV,
     builtin_profile_dir,
@@ -25,6 +24,7 @@ from edgeinfer.profiles import (
     read_power,
     read_temperatures,
 )
+from edgeinfer.errors import ProfileError
 
 REPO = Path(__file__).resolve().parents[1]
 NO_ENV: dict[str, str] = {}
@@ -289,7 +289,7 @@ def test_wheel_ships_the_profiles_and_they_load_from_the_package(tmp_path):
         archive.extractall(tmp_path / "site")
     shipped = sorted(p.name for p in builtin_profile_dir().glob("*.yaml"))
     assert sorted(n.split("/")[-1] for n in names if n.startswith("edgeinfer/device_profiles/")) == shipped
-    code = ("import edgeinfer.profiles as p; d = p.builtin_profile_dir(); "
+    code = ("import edgeinfer.device.profiles as p; d = p.builtin_profile_dir(); "
             "print(d); print(len(p.load_profiles(env={})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"})
@@ -306,8 +306,9 @@ def test_nothing_is_probed_or_loaded_at_import_time():
         "import sys, json\n"
         "opened = []\n"
         "sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == 'open' else None)\n"
-        "import edgeinfer.profiles, edgeinfer.selection, edgeinfer.doctor, edgeinfer.cli\n"
-        "import edgeinfer.delegates.coral, edgeinfer.delegates.tensorrt, edgeinfer.delegates.onnxruntime_gpu\n"
+        "import edgeinfer.device.profiles, edgeinfer.runtime.selection, edgeinfer.tools.doctor, edgeinfer.cli\n"
+        "import edgeinfer.runtime.delegates.coral, edgeinfer.runtime.delegates.tensorrt, "
+        "edgeinfer.runtime.delegates.onnxruntime_gpu\n"
         "print(json.dumps([p for p in opened if p.startswith(('/proc', '/sys', '/dev', '/etc')) "
         "or p.endswith('.yaml')]))\n"
     )

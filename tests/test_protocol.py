@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from edgeinfer.errors import ProtocolError
-from edgeinfer.protocol import (
+from edgeinfer.link.protocol import (
     MAX_PAYLOAD_BYTES,
     SCHEMAS,
     Topics,

@@ -16,13 +16,13 @@ from conftest import IMAGES, LABELS, MODELS, REFERENCE_TOP1
 from profiles_support import FakeRoot, fake_root, write_profile
 
 import edgeinfer
-from edgeinfer.classify import ImageClassifier
-from edgeinfer.delegates import BUILTIN_DELEGATES, delegate_names, get_delegate
-from edgeinfer.delegates.tensorrt import TensorRTOptions, cache_key, cache_path
 from edgeinfer.errors import DelegateUnavailable, NoDelegateAvailable, ProfileError
-from edgeinfer.labels import Labels
-from edgeinfer.postprocess import class_scores
-from edgeinfer.selection import DELEGATE_ENV, STRICT_ENV, load, plan
+from edgeinfer.pipeline.classify import ImageClassifier
+from edgeinfer.pipeline.labels import Labels
+from edgeinfer.pipeline.postprocess import class_scores
+from edgeinfer.runtime.delegates import BUILTIN_DELEGATES, delegate_names, get_delegate
+from edgeinfer.runtime.delegates.tensorrt import TensorRTOptions, cache_key, cache_path
+from edgeinfer.runtime.selection import DELEGATE_ENV, STRICT_ENV, load, plan
 
 TFLITE = MODELS / "mobilenet_v2_1.0_224_quant.tflite"
 ONNX = MODELS / "mobilenet_v2_1.0_224_quant.onnx"
@@ -331,9 +331,9 @@ def test_libedgetpu_without_a_tpu_is_mapped_and_prints_nothing(tmp_path):
                    check=True)
     result = _run_with_library_dir(tmp_path, f"""
         import gc
-        from edgeinfer.delegates.coral import CoralDelegate, library_problem
+        from edgeinfer.runtime.delegates.coral import CoralDelegate, library_problem
         from edgeinfer.errors import DelegateUnavailable
-        from edgeinfer.model import inspect_model
+        from edgeinfer.runtime.model import inspect_model
         print("library:", library_problem())
         try:
             CoralDelegate()._load_on_tpu(inspect_model({str(EDGETPU)!r}), threads=None, device="usb:0")
@@ -351,7 +351,7 @@ def test_libedgetpu_without_a_tpu_is_mapped_and_prints_nothing(tmp_path):
 def test_a_broken_libedgetpu_is_caught_before_load_delegate(tmp_path):
     (tmp_path / "libedgetpu.so.1").write_bytes(b"not an ELF file")
     result = _run_with_library_dir(tmp_path, """
-        from edgeinfer.delegates.coral import library_problem
+        from edgeinfer.runtime.delegates.coral import library_problem
         print(library_problem())
     """)
     assert result.returncode == 0 and result.stderr == ""
@@ -361,7 +361,7 @@ def test_a_broken_libedgetpu_is_caught_before_load_delegate(tmp_path):
 # -------------------------------------------------------------------- third-party delegates
 
 THIRD_PARTY = '''
-from edgeinfer.delegates.xnnpack import XnnpackDelegate
+from edgeinfer.runtime.delegates.xnnpack import XnnpackDelegate
 
 
 class LabCpuDelegate(XnnpackDelegate):
@@ -387,9 +387,9 @@ def test_third_party_delegate_registers_through_the_entry_point_group(tmp_path):
     root = FakeRoot(tmp_path / "root").cpu("x86_64")
     code = f"""
         import json, edgeinfer
-        from edgeinfer.delegates import delegate_names
-        from edgeinfer.classify import ImageClassifier
-        from edgeinfer.labels import Labels
+        from edgeinfer.runtime.delegates import delegate_names
+        from edgeinfer.pipeline.classify import ImageClassifier
+        from edgeinfer.pipeline.labels import Labels
         engine = edgeinfer.load({str(TFLITE)!r}, root={str(root)!r}, profile_dirs=[{str(profiles)!r}])
         top = ImageClassifier(engine, Labels.load({str(LABELS / "imagenet_labels.txt")!r})).classify_file(
             {str(IMAGES / "parrot.jpg")!r})

@@ -9,11 +9,11 @@ import pytest
 from conftest import MODELS
 from fleet_support import CuttingProxy
 
-from edgeinfer.download import download
 from edgeinfer.errors import ConfigError, DownloadError, UpdateRejected
 from edgeinfer.fleet.artifacts import ArtifactStore, parse_range
 from edgeinfer.fleet.http import FleetHTTPServer
-from edgeinfer.signing import Manifest, SigningKey, VerifyKey, new_manifest
+from edgeinfer.updates.download import download
+from edgeinfer.updates.signing import Manifest, SigningKey, VerifyKey, new_manifest
 
 MODEL = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
 SHA = hashlib.sha256(MODEL.read_bytes()).hexdigest()

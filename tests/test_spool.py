@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer.spool import MIN_MAX_BYTES, PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
+from edgeinfer.link.spool import MIN_MAX_BYTES, PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
 
 REPO = Path(__file__).resolve().parents[1]
 TOPIC = "edgeinfer/v1/default/cam-01/telemetry"
@@ -40,7 +40,7 @@ def test_rows_survive_a_sigkill_and_ids_never_repeat(tmp_path):
     code = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(REPO)!r})
-        from edgeinfer.spool import Spool
+        from edgeinfer.link.spool import Spool
         spool = Spool({str(path)!r}, max_bytes=1 << 20)
         for i in range(50):
             spool.append("t", b"m%d" % i)

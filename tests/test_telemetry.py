@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from agent_support import fake_sysfs
 
-from edgeinfer.protocol import Topics, validate
-from edgeinfer.telemetry import BootSequence, SystemProbe, pipeline_entry, telemetry_message, throttle_sensor
+from edgeinfer.agent.telemetry import BootSequence, SystemProbe, pipeline_entry, telemetry_message, throttle_sensor
+from edgeinfer.link.protocol import Topics, validate
 
 PI_THROTTLE = "/sys/devices/platform/soc/soc:firmware/get_throttled"
 
@@ -93,7 +93,7 @@ def test_telemetry_message_matches_its_schema():
 
 
 def test_profile_names_the_zones_and_power_rails_telemetry_reads(tmp_path):
-    from edgeinfer.profiles import load_profiles
+    from edgeinfer.device.profiles import load_profiles
 
     orin = load_profiles()["jetson-orin-nano"]
     root = fake_sysfs(tmp_path, {"CPU-therm": 48.25, "GPU-therm": 45.0, "tj-therm": 50.5})  # JetPack 5 names

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..model import sha256_file
+from ..runtime.model import sha256_file
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 

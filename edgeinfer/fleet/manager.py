@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, EdgeInferError, ProtocolError
-from ..protocol import decode, encode, make_command, parse_topic, subscription
-from ..signing import PRIVATE_KEY_FILE, SigningKey, new_manifest
+from ..link.protocol import decode, encode, make_command, parse_topic, subscription
+from ..updates.signing import PRIVATE_KEY_FILE, SigningKey, new_manifest
 from .artifacts import ArtifactStore
 from .db import FleetDB
 from .rollout import FINISHED_STATES, Rollout, plan_waves
@@ -83,8 +83,8 @@ class FleetManager:
 
     # ----------------------------------------------------------------------------- lifecycle
     def start(self) -> FleetManager:
-        from ..mqtt import LinkSettings, MqttLink
-        from ..spool import Spool
+        from ..link.mqtt import LinkSettings, MqttLink
+        from ..link.spool import Spool
         from .broker import EmbeddedBroker
         from .http import FleetHTTPServer
 
@@ -197,7 +197,7 @@ class FleetManager:
     # ---------------------------------------------------------------------------- commands
     def send_command(self, device: str, cmd: str, args: dict, *, command_id: str | None = None) -> str:
         """Queue a command for ``device`` (spooled, QoS 1); returns its id."""
-        from ..protocol import Topics
+        from ..link.protocol import Topics
 
         record = self.db.get_device(device)
         if record is None:

@@ -1,0 +1,202 @@
+"""The agent's ``deploy`` and ``rollback`` commands: signed model updates applied live, with rollback.
+
+    check (signature, expiry, replay, downgrade) ─► download into the inactive slot (resume, sha256)
+    ─► validate in a subprocess ─► trial: swap the engine into the running pipeline (capture keeps
+    going) ─► health gate on live frames (finite results, latency within a factor of the old model)
+    ─► commit  |  swap the old engine back and discard the trial
+
+Every step is reported as an ``update`` event carrying the deployment id and the state
+(``downloading``, ``validating``, ``active``, ``failed``, ``rolled_back``); a refusal before the
+download is a ``cmd_rejected`` event whose reason names the check that failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import EdgeInferError, UpdateRejected
+from ..runtime.model import inspect_model
+from ..updates.signing import VerifyKey
+from ..updates.slots import HealthGate, InstalledModel, ModelSlots, Updater, result_is_finite
+
+if TYPE_CHECKING:
+    from .config import AgentConfig
+    from .daemon import Agent, CommandContext, CommandRouter, PipelineRunner
+
+log = logging.getLogger(__name__)
+
+UPDATE_EVENT = "update"
+DEPLOY_ARGS_SCHEMA = {
+    "type": "object", "required": ["manifest", "signature"], "additionalProperties": False,
+    "properties": {"manifest": {"type": "object"}, "signature": {"type": "string", "maxLength": 512},
+                   "pipeline": {"type": "string", "minLength": 1, "maxLength": 64}},
+}
+ROLLBACK_ARGS_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "properties": {"pipeline": {"type": "string", "minLength": 1, "maxLength": 64}},
+}
+#: seconds the health gate waits for its frames before it calls the new model unhealthy
+HEALTH_GATE_TIMEOUT_S = 60.0
+
+
+def _version_number(text: str | None) -> int:
+    return int(text) if text and str(text).isdigit() else 0
+
+
+class UpdateService:
+    """Owns the model slots of the agent's updatable pipeline (the first, unless a command names another)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.slots = ModelSlots(config.data_dir)
+        self.key = VerifyKey.from_config_value(config.update_public_key) if config.update_public_key else None
+        self._lock = threading.Lock()
+
+    # -- start-up ------------------------------------------------------------------------------
+    def installed_config(self, config: AgentConfig) -> AgentConfig:
+        """The config with the committed model of the first pipeline (after an update, or a crash mid-update)."""
+        if not config.pipelines:
+            return config
+        first = config.pipelines[0]
+        configured = inspect_model(first.model)
+        state = self.slots.configured
+        if state is None or state.get("sha256") != configured.sha256:
+            # first start, or the operator put another model in the config: that is the baseline now
+            self.slots.reset_to(first.model, name=Path(first.model).name, version=_version_number(first.version),
+                                sha256=configured.sha256)
+            return config
+        active = self.slots.active
+        if active is None or active.sha256 == configured.sha256:
+            return config
+        updated = dataclasses.replace(first, model=active.path, version=str(active.version))
+        log.info("pipeline %s runs the updated model v%s (%s)", first.name, active.version, active.path)
+        return dataclasses.replace(config, pipelines=(updated, *config.pipelines[1:]))
+
+    def register(self, router: CommandRouter) -> None:
+        router.register("deploy", self.handle_deploy, args_schema=DEPLOY_ARGS_SCHEMA,
+                        description="install a signed model update (download, validate, swap, health gate)")
+        router.register("rollback", self.handle_rollback, args_schema=ROLLBACK_ARGS_SCHEMA,
+                        description="go back to the previous model")
+
+    # -- commands ------------------------------------------------------------------------------
+    def handle_deploy(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
+        if self.key is None:
+            raise UpdateRejected("updates_disabled", "this agent pins no update_public_key")
+        agent = ctx.agent
+        runner = self._runner(agent, args.get("pipeline"))
+        updater = Updater(self.slots, self.key, delegate=runner.config.delegate,
+                          validate_timeout_s=self.config.update_validate_timeout_s)
+        with self._lock:
+            manifest = updater.check(dict(args["manifest"]), str(args["signature"]))
+            self.slots.remember(manifest.deployment_id)  # a replay is refused from here on
+
+            def report(state: str, level: str = "info", reason: str | None = None, **extra: Any) -> None:
+                data = {"deployment_id": manifest.deployment_id, "state": state, "version": manifest.version,
+                        **({"reason": reason} if reason else {}), **extra}
+                message = f"update to v{manifest.version}: {state}" + (f" ({reason})" if reason else "")
+                agent.emit(UPDATE_EVENT, level, message, pipeline=runner.name, cmd_id=ctx.command_id, data=data)
+
+            report("downloading")
+            try:
+                staged = updater.download(manifest)
+                report("validating")
+                updater.validate(staged)
+            except UpdateRejected as exc:
+                report("failed", "error", exc.reason, detail=exc.detail)
+                return {"state": "failed", "reason": exc.reason}
+            except EdgeInferError as exc:  # a download that never completed
+                report("failed", "error", "download_failed", detail=str(exc))
+                return {"state": "failed", "reason": "download_failed"}
+            verdict, reason = self._trial(agent, runner, staged)
+            if verdict:
+                report("active")
+                return {"state": "active", "version": manifest.version}
+            report("rolled_back", "error", reason)
+            return {"state": "rolled_back", "reason": reason}
+
+    def handle_rollback(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
+        runner = self._runner(ctx.agent, args.get("pipeline"))
+        with self._lock:
+            previous = self.slots.previous
+            if previous is None:
+                raise UpdateRejected("no_previous", "there is no previous model to roll back to")
+            engine = self._load(runner, previous.path)
+            old = runner.swap_engine(engine, version=str(previous.version))
+            self.slots.roll_back()
+            old.close()
+        ctx.agent.emit(UPDATE_EVENT, "warning", f"rolled back to v{previous.version}", pipeline=runner.name,
+                       cmd_id=ctx.command_id, data={"state": "rolled_back", "version": previous.version})
+        return {"state": "active", "version": previous.version}
+
+    # -- the trial -----------------------------------------------------------------------------
+    def _trial(self, agent: Agent, runner: PipelineRunner, staged: InstalledModel) -> tuple[bool, str | None]:
+        """Swap ``staged`` in, watch live frames, then commit or swap the old engine back."""
+        pipeline = runner.pipeline
+        if pipeline is None:
+            return False, "pipeline_not_running"
+        try:
+            engine = self._load(runner, staged.path)
+        except EdgeInferError as exc:
+            return False, f"load_failed: {exc}"
+        baseline = (pipeline.stats.stages.get("infer") or {}).get("p50")
+        gate = HealthGate(frames=self.config.update_health_frames, baseline_infer_ms=baseline,
+                          max_factor=self.config.update_max_latency_factor)
+        verdict: list[bool] = []
+        decided = threading.Event()
+        swapped_at = [float("inf")]
+
+        def observe(result: Any) -> None:
+            if decided.is_set() or result.timestamp < swapped_at[0]:
+                return  # frames captured before the swap ran on the old engine
+            outcome = gate.observe(float(result.timings.infer), result_is_finite(result.result))
+            if outcome is not None:
+                verdict.append(outcome)
+                decided.set()
+
+        self.slots.begin_trial(staged)
+        old_version = runner.model.get("version")
+        pipeline.add_observer(observe)
+        try:
+            swapped_at[0] = time.time()
+            old_engine = runner.swap_engine(engine, version=str(staged.version))
+            deadline = time.monotonic() + HEALTH_GATE_TIMEOUT_S
+            while not decided.wait(0.2):
+                if agent.stopping:  # shutting down mid-trial: the old model stays committed
+                    gate.reason = "agent_stopping"
+                    verdict.append(False)
+                    break
+                if time.monotonic() > deadline:
+                    gate.reason = gate.reason or f"no_frames: under {gate.frames} in {HEALTH_GATE_TIMEOUT_S:.0f} s"
+                    verdict.append(False)
+                    break
+        finally:
+            pipeline.remove_observer(observe)
+        if verdict and verdict[0]:
+            self.slots.commit()
+            old_engine.close()
+            return True, None
+        runner.swap_engine(old_engine, version=old_version)
+        engine.close()
+        self.slots.abandon_trial()
+        return False, gate.reason or "health_gate"
+
+    @staticmethod
+    def _load(runner: PipelineRunner, path: str):
+        from ..runtime.delegates import load
+
+        return load(path, runner.config.delegate, threads=runner.config.threads)
+
+    @staticmethod
+    def _runner(agent: Agent, name: str | None) -> PipelineRunner:
+        if name:
+            return agent.runner(name)
+        runners = agent.runners
+        if not runners:
+            raise UpdateRejected("no_pipeline", "this agent runs no pipeline to update")
+        return runners[0]

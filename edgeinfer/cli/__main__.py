@@ -1,0 +1,5 @@
+"""``python -m edgeinfer.cli`` runs the CLI."""
+
+from . import main
+
+main()

@@ -1,0 +1,90 @@
+"""``edgeinfer device`` (profile, delegates, plan) and ``edgeinfer doctor`` (setup problems and fixes)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .output import handle_errors, print_json
+
+_ROOT = click.option("--root", default="/", show_default=True,
+                     type=click.Path(exists=True, file_okay=False, path_type=str),
+                     help="Root filesystem to inspect (a mounted image, or a fake tree in tests).")
+_PROFILE_DIRS = click.option("--profile-dir", "profile_dirs", multiple=True,
+                             type=click.Path(exists=True, file_okay=False, path_type=str),
+                             help="Extra directory of profile YAML files (repeatable; also $EDGEINFER_PROFILE_DIRS).")
+
+
+@click.command()
+@_ROOT
+@click.option("--model", type=click.Path(dir_okay=False, path_type=str),
+              help="Plan for this model (its format filters the delegates).")
+@_PROFILE_DIRS
+@click.option("--profile", help="Use this profile instead of detecting one (also $EDGEINFER_PROFILE).")
+@click.option("--delegate", help="Plan for this delegate (name or name:device) instead of the profile's order.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@handle_errors
+def device(root: str, model: str | None, profile_dirs: tuple[str, ...], profile: str | None, delegate: str | None,
+           as_json: bool) -> None:
+    """Show the matched device profile, every delegate with its availability and reason, and the plan."""
+    from ..runtime.selection import plan
+
+    the_plan = plan(model, delegate, profile=profile, root=root, profile_dirs=profile_dirs, include_others=True)
+    if as_json:
+        print_json(the_plan.to_dict())
+        return
+    detection = the_plan.detection
+    matched = detection.profile if detection else None
+    if matched is not None:
+        click.echo(f"profile   {matched.name} — {matched.description}")
+        click.echo(f"matched   {'; '.join(detection.evidence)}")
+        others = [f"{name} ({score})" for name, score in detection.ranking[1:]]
+        if others:
+            click.echo(f"also      {', '.join(others)}")
+        budget = f"{matched.memory_budget_mb} MB" if matched.memory_budget_mb else "-"
+        click.echo(f"threads   {matched.threads or 'runtime default'}    memory budget {budget}")
+        if matched.camera.device or matched.camera.gstreamer:
+            click.echo(f"camera    {matched.camera.device or '-'}  {matched.camera.pipeline() or ''}".rstrip())
+    else:
+        arch = detection.host.arch if detection else "?"
+        click.echo(f"profile   none matched (architecture {arch or 'unknown'}) — built-in order by model format")
+    if the_plan.model:
+        click.echo(f"model     {the_plan.model}")
+    click.echo(f"order     {the_plan.source}")
+    rows = [(str(i + 1), c) for i, c in enumerate(the_plan.candidates)] + [("-", c) for c in the_plan.others]
+    width = max([len(c.spec) for _, c in rows] + [8])
+    for number, candidate in rows:
+        mark = "  <- selected" if candidate is the_plan.chosen else ""
+        note = "" if candidate.in_plan else " (not in this order)"
+        available = "yes" if candidate.available else "no "
+        click.echo(f"  {number:>2}  {candidate.spec:<{width}}  {available}  {candidate.reason}{note}{mark}")
+    chosen = the_plan.chosen
+    click.echo(f"selected  {chosen.spec if chosen else 'nothing can run here'}")
+    if the_plan.fallback_reason:
+        click.echo(f"fallback  {the_plan.fallback_reason}")
+
+
+@click.command()
+@_ROOT
+@click.option("--user", help="Check device permissions for this user (default: $SUDO_USER, else you).")
+@_PROFILE_DIRS
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@handle_errors
+def doctor(root: str, user: str | None, profile_dirs: tuple[str, ...], as_json: bool) -> None:
+    """Diagnose common setup problems (libedgetpu, udev, gasket, TensorRT/JetPack, numpy, camera); exit 1 if any."""
+    from ..tools.doctor import diagnose
+
+    report = diagnose(root, user=user, profile_dirs=profile_dirs)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        labels = {"ok": "ok      ", "problem": "PROBLEM ", "warning": "warning ", "info": "        "}
+        for finding in report.findings:
+            click.echo(f"{labels.get(finding.status, finding.status)}{finding.check}: {finding.detail}")
+            if finding.fix and finding.status != "ok":
+                click.echo(f"          fix: {finding.fix}")
+        count = len(report.problems)
+        click.echo(f"{count} problem{'s' if count != 1 else ''} found" if count else "no problems found")
+    if report.problems:
+        sys.exit(1)

@@ -1,0 +1,167 @@
+"""``edgeinfer fleet serve|devices|deployments`` and ``edgeinfer deploy``."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from .output import handle_errors, print_json
+
+_fleet_url = click.option("--fleet-url", envvar="EDGEINFER_FLEET_URL", default="http://127.0.0.1:8700",
+                          show_default=True, help="The fleet manager's HTTP address.")
+
+
+@click.group()
+def fleet() -> None:
+    """Run the fleet manager, or ask it about devices and deployments."""
+
+
+@fleet.command("serve")
+@click.option("--broker", help="MQTT broker URL (mqtt://host:port). Default: start an embedded broker.")
+@click.option("--broker-port", default=1883, show_default=True, help="Port of the embedded broker.")
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False), help="mqtts://: the CA that signed the broker.")
+@click.option("--cert", type=click.Path(exists=True, dir_okay=False), help="mqtts://: client certificate.")
+@click.option("--key", type=click.Path(exists=True, dir_okay=False), help="mqtts://: client key (unencrypted).")
+@click.option("--username", help="MQTT user name.")
+@click.option("--password-file", type=click.Path(exists=True, dir_okay=False),
+              help="File holding the MQTT password (kept out of the command line).")
+@click.option("--db", "db_url", help="SQLAlchemy URL (default: sqlite in the data dir; postgresql://... works).")
+@click.option("--http", default="127.0.0.1:8700", show_default=True, help="HOST:PORT for artifacts and the API.")
+@click.option("--public-url", help="How devices reach the HTTP server, if not http://HOST:PORT.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("fleet-data"),
+              show_default=True, help="Signing key, artifacts, database, command spool.")
+@handle_errors
+def fleet_serve(broker: str | None, broker_port: int, ca: str | None, cert: str | None, key: str | None,
+                username: str | None, password_file: str | None, db_url: str | None, http: str,
+                public_url: str | None, data_dir: Path) -> None:
+    """Ingest every device's state, telemetry and events; serve artifacts and the API; run rollouts."""
+    from ..fleet.manager import FleetManager, FleetSettings
+
+    password = Path(password_file).read_text().rstrip("\r\n") if password_file else None
+    settings = FleetSettings(broker=broker, db_url=db_url, http=http, data_dir=data_dir, public_url=public_url,
+                             embedded_broker_port=broker_port, ca=ca, cert=cert, key=key, username=username,
+                             password=password)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with FleetManager(settings) as manager:
+        click.echo(f"fleet manager: broker {manager.broker_url}, HTTP {manager.http.url}, data {data_dir}", err=True)
+        click.echo(f"agents pin: update_public_key: {manager.key.public_key_b64()}", err=True)
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> None:
+    widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows)]
+    for row in [headers, *rows]:
+        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+@fleet.command("devices")
+@_fleet_url
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def fleet_devices(fleet_url: str, as_json: bool) -> None:
+    """List devices: online, model version, delegate, last telemetry."""
+    from ..fleet.client import FleetClient
+
+    devices = FleetClient(fleet_url).devices()
+    if as_json:
+        print_json(devices)
+        return
+    rows = []
+    for d in devices:
+        last = d.get("last_telemetry") or {}
+        fps = sum(float(p.get("fps") or 0) for p in last.get("pipelines") or [])
+        age = f"{time.time() - d['last_seen']:.0f}s ago" if d.get("last_seen") else "-"
+        rows.append([d["device_id"], "online" if d["online"] else "offline", d.get("model_name") or "-",
+                     str(d.get("model_version") or "-"), d.get("delegate") or "-", f"{fps:.1f}", age])
+    _table(rows, ["DEVICE", "STATUS", "MODEL", "VERSION", "DELEGATE", "FPS", "SEEN"])
+
+
+@fleet.command("deployments")
+@_fleet_url
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def fleet_deployments(fleet_url: str, as_json: bool) -> None:
+    """List deployments with their per-state device counts."""
+    from ..fleet.client import FleetClient
+
+    deployments = FleetClient(fleet_url).deployments()
+    if as_json:
+        print_json(deployments)
+        return
+    rows = [[d["deployment_id"][:12], d["model_name"], str(d["version"]), d["status"],
+             " ".join(f"{k}={v}" for k, v in sorted(d["counts"].items()))] for d in deployments]
+    _table(rows, ["DEPLOYMENT", "MODEL", "VERSION", "STATUS", "DEVICES"])
+
+
+@click.command()
+@click.argument("model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--version", "version", required=True, type=click.IntRange(min=0), help="The new version number.")
+@click.option("--device", "devices", multiple=True, help="A target device id (repeatable).")
+@click.option("--group", help="Every device in this group.")
+@click.option("--all", "all_devices", is_flag=True, help="Every known device.")
+@click.option("--canary", "canary_pct", default=10.0, show_default=True, type=click.FloatRange(0, 100),
+              help="Percent of the targets in the first wave.")
+@click.option("--wave-size", type=click.IntRange(min=1), help="Devices per later wave (default: all the rest).")
+@click.option("--abort-failure-rate", default=0.0, show_default=True, type=click.FloatRange(0, 100),
+              help="Stop the rollout when more than this percent of finished devices failed.")
+@click.option("--device-timeout", default=600.0, show_default=True, help="Seconds a device may take.")
+@click.option("--rollback", is_flag=True, help="Allow going back to an older version.")
+@click.option("--pipeline", help="Which of the agent's pipelines to update (default: its first).")
+@click.option("--no-wait", is_flag=True, help="Start the rollout and return.")
+@_fleet_url
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def deploy(model: Path, version: int, devices: tuple[str, ...], group: str | None, all_devices: bool,
+           canary_pct: float, wave_size: int | None, abort_failure_rate: float, device_timeout: float,
+           rollback: bool, pipeline: str | None, no_wait: bool, fleet_url: str, as_json: bool) -> None:
+    """Roll MODEL out as VERSION: signed, in waves, canary first; exit 0 only if every target is active."""
+    from ..fleet.client import FleetClient
+    from ..fleet.manager import wait_for_deployment
+    from ..runtime.model import inspect_model
+
+    if sum(bool(x) for x in (devices, group, all_devices)) != 1:
+        raise click.UsageError("give exactly one of --device, --group or --all")
+    inspect_model(model)  # refuse a file that is not a model before anything is sent
+    client = FleetClient(fleet_url)
+    artifact = client.upload(model)
+    spec = {"sha256": artifact["sha256"], "model_name": model.name, "version": version, "canary_pct": canary_pct,
+            "wave_size": wave_size, "abort_failure_rate": abort_failure_rate, "device_timeout_s": device_timeout,
+            "rollback": rollback, "pipeline": pipeline,
+            "devices": list(devices), "group": group, "all": all_devices}
+    created = client.create_deployment(spec)
+    deployment_id = created["deployment_id"]
+    if not as_json:
+        click.echo(f"deployment {deployment_id}: {model.name} v{version} → {len(created['devices'])} device(s) "
+                   f"in {1 + max(d['wave'] for d in created['devices'])} wave(s)", err=True)
+    if no_wait:
+        print_json(created) if as_json else click.echo(deployment_id)
+        return
+
+    def progress(current: dict) -> None:
+        if not as_json:
+            counts = " ".join(f"{k}={v}" for k, v in sorted(current["counts"].items()))
+            click.echo(f"  {current['status']}: {counts}", err=True)
+
+    final = wait_for_deployment(client.deployment, deployment_id, timeout_s=device_timeout * 10,
+                                on_progress=progress)
+    if as_json:
+        print_json(final)
+    else:
+        for target in final["devices"]:
+            if target["state"] != "active":
+                click.echo(f"  {target['device_id']}: {target['state']} {target.get('detail') or ''}".rstrip(),
+                           err=True)
+        click.echo(f"deployment {deployment_id}: {final['status']}" + (f" — {final['detail']}" if final.get("detail")
+                                                                       else ""))
+    all_active = final["devices"] and all(t["state"] == "active" for t in final["devices"])
+    sys.exit(0 if all_active else 1)

@@ -1,0 +1,83 @@
+"""``edgeinfer info`` and ``edgeinfer classify``: a model file, and still images through it."""
+
+from __future__ import annotations
+
+import click
+
+from .output import handle_errors, print_json
+
+# ------------------------------------------------------------------------------------------ info
+
+def _format_spec(spec) -> str:
+    quant = f"  scale={spec.scale:.6g} zero_point={spec.zero_point}" if spec.quantized else ""
+    shape = "x".join(str(d) for d in spec.shape) or "scalar"
+    return f"{spec.name or '(unnamed)'}  {spec.dtype}[{shape}]  {spec.layout or '-'}{quant}"
+
+
+@click.command()
+@click.argument("model", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@handle_errors
+def info(model: str, as_json: bool) -> None:
+    """Describe MODEL: format (from its content), tensors, quantisation, custom ops, sha256."""
+    from ..runtime.model import inspect_model
+
+    details = inspect_model(model)
+    if as_json:
+        print_json(details.to_dict())
+        return
+    click.echo(f"model    {details.path}")
+    click.echo(f"format   {details.format.value}")
+    click.echo(f"size     {details.size_bytes:,} bytes")
+    click.echo(f"sha256   {details.sha256}")
+    for title, specs in (("inputs", details.inputs), ("outputs", details.outputs)):
+        click.echo(f"{title}:")
+        for spec in specs:
+            click.echo(f"  {_format_spec(spec)}")
+    if details.associated_files:
+        click.echo(f"packed files: {', '.join(details.associated_files)}")
+    if details.custom_ops:
+        click.echo(f"custom ops: {', '.join(details.custom_ops)}")
+    for note in details.notes:
+        click.echo(f"note: {note}")
+
+
+# -------------------------------------------------------------------------------------- classify
+
+@click.command()
+@click.argument("model", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("images", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--labels", type=click.Path(dir_okay=False, path_type=str),
+              help="Labels file (one per line). Default: the labels packed in the model, if any.")
+@click.option("--top-k", "top_k", default=5, show_default=True, type=click.IntRange(min=1), help="Classes per image.")
+@click.option("--delegate", help="Delegate name, optionally with a device (openvino:CPU). Default: the best available.")
+@click.option("--threads", type=click.IntRange(min=1), help="Delegate thread count (default: the runtime's).")
+@click.option("--resize", type=click.Choice(["stretch", "letterbox", "crop"]), default="stretch", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per image.")
+@handle_errors
+def classify(model: str, images: tuple[str, ...], labels: str | None, top_k: int, delegate: str | None,
+             threads: int | None, resize: str, as_json: bool) -> None:
+    """Classify IMAGES with MODEL and print the top-k classes of each."""
+    from .._native import captured_native_stderr
+    from ..pipeline.classify import ImageClassifier
+    from ..pipeline.labels import Labels
+    from ..runtime.delegates import load
+
+    names = Labels.load(labels) if labels else None
+    results = []
+    with load(model, delegate, threads=threads) as engine:
+        names = names or Labels.embedded(engine.model)
+        if engine.fallback_reason and not as_json:
+            click.echo(f"note: using {engine.description} ({engine.fallback_reason})", err=True)
+        classifier = ImageClassifier(engine, names, top_k=top_k, resize=resize)
+        for image in images:
+            # libjpeg reports a damaged JPEG on stderr itself; the error below says it in one line
+            with captured_native_stderr("OpenCV"):
+                top = classifier.classify_file(image)
+            results.append({"image": image, "delegate": engine.description,
+                            "top": [c.to_dict() for c in top]})
+            if not as_json:
+                best = ", ".join(f"{c.label} ({c.score:.2f})" for c in top)
+                click.echo(f"{image}  [{engine.description}]  {best}")
+    if as_json:
+        print_json(results)

@@ -1,0 +1,136 @@
+"""``edgeinfer run``: a model over a live or recorded source through the pipeline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+
+import click
+
+from .output import handle_errors
+
+#: how often the status line is redrawn (TTY) or printed (pipe), seconds
+STATUS_PERIOD_S = 0.25
+PIPE_STATUS_PERIOD_S = 5.0
+
+
+def _parse_size(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    from ..capture import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _brief(result: object) -> str:
+    """A few words about one frame's result for the status line."""
+    if isinstance(result, list):
+        return f"{result[0].label} ({result[0].score:.2f})" if result else "-"
+    name = type(result).__name__
+    if name == "Detections":
+        best = f", best {result[0].label} {result[0].score:.2f}" if len(result) else ""  # type: ignore[arg-type, index]
+        return f"{len(result)} detection(s){best}"  # type: ignore[arg-type]
+    if name == "Pose":
+        return f"pose score {result.score:.2f}"  # type: ignore[attr-defined]
+    if name == "Segmentation":
+        top = sorted(zip(result.fractions, result.labels), reverse=True)[:3]  # type: ignore[attr-defined]
+        return ", ".join(f"{label} {fraction:.0%}" for fraction, label in top)
+    return name
+
+
+@click.command()
+@click.argument("model", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--source", "-s", required=True,
+              help="Video file, image folder/glob, camera index or /dev/videoN, rtsp:// or http:// URL, "
+                   "GStreamer pipeline, picamera2, or synthetic[:WxH[@FPS]].")
+@click.option("--task", type=click.Choice(["classify", "detect", "pose", "segment"]), default="classify",
+              show_default=True)
+@click.option("--labels", type=click.Path(dir_okay=False, path_type=str),
+              help="Labels file. Default: the labels packed in the model, if any.")
+@click.option("--delegate", help="Delegate name, optionally with a device (openvino:CPU). Default: the best available.")
+@click.option("--threads", type=click.IntRange(min=1), help="Delegate thread count (default: the runtime's).")
+@click.option("--policy", type=click.Choice(["every", "latest"]),
+              help="every: process each frame (back-pressure); latest: keep the newest, count drops. "
+                   "Default: latest for cameras and streams, every for files.")
+@click.option("--max-frames", type=click.IntRange(min=1), help="Stop after this many results.")
+@click.option("--max-fps", type=click.FloatRange(min=0.01), help="Run inference at most this often.")
+@click.option("--loop", is_flag=True, help="Restart a file source at its end.")
+@click.option("--top-k", "top_k", default=5, show_default=True, type=click.IntRange(min=1), help="Classes per frame.")
+@click.option("--resize", type=click.Choice(["stretch", "letterbox", "crop"]),
+              help="How frames fit the model input (default per task).")
+@click.option("--score-threshold", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
+              help="Detections below this score are dropped.")
+@click.option("--size", callback=_parse_size, help="Camera / synthetic frame size, WxH.")
+@click.option("--fps", "camera_fps", type=click.FloatRange(min=0.1), help="Camera / synthetic frame rate.")
+@click.option("--fourcc", help="Camera pixel format, e.g. MJPG or YUYV.")
+@click.option("--full-decode", is_flag=True,
+              help="Decode MJPEG / JPEG frames at full size (default: at the model's size, 1/2-1/8 scale).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
+@handle_errors
+def run(model: str, source: str, task: str, labels: str | None, delegate: str | None, threads: int | None,
+        policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
+        resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
+        fourcc: str | None, full_decode: bool, as_json: bool) -> None:
+    """Run MODEL over frames from --source and print results (or a live status line)."""
+    from ..capture import open_source
+    from ..pipeline.core import Pipeline
+
+    frames = open_source(source, size=size, fps=camera_fps, fourcc=fourcc, loop=loop)
+    try:
+        chosen_policy = policy or ("latest" if frames.live else "every")
+        pipeline = Pipeline(model, frames, task=task, labels=labels, delegate=delegate, threads=threads,
+                            policy=chosen_policy, max_fps=max_fps, max_frames=max_frames, top_k=top_k,
+                            resize=resize, score_threshold=score_threshold, reduced_decode=not full_decode)
+    except BaseException:
+        frames.close()
+        raise
+    interrupted = False
+    with frames, pipeline:
+        engine = pipeline.engine
+        if engine.fallback_reason and not as_json:
+            click.echo(f"note: using {engine.description} ({engine.fallback_reason})", err=True)
+        tty = sys.stdout.isatty() and not as_json
+        period = STATUS_PERIOD_S if tty else PIPE_STATUS_PERIOD_S
+        next_status = time.monotonic() + period
+        try:
+            for result in pipeline:
+                if as_json:
+                    sys.stdout.write(json.dumps({"type": "result", **result.to_dict()}) + "\n")
+                    continue
+                now = time.monotonic()
+                if now >= next_status:
+                    next_status = now + period
+                    _status(pipeline, result, tty)
+        except KeyboardInterrupt:
+            interrupted = True
+            pipeline.stop()
+        stats = pipeline.stats
+        if as_json:
+            sys.stdout.write(json.dumps({"type": "summary", **stats.to_dict()}) + "\n")
+            sys.stdout.flush()
+        else:
+            if tty:
+                click.echo("\r\033[K", nl=False)
+            latency = stats.stages["latency"]
+            click.echo(f"{stats.frames} frames in {stats.elapsed_s:.1f} s: {stats.fps:.1f} fps, "
+                       f"latency p50 {latency['p50']:.1f} ms / p95 {latency['p95']:.1f} ms / "
+                       f"p99 {latency['p99']:.1f} ms, dropped {stats.dropped}, on {stats.delegate}")
+    if interrupted:
+        sys.exit(130)
+
+
+def _status(pipeline, result, tty: bool) -> None:
+    window = pipeline.take_window()
+    latency = window.stages["latency"]["p50"]
+    line = (f"frame {result.frame_id}  {window.fps:5.1f} fps  latency {latency:6.1f} ms  "
+            f"dropped {pipeline.dropped}  [{window.delegate}]  {_brief(result.result)}")
+    if tty:
+        width = max(20, shutil.get_terminal_size((120, 24)).columns - 1)
+        click.echo("\r\033[K" + line[:width], nl=False)
+    else:
+        click.echo(line)

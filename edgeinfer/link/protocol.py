@@ -1,0 +1,435 @@
+"""The MQTT protocol between devices and the fleet: topic names, message schemas, validation.
+
+Topic root ``edgeinfer/v1/<fleet>/<device>/``:
+
+============ =============== =========== ==========================================================
+topic        direction       QoS/retain  payload
+============ =============== =========== ==========================================================
+``state``    device → fleet  1, retained birth: online, profile, delegates, models, versions; the
+                                         Last Will sets it offline
+``telemetry`` device → fleet 1           a metrics window, with ``boot_id`` and a per-boot ``seq``
+``events``   device → fleet  1           fallbacks, errors, restarts, command results
+``cmd``      fleet → device  1           commands; each has an ``id`` and is idempotent
+============ =============== =========== ==========================================================
+
+Every payload is a UTF-8 JSON object with ``"v": 1`` and a ``"type"``. The schemas below are JSON
+Schema (draft 2020-12), kept here as data so that the code, the validator and ``docs/protocol.md``
+(generated from them, and checked by a test) cannot drift apart. The validator implements the
+subset of JSON Schema these schemas use; it needs no third-party package, so the agent stays small.
+
+Device → fleet messages allow extra properties (a v1 reader must ignore what it does not know);
+``cmd`` is strict, because a device must never act on a field it does not understand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+TOPIC_PREFIX = f"edgeinfer/v{PROTOCOL_VERSION}"
+KINDS = ("state", "telemetry", "events", "cmd")
+#: an inbound message larger than this is refused before it is parsed
+MAX_PAYLOAD_BYTES = 256 * 1024
+
+#: fleet and device ids: one MQTT topic level, no wildcards, printable, short
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_ID_RE = re.compile(ID_PATTERN)
+COMMAND_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+COMMAND_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+
+
+def check_id(value: str, what: str = "id") -> str:
+    """Return ``value`` if it is a valid fleet/device id (one topic level), else raise ValueError."""
+    if not isinstance(value, str) or not _ID_RE.match(value):
+        raise ValueError(f"{what} {value!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ - (starting with a letter "
+                         "or digit); it becomes an MQTT topic level")
+    return value
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The four topics of one device."""
+
+    fleet: str
+    device: str
+
+    def __post_init__(self) -> None:
+        check_id(self.fleet, "fleet")
+        check_id(self.device, "device id")
+
+    @property
+    def root(self) -> str:
+        return f"{TOPIC_PREFIX}/{self.fleet}/{self.device}"
+
+    @property
+    def state(self) -> str:
+        return f"{self.root}/state"
+
+    @property
+    def telemetry(self) -> str:
+        return f"{self.root}/telemetry"
+
+    @property
+    def events(self) -> str:
+        return f"{self.root}/events"
+
+    @property
+    def cmd(self) -> str:
+        return f"{self.root}/cmd"
+
+    def topic(self, kind: str) -> str:
+        """The topic of ``kind`` (state, telemetry, events or cmd)."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown topic kind {kind!r}; one of {', '.join(KINDS)}")
+        return f"{self.root}/{kind}"
+
+
+def subscription(kind: str, fleet: str = "+", device: str = "+") -> str:
+    """A subscription filter for ``kind`` across devices/fleets, e.g. ``edgeinfer/v1/+/+/telemetry``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown topic kind {kind!r}; one of {', '.join(KINDS)}")
+    return f"{TOPIC_PREFIX}/{fleet}/{device}/{kind}"
+
+
+def parse_topic(topic: str) -> tuple[str, str, str]:
+    """Split an edgeinfer topic into ``(fleet, device, kind)``; ProtocolError if it is not one."""
+    parts = topic.split("/")
+    if len(parts) != 5 or "/".join(parts[:2]) != TOPIC_PREFIX or parts[4] not in KINDS:
+        raise ProtocolError(f"topic {topic!r} is not {TOPIC_PREFIX}/<fleet>/<device>/<{'|'.join(KINDS)}>")
+    if not (_ID_RE.match(parts[2]) and _ID_RE.match(parts[3])):
+        raise ProtocolError(f"topic {topic!r} has an invalid fleet or device id")
+    return parts[2], parts[3], parts[4]
+
+
+# ------------------------------------------------------------------------------------- schemas
+
+_NUM = {"type": "number"}
+_NONNEG = {"type": "number", "minimum": 0}
+_COUNT = {"type": "integer", "minimum": 0}
+_TS = {"type": "number", "minimum": 0, "description": "UNIX time, seconds"}
+_ID = {"type": "string", "pattern": ID_PATTERN}
+_BOOT = {"type": "string", "pattern": "^[0-9a-f]{32}$", "description": "uuid4 hex, new at every agent start"}
+_NULLABLE_STR = {"type": ["string", "null"]}
+_ENVELOPE = {
+    "v": {"const": PROTOCOL_VERSION},
+    "fleet": _ID,
+    "device": _ID,
+    "ts": _TS,
+}
+_PERCENTILES = {
+    "type": "object",
+    "properties": {"p50": _NONNEG, "p95": _NONNEG, "p99": _NONNEG, "mean": _NONNEG},
+    "required": ["p50", "p95", "p99"],
+}
+
+STATE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "state",
+    "description": "Retained. Published at every (re)connect and on every change; the Last Will "
+                   "replaces it with online=false.",
+    "type": "object",
+    "required": ["v", "type", "fleet", "device", "ts", "online", "boot_id"],
+    "properties": {
+        **_ENVELOPE,
+        "type": {"const": "state"},
+        "online": {"type": "boolean"},
+        "reason": {"type": "string", "description": "why offline: shutdown, connection lost"},
+        "boot_id": _BOOT,
+        "started": _TS,
+        "profile": _NULLABLE_STR,
+        "versions": {"type": "object", "additionalProperties": _NULLABLE_STR,
+                     "description": "edgeinfer, python, paho-mqtt and each runtime's version (null: absent)"},
+        "delegates": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "available"],
+                "properties": {"name": {"type": "string"}, "available": {"type": "boolean"},
+                               "reason": _NULLABLE_STR},
+            },
+        },
+        "pipelines": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "status"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "status": {"enum": ["starting", "running", "ended", "failed", "restarting", "stopped"]},
+                    "task": {"type": "string"},
+                    "source": {"type": "string"},
+                    "delegate": _NULLABLE_STR,
+                    "fallback_reason": _NULLABLE_STR,
+                    "error": _NULLABLE_STR,
+                    "model": {
+                        "type": ["object", "null"],
+                        "required": ["path"],
+                        "properties": {"path": {"type": "string"},
+                                       "sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"},
+                                       "version": _NULLABLE_STR, "format": _NULLABLE_STR},
+                    },
+                },
+            },
+        },
+        "spool": {"type": "object"},
+    },
+}
+
+_STAGES = {"capture", "preprocess", "infer", "postprocess", "latency"}
+TELEMETRY_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "telemetry",
+    "description": "One window of metrics. seq starts at 1 for each boot_id and increases by one per "
+                   "message, so a reader sees gaps (spool drops, reported in spool.dropped) and "
+                   "duplicates (QoS 1 redelivery; de-duplicate on (boot_id, seq)).",
+    "type": "object",
+    "required": ["v", "type", "fleet", "device", "ts", "boot_id", "seq", "interval_s", "pipelines", "system",
+                 "spool"],
+    "properties": {
+        **_ENVELOPE,
+        "type": {"const": "telemetry"},
+        "boot_id": _BOOT,
+        "seq": {"type": "integer", "minimum": 1},
+        "interval_s": {"type": "number", "exclusiveMinimum": 0, "description": "the window's length"},
+        "pipelines": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "status", "frames", "dropped", "fps"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "status": {"type": "string"},
+                    "delegate": _NULLABLE_STR,
+                    "frames": _COUNT,
+                    "dropped": _COUNT,
+                    "fps": _NONNEG,
+                    "restarts": _COUNT,
+                    "stages": {"type": "object", "additionalProperties": _PERCENTILES,
+                               "description": "ms per stage: " + ", ".join(sorted(_STAGES))},
+                },
+            },
+        },
+        "system": {
+            "type": "object",
+            "required": ["cpu_percent", "rss_bytes"],
+            "properties": {
+                "cpu_percent": {"type": ["number", "null"], "minimum": 0,
+                                "description": "whole machine, 100 = every core busy"},
+                "process_cpu_percent": {"type": ["number", "null"], "minimum": 0,
+                                        "description": "this agent process, 100 = one core"},
+                "rss_bytes": {"type": ["integer", "null"], "minimum": 0},
+                "temperature_c": {"type": "object", "additionalProperties": _NUM,
+                                  "description": "sensor name -> degrees C, for the zones the profile names"},
+                "throttled": {"type": ["boolean", "null"], "description": "null: no throttling sensor"},
+                "throttle_flags": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "power_mw": {"type": "object", "additionalProperties": _NUM,
+                             "description": "rail name -> milliwatts, for the power rails the profile names"},
+            },
+        },
+        "spool": {
+            "type": "object",
+            "required": ["pending", "dropped"],
+            "properties": {"pending": _COUNT, "bytes": _COUNT, "dropped": _COUNT, "dropped_events": _COUNT,
+                           "rejected": _COUNT, "write_errors": _COUNT},
+            "description": "dropped counts are cumulative for the spool's life (they survive restarts)",
+        },
+        "mqtt": {"type": "object"},
+    },
+}
+
+EVENT_KINDS = (
+    "agent_started", "agent_stopping", "pipeline_started", "pipeline_ended", "pipeline_failed",
+    "pipeline_restarting", "fallback", "mqtt_reconnected", "cmd_result", "cmd_rejected", "error",
+)
+EVENT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "events",
+    "description": "Something happened. seq is per boot, like telemetry's, but its own counter.",
+    "type": "object",
+    "required": ["v", "type", "fleet", "device", "ts", "boot_id", "seq", "event", "level", "message"],
+    "properties": {
+        **_ENVELOPE,
+        "type": {"const": "event"},
+        "boot_id": _BOOT,
+        "seq": {"type": "integer", "minimum": 1},
+        "event": {"type": "string", "pattern": COMMAND_NAME_PATTERN,
+                  "description": "one of " + ", ".join(EVENT_KINDS) + " (readers must accept new ones)"},
+        "level": {"enum": ["info", "warning", "error"]},
+        "message": {"type": "string"},
+        "pipeline": _NULLABLE_STR,
+        "cmd_id": _NULLABLE_STR,
+        "data": {"type": "object"},
+    },
+}
+
+CMD_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "cmd",
+    "description": "A command to one device. The device answers on events with cmd_result or "
+                   "cmd_rejected carrying the same id; a command id seen before is not run again.",
+    "type": "object",
+    "required": ["v", "type", "id", "cmd"],
+    "additionalProperties": False,
+    "properties": {
+        "v": {"const": PROTOCOL_VERSION},
+        "type": {"const": "cmd"},
+        "id": {"type": "string", "pattern": COMMAND_ID_PATTERN},
+        "cmd": {"type": "string", "pattern": COMMAND_NAME_PATTERN},
+        "ts": _TS,
+        "expires": {"type": "number", "minimum": 0, "description": "UNIX time after which it must not run"},
+        "args": {"type": "object"},
+    },
+}
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "state": STATE_SCHEMA,
+    "telemetry": TELEMETRY_SCHEMA,
+    "events": EVENT_SCHEMA,
+    "cmd": CMD_SCHEMA,
+}
+
+
+# ----------------------------------------------------------------------------------- validator
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
+    "integer": (int,), "number": (int, float), "null": (type(None),),
+}
+
+
+def _is_type(value: Any, name: str) -> bool:
+    if name in ("integer", "number") and isinstance(value, bool):
+        return False
+    if name == "number" and isinstance(value, float) and not math.isfinite(value):
+        return False
+    return isinstance(value, _TYPES[name])
+
+
+def _errors(value: Any, schema: Mapping[str, Any], where: str) -> list[str]:
+    """Every way ``value`` breaks ``schema`` (the subset of JSON Schema used in this module)."""
+    out: list[str] = []
+    if "const" in schema and value != schema["const"]:
+        return [f"{where}: must be {schema['const']!r}, got {value!r}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{where}: must be one of {', '.join(map(repr, schema['enum']))}, got {value!r}"]
+    if "type" in schema:
+        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        if not any(_is_type(value, n) for n in names):
+            return [f"{where}: must be {' or '.join(names)}, got {type(value).__name__}"]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            out.append(f"{where}: must be >= {schema['minimum']}, got {value}")
+        if "maximum" in schema and value > schema["maximum"]:
+            out.append(f"{where}: must be <= {schema['maximum']}, got {value}")
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            out.append(f"{where}: must be > {schema['exclusiveMinimum']}, got {value}")
+    if isinstance(value, str):
+        if "minLength" in schema and len(value) < schema["minLength"]:
+            out.append(f"{where}: must have at least {schema['minLength']} characters")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            out.append(f"{where}: must have at most {schema['maxLength']} characters")
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            out.append(f"{where}: {value[:80]!r} does not match {schema['pattern']}")
+    if isinstance(value, list):
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            out.append(f"{where}: needs at least {schema['minItems']} items")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            out.append(f"{where}: allows at most {schema['maxItems']} items")
+        if "items" in schema:
+            for index, item in enumerate(value):
+                out.extend(_errors(item, schema["items"], f"{where}[{index}]"))
+    if isinstance(value, dict):
+        for key in schema.get("required", ()):
+            if key not in value:
+                out.append(f"{where}: missing required key {key!r}")
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            path = f"{where}.{key}"
+            if not isinstance(key, str):
+                out.append(f"{where}: keys must be strings")
+            elif key in props:
+                out.extend(_errors(item, props[key], path))
+            elif extra is False:
+                out.append(f"{where}: unknown key {key!r}")
+            elif isinstance(extra, Mapping):
+                out.extend(_errors(item, extra, path))
+    return out
+
+
+def schema_errors(value: Any, schema: Mapping[str, Any]) -> list[str]:
+    """All violations of ``schema`` by ``value``, as readable strings (empty when valid)."""
+    return _errors(value, schema, "$")
+
+
+def validate(kind: str, message: Any) -> dict[str, Any]:
+    """Check a decoded message against the schema of ``kind``; return it, or raise ProtocolError."""
+    if kind not in SCHEMAS:
+        raise ValueError(f"unknown message kind {kind!r}; one of {', '.join(SCHEMAS)}")
+    problems = schema_errors(message, SCHEMAS[kind])
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise ProtocolError(f"invalid {kind} message: {shown}")
+    return message
+
+
+def decode(kind: str, payload: bytes | bytearray | str) -> dict[str, Any]:
+    """Parse a received payload (UTF-8 JSON) and validate it; ProtocolError says what is wrong."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise ProtocolError(f"{kind} payload of {len(payload)} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
+    try:
+        text = payload.decode("utf-8") if isinstance(payload, (bytes, bytearray)) else payload
+        message = json.loads(text, parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"{kind} payload is not UTF-8: {exc}") from exc
+    except (json.JSONDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"{kind} payload is not JSON: {exc}") from exc
+    return validate(kind, message)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """Serialise a message compactly (UTF-8 JSON, no NaN)."""
+    return json.dumps(message, separators=(",", ":"), allow_nan=False, default=_default).encode("utf-8")
+
+
+def _default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, (set, tuple, frozenset)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def make_command(command_id: str, cmd: str, args: Mapping[str, Any] | None = None, *, ts: float | None = None,
+                 expires: float | None = None) -> dict[str, Any]:
+    """Build a valid ``cmd`` message (for the fleet side and tests)."""
+    message: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": "cmd", "id": command_id, "cmd": cmd,
+                               "args": dict(args or {})}
+    if ts is not None:
+        message["ts"] = ts
+    if expires is not None:
+        message["expires"] = expires
+    return validate("cmd", message)
+
+
+def schemas_markdown() -> str:
+    """The schemas as the Markdown section of docs/protocol.md (generated, checked by a test)."""
+    parts = []
+    for kind, schema in SCHEMAS.items():
+        parts.append(f"### `{kind}`\n\n```json\n{json.dumps(schema, indent=2, ensure_ascii=False)}\n```\n")
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":  # pragma: no cover - regenerates the schema section of docs/protocol.md
+    print(schemas_markdown(), end="")

@@ -1,0 +1,1 @@
+"""The pipeline: capture → preprocess → infer → postprocess on two threads, and its tasks."""

@@ -1,0 +1,186 @@
+"""Frame → model input, written straight into the engine's input view.
+
+A :class:`Preprocessor` is built once per (model input, source frame size). It preallocates every
+scratch buffer it needs, so calling it per frame allocates nothing: OpenCV writes into our
+buffers through ``dst=`` and numpy through ``out=``. It returns the :class:`Transform` that maps
+model-input pixels back to source pixels (for detection boxes and keypoints).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from ..errors import InputMismatch
+from ..runtime.model import TensorSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+
+ResizeMode = Literal["stretch", "letterbox", "crop"]
+RESIZE_MODES = ("stretch", "letterbox", "crop")
+#: float inputs with no stated normalisation get (pixel - 127.5) / 127.5, i.e. [-1, 1]
+DEFAULT_FLOAT_MEAN = 127.5
+DEFAULT_FLOAT_STD = 127.5
+LETTERBOX_PAD = 114
+
+
+@dataclass(frozen=True)
+class Transform:
+    """How a source frame was mapped into the model input: ``model = source * scale + pad``."""
+
+    scale_x: float
+    scale_y: float
+    pad_x: float
+    pad_y: float
+    source_width: int
+    source_height: int
+
+    def for_source_size(self, width: int, height: int) -> Transform:
+        """The same mapping for a source whose frames were shrunk to ``source_width`` x ``source_height``
+        from ``width`` x ``height`` (reduced-scale decoding): coordinates come out in the full frame."""
+        if (width, height) == (self.source_width, self.source_height):
+            return self
+        return Transform(self.scale_x * self.source_width / width, self.scale_y * self.source_height / height,
+                         self.pad_x, self.pad_y, width, height)
+
+    def to_source(self, x: float, y: float) -> tuple[float, float]:
+        """Model-input pixel coordinates -> source pixel coordinates (clipped to the frame)."""
+        sx = (x - self.pad_x) / self.scale_x
+        sy = (y - self.pad_y) / self.scale_y
+        return (min(max(sx, 0.0), float(self.source_width)), min(max(sy, 0.0), float(self.source_height)))
+
+
+def input_geometry(spec: TensorSpec) -> tuple[int, int, int, str]:
+    """(height, width, channels, layout) of an image input; ValueError if it is not one."""
+    shape = spec.shape
+    layout = spec.layout
+    if len(shape) != 4 or layout not in ("NHWC", "NCHW"):
+        raise ValueError(f"input {spec.name!r} with shape {shape} is not an image tensor (NHWC / NCHW)")
+    if layout == "NHWC":
+        return shape[1], shape[2], shape[3], layout
+    return shape[2], shape[3], shape[1], layout
+
+
+class Preprocessor:
+    """Resize / letterbox / centre-crop, BGR→RGB, normalise, quantise, NHWC/NCHW into ``dst``."""
+
+    def __init__(
+        self,
+        spec: TensorSpec,
+        source_size: tuple[int, int],
+        *,
+        resize: ResizeMode = "stretch",
+        rgb: bool = True,
+        mean: float | tuple[float, ...] | None = None,
+        std: float | tuple[float, ...] | None = None,
+        interpolation: str = "linear",
+    ) -> None:
+        import cv2
+        import numpy as np
+
+        if resize not in RESIZE_MODES:
+            raise ValueError(f"resize must be one of {RESIZE_MODES}, not {resize!r}")
+        self.spec = spec
+        self.height, self.width, self.channels, self.layout = input_geometry(spec)
+        if self.channels != 3:
+            raise ValueError(f"input {spec.name!r} has {self.channels} channels; only 3-channel images are supported")
+        self.source_width, self.source_height = source_size
+        self.resize_mode = resize
+        self._cv2 = cv2
+        self._interp = {"linear": cv2.INTER_LINEAR, "area": cv2.INTER_AREA, "nearest": cv2.INTER_NEAREST}[interpolation]
+        self._color = cv2.COLOR_BGR2RGB if rgb else None
+        self.transform, self._region, self._crop = self._plan()
+        rh, rw = self._region[3] - self._region[1], self._region[2] - self._region[0]
+        self._resized = np.empty((rh, rw, 3), np.uint8)
+        self._colored = np.empty((rh, rw, 3), np.uint8) if self._color is not None else self._resized
+        self._float_plan = self._plan_values(mean, std)
+        if self._float_plan is not None:
+            self._real = np.empty((self.height, self.width, 3), np.float32)
+            self._work = np.empty((rh, rw, 3), np.float32)
+
+    # -- planning ------------------------------------------------------------------------
+    def _plan(self):
+        """Transform, target region (x0, y0, x1, y1) in the input, and source crop (x0, y0, x1, y1)."""
+        sw, sh, w, h = self.source_width, self.source_height, self.width, self.height
+        if self.resize_mode == "stretch":
+            return Transform(w / sw, h / sh, 0.0, 0.0, sw, sh), (0, 0, w, h), (0, 0, sw, sh)
+        if self.resize_mode == "letterbox":
+            scale = min(w / sw, h / sh)
+            rw, rh = max(1, round(sw * scale)), max(1, round(sh * scale))
+            x0, y0 = (w - rw) // 2, (h - rh) // 2
+            return Transform(rw / sw, rh / sh, x0, y0, sw, sh), (x0, y0, x0 + rw, y0 + rh), (0, 0, sw, sh)
+        scale = max(w / sw, h / sh)  # centre crop: cover, then cut the overflow from the source
+        cw, ch = min(sw, round(w / scale)), min(sh, round(h / scale))
+        cx0, cy0 = (sw - cw) // 2, (sh - ch) // 2
+        transform = Transform(w / cw, h / ch, -cx0 * w / cw, -cy0 * h / ch, sw, sh)
+        return transform, (0, 0, w, h), (cx0, cy0, cx0 + cw, cy0 + ch)
+
+    def _plan_values(self, mean, std):
+        """None when the input takes raw uint8 pixels; else (mean, 1/std, scale, zero_point, lo, hi)."""
+        import numpy as np
+
+        spec = self.spec
+        dtype = np.dtype(spec.dtype)
+        if dtype == np.uint8 and mean is None and std is None:
+            return None  # the TF/Coral convention: uint8 models take pixels as they are
+        if mean is None:
+            mean = 128.0 if dtype.kind in "iu" else DEFAULT_FLOAT_MEAN
+        if std is None:
+            std = 128.0 if dtype.kind in "iu" else DEFAULT_FLOAT_STD
+        mean_arr = np.asarray(mean, np.float32).reshape(-1)
+        inv_std = (1.0 / np.asarray(std, np.float32)).reshape(-1)
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            scale = spec.scale or (1.0 / 128.0 if dtype == np.int8 else 1.0)
+            zero = spec.zero_point if spec.zero_point is not None else 0
+            return mean_arr, inv_std, scale, zero, info.min, info.max
+        return mean_arr, inv_std, None, None, None, None
+
+    # -- per frame -----------------------------------------------------------------------
+    def __call__(self, frame: np.ndarray, dst: np.ndarray) -> Transform:
+        """Write ``frame`` (HxWx3 BGR uint8) into ``dst`` (the engine's input view)."""
+        import numpy as np
+
+        cv2 = self._cv2
+        if frame.shape[:2] != (self.source_height, self.source_width) or frame.dtype != np.uint8:
+            raise InputMismatch(
+                f"frame is {frame.shape} {frame.dtype}, the preprocessor was built for "
+                f"{self.source_height}x{self.source_width}x3 uint8 — build a new one for this size"
+            )
+        cx0, cy0, cx1, cy1 = self._crop
+        source = frame if self._crop == (0, 0, self.source_width, self.source_height) else frame[cy0:cy1, cx0:cx1]
+        size = (self._resized.shape[1], self._resized.shape[0])
+        cv2.resize(source, size, dst=self._resized, interpolation=self._interp)
+        if self._color is not None:
+            cv2.cvtColor(self._resized, self._color, dst=self._colored)
+        pixels = self._colored
+        image = dst[0]  # HxWx3 for NHWC, 3xHxW for NCHW
+        x0, y0, x1, y1 = self._region
+        full = (x0, y0, x1, y1) == (0, 0, self.width, self.height)
+        if self._float_plan is None:  # uint8 pixels straight in
+            if self.layout == "NHWC" and full:
+                np.copyto(image, pixels)
+            else:
+                if not full:
+                    image.fill(LETTERBOX_PAD)
+                target = image[y0:y1, x0:x1] if self.layout == "NHWC" else image[:, y0:y1, x0:x1].transpose(1, 2, 0)
+                np.copyto(target, pixels)
+            return self.transform
+        mean, inv_std, scale, zero, lo, hi = self._float_plan
+        work = self._work
+        np.subtract(pixels, mean, out=work, casting="unsafe")
+        np.multiply(work, inv_std, out=work)
+        if scale is not None:  # quantise: q = real / scale + zero_point
+            np.multiply(work, 1.0 / scale, out=work)
+            np.add(work, zero, out=work)
+            np.rint(work, out=work)
+            np.clip(work, lo, hi, out=work)
+        real = self._real
+        if not full:
+            real.fill(0.0)
+            real[y0:y1, x0:x1] = work
+            work = real
+        target = image if self.layout == "NHWC" else image.transpose(1, 2, 0)
+        np.copyto(target, work, casting="unsafe")
+        return self.transform

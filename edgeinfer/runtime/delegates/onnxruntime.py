@@ -1,0 +1,115 @@
+"""``onnxruntime``: ONNX Runtime on the CPU, inputs and outputs bound once with IOBinding."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from ...errors import EdgeInferError, InferenceError, ModelFormatError, ModelLoadError, UnsupportedOperator
+from ..engine import Engine
+from ..model import ModelFormat, ModelInfo, TensorSpec, guess_layout
+from .base import Delegate, import_runtime, runtime_missing_reason
+
+ORT_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
+              "tensor(int32)": "int32", "tensor(int64)": "int64", "tensor(float16)": "float16",
+              "tensor(double)": "float64", "tensor(bool)": "bool", "tensor(int16)": "int16",
+              "tensor(uint16)": "uint16"}
+
+
+@contextlib.contextmanager
+def map_ort_errors(model: ModelInfo, stage: str) -> Iterator[None]:
+    """Map onnxruntime's exceptions (Fail, InvalidGraph, NotImplemented, ...) to edgeinfer errors."""
+    try:
+        yield
+    except EdgeInferError:
+        raise
+    except Exception as exc:  # ORT raises its own pybind classes; all derive from Exception
+        kind = type(exc).__name__
+        first_line = (str(exc).strip().splitlines() or [kind])[0]
+        if stage == "invoke":
+            raise InferenceError(f"ONNX Runtime failed to run {model.path}: {first_line}") from exc
+        if kind == "NotImplemented" or "not implemented" in first_line.lower():
+            raise UnsupportedOperator(
+                f"ONNX Runtime lacks an operator {model.path} needs: {first_line} — try --delegate openvino",
+            ) from exc
+        if kind in ("InvalidProtobuf", "InvalidGraph") or "protobuf" in first_line.lower():
+            raise ModelFormatError(f"ONNX Runtime cannot parse {model.path}: {first_line}") from exc
+        raise ModelLoadError(f"ONNX Runtime cannot load {model.path}: {first_line}") from exc
+
+
+def _concrete(shape) -> tuple[int, ...]:
+    """Symbolic / unknown dimensions (batch 'N', None) become 1."""
+    return tuple(d if isinstance(d, int) and d > 0 else 1 for d in shape)
+
+
+class OnnxRuntimeEngine(Engine):
+    delegate = "onnxruntime"
+
+    def __init__(self, model: ModelInfo, *, threads: int | None, providers: list | None = None,
+                 device: str | None = None) -> None:
+        super().__init__(model, threads=threads, device=device)
+        import numpy as np
+
+        ort = import_runtime("onnxruntime", self.delegate, "onnx")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+        with map_ort_errors(model, "load"):
+            self._session = ort.InferenceSession(
+                model.path, sess_options=options, providers=providers or ["CPUExecutionProvider"]
+            )
+        by_name = {s.name: s for s in (*model.inputs, *model.outputs)}
+
+        def spec(arg) -> TensorSpec:
+            shape = _concrete(arg.shape)
+            known = by_name.get(arg.name)
+            return TensorSpec(arg.name, shape, ORT_DTYPES.get(arg.type, arg.type), guess_layout(shape),
+                              known.scale if known else None, known.zero_point if known else None)
+
+        self._inputs = tuple(spec(a) for a in self._session.get_inputs())
+        self._outputs = tuple(spec(a) for a in self._session.get_outputs())
+        # Preallocated host arrays; OrtValues wrap them without copying, bound once.
+        self._input_arrays = [np.zeros(s.shape, dtype=s.dtype) for s in self._inputs]
+        self._output_arrays = [np.zeros(s.shape, dtype=s.dtype) for s in self._outputs]
+        self._binding = self._session.io_binding()
+        self._ort_values = []
+        for spec_, array in zip(self._inputs, self._input_arrays):
+            value = ort.OrtValue.ortvalue_from_numpy(array)
+            self._binding.bind_ortvalue_input(spec_.name, value)
+            self._ort_values.append(value)
+        for spec_, array in zip(self._outputs, self._output_arrays):
+            value = ort.OrtValue.ortvalue_from_numpy(array)
+            self._binding.bind_ortvalue_output(spec_.name, value)
+            self._ort_values.append(value)
+        self._run = self._session.run_with_iobinding
+
+    def _invoke(self) -> None:
+        try:  # no context manager on the happy path: it would allocate once per frame
+            self._run(self._binding)
+        except Exception:
+            with map_ort_errors(self.model, "invoke"):
+                raise
+
+    def _close(self) -> None:
+        self._binding = None
+        self._ort_values = []
+        self._run = None
+        self._session = None
+
+
+class OnnxRuntimeDelegate(Delegate):
+    """ONNX Runtime's CPU execution provider."""
+
+    name = "onnxruntime"
+    formats = frozenset({ModelFormat.ONNX})
+    extra = "onnx"
+
+    def unavailable_reason(self, device: str | None = None, host=None) -> str | None:
+        return runtime_missing_reason("onnxruntime", self.extra)
+
+    def load(self, model: ModelInfo, *, threads: int | None = None, device: str | None = None) -> Engine:
+        self.check(model)
+        return OnnxRuntimeEngine(model, threads=threads)

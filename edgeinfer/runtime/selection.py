@@ -1,0 +1,330 @@
+"""Delegate selection: which delegate runs a model on this device, and why the others do not.
+
+Candidates come from, in order of precedence:
+
+1. the caller's explicit delegate (``load(model, "openvino:GPU")``, ``--delegate``);
+2. ``$EDGEINFER_DELEGATE``;
+3. the device profile's ``delegates`` list (the profile is detected from the root filesystem,
+   named by the caller, or forced with ``$EDGEINFER_PROFILE``);
+4. a built-in order per model format when no profile matches.
+
+Each candidate is assessed: does its runtime exist here, is its hardware present (read from the
+detected root), does it read the model's format? The first candidate that reads the model's
+format is the *intended* one; when a later one is chosen instead, that is a **fallback** and its
+reason is recorded on the engine (``engine.fallback_reason``) and in the plan. ``strict=True``
+(or ``$EDGEINFER_STRICT=1``) turns every fallback into an error. A candidate that does not read
+the model's format is filtered out without counting as a fallback.
+
+An Edge TPU model (``*_edgetpu.tflite``) on a device whose candidates include ``coral`` falls back,
+when no TPU is usable, to its CPU twin (the same name without ``_edgetpu``) on the CPU
+candidates that follow.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DelegateUnavailable, ModelLoadError, NoDelegateAvailable, ProfileError
+from .model import ModelFormat, ModelInfo, inspect_model
+
+if TYPE_CHECKING:
+    from ..device.profiles import Detection, Host, Profile
+    from .engine import Engine
+
+DELEGATE_ENV = "EDGEINFER_DELEGATE"
+STRICT_ENV = "EDGEINFER_STRICT"
+READY = "ready"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One delegate (and device) considered for a model, with whether it can run it here and why."""
+
+    name: str
+    device: str | None = None
+    available: bool = False
+    reason: str = ""
+    #: the model file this candidate would load (the CPU twin for an Edge TPU model's fallback)
+    model: str | None = None
+    #: False when the delegate does not read the model's format (filtered, not a fallback)
+    compatible: bool = True
+    #: False for registered delegates that are not in the plan's order (listed for information)
+    in_plan: bool = True
+
+    @property
+    def spec(self) -> str:
+        """``name`` or ``name:device``."""
+        return f"{self.name}:{self.device}" if self.device else self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "device": self.device, "spec": self.spec, "available": self.available,
+                "reason": self.reason, "model": self.model, "in_plan": self.in_plan}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The candidates in order, which one is selected, and why any earlier one was passed over."""
+
+    source: str  # "explicit", "$EDGEINFER_DELEGATE", "profile <name>", "default"
+    candidates: tuple[Candidate, ...]
+    selected: int | None
+    profile: str | None = None
+    model: str | None = None
+    strict: bool = False
+    threads: int | None = None
+    fallback_reason: str | None = None
+    #: registered delegates outside the order, assessed for `edgeinfer device` (in_plan=False)
+    others: tuple[Candidate, ...] = ()
+    detection: Detection | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def chosen(self) -> Candidate | None:
+        """The selected candidate, or None when nothing can run the model."""
+        return None if self.selected is None else self.candidates[self.selected]
+
+    @property
+    def intended(self) -> int | None:
+        """Index of the first candidate that reads the model's format (what runs when nothing falls back)."""
+        return next((i for i, c in enumerate(self.candidates) if c.compatible), None)
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.selected is not None and self.selected != self.intended
+
+    def reasons(self) -> dict[str, str]:
+        """``spec -> reason`` of every candidate that cannot run (for NoDelegateAvailable)."""
+        return {c.spec: c.reason for c in self.candidates if not c.available}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``edgeinfer device --json`` object."""
+        chosen = self.chosen
+        return {
+            "profile": self.profile,
+            "delegates": [c.to_dict() for c in (*self.candidates, *self.others)],
+            "selected": chosen.name if chosen else None,
+            "selected_device": chosen.device if chosen else None,
+            "selected_model": chosen.model if chosen else None,
+            "fallback_reason": self.fallback_reason,
+            "source": self.source, "model": self.model, "strict": self.strict, "threads": self.threads,
+            "detection": self.detection.to_dict() if self.detection else None,
+        }
+
+
+def _env_flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _accepts_host(delegate: Any) -> bool:
+    try:
+        return "host" in inspect.signature(delegate.unavailable_reason).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def unavailable_reason(delegate: Any, device: str | None, host: Host | None) -> str | None:
+    """A delegate's availability, with the detected host when the delegate takes one; never raises."""
+    try:
+        if host is not None and _accepts_host(delegate):
+            return delegate.unavailable_reason(device, host=host)
+        return delegate.unavailable_reason(device)
+    except Exception as exc:  # a third-party delegate's bug must not break selection
+        return f"its availability check failed: {type(exc).__name__}: {exc}"
+
+
+def _assess(spec: str, info: ModelInfo | None, host: Host | None, twin: ModelInfo | None, *,
+            unknown_is_error: bool, in_plan: bool = True) -> Candidate:
+    from .delegates import delegate_names, get_delegate, split_delegate
+
+    name, device = split_delegate(spec)
+    try:
+        delegate = get_delegate(name)
+    except ValueError:
+        if unknown_is_error:
+            raise
+        return Candidate(name, device, False, f"no delegate named {name!r} is installed (registered: "
+                         f"{', '.join(delegate_names())})", in_plan=in_plan)
+    except Exception as exc:  # a third-party entry point that fails to import
+        return Candidate(name, device, False, f"delegate {name!r} failed to load its module: {exc}", in_plan=in_plan)
+    target = info
+    if info is not None:
+        unsupported = delegate.unsupported_reason(info)
+        if unsupported and twin is not None and name != "coral" and delegate.unsupported_reason(twin) is None:
+            target, unsupported = twin, None
+        if unsupported:
+            return Candidate(name, device, False, unsupported, info.path, compatible=False, in_plan=in_plan)
+    reason = unavailable_reason(delegate, device, host)
+    path = target.path if target else None
+    if reason:
+        return Candidate(name, device, False, reason, path, in_plan=in_plan)
+    note = f" (runs the CPU twin {Path(twin.path).name})" if twin is not None and target is twin else ""
+    return Candidate(name, device, True, READY + note, path, in_plan=in_plan)
+
+
+def _fallback_reason(plan_candidates: tuple[Candidate, ...], selected: int, intended: int | None,
+                     info: ModelInfo | None) -> str | None:
+    if intended is None or selected == intended:
+        return None
+    skipped = [c for c in plan_candidates[:selected] if c.compatible and not c.available]
+    chosen = plan_candidates[selected]
+    if info is not None and info.is_edgetpu and chosen.model and chosen.model != info.path:
+        from .delegates.coral import twin_fallback_reason
+
+        first = skipped[0] if skipped else plan_candidates[intended]
+        text = twin_fallback_reason(info, chosen.model, first.reason, first.spec)
+        if chosen.name != "xnnpack":
+            text = text.replace("on xnnpack", f"on {chosen.spec}")
+        rest = [f"{c.spec}: {c.reason}" for c in skipped[1:]]
+        return "; ".join([text, *rest])
+    return "; ".join(f"{c.spec}: {c.reason}" for c in skipped) or None
+
+
+def _profile_and_host(profile: Profile | str | None, root: str | os.PathLike | None,
+                      profile_dirs: Iterable[str | os.PathLike], env: Mapping[str, str],
+                      ) -> tuple[Profile | None, Detection | None]:
+    from ..device.profiles import Detection, detect, load_profiles, probe_host
+
+    root = root or "/"
+    if profile is None:
+        detection = detect(root, profile_dirs=profile_dirs, env=env)
+        return detection.profile, detection
+    if isinstance(profile, str):
+        known = load_profiles(profile_dirs, env=env)
+        if profile not in known:
+            raise ProfileError(f"no device profile named {profile!r} (known: {', '.join(sorted(known))})")
+        profile = known[profile]
+    return profile, Detection(profile, probe_host(root), profile.specificity, ("named by the caller",),
+                              ((profile.name, profile.specificity),))
+
+
+def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | None = None, *,
+         profile: Profile | str | None = None, root: str | os.PathLike | None = None, strict: bool | None = None,
+         profile_dirs: Iterable[str | os.PathLike] = (), env: Mapping[str, str] | None = None,
+         include_others: bool = False) -> Plan:
+    """Assess every candidate for ``model`` (or for any model, when None) without loading anything."""
+    from .delegates import DEFAULT_ORDER, delegate_names, split_delegate
+
+    env = os.environ if env is None else env
+    strict = _env_flag(env.get(STRICT_ENV)) if strict is None else strict
+    info = model if isinstance(model, ModelInfo) or model is None else inspect_model(model)
+    specs: list[str] | None = None
+    source = ""
+    if delegate:
+        specs, source = [delegate], "explicit"
+    elif env.get(DELEGATE_ENV, "").strip():
+        specs, source = [env[DELEGATE_ENV].strip()], f"${DELEGATE_ENV}"
+    chosen_profile: Profile | None = None
+    detection: Detection | None = None
+    if specs is None or profile is not None or root is not None:
+        chosen_profile, detection = _profile_and_host(profile, root, profile_dirs, env)
+    if specs is None:
+        if chosen_profile is not None:
+            specs, source = list(chosen_profile.delegates), f"profile {chosen_profile.name}"
+        else:
+            fmt = info.format if info else ModelFormat.TFLITE
+            specs, source = list(DEFAULT_ORDER.get(fmt, ())), "default"
+    host = detection.host if detection else None
+    twin = None
+    names = [split_delegate(s)[0] for s in specs]
+    if info is not None and info.is_edgetpu and "coral" in names:
+        from .delegates.coral import cpu_twin_path
+
+        twin_path = cpu_twin_path(info.path)
+        twin = inspect_model(twin_path) if twin_path else None
+        if twin is not None and source in ("explicit", f"${DELEGATE_ENV}") and len(specs) == 1:
+            specs.append("xnnpack")  # "coral" asked for by name still falls back to the twin, on the CPU
+    explicit = source in ("explicit", f"${DELEGATE_ENV}")
+    try:
+        candidates = tuple(_assess(s, info, host, twin, unknown_is_error=explicit) for s in specs)
+    except ValueError as exc:
+        if source == "explicit":
+            raise
+        raise ValueError(f"${DELEGATE_ENV}={specs[0]!r}: {exc}") from None
+    others: tuple[Candidate, ...] = ()
+    if include_others:
+        listed = {split_delegate(s)[0] for s in specs}
+        others = tuple(_assess(n, info, host, twin, unknown_is_error=False, in_plan=False)
+                       for n in delegate_names() if n not in listed)
+    selected = next((i for i, c in enumerate(candidates) if c.available), None)
+    intended = next((i for i, c in enumerate(candidates) if c.compatible), None)
+    return Plan(
+        source=source, candidates=candidates, selected=selected,
+        profile=chosen_profile.name if chosen_profile else None, model=info.path if info else None,
+        strict=strict, threads=chosen_profile.threads if chosen_profile else None,
+        fallback_reason=_fallback_reason(candidates, selected, intended, info) if selected is not None else None,
+        others=others, detection=detection,
+    )
+
+
+def _load_candidate(candidate: Candidate, info: ModelInfo, threads: int | None, *, cpu_fallback: bool = False,
+                    ) -> Engine:
+    from .delegates import get_delegate
+
+    delegate = get_delegate(candidate.name)
+    if candidate.name == "coral":  # the twin is a candidate of its own in the plan, unless there is none
+        return delegate.load(info, threads=threads, device=candidate.device, cpu_fallback=cpu_fallback)
+    return delegate.load(info, threads=threads, device=candidate.device)
+
+
+def _short(exc: BaseException) -> str:
+    return exc.reason if isinstance(exc, DelegateUnavailable) else " ".join(str(exc).split())
+
+
+def load(model: str | os.PathLike | ModelInfo, delegate: str | None = None, *, threads: int | None = None,
+         profile: Profile | str | None = None, root: str | os.PathLike | None = None, strict: bool | None = None,
+         profile_dirs: Iterable[str | os.PathLike] = (), env: Mapping[str, str] | None = None) -> Engine:
+    """Plan, then load the first candidate that works; see the module docstring for the rules.
+
+    The engine's ``selection`` is the final plan (load failures included) and its
+    ``fallback_reason`` says why earlier candidates were passed over.
+    """
+    env = os.environ if env is None else env
+    info = model if isinstance(model, ModelInfo) else inspect_model(Path(model))
+    the_plan = plan(info, delegate, profile=profile, root=root, strict=strict, profile_dirs=profile_dirs, env=env)
+    strict = the_plan.strict
+    threads = threads if threads is not None else the_plan.threads
+    candidates = list(the_plan.candidates)
+    if the_plan.source == "explicit" and len(candidates) == 1:
+        # One delegate asked for by name: its own typed error (UnsupportedOperator, DelegateUnavailable).
+        only = candidates[0]
+        chosen = _load_candidate(only, info, threads, cpu_fallback=not strict)
+        chosen.selection = replace(the_plan, candidates=(replace(only, available=True, reason=READY),), selected=0,
+                                   fallback_reason=None)
+        return chosen
+    intended = the_plan.intended
+    if intended is None:
+        raise NoDelegateAvailable(info.path, the_plan.reasons() or {"(none)": f"no delegate reads {info.format.value} "
+                                                                    "models"})
+    last_error: BaseException | None = None
+    for index, candidate in enumerate(candidates):
+        if not candidate.available:
+            continue
+        if strict and index != intended:
+            wanted = candidates[intended]
+            raise DelegateUnavailable(wanted.name, f"{wanted.reason} (strict mode: no fallback to {candidate.spec})")
+        target = info if candidate.model in (None, info.path) else inspect_model(candidate.model)
+        try:
+            engine = _load_candidate(candidate, target, threads)
+        except (DelegateUnavailable, ModelLoadError) as exc:
+            if strict:
+                raise
+            candidates[index] = replace(candidate, available=False, reason=f"failed to load: {_short(exc)}")
+            last_error = exc
+            continue
+        final = tuple(candidates)
+        reason = _fallback_reason(final, index, intended, info)
+        engine.fallback_reason = reason
+        engine.selection = replace(the_plan, candidates=final, selected=index, fallback_reason=reason)
+        return engine
+    if strict:
+        wanted = candidates[intended]
+        raise DelegateUnavailable(wanted.name, f"{wanted.reason} (strict mode)")
+    failed = replace(the_plan, candidates=tuple(candidates), selected=None)
+    raise NoDelegateAvailable(info.path, failed.reasons()) from last_error
+
+
+__all__ = ["DELEGATE_ENV", "STRICT_ENV", "Candidate", "Plan", "load", "plan", "unavailable_reason"]

@@ -1,0 +1,1 @@
+"""Tools built on the library: doctor, optimize, bench and the demo."""

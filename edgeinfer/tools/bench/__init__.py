@@ -1,0 +1,1 @@
+"""``edgeinfer bench``: every delegate side by side, one worker process per model and delegate."""

@@ -1,0 +1,1 @@
+"""Model updates, transport-free: signed manifests, verified downloads, A/B slots, validation."""

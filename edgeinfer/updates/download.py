@@ -1,0 +1,99 @@
+"""Resumable, verified downloads of model artifacts (HTTP Range), written atomically."""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import DownloadError, UpdateRejected
+from ..runtime.model import sha256_file
+
+log = logging.getLogger(__name__)
+CHUNK = 1 << 16
+DEFAULT_ATTEMPTS = 8
+DEFAULT_TIMEOUT_S = 20.0
+
+
+def _announced_total(response, have: int) -> int | None:
+    """The artifact's full size as the server states it (Content-Range total or Content-Length)."""
+    if response.status == 206:
+        total = response.headers.get("Content-Range", "").rpartition("/")[2]
+        return int(total) if total.isdigit() else None
+    length = response.headers.get("Content-Length")
+    return int(length) if length and length.isdigit() else None
+
+
+def _fetch_into(url: str, part: Path, have: int, size: int, timeout: float,
+                progress: Callable[[int], None] | None) -> None:
+    """Append the bytes from ``have`` on to ``part``; restart from 0 if the server ignores Range."""
+    headers = {"Range": f"bytes={have}-"} if have else {}
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        total = _announced_total(response, have)
+        if total is not None and total != size:
+            raise UpdateRejected("size_mismatch", f"the server's artifact is {total} bytes, the manifest says {size}")
+        mode = "ab" if have and response.status == 206 else "wb"
+        with open(part, mode) as fh:
+            received = have if mode == "ab" else 0
+            while True:
+                chunk = response.read(CHUNK)
+                if not chunk:
+                    break
+                fh.write(chunk)
+                received += len(chunk)
+                if progress:
+                    progress(received)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+
+def download(url: str, dest: str | os.PathLike, *, sha256: str, size: int, attempts: int = DEFAULT_ATTEMPTS,
+             timeout: float = DEFAULT_TIMEOUT_S, backoff_s: float = 0.2,
+             progress: Callable[[int], None] | None = None) -> Path:
+    """Download ``url`` to ``dest``, resuming a partial ``dest.part``; verify size and sha256.
+
+    ``attempts`` counts consecutive tries that made no progress, so a connection cut many times
+    still completes as long as each try moves forward. On a verification failure the partial file
+    is removed and UpdateRejected ('size_mismatch' / 'sha256_mismatch') is raised; ``dest`` only
+    ever appears complete and verified (atomic rename).
+    """
+    target = Path(dest)
+    part = target.with_name(target.name + ".part")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    failures, last_error = 0, ""
+    while True:
+        have = part.stat().st_size if part.exists() else 0
+        if have > size:  # a stale partial of some other artifact
+            part.unlink()
+            have = 0
+        if have == size:
+            break
+        try:
+            _fetch_into(url, part, have, size, timeout, progress)
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
+            log.info("download of %s interrupted at %d bytes: %s", url, have, last_error)
+        now_have = part.stat().st_size if part.exists() else 0
+        if now_have == size:
+            break
+        if now_have > size:
+            part.unlink()
+            raise UpdateRejected("size_mismatch", f"received more than the manifest's {size} bytes")
+        failures = 0 if now_have > have else failures + 1
+        if failures >= attempts:
+            raise DownloadError(f"download of {url} stalled at {now_have}/{size} bytes after {attempts} tries"
+                                f" ({last_error or 'server sent no more data'})")
+        time.sleep(min(backoff_s * (2 ** failures), 5.0))
+    actual = sha256_file(part)
+    if actual != sha256:
+        part.unlink()
+        raise UpdateRejected("sha256_mismatch", f"artifact sha256 is {actual}, the manifest says {sha256}")
+    os.replace(part, target)
+    return target

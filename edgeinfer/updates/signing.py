@@ -1,0 +1,184 @@
+"""Ed25519 keys and signed update manifests.
+
+The fleet manager holds the private key (``edgeinfer keys init``); every agent pins the public key
+in its config. A manifest is canonical JSON (sorted keys, no whitespace) so the signature covers
+exactly the bytes both sides compute, whatever JSON library produced the message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError, UpdateRejected
+
+PRIVATE_KEY_FILE = "fleet-signing.key"
+PUBLIC_KEY_FILE = "fleet-signing.pub"
+MANIFEST_VERSION = 1
+DEFAULT_MANIFEST_TTL_S = 7 * 24 * 3600
+
+
+def canonical_json(data: dict) -> bytes:
+    """The exact bytes that are signed: sorted keys, compact separators, UTF-8."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """What a deploy promises: this artifact (sha256, size) is version V for these targets until expiry."""
+
+    deployment_id: str
+    model_name: str
+    version: int
+    sha256: str
+    size: int
+    url: str
+    target: str  # "all", "group:<g>" or "device:<id>[,<id>...]"
+    issued_at: float
+    expires_at: float
+    rollback: bool = False
+    manifest_version: int = MANIFEST_VERSION
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Manifest:
+        """Build from a decoded message; UpdateRejected('bad_manifest') when fields are wrong."""
+        try:
+            manifest = cls(**data)
+        except TypeError as exc:
+            raise UpdateRejected("bad_manifest", str(exc)) from None
+        manifest.validate()
+        return manifest
+
+    def validate(self) -> None:
+        """Field-level checks, independent of the signature."""
+        problems = []
+        hex_digits = set("0123456789abcdef")
+        if not (isinstance(self.sha256, str) and len(self.sha256) == 64 and set(self.sha256) <= hex_digits):
+            problems.append("sha256 must be 64 lowercase hex digits")
+        if not isinstance(self.size, int) or self.size <= 0:
+            problems.append("size must be a positive integer")
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 0:
+            problems.append("version must be a non-negative integer")
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            problems.append("url must be http(s)")
+        if self.manifest_version != MANIFEST_VERSION:
+            problems.append(f"manifest_version {self.manifest_version} is not supported")
+        if problems:
+            raise UpdateRejected("bad_manifest", "; ".join(problems))
+
+
+def new_manifest(*, model_name: str, version: int, sha256: str, size: int, url: str, target: str,
+                 deployment_id: str | None = None, ttl_s: float = DEFAULT_MANIFEST_TTL_S,
+                 rollback: bool = False, now: float | None = None) -> Manifest:
+    """A fresh manifest with a new deployment id and an expiry ``ttl_s`` from now."""
+    issued = time.time() if now is None else now
+    return Manifest(
+        deployment_id=deployment_id or uuid.uuid4().hex, model_name=model_name, version=version,
+        sha256=sha256, size=size, url=url, target=target, issued_at=issued, expires_at=issued + ttl_s,
+        rollback=rollback,
+    )
+
+
+# ------------------------------------------------------------------------------------------ keys
+
+class SigningKey:
+    """The fleet's Ed25519 private key."""
+
+    def __init__(self, private_key) -> None:
+        self._key = private_key
+
+    @classmethod
+    def generate(cls) -> SigningKey:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> SigningKey:
+        """Read a PEM (PKCS8) private key; ConfigError if missing or not Ed25519."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        key_path = Path(path)
+        try:
+            key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        except FileNotFoundError:
+            raise ConfigError(f"signing key not found: {key_path} — run `edgeinfer keys init`") from None
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{key_path} is not a PEM private key: {exc}") from None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ConfigError(f"{key_path} is not an Ed25519 key")
+        return cls(key)
+
+    def save(self, directory: str | os.PathLike, *, overwrite: bool = False) -> tuple[Path, Path]:
+        """Write the private key (mode 0600) and the public key; refuses to overwrite by default."""
+        from cryptography.hazmat.primitives import serialization
+
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        private_path, public_path = folder / PRIVATE_KEY_FILE, folder / PUBLIC_KEY_FILE
+        if private_path.exists() and not overwrite:
+            raise ConfigError(f"{private_path} exists — refusing to replace a fleet key (use --force)")
+        pem = self._key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
+        public_path.write_text(self.public_key_b64() + "\n")
+        return private_path, public_path
+
+    def public_key_b64(self) -> str:
+        """The raw 32-byte public key, base64: what agents pin in their config."""
+        from cryptography.hazmat.primitives import serialization
+
+        raw = self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return base64.b64encode(raw).decode("ascii")
+
+    def sign(self, manifest: Manifest) -> str:
+        """Base64 Ed25519 signature over the manifest's canonical JSON."""
+        return base64.b64encode(self._key.sign(canonical_json(manifest.to_dict()))).decode("ascii")
+
+
+class VerifyKey:
+    """A pinned Ed25519 public key."""
+
+    def __init__(self, public_key_b64: str) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        try:
+            raw = base64.b64decode(public_key_b64.strip(), validate=True)
+            self._key = Ed25519PublicKey.from_public_bytes(raw)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"not a base64 Ed25519 public key: {exc}") from None
+
+    @classmethod
+    def from_config_value(cls, value: str) -> VerifyKey:
+        """Accept the key itself or a path to a file holding it."""
+        candidate = Path(value).expanduser()
+        if len(value) < 200 and candidate.is_file():
+            return cls(candidate.read_text())
+        return cls(value)
+
+    def verify(self, manifest_data: dict, signature_b64: str, *, now: float | None = None) -> Manifest:
+        """Check the signature and expiry; return the Manifest or raise UpdateRejected."""
+        from cryptography.exceptions import InvalidSignature
+
+        try:
+            signature = base64.b64decode(signature_b64, validate=True)
+            self._key.verify(signature, canonical_json(manifest_data))
+        except (InvalidSignature, ValueError, TypeError):
+            raise UpdateRejected("bad_signature", "the manifest is not signed by the pinned fleet key") from None
+        manifest = Manifest.from_dict(manifest_data)
+        if (time.time() if now is None else now) > manifest.expires_at:
+            raise UpdateRejected("expired", f"the manifest expired at {manifest.expires_at:.0f}")
+        return manifest
