@@ -31,9 +31,10 @@ _LAZY = {
     "Pose": "edgeinfer.pipeline.postprocess",
     "Segmentation": "edgeinfer.pipeline.postprocess",
     "Pipeline": "edgeinfer.pipeline.core",
-    "FrameResult": "edgeinfer.pipeline.core",
-    "PipelineStats": "edgeinfer.pipeline.core",
-    "StageTimings": "edgeinfer.pipeline.core",
+    "PipelineOptions": "edgeinfer.pipeline.options",
+    "FrameResult": "edgeinfer.pipeline.stats",
+    "PipelineStats": "edgeinfer.pipeline.stats",
+    "StageTimings": "edgeinfer.pipeline.stats",
     "FrameSource": "edgeinfer.capture",
     "open_source": "edgeinfer.capture",
     "make_test_clip": "edgeinfer.capture",
@@ -75,10 +76,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from .errors import *  # noqa: F403
     from .fleet.manager import FleetManager
     from .pipeline.classify import ImageClassifier
-    from .pipeline.core import FrameResult, Pipeline, PipelineStats, StageTimings
+    from .pipeline.core import Pipeline
     from .pipeline.labels import Labels
+    from .pipeline.options import PipelineOptions
     from .pipeline.postprocess import Classification, Detection, Detections, Keypoint, Pose, Segmentation
     from .pipeline.preprocess import Preprocessor, Transform
+    from .pipeline.stats import FrameResult, PipelineStats, StageTimings
     from .runtime.delegates import delegate_names, get_delegate, load
     from .runtime.engine import Engine
     from .runtime.model import ModelFormat, ModelInfo, TensorSpec, inspect_model

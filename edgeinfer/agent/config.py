@@ -54,6 +54,8 @@ from ..link.mqtt import (
 )
 from ..link.protocol import ID_PATTERN, Topics
 from ..link.spool import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
+from ..pipeline.options import POLICIES
+from ..pipeline.tasks import TASK_NAMES
 from .telemetry import ThrottleSensor, throttle_sensor
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
@@ -66,8 +68,6 @@ DEFAULT_TELEMETRY_INTERVAL_S = 1.0
 MIN_TELEMETRY_INTERVAL_S = 0.01
 DEFAULT_RESTART_MIN_S = 1.0
 DEFAULT_RESTART_MAX_S = 60.0
-TASKS = ("classify", "detect", "pose", "segment")
-POLICIES = ("every", "latest")
 RESTART_POLICIES = ("on-failure", "always", "never")
 _ID_RE = re.compile(ID_PATTERN)
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
@@ -301,7 +301,7 @@ def _pipeline(item: Any, index: int, file: str, base: Path) -> PipelineConfig:
     source = _resolve_source(r.get("source"), r)
     return PipelineConfig(
         name=name, model=model, source=source,
-        task=r.string("task", "classify", choices=TASKS),
+        task=r.string("task", "classify", choices=TASK_NAMES),
         labels=r.path("labels"),
         delegate=r.string("delegate"),
         threads=r.number("threads", None, minimum=1, integer=True),

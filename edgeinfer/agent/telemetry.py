@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from ..link.protocol import PROTOCOL_VERSION, Topics
+from ..pipeline.stats import PERCENTILES
 
 log = logging.getLogger(__name__)
 
-STAGES = ("capture", "preprocess", "infer", "postprocess", "latency")
-PERCENTILES = ("p50", "p95", "p99", "mean")
 #: Raspberry Pi firmware: bits 0-3 say "now" (under-voltage, frequency capped, throttled, soft limit)
 PI_THROTTLE_NOW_MASK = 0xF
 

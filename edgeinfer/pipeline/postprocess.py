@@ -52,8 +52,6 @@ def top_k(scores: np.ndarray, k: int, labels: Labels | None = None) -> list[Clas
 # They preallocate their scratch buffers; what they allocate per frame is the result itself.
 # ------------------------------------------------------------------------------------------
 
-TASKS = ("classify", "detect", "pose", "segment")
-
 #: MoveNet / COCO keypoint order
 KEYPOINT_NAMES = (
     "nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder",

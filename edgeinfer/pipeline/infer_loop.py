@@ -1,0 +1,113 @@
+"""The ``edgeinfer-infer`` thread: the oldest ready frame into the engine, invoke, decode, deliver."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .ring import END
+from .stats import FrameResult, StageTimings
+
+if TYPE_CHECKING:
+    from .binding import ModelBinding
+    from .control import RunControl
+    from .decoding import SharedDecoding
+    from .delivery import ResultDelivery
+    from .options import PipelineOptions
+    from .ring import FrameRing
+    from .stats import StatsRing
+
+log = logging.getLogger("edgeinfer.pipeline")
+
+
+class InferenceLoop:
+    """Takes the oldest ready slot, writes the model input into the engine's input view (one memcpy of
+    a staged input, or the whole preprocess), hands the slot back, invokes, decodes the outputs into
+    a typed result and delivers it."""
+
+    def __init__(self, ring: FrameRing, binding: ModelBinding, control: RunControl, stats: StatsRing,
+                 delivery: ResultDelivery, options: PipelineOptions, *, finish: Callable[[], None]) -> None:
+        self._ring = ring
+        self._binding = binding
+        self._control = control
+        self._stats = stats
+        self._delivery = delivery
+        self._options = options
+        self._finish = finish  # the end of the run: stop capture, release waiters
+        #: set for sources that hand out compressed frames (see edgeinfer.pipeline.decoding)
+        self.shared: SharedDecoding | None = None
+
+    def run(self) -> None:
+        """The thread's body: infer until the source ends, max_frames, stop() or an error."""
+        perf = time.perf_counter
+        try:
+            self._loop()
+        except BaseException as exc:
+            self._control.error = exc
+            log.error("inference stopped: %s", exc)
+        finally:
+            self._control.t_end = perf()
+            self._finish()
+
+    def _loop(self) -> None:
+        import numpy as np
+
+        perf = time.perf_counter
+        ring, binding, control, shared = self._ring, self._binding, self._control, self.shared
+        ready, free = ring.ready, ring.free
+        record, deliver = self._stats.record, self._delivery.deliver
+        options = self._options
+        period = 1.0 / options.max_fps if options.max_fps and options.policy == "latest" else 0.0
+        next_due = 0.0
+        max_frames = options.max_frames
+        keep_frames = options.keep_frames
+        copyto = np.copyto
+
+        def stopping() -> bool:
+            return control.stop_requested
+
+        while not control.stop_requested:
+            if period:
+                next_due = control.pace(next_due, period)
+                if next_due < 0:
+                    break
+            control.infer_idle = ready.empty()
+            slot = ready.get()
+            control.infer_idle = False
+            if slot is END:
+                break
+            if shared is not None:
+                shared.await_decoded(slot)
+                if slot.decode_failed:
+                    free.put(slot)  # a damaged frame: skipped (the source counts it)
+                    continue
+            t3 = perf()
+            if binding.swap_pending:
+                binding.apply_pending_swap()
+            frame = slot.frame
+            plan = binding.plan_for(frame.shape, slot.native)
+            if slot.staged_gen == plan.gen:
+                copyto(plan.view, plan.staged[slot.index])
+            else:
+                plan.pre(frame, plan.view)
+            kept = frame.copy() if keep_frames else None
+            frame_id, t0, t1, t2, stamp = slot.frame_id, slot.read_start, slot.read_end, slot.staged_end, slot.wall_time
+            free.put(slot)
+            t4 = perf()
+            plan.engine.invoke()
+            t5 = perf()
+            result = plan.decoder(plan.transform)
+            t6 = perf()
+            if shared is not None:
+                shared.note_inference(t6 - t3)
+            timings = StageTimings(
+                capture=(t1 - t0) * 1e3, preprocess=((t2 - t1) + (t4 - t3)) * 1e3, infer=(t5 - t4) * 1e3,
+                postprocess=(t6 - t5) * 1e3, latency=(t6 - t1) * 1e3, queue=(t3 - t2) * 1e3,
+            )
+            record(timings)
+            control.frames += 1
+            deliver(FrameResult(frame_id, stamp, result, timings, kept), stopping)
+            if max_frames is not None and control.frames >= max_frames:
+                break

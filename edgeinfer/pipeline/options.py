@@ -1,0 +1,114 @@
+"""Every option of a pipeline, in one frozen record.
+
+:class:`PipelineOptions` is the single definition that ``Pipeline(model, source, **options)``
+validates, that the agent's ``pipelines:`` entries in ``agent.yaml`` are read into (each field is a
+YAML key), and that the CLI's choices come from (:data:`POLICIES`, :data:`~.tasks.TASK_NAMES`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..capture import DEFAULT_BACKOFF, Backoff
+from .postprocess import DEFAULT_IOU_THRESHOLD, DEFAULT_MAX_DETECTIONS, DEFAULT_SCORE_THRESHOLD
+from .preprocess import RESIZE_MODES
+from .tasks import TASK_NAMES, DecoderSettings
+
+if TYPE_CHECKING:
+    from .labels import Labels
+
+#: ``every``: process every frame (back-pressure on the source); ``latest``: drop stale frames
+POLICIES = ("every", "latest")
+#: where preprocessing runs: decided from measured stage times, or pinned to one thread
+PREPROCESS_PLACES = ("auto", "capture", "inference")
+DEFAULT_QUEUE_SIZE = 2
+#: samples kept for percentiles (the last this many frames)
+DEFAULT_STATS_WINDOW = 4096
+MIN_STATS_WINDOW = 16
+
+
+def _choices(*values: str) -> dict[str, Any]:
+    return {"choices": values}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineOptions:
+    """How a pipeline loads its model, opens its source, paces, preprocesses and decodes."""
+
+    # what to do
+    task: str = field(default="classify", metadata=_choices(*TASK_NAMES))
+    labels: str | os.PathLike | Labels | None = None
+    top_k: int = 5
+    score_threshold: float = DEFAULT_SCORE_THRESHOLD
+    iou_threshold: float = DEFAULT_IOU_THRESHOLD
+    max_detections: int = DEFAULT_MAX_DETECTIONS
+    # the model
+    delegate: str | None = None
+    threads: int | None = None
+    # the source
+    loop: bool = False
+    size: tuple[int, int] | None = None
+    fps: float | None = None
+    fourcc: str | None = None
+    backoff: Backoff = DEFAULT_BACKOFF
+    # pacing
+    policy: str = field(default="every", metadata=_choices(*POLICIES))
+    max_fps: float | None = None
+    max_frames: int | None = None
+    queue_size: int = DEFAULT_QUEUE_SIZE
+    # preprocessing
+    resize: str | None = field(default=None, metadata=_choices(*RESIZE_MODES))
+    mean: float | tuple[float, ...] | None = None
+    std: float | tuple[float, ...] | None = None
+    preprocess_in: str = field(default="auto", metadata=_choices(*PREPROCESS_PLACES))
+    #: frames kept for the caller stay full size; otherwise sources that can decode less may
+    reduced_decode: bool = True
+    keep_frames: bool = False
+    #: OpenCV's process-wide thread count while the pipeline runs (None leaves it alone)
+    opencv_threads: int | None = 1
+    stats_window: int = DEFAULT_STATS_WINDOW
+
+    def __post_init__(self) -> None:
+        for option in dataclasses.fields(self):
+            choices = option.metadata.get("choices")
+            value = getattr(self, option.name)
+            if choices and value is not None and value not in choices:
+                raise ValueError(f"{option.name} must be one of {', '.join(choices)}, not {value!r}")
+        positive = {"max_fps": self.max_fps}
+        at_least_one = {"max_frames": self.max_frames, "queue_size": self.queue_size, "threads": self.threads}
+        for name, value in positive.items():
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0, not {value}")
+        for name, value in at_least_one.items():
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, not {value}")
+        if self.stats_window < MIN_STATS_WINDOW:
+            raise ValueError(f"stats_window must be >= {MIN_STATS_WINDOW}")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every option name (the keyword arguments of ``Pipeline`` and the keys of an agent pipeline)."""
+        return tuple(option.name for option in dataclasses.fields(cls))
+
+    @classmethod
+    def merged(cls, options: PipelineOptions | None, overrides: Mapping[str, Any]) -> PipelineOptions:
+        """``options`` (or the defaults) with ``overrides`` applied; TypeError names an unknown option."""
+        unknown = sorted(set(overrides) - set(cls.names()))
+        if unknown:
+            raise TypeError(f"unknown pipeline option(s) {', '.join(unknown)}; options are: {', '.join(cls.names())}")
+        base = options if options is not None else cls()
+        return dataclasses.replace(base, **overrides) if overrides else base
+
+    @property
+    def decode_reduced(self) -> bool:
+        """Whether a source may decode frames smaller than its own size (never when frames are kept)."""
+        return self.reduced_decode and not self.keep_frames
+
+    def decoder_settings(self) -> DecoderSettings:
+        """The options the task's decoder reads."""
+        return DecoderSettings(top_k=self.top_k, score_threshold=self.score_threshold,
+                               iou_threshold=self.iou_threshold, max_detections=self.max_detections)

@@ -1,0 +1,139 @@
+"""What a pipeline measures: per-frame stage timings, the result record, and run statistics.
+
+:data:`STAGES` is the one definition of the stage names: the telemetry protocol's schema, the
+agent's telemetry, ``edgeinfer bench`` and the docs take them from here.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: the stages timed for every frame, in milliseconds, in the order a frame goes through them
+#: (``latency`` runs from the end of capture to the result)
+STAGES = ("capture", "queue", "preprocess", "infer", "postprocess", "latency")
+#: what each stage measures, for generated docs and help texts
+STAGE_DESCRIPTIONS = {
+    "capture": "reading (and decoding) the frame from the source",
+    "queue": "waiting between the capture and the inference thread",
+    "preprocess": "resize, colour conversion, normalisation into the model input",
+    "infer": "the delegate running the model",
+    "postprocess": "decoding the outputs into a typed result",
+    "latency": "from the frame being read to its result",
+}
+#: the percentiles reported per stage
+PERCENTILES = ("p50", "p95", "p99", "mean")
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimings:
+    """Milliseconds one frame spent in each stage; ``latency`` runs from capture to result."""
+
+    capture: float
+    preprocess: float
+    infer: float
+    postprocess: float
+    latency: float
+    #: time the frame waited in the queue between the two threads
+    queue: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {stage: round(getattr(self, stage), 3) for stage in STAGES}
+
+
+@dataclass(frozen=True, slots=True)
+class FrameResult:
+    """One processed frame: id, capture wall time (``time.time()``), the task's result, timings."""
+
+    frame_id: int
+    timestamp: float
+    result: Any
+    timings: StageTimings
+    #: a copy of the frame, only with ``Pipeline(keep_frames=True)``
+    frame: np.ndarray | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        result = self.result
+        if isinstance(result, list):
+            payload: Any = [item.to_dict() for item in result]
+        else:
+            payload = result.to_dict()
+        return {"frame_id": self.frame_id, "timestamp": round(self.timestamp, 6), "result": payload,
+                "timings_ms": self.timings.to_dict()}
+
+
+@dataclass(frozen=True)
+class PipelineStats:
+    """Counters and per-stage latency percentiles (ms) over a run or a window of it."""
+
+    frames: int
+    dropped: int
+    fps: float
+    elapsed_s: float
+    #: {stage: {"p50","p95","p99","mean"}} in ms, for every name in STAGES
+    stages: dict[str, dict[str, float]]
+    delegate: str
+    reconnects: int = 0
+    callback_errors: int = 0
+    source: str = ""
+    #: the last frame was decoded at 1/reduction of the source's size (1: full size)
+    reduction: int = 1
+    #: frames the source could not decode (skipped), over its life
+    corrupt_frames: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"frames": self.frames, "dropped": self.dropped, "fps": round(self.fps, 3),
+                "elapsed_s": round(self.elapsed_s, 3), "delegate": self.delegate, "reconnects": self.reconnects,
+                "callback_errors": self.callback_errors, "source": self.source, "reduction": self.reduction,
+                "corrupt_frames": self.corrupt_frames,
+                "stages": {k: {m: round(v, 3) for m, v in d.items()} for k, d in self.stages.items()}}
+
+
+class StatsRing:
+    """Preallocated per-stage samples of the last ``size`` frames; written by the inference thread,
+    summarised on demand (percentiles are never computed per frame)."""
+
+    def __init__(self, size: int) -> None:
+        import numpy as np
+
+        self.size = size
+        self.samples = np.zeros((len(STAGES), size), np.float64)
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def record(self, timings: StageTimings) -> None:
+        """Store one frame's timings (overwriting the oldest once the ring is full)."""
+        samples = self.samples
+        with self.lock:
+            i = self.count % self.size
+            samples[0, i] = timings.capture
+            samples[1, i] = timings.queue
+            samples[2, i] = timings.preprocess
+            samples[3, i] = timings.infer
+            samples[4, i] = timings.postprocess
+            samples[5, i] = timings.latency
+            self.count += 1
+
+    def summary(self, first: int, last: int) -> dict[str, dict[str, float]]:
+        """Percentiles of samples [first, last) (only the most recent ``size`` are kept)."""
+        import numpy as np
+
+        with self.lock:
+            first = max(first, last - self.size)
+            n = last - first
+            if n <= 0:
+                return {name: dict.fromkeys(PERCENTILES, 0.0) for name in STAGES}
+            start = first % self.size
+            end = start + n
+            if end <= self.size:
+                window = self.samples[:, start:end].copy()
+            else:
+                window = np.concatenate([self.samples[:, start:], self.samples[:, : end - self.size]], axis=1)
+        p50, p95, p99 = np.percentile(window, [50, 95, 99], axis=1)
+        mean = window.mean(axis=1)
+        return {name: {"p50": float(p50[i]), "p95": float(p95[i]), "p99": float(p99[i]), "mean": float(mean[i])}
+                for i, name in enumerate(STAGES)}
