@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..pipeline.preprocess import RESIZE_MODES
 from .output import handle_errors, print_json
 
 # ------------------------------------------------------------------------------------------ info
@@ -52,7 +53,7 @@ def info(model: str, as_json: bool) -> None:
 @click.option("--top-k", "top_k", default=5, show_default=True, type=click.IntRange(min=1), help="Classes per image.")
 @click.option("--delegate", help="Delegate name, optionally with a device (openvino:CPU). Default: the best available.")
 @click.option("--threads", type=click.IntRange(min=1), help="Delegate thread count (default: the runtime's).")
-@click.option("--resize", type=click.Choice(["stretch", "letterbox", "crop"]), default="stretch", show_default=True)
+@click.option("--resize", type=click.Choice(RESIZE_MODES), default="stretch", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per image.")
 @handle_errors
 def classify(model: str, images: tuple[str, ...], labels: str | None, top_k: int, delegate: str | None,

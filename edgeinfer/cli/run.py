@@ -9,6 +9,9 @@ import time
 
 import click
 
+from ..pipeline.options import POLICIES
+from ..pipeline.preprocess import RESIZE_MODES
+from ..pipeline.tasks import TASK_NAMES
 from .output import handle_errors
 
 #: how often the status line is redrawn (TTY) or printed (pipe), seconds
@@ -48,20 +51,20 @@ def _brief(result: object) -> str:
 @click.option("--source", "-s", required=True,
               help="Video file, image folder/glob, camera index or /dev/videoN, rtsp:// or http:// URL, "
                    "GStreamer pipeline, picamera2, or synthetic[:WxH[@FPS]].")
-@click.option("--task", type=click.Choice(["classify", "detect", "pose", "segment"]), default="classify",
+@click.option("--task", type=click.Choice(TASK_NAMES), default="classify",
               show_default=True)
 @click.option("--labels", type=click.Path(dir_okay=False, path_type=str),
               help="Labels file. Default: the labels packed in the model, if any.")
 @click.option("--delegate", help="Delegate name, optionally with a device (openvino:CPU). Default: the best available.")
 @click.option("--threads", type=click.IntRange(min=1), help="Delegate thread count (default: the runtime's).")
-@click.option("--policy", type=click.Choice(["every", "latest"]),
+@click.option("--policy", type=click.Choice(POLICIES),
               help="every: process each frame (back-pressure); latest: keep the newest, count drops. "
                    "Default: latest for cameras and streams, every for files.")
 @click.option("--max-frames", type=click.IntRange(min=1), help="Stop after this many results.")
 @click.option("--max-fps", type=click.FloatRange(min=0.01), help="Run inference at most this often.")
 @click.option("--loop", is_flag=True, help="Restart a file source at its end.")
 @click.option("--top-k", "top_k", default=5, show_default=True, type=click.IntRange(min=1), help="Classes per frame.")
-@click.option("--resize", type=click.Choice(["stretch", "letterbox", "crop"]),
+@click.option("--resize", type=click.Choice(RESIZE_MODES),
               help="How frames fit the model input (default per task).")
 @click.option("--score-threshold", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
               help="Detections below this score are dropped.")
