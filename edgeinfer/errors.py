@@ -142,7 +142,7 @@ class OptimizeError(EdgeInferError):
 class AccuracyRejected(OptimizeError):
     """The optimised model's top-1 agreement with the original is below the threshold; nothing was written.
 
-    ``report`` is the full :class:`~edgeinfer.optimize.OptimizeReport` (sizes, accuracy, latency).
+    ``report`` is the full :class:`~edgeinfer.tools.optimize.OptimizeReport` (sizes, accuracy, latency).
     """
 
     def __init__(self, message: str, report: object = None) -> None:

@@ -187,7 +187,7 @@ def test_percentiles_and_summary():
 
 def test_worker_close_is_idempotent_and_refuses_reuse():
     from edgeinfer.errors import BenchmarkError
-    from edgeinfer.tools.bench.runner import Worker
+    from edgeinfer.tools.bench.client import Worker
 
     with Worker() as worker:
         reply = worker.request({"op": "stats"}, 60)

@@ -33,7 +33,9 @@ def bench(models: tuple[str, ...], delegates: tuple[str, ...], all_delegates: bo
     Give a model's twins (mobilenet.tflite mobilenet.onnx) to compare delegates that read
     different formats. Each target runs in its own process: cold start is real, peak RSS is its own.
     """
-    from ..tools.bench.runner import check_plot_path, format_pipeline_table, format_table, plot_report, run_benchmark
+    from ..tools.bench.plot import check_plot_path, plot_report
+    from ..tools.bench.runner import run_benchmark
+    from ..tools.bench.table import format_pipeline_table, format_table
     from .progress import StderrProgress
 
     if delegates and all_delegates:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from .output import handle_errors, print_json
+
+if TYPE_CHECKING:
+    from ..pipeline.labels import Labels
+    from ..tools.optimize import Artifact, OptimizeReport
 
 
 def parse_values(text: str | None) -> float | tuple[float, ...] | None:
@@ -28,13 +34,8 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-def print_report(report, labels=None) -> None:
+def print_report(report: OptimizeReport, labels: Labels | None = None) -> None:
     """The table for people: one row per artifact, then the images where the top-1 moved."""
-    def name(index: int) -> str:
-        if index < 0:
-            return "a tie"
-        return f"{index} {labels[index]}" if labels else str(index)
-
     click.echo(f"model      {report.model}  ({_mb(report.original_bytes)})")
     click.echo(f"mode       {report.mode.upper()}   calibration images {report.calibration_images}   "
                f"validation images {report.validation_images}")
@@ -47,29 +48,13 @@ def print_report(report, labels=None) -> None:
     click.echo(header)
     click.echo("-" * len(header))
     for art in report.artifacts:
-        acc, lat = art.accuracy, art.latency
-        agreeing = sum(r.agrees for r in acc.per_image if not r.ambiguous)
-        agree = f"{agreeing}/{acc.decisive} {_pct(acc.top1_agreement)}" if acc.top1_agreement is not None else "-"
-        kind = f"{art.kind} {report.mode}" if art.kind == "onnx" else art.kind
-        timing = (f"{lat.original_ms:>11.3f} {lat.optimized_ms:>12.3f} {lat.speedup:>7.2f}x" if lat
-                  else f"{'-':>11} {'-':>12} {'-':>8}")
-        click.echo(f"{kind:<13} {art.delegate:<12} {_mb(art.size_bytes):>10} {art.size_ratio:>7.2f}x  {agree:>16} "
-                   f"{_pct(acc.top1_agreement_all):>11} {_pct(acc.top5_agreement):>6} "
-                   f"{acc.mean_abs_diff:>9.2g}  {timing}")
+        click.echo(_artifact_row(art, report.mode))
     onnx = report.onnx
     if onnx.latency:
         lat = onnx.latency
         click.echo(f"(latency: medians of {lat.samples[0]}+{lat.samples[1]} invokes in {lat.rounds} interleaved "
                    f"rounds, {lat.threads} threads, same process)")
-    moved = [(art, row) for art in report.artifacts for row in art.accuracy.per_image if not row.agrees]
-    ambiguous = [row for row in onnx.accuracy.per_image if row.ambiguous]
-    if ambiguous:
-        click.echo(f"ambiguous for the original (top-1 beats top-2 by < {report.ambiguous_margin:g}; "
-                   "not counted in top-1 agree): " + ", ".join(f"{r.image} ({r.margin:.3f})" for r in ambiguous))
-    for art, row in moved:
-        click.echo(f"top-1 moved [{art.kind}]: {row.image}: {name(row.original_top1)} ({row.original_score:.3f}) -> "
-                   f"{name(row.optimized_top1)} ({row.optimized_score:.3f})"
-                   + ("  [ambiguous]" if row.ambiguous else ""))
+    _print_moved(report, labels)
     for note in report.notes:
         click.echo(f"note: {note}")
     click.echo("")
@@ -77,6 +62,37 @@ def print_report(report, labels=None) -> None:
         extra = f" and {report.artifacts[1].path} (+ .bin)" if len(report.artifacts) > 1 else ""
         forced = " (forced past the accuracy check)" if report.forced else ""
         click.echo(f"wrote {report.output}{extra}{forced}")
+
+
+def _artifact_row(art: Artifact, mode: str) -> str:
+    """One artifact's line of the table: size, agreement, score difference, timing."""
+    acc, lat = art.accuracy, art.latency
+    agreeing = sum(r.agrees for r in acc.per_image if not r.ambiguous)
+    agree = f"{agreeing}/{acc.decisive} {_pct(acc.top1_agreement)}" if acc.top1_agreement is not None else "-"
+    kind = f"{art.kind} {mode}" if art.kind == "onnx" else art.kind
+    timing = (f"{lat.original_ms:>11.3f} {lat.optimized_ms:>12.3f} {lat.speedup:>7.2f}x" if lat
+              else f"{'-':>11} {'-':>12} {'-':>8}")
+    return (f"{kind:<13} {art.delegate:<12} {_mb(art.size_bytes):>10} {art.size_ratio:>7.2f}x  {agree:>16} "
+            f"{_pct(acc.top1_agreement_all):>11} {_pct(acc.top5_agreement):>6} "
+            f"{acc.mean_abs_diff:>9.2g}  {timing}")
+
+
+def _print_moved(report: OptimizeReport, labels: Labels | None) -> None:
+    """The images the original finds ambiguous, then every image whose top-1 moved."""
+    def name(index: int) -> str:
+        if index < 0:
+            return "a tie"
+        return f"{index} {labels[index]}" if labels else str(index)
+
+    moved = [(art, row) for art in report.artifacts for row in art.accuracy.per_image if not row.agrees]
+    ambiguous = [row for row in report.onnx.accuracy.per_image if row.ambiguous]
+    if ambiguous:
+        click.echo(f"ambiguous for the original (top-1 beats top-2 by < {report.ambiguous_margin:g}; "
+                   "not counted in top-1 agree): " + ", ".join(f"{r.image} ({r.margin:.3f})" for r in ambiguous))
+    for art, row in moved:
+        click.echo(f"top-1 moved [{art.kind}]: {row.image}: {name(row.original_top1)} ({row.original_score:.3f}) -> "
+                   f"{name(row.optimized_top1)} ({row.optimized_score:.3f})"
+                   + ("  [ambiguous]" if row.ambiguous else ""))
 
 
 @click.command()

@@ -14,9 +14,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from ..fleet.manager import FleetManager
 
 TELEMETRY_SECONDS = 4.0
 DEVICE = "demo-cam"
@@ -93,7 +96,9 @@ def run_fleet_demo(clip: Path, model_v1: Path, model_v2: Path, workdir: Path,
     return summary
 
 
-def _watch_and_deploy(fleet, agent: subprocess.Popen, model_v2: Path, echo: Callable[[str], None]) -> dict:
+def _watch_and_deploy(fleet: FleetManager, agent: subprocess.Popen, model_v2: Path,
+                      echo: Callable[[str], None]) -> dict:
+    """Show the agent's telemetry for a few seconds, then deploy ``model_v2`` and wait for the agent to run it."""
     db = fleet.db
     if not _wait(lambda: (d := db.get_device(DEVICE)) and d["online"], 60, agent):
         raise RuntimeError("the agent did not come online — see agent.log")

@@ -14,7 +14,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..device.profiles import CORAL_PCI_IDS, CORAL_USB_IDS, NCS2_USB_IDS, Detection, Host, Profile, detect
+from ..device.profiles import (
+    CORAL_PCI_IDS,
+    CORAL_USB_IDS,
+    NCS2_USB_IDS,
+    Detection,
+    Host,
+    Profile,
+    UsbDevice,
+    detect,
+)
 
 OK, PROBLEM, WARNING, INFO = "ok", "problem", "warning", "info"
 UDEV_RULE_DIRS = ("/etc/udev/rules.d", "/lib/udev/rules.d", "/usr/lib/udev/rules.d")
@@ -41,6 +50,7 @@ class Finding:
     fix: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
         return asdict(self)
 
 
@@ -55,9 +65,11 @@ class Report:
 
     @property
     def problems(self) -> tuple[Finding, ...]:
+        """The findings whose status is problem."""
         return tuple(f for f in self.findings if f.status == PROBLEM)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, with the problem and warning counts."""
         return {"root": self.root, "user": self.user, "profile": self.profile, "problems": len(self.problems),
                 "warnings": sum(f.status == WARNING for f in self.findings),
                 "findings": [f.to_dict() for f in self.findings]}
@@ -177,6 +189,7 @@ def _check_python(packages: Callable[[str], str | None]) -> list[Finding]:
 
 
 def _check_coral(host: Host, profile: Profile | None, user: str) -> list[Finding]:
+    """A Coral Edge TPU the profile expects or the root shows: present, libedgetpu, USB and PCIe access."""
     from ..runtime.delegates.coral import library_problem
 
     usb = host.usb_devices(CORAL_USB_IDS)
@@ -201,6 +214,15 @@ def _check_coral(host: Host, profile: Profile | None, user: str) -> list[Finding
             "sudo apt-get install libedgetpu1-std"))
     else:
         findings.append(Finding("libedgetpu", OK, "libedgetpu.so.1 is installed"))
+    findings += _check_coral_usb(host, usb, profile, family, user)
+    findings += _check_coral_pcie(host, on_pci, apex, profile, family, user)
+    return findings
+
+
+def _check_coral_usb(host: Host, usb: list[UsbDevice], profile: Profile | None, family: str,
+                     user: str) -> list[Finding]:
+    """Each connected USB Accelerator: a udev rule that grants access, and its node open to ``user``."""
+    findings = []
     for device in usb:
         rules = udev_rules_mention(host, device.id.split(":")[0])
         if not rules:
@@ -223,6 +245,13 @@ def _check_coral(host: Host, profile: Profile | None, user: str) -> list[Finding
                 "GROUP=\"plugdev\" MODE=\"0664\"; then unplug / replug the accelerator"))
         elif allowed:
             findings.append(Finding("edgetpu-permission", OK, f"user {user!r} can open {node}"))
+    return findings
+
+
+def _check_coral_pcie(host: Host, on_pci: bool, apex: list[str], profile: Profile | None, family: str,
+                      user: str) -> list[Finding]:
+    """A PCIe/M.2 accelerator: the gasket/apex driver made /dev/apex_*, and ``user`` may open them."""
+    findings = []
     if on_pci and not apex:
         loaded = host.exists("/sys/module/apex")
         findings.append(Finding(

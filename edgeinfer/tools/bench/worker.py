@@ -1,9 +1,10 @@
 """One benchmark worker process: loads one model on one delegate and times it on request.
 
-Run by :mod:`edgeinfer.benchmark` as ``python -m edgeinfer._bench_worker``. Each worker is a fresh
-process, so its load is a true cold start and its peak RSS belongs to that delegate alone.
-Commands arrive as JSON lines on stdin; replies leave as JSON lines on the original stdout
-(fd 1 is pointed at stderr, so whatever a native runtime prints cannot corrupt the protocol).
+Run by :mod:`edgeinfer.tools.bench.client` as ``python -m edgeinfer.tools.bench.worker``. Each
+worker is a fresh process, so its load is a true cold start and its peak RSS belongs to that
+delegate alone. Commands arrive as JSON lines on stdin; replies leave as JSON lines on the
+original stdout (fd 1 is pointed at stderr, so whatever a native runtime prints cannot corrupt
+the protocol).
 
     {"op": "load", "model": PATH, "delegate": NAME, "threads": N, "cache_dir": DIR|null, "warmup_s": S}
         -> {"ok": true, "load_ms", "first_ms", "cold_ms", "first_at" (time.time() of the first result),
@@ -25,8 +26,8 @@ import resource
 import sys
 import time
 
-#: untimed invokes at the start of every timed block (see edgeinfer.timing.SETTLE)
-SETTLE = 2
+from ..timing import SETTLE  # untimed invokes at the start of every timed block
+
 #: per-frame pipeline stages reported by ``edgeinfer bench --source`` (FrameResult.timings)
 PIPELINE_STAGES = ("capture", "preprocess", "infer", "postprocess", "latency")
 
@@ -47,6 +48,8 @@ def _current_rss_mb() -> float:
 
 
 class _Worker:
+    """The one engine this process holds, and the commands it serves on it."""
+
     def __init__(self) -> None:
         self.engine = None
         self.feed = None

@@ -1,0 +1,179 @@
+"""Static INT8 quantisation with ONNX Runtime: QDQ format, per-channel weights, calibrated on images."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...errors import EdgeInferError, OptimizeError, OutputError
+from .options import OptimizeOptions, Progress
+from .vendor import first_line, import_optional, quiet_vendor_logging, squashed
+
+if TYPE_CHECKING:
+    from ...runtime.engine import Engine
+    from .images import ImageFeeder
+
+#: ops left in float by INT8 quantisation (see quantize_int8)
+FLOAT_OPS = frozenset({"Softmax"})
+#: ops a model's outputs may pass through after its last compute op (see float_outputs)
+TAIL_OPS = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                      "Identity", "Transpose"})
+#: QDQ with per-channel scales (DequantizeLinear's ``axis``) needs opset 13
+MIN_QDQ_OPSET = 13
+#: ORT's C++ logger severities: the default (warning) and errors only
+ORT_LOG_WARNING, ORT_LOG_ERROR = 2, 3
+
+
+def quantize_int8(source: Path, target: Path, images: Sequence[Path], feeder: ImageFeeder, engine: Engine,
+                  options: OptimizeOptions, say: Progress, notes: list[str]) -> None:
+    """Static INT8, QDQ format, per-channel weights, calibrated on ``images``."""
+    quantization = import_optional("onnxruntime.quantization", "onnx", "INT8 quantisation")
+    reader = _calibration_reader(quantization.CalibrationDataReader, images, feeder, engine, say)
+    prepared = target.with_name(f"{target.stem}.pre.onnx")
+    ort = import_optional("onnxruntime", "onnx", "INT8 quantisation")
+    # The quantiser's own sessions log C++ warnings (initialisers listed as graph inputs, ...)
+    # straight to stderr; errors only while it runs, then back to ORT's default.
+    ort.set_default_logger_severity(ORT_LOG_ERROR)
+    try:
+        quant_input, model = _prepared_graph(source, prepared, notes, say)
+        kinds = quantization.QuantType
+        # Softmax is cheap in float, and an 8-bit softmax output (1/255 steps) only adds rounding
+        # that turns close calls into ties; it stays float. (float_outputs does the same for the
+        # logits feeding it.)
+        keep_float = [node.name for node in model.graph.node if node.op_type in FLOAT_OPS]
+        with quiet_vendor_logging():
+            quantization.quantize_static(
+                str(quant_input), str(target), reader,
+                quant_format=quantization.QuantFormat.QDQ,
+                per_channel=options.per_channel,
+                activation_type=kinds.QUInt8 if options.activations == "uint8" else kinds.QInt8,
+                weight_type=kinds.QInt8,
+                calibrate_method=quantization.CalibrationMethod.MinMax,
+                nodes_to_exclude=keep_float or None,
+                extra_options={"CalibMaxIntermediateOutputs": 16},
+            )
+    except EdgeInferError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"cannot write the quantised model beside {target}: {exc}") from exc
+    except Exception as exc:
+        raise OptimizeError(f"ONNX Runtime could not quantise {source}: {first_line(exc)}") from exc
+    finally:
+        ort.set_default_logger_severity(ORT_LOG_WARNING)
+        with contextlib.suppress(OSError):
+            prepared.unlink()
+
+
+def _calibration_reader(base: type, images: Sequence[Path], feeder: ImageFeeder, engine: Engine,
+                        say: Progress) -> Any:
+    """A CalibrationDataReader (``base``) that preprocesses one image per ``get_next()``."""
+    import numpy as np
+
+    input_name = feeder.spec.name
+    shape = engine.input_view(0).shape
+    dtype = engine.input_view(0).dtype
+
+    class Reader(base):
+        def __init__(self) -> None:
+            self.index = 0
+
+        def get_next(self) -> dict | None:
+            if self.index >= len(images):
+                return None
+            path = images[self.index]
+            self.index += 1
+            array = np.empty(shape, dtype)
+            feeder(path, array)
+            say(f"calibrating: image {self.index}/{len(images)} ({path.name})")
+            return {input_name: array}
+
+    return Reader()
+
+
+def _prepared_graph(source: Path, prepared: Path, notes: list[str], say: Progress) -> tuple[Path, Any]:
+    """Run ORT's pre-pass and name nodes / lift the opset: the file to quantise and its loaded graph."""
+    shape_inference = import_optional("onnxruntime.quantization.shape_inference", "onnx", "INT8 quantisation")
+    say("quantising: preparing the graph (shape inference, graph optimisation)")
+    try:
+        with quiet_vendor_logging():
+            shape_inference.quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        quant_input = prepared
+    except Exception as exc:  # the pre-pass is an optimisation; quantise the model as it is
+        notes.append(f"quantisation pre-processing skipped: {squashed(exc, 200)}")
+        quant_input = source
+    onnx = import_optional("onnx", "onnx", "INT8 quantisation")
+    model = onnx.load(str(quant_input))
+    if prepare_for_qdq(model, notes):
+        onnx.save(model, str(prepared))
+        quant_input = prepared
+    return quant_input, model
+
+
+def prepare_for_qdq(model: Any, notes: list[str]) -> bool:
+    """Name every node and lift the opset to 13 if needed; True if ``model`` changed."""
+    changed = False
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{index}"
+            changed = True
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), MIN_QDQ_OPSET)
+    if opset < MIN_QDQ_OPSET:
+        from onnx import version_converter
+
+        try:
+            converted = version_converter.convert_version(model, MIN_QDQ_OPSET)
+        except Exception as exc:
+            raise OptimizeError(
+                f"the model uses ONNX opset {opset}; QDQ quantisation needs {MIN_QDQ_OPSET} and the conversion "
+                f"failed ({squashed(exc, 160)}) — re-export the model with opset >= {MIN_QDQ_OPSET}"
+            ) from exc
+        model.CopyFrom(converted)
+        notes.append(f"ONNX opset {opset} upgraded to {MIN_QDQ_OPSET} for QDQ quantisation")
+        changed = True
+    return changed
+
+
+def float_outputs(model: Any) -> int:
+    """Remove the QuantizeLinear/DequantizeLinear pairs between the last compute op and the outputs.
+
+    ``model`` is an ``onnx.ModelProto`` in QDQ form, edited in place; returns the pairs removed.
+    The last layer keeps its INT8 weights but emits float: 8-bit logits sit on a grid coarse
+    enough (about 0.1 for MobileNet) that classes a few hundredths apart in probability become
+    exact ties. Walks back from each graph output through layout ops and Softmax only.
+    """
+    graph = model.graph
+    removed = 0
+    output_names = {value.name for value in graph.output}
+    for output in graph.output:
+        name = output.name
+        for _ in range(64):
+            producers = {out: node for node in graph.node for out in node.output}
+            node = producers.get(name)
+            if node is None:
+                break
+            if node.op_type in TAIL_OPS:
+                name = node.input[0]
+                continue
+            if node.op_type != "DequantizeLinear":
+                break
+            quant = producers.get(node.input[0])
+            users = [n for n in graph.node if quant is not None and quant.output[0] in n.input]
+            if quant is None or quant.op_type != "QuantizeLinear" or len(users) != 1 or node.output[0] in output_names:
+                break
+            source = quant.input[0]
+            for consumer in graph.node:
+                for index, value in enumerate(consumer.input):
+                    if value == node.output[0]:
+                        consumer.input[index] = source
+            graph.node.remove(node)
+            graph.node.remove(quant)
+            removed += 1
+            name = source
+    if removed:
+        used = {value for node in graph.node for value in node.input}
+        unused = [init for init in graph.initializer if init.name not in used]
+        for init in unused:
+            graph.initializer.remove(init)
+    return removed

@@ -1,0 +1,65 @@
+"""What ``optimize_model`` is asked to do: the options, their defaults and their validation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+MODES = ("int8", "fp16")
+ACTIVATION_TYPES = ("uint8", "int8")
+RESIZE_MODES = ("stretch", "letterbox", "crop")
+#: refuse an optimised model whose top-1 agrees with the original on fewer validation images
+DEFAULT_MIN_AGREEMENT = 0.95
+#: an image whose original top-1 beats its top-2 by less than this is a coin flip, not evidence
+DEFAULT_AMBIGUOUS_MARGIN = 0.05
+#: seconds of interleaved timing per comparison (original vs optimised); 0 skips timing
+DEFAULT_BENCH_SECONDS = 4.0
+DEFAULT_DELEGATE = "onnxruntime"
+
+#: receives one line of progress at a time
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizeOptions:
+    """What to do to the model and how to check it. Validated on construction (ValueError)."""
+
+    mode: str
+    calibration: str | None = None
+    validation: str | None = None
+    min_agreement: float = DEFAULT_MIN_AGREEMENT
+    ambiguous_margin: float = DEFAULT_AMBIGUOUS_MARGIN
+    force: bool = False
+    export_ir: bool = False
+    mean: float | tuple[float, ...] | None = None
+    std: float | tuple[float, ...] | None = None
+    resize: str = "stretch"
+    per_channel: bool = True
+    activations: str = "uint8"
+    float_outputs: bool = True
+    threads: int | None = None
+    delegate: str = DEFAULT_DELEGATE
+    bench_seconds: float = DEFAULT_BENCH_SECONDS
+    max_calibration_images: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {self.mode!r}")
+        if self.mode == "int8" and not self.calibration:
+            raise ValueError("INT8 quantisation needs calibration images: pass --calibration DIR")
+        if self.mode == "fp16" and not (self.validation or self.calibration):
+            raise ValueError("FP16 conversion is checked on images: pass --validation DIR")
+        if not 0.0 <= self.min_agreement <= 1.0:
+            raise ValueError(f"min_agreement must be within [0, 1], not {self.min_agreement}")
+        if not 0.0 <= self.ambiguous_margin < 1.0:
+            raise ValueError(f"ambiguous_margin must be within [0, 1), not {self.ambiguous_margin}")
+        if self.activations not in ACTIVATION_TYPES:
+            raise ValueError(f"activations must be one of {ACTIVATION_TYPES}, not {self.activations!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError("threads must be >= 1")
+        if self.bench_seconds < 0:
+            raise ValueError("bench_seconds must be >= 0")
+        if self.max_calibration_images is not None and self.max_calibration_images < 1:
+            raise ValueError("max_calibration_images must be >= 1")
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"resize must be stretch, letterbox or crop, not {self.resize!r}")
