@@ -14,6 +14,8 @@ import pytest
 from conftest import MODELS, edgeinfer_cmd
 from optimize_support import IMAGES, TINY_ONNX, TINY_TFLITE, error_line, json_out, leftovers, run_cli
 
+from edgeinfer.pipeline.stats import STAGES
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -154,7 +156,7 @@ def test_source_measures_the_whole_pipeline_per_stage():
     for row in rows:
         assert row["frames"] >= 10 and row["fps"] > 0 and row["task"] == "classify"
         stages = row["stages"]
-        assert set(stages) == {"capture", "preprocess", "infer", "postprocess", "latency"}
+        assert set(stages) == set(STAGES)
         for stage in stages.values():
             assert 0 <= stage["min"] <= stage["p50"] <= stage["p95"] <= stage["p99"] <= stage["max"]
         assert stages["latency"]["p50"] >= stages["infer"]["p50"]  # capture to result includes the invoke

@@ -10,8 +10,8 @@ from typing import Any
 
 from ..._fs import atomic_path
 from ...errors import MissingDependency, OutputError
+from ...pipeline.stats import STAGES
 from .report import BenchReport, BenchResult
-from .runner import PIPELINE_STAGES
 
 #: width of one bar when several stand side by side at one tick
 BAR = 0.27
@@ -107,7 +107,7 @@ def _draw_pipeline_stages(rows: Sequence[dict[str, Any]], ax: Any) -> None:
     """Stacked stage p50s per target, with its frame rate on top (``--source`` runs)."""
     px = list(range(len(rows)))
     bottom = [0.0] * len(rows)
-    for stage in PIPELINE_STAGES[:-1]:  # the last, latency, is end to end, not a stage
+    for stage in STAGES[:-1]:  # the last, latency, is end to end, not a stage
         values = [row["stages"][stage]["p50"] for row in rows]
         ax.bar(px, values, 0.6, bottom=bottom, label=stage)
         bottom = [b + v for b, v in zip(bottom, values)]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import NoDelegateAvailable
+from ...pipeline.stats import STAGES
 from ..timing import summarize
 from .client import LOAD_TIMEOUT_S, Worker, cold_start, load_command, raise_remote
 from .report import BenchReport, BenchResult, cpu_has_bf16, machine_info
@@ -195,15 +196,12 @@ def _result(entry: _Measured, threads: int, stats: dict[str, Any],
 
 # ------------------------------------------------------------------------------------ pipeline
 
-#: per-frame stages of ``--source`` runs (edgeinfer.pipeline.StageTimings)
-PIPELINE_STAGES = ("capture", "preprocess", "infer", "postprocess", "latency")
-
 
 def _pipeline_rounds(measured: Sequence[_Measured], source: str | int, task: str, seconds: float, rounds: int,
                      say: Progress) -> tuple[dict[str, Any], ...]:
     """Each target's engine inside a whole Pipeline on ``source``, interleaved in rounds like the engines."""
     targets = [entry.target for entry in measured]
-    stages: list[dict[str, list[float]]] = [{stage: [] for stage in PIPELINE_STAGES} for _ in targets]
+    stages: list[dict[str, list[float]]] = [{stage: [] for stage in STAGES} for _ in targets]
     frames = [0] * len(targets)
     dropped = [0] * len(targets)
     elapsed = [0.0] * len(targets)
@@ -214,7 +212,7 @@ def _pipeline_rounds(measured: Sequence[_Measured], source: str | int, task: str
             command = {"op": "pipeline", "source": source, "task": task, "seconds": block}
             reply = measured[index].worker.request(command, block * 20 + 120)
             raise_remote(reply, targets[index])
-            for stage in PIPELINE_STAGES:
+            for stage in STAGES:
                 stages[index][stage].extend(reply["stages"].get(stage, ()))
             frames[index] += reply["frames"]
             dropped[index] += reply["dropped"]

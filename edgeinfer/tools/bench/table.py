@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ...pipeline.stats import STAGES
 from .report import BenchReport
-from .runner import PIPELINE_STAGES
 
 
 def format_table(report: BenchReport) -> str:
@@ -38,7 +38,7 @@ def format_table(report: BenchReport) -> str:
 
 def format_pipeline_table(report: BenchReport) -> str:
     """Per-stage pipeline timings (ms) for each target, when ``--source`` was given."""
-    stages = PIPELINE_STAGES
+    stages = STAGES
     head = f"{'pipeline (ms p50/p95)':<48} {'fps':>7} " + " ".join(f"{s:>20}" for s in stages)
     lines = [head, "-" * len(head)]
     for row in report.pipeline or ():

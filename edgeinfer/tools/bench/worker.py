@@ -26,11 +26,10 @@ import resource
 import sys
 import time
 
+from ...pipeline.stats import STAGES
 from ..timing import SETTLE  # untimed invokes at the start of every timed block
 
 #: per-frame pipeline stages reported by ``edgeinfer bench --source`` (FrameResult.timings)
-PIPELINE_STAGES = ("capture", "preprocess", "infer", "postprocess", "latency")
-
 
 def _peak_rss_mb() -> float:
     # ru_maxrss is in KiB on Linux (bytes on macOS)
@@ -124,7 +123,7 @@ class _Worker:
 
         if self.engine is None:
             return {"ok": False, "error": "BenchmarkError", "message": "pipeline before load"}
-        samples: dict[str, list[float]] = {stage: [] for stage in PIPELINE_STAGES}
+        samples: dict[str, list[float]] = {stage: [] for stage in STAGES}
         seen = [0]
 
         def on_result(result) -> None:
