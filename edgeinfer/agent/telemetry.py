@@ -138,7 +138,7 @@ class SystemProbe:
         """Degrees C per zone that could be read: the profile's (by its labels), then the configured ones."""
         out: dict[str, float] = {}
         if self.profile is not None:
-            from ..device.profiles import read_temperatures
+            from ..device.sensors import read_temperatures
 
             out.update({label: round(value, 2) for label, value in read_temperatures(self.profile, self.root).items()})
         for name, path in self._resolve_zones().items():
@@ -154,7 +154,7 @@ class SystemProbe:
         """Milliwatts per power rail the profile names (Jetson INA3221, ...), where readable."""
         if self.profile is None:
             return {}
-        from ..device.profiles import read_power
+        from ..device.sensors import read_power
 
         return {rail: round(value, 1) for rail, value in read_power(self.profile, self.root).items()}
 

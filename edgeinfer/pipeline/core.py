@@ -281,7 +281,7 @@ class Pipeline:
                 self.engine = model
                 self._owns_engine = False
             else:
-                from ..runtime.delegates import load
+                from ..runtime.selection import load
 
                 self.engine = load(model, delegate, threads=threads)
                 self._owns_engine = True

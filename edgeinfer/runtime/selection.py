@@ -30,10 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DelegateUnavailable, ModelLoadError, NoDelegateAvailable, ProfileError
+from .delegates.registry import DEFAULT_ORDER, delegate_names, get_delegate, split_delegate
 from .model import ModelFormat, ModelInfo, inspect_model
 
 if TYPE_CHECKING:
-    from ..device.profiles import Detection, Host, Profile
+    from ..device.detect import DeviceMatch
+    from ..device.host import Host
+    from ..device.profiles import Profile
     from .engine import Engine
 
 DELEGATE_ENV = "EDGEINFER_DELEGATE"
@@ -80,7 +83,8 @@ class Plan:
     fallback_reason: str | None = None
     #: registered delegates outside the order, assessed for `edgeinfer device` (in_plan=False)
     others: tuple[Candidate, ...] = ()
-    detection: Detection | None = field(default=None, compare=False, repr=False)
+    #: the device match the plan was made for (None: a delegate was named, and no profile or root)
+    detection: DeviceMatch | None = field(default=None, compare=False, repr=False)
 
     @property
     def chosen(self) -> Candidate | None:
@@ -138,8 +142,6 @@ def unavailable_reason(delegate: Any, device: str | None, host: Host | None) -> 
 
 def _assess(spec: str, info: ModelInfo | None, host: Host | None, twin: ModelInfo | None, *,
             unknown_is_error: bool, in_plan: bool = True) -> Candidate:
-    from .delegates import delegate_names, get_delegate, split_delegate
-
     name, device = split_delegate(spec)
     try:
         delegate = get_delegate(name)
@@ -185,8 +187,10 @@ def _fallback_reason(plan_candidates: tuple[Candidate, ...], selected: int, inte
 
 def _profile_and_host(profile: Profile | str | None, root: str | os.PathLike | None,
                       profile_dirs: Iterable[str | os.PathLike], env: Mapping[str, str],
-                      ) -> tuple[Profile | None, Detection | None]:
-    from ..device.profiles import Detection, detect, load_profiles, probe_host
+                      ) -> tuple[Profile | None, DeviceMatch | None]:
+    from ..device.detect import DeviceMatch, detect
+    from ..device.host import probe_host
+    from ..device.profiles import load_profiles
 
     root = root or "/"
     if profile is None:
@@ -197,8 +201,7 @@ def _profile_and_host(profile: Profile | str | None, root: str | os.PathLike | N
         if profile not in known:
             raise ProfileError(f"no device profile named {profile!r} (known: {', '.join(sorted(known))})")
         profile = known[profile]
-    return profile, Detection(profile, probe_host(root), profile.specificity, ("named by the caller",),
-                              ((profile.name, profile.specificity),))
+    return profile, DeviceMatch.named(profile, probe_host(root), "named by the caller")
 
 
 def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | None = None, *,
@@ -206,8 +209,6 @@ def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | Non
          profile_dirs: Iterable[str | os.PathLike] = (), env: Mapping[str, str] | None = None,
          include_others: bool = False) -> Plan:
     """Assess every candidate for ``model`` (or for any model, when None) without loading anything."""
-    from .delegates import DEFAULT_ORDER, delegate_names, split_delegate
-
     env = os.environ if env is None else env
     strict = _env_flag(env.get(STRICT_ENV)) if strict is None else strict
     info = model if isinstance(model, ModelInfo) or model is None else inspect_model(model)
@@ -218,7 +219,7 @@ def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | Non
     elif env.get(DELEGATE_ENV, "").strip():
         specs, source = [env[DELEGATE_ENV].strip()], f"${DELEGATE_ENV}"
     chosen_profile: Profile | None = None
-    detection: Detection | None = None
+    detection: DeviceMatch | None = None
     if specs is None or profile is not None or root is not None:
         chosen_profile, detection = _profile_and_host(profile, root, profile_dirs, env)
     if specs is None:
@@ -262,8 +263,6 @@ def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | Non
 
 def _load_candidate(candidate: Candidate, info: ModelInfo, threads: int | None, *, cpu_fallback: bool = False,
                     ) -> Engine:
-    from .delegates import get_delegate
-
     delegate = get_delegate(candidate.name)
     if candidate.name == "coral":  # the twin is a candidate of its own in the plan, unless there is none
         return delegate.load(info, threads=threads, device=candidate.device, cpu_fallback=cpu_fallback)
@@ -277,10 +276,13 @@ def _short(exc: BaseException) -> str:
 def load(model: str | os.PathLike | ModelInfo, delegate: str | None = None, *, threads: int | None = None,
          profile: Profile | str | None = None, root: str | os.PathLike | None = None, strict: bool | None = None,
          profile_dirs: Iterable[str | os.PathLike] = (), env: Mapping[str, str] | None = None) -> Engine:
-    """Plan, then load the first candidate that works; see the module docstring for the rules.
+    """Load ``model`` on ``delegate`` (``name`` or ``name:device``), or on the best delegate for this device.
 
-    The engine's ``selection`` is the final plan (load failures included) and its
-    ``fallback_reason`` says why earlier candidates were passed over.
+    With no delegate: ``$EDGEINFER_DELEGATE``, else the device profile's order (detected from
+    ``root``, default ``/``), filtered by availability and the model's format; the module docstring
+    has the rules. The engine's ``fallback_reason`` says why earlier candidates were passed over
+    and its ``selection`` is the final plan (load failures included); ``strict=True`` turns a
+    fallback into an error. NoDelegateAvailable lists every candidate's reason when none works.
     """
     env = os.environ if env is None else env
     info = model if isinstance(model, ModelInfo) else inspect_model(Path(model))

@@ -706,7 +706,7 @@ def optimize_model(model: str | os.PathLike, output: str | os.PathLike, options:
     Raises AccuracyRejected (nothing written, ``.report`` attached) when the top-1 agreement is
     below ``options.min_agreement`` and ``options.force`` is false.
     """
-    from ..runtime.delegates import load
+    from ..runtime.selection import load
 
     say = progress or (lambda _message: None)
     started = time.perf_counter()
@@ -798,7 +798,7 @@ def optimize_model(model: str | os.PathLike, output: str | os.PathLike, options:
 def _load_optimized(path: Path, delegate: str, threads: int) -> Engine:
     """Load a model this run produced; a refusal is our conversion's fault, not the user's file."""
     from ..errors import ModelError
-    from ..runtime.delegates import load
+    from ..runtime.selection import load
 
     try:
         return load(path, delegate, threads=threads)
@@ -813,7 +813,7 @@ def _ir_artifact(info: ModelInfo, temp_onnx: Path, final_xml: Path, options: Opt
     """Export to OpenVINO IR; check its accuracy against the reference outputs of the original (on the
     validating delegate, float32) and its speed against the original ONNX on OpenVINO, same run.
     """
-    from ..runtime.delegates import load
+    from ..runtime.selection import load
 
     temp_xml = _temp_path(final_xml, ".xml")
     temps += [temp_xml, temp_xml.with_suffix(".bin")]

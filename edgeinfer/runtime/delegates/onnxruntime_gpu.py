@@ -22,7 +22,7 @@ from .base import Delegate, runtime_missing_reason
 from .onnxruntime import OnnxRuntimeEngine
 
 if TYPE_CHECKING:
-    from ...device.profiles import Host
+    from ...device.host import Host
 
 TRT_EP = "TensorrtExecutionProvider"
 CUDA_EP = "CUDAExecutionProvider"

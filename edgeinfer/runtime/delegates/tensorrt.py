@@ -45,7 +45,7 @@ from .base import Delegate, import_runtime, runtime_missing_reason
 if TYPE_CHECKING:
     import numpy as np
 
-    from ...device.profiles import Host
+    from ...device.host import Host
 
 log = logging.getLogger("edgeinfer.tensorrt")
 
