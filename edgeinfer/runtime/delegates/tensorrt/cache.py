@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ...._fs import atomic_write_bytes, atomic_write_text
+from ...._fs import atomic_write_bytes, atomic_write_text, sha256_file
 from .options import TensorRTOptions
 
 CACHE_ENV = "EDGEINFER_CACHE_DIR"
@@ -34,7 +34,7 @@ def cache_key(model_sha256: str, trt_version: str, gpu_name: str, compute_capabi
     build = {k: v for k, v in asdict(options).items() if k not in ("gpu", "calibration")}
     calibration_sha = None
     if options.precision == "int8" and options.calibration:
-        calibration_sha = hashlib.sha256(Path(options.calibration).read_bytes()).hexdigest()
+        calibration_sha = sha256_file(options.calibration)
     return {"model_sha256": model_sha256, "tensorrt": trt_version, "gpu": gpu_name,
             "compute_capability": compute_capability, "build": build, "calibration_sha256": calibration_sha}
 
