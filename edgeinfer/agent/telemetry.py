@@ -96,7 +96,7 @@ class SystemProbe:
     root: str | os.PathLike[str] = "/"
     thermal_zones: Sequence[str] = ()
     throttle: Sequence[ThrottleSensor] = ()
-    #: an :class:`edgeinfer.profiles.Profile`: its ``telemetry.thermal_zones`` (labelled) and
+    #: an :class:`edgeinfer.device.profiles.Profile`: its ``telemetry.thermal_zones`` (labelled) and
     #: ``power_rails`` are read too
     profile: Any = None
     proc: str | os.PathLike[str] = "/proc"
