@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 
 _LAZY = {
-    "load": "edgeinfer.runtime.delegates",
-    "get_delegate": "edgeinfer.runtime.delegates",
-    "delegate_names": "edgeinfer.runtime.delegates",
+    "load": "edgeinfer.runtime.selection",
+    "get_delegate": "edgeinfer.runtime.delegates.registry",
+    "delegate_names": "edgeinfer.runtime.delegates.registry",
+    "Delegate": "edgeinfer.runtime.delegates.base",
     "Engine": "edgeinfer.runtime.engine",
     "inspect_model": "edgeinfer.runtime.model",
     "ModelInfo": "edgeinfer.runtime.model",
@@ -82,6 +83,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .pipeline.postprocess import Classification, Detection, Detections, Keypoint, Pose, Segmentation
     from .pipeline.preprocess import Preprocessor, Transform
     from .pipeline.stats import FrameResult, PipelineStats, StageTimings
-    from .runtime.delegates import delegate_names, get_delegate, load
+    from .runtime.delegates.base import Delegate
+    from .runtime.delegates.registry import delegate_names, get_delegate
     from .runtime.engine import Engine
     from .runtime.model import ModelFormat, ModelInfo, TensorSpec, inspect_model
+    from .runtime.selection import load

@@ -28,6 +28,8 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── OptimizeError                 a model cannot be optimised (no calibration images, ...)
     │   └── AccuracyRejected          the optimised model disagrees with the original too often
     ├── BenchmarkError                a benchmark worker process failed
+    ├── CudaError                     (also RuntimeError) a CUDA runtime call failed; the tensorrt delegate
+    │                                 maps it to DelegateUnavailable (loading) or InferenceError (invoke)
     └── MissingDependency             (also ImportError) an optional package is not installed
 """
 
@@ -152,6 +154,15 @@ class AccuracyRejected(OptimizeError):
 
 class BenchmarkError(EdgeInferError):
     """A benchmark could not run (a worker process died, no delegate could be measured)."""
+
+
+class CudaError(EdgeInferError, RuntimeError):
+    """A CUDA runtime call returned an error code; ``code`` and ``name`` are CUDA's (e.g. 100, cudaErrorNoDevice)."""
+
+    def __init__(self, call: str, code: int, name: str) -> None:
+        super().__init__(f"{call} failed: error {code} ({name})")
+        self.code = code
+        self.name = name
 
 
 class MissingDependency(EdgeInferError, ImportError):

@@ -480,7 +480,7 @@ def test_agent_runs_real_pipelines_and_reports_what_they_do(tmp_path, broker):
 def test_runner_hot_swaps_the_engine_without_stopping_capture(tmp_path):
     from edgeinfer.agent.config import parse_config
     from edgeinfer.agent.daemon import PipelineRunner
-    from edgeinfer.runtime.delegates import load
+    from edgeinfer.runtime.selection import load
 
     bird = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
     config = parse_config({"device_id": "cam-01", "pipelines": [{

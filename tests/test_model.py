@@ -7,8 +7,9 @@ import shutil
 import pytest
 from conftest import IMAGES, MODELS
 
+from edgeinfer._fs import sha256_file
 from edgeinfer.errors import ModelFormatError, ModelNotFound
-from edgeinfer.runtime.model import ModelFormat, detect_format, inspect_model, sha256_file
+from edgeinfer.runtime.model import ModelFormat, detect_format, inspect_model
 
 
 @pytest.mark.parametrize(

@@ -12,18 +12,10 @@ from pathlib import Path
 import pytest
 from profiles_support import PI4, ROOTS, FakeRoot, fake_root, write_profile
 
-from edgeinfer.device.profiles import (
-    PROFILE_DIRS_ENV,
-    PROFILE_ENV,
-    builtin_profile_dir,
-    detect,
-    load_profile,
-    load_profiles,
-    parse_tegra_release,
-    probe_host,
-    read_power,
-    read_temperatures,
-)
+from edgeinfer.device.detect import DeviceMatch, detect
+from edgeinfer.device.host import parse_tegra_release, probe_host
+from edgeinfer.device.profiles import PROFILE_DIRS_ENV, PROFILE_ENV, builtin_profile_dir, load_profile, load_profiles
+from edgeinfer.device.sensors import read_power, read_temperatures
 from edgeinfer.errors import ProfileError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +39,7 @@ def test_every_shipped_profile_has_a_fake_root(shipped):
 @pytest.mark.parametrize("name", sorted(ROOTS))
 def test_profile_is_matched_from_its_fake_root(name, tmp_path, shipped):
     detection = detect(fake_root(tmp_path, name), profiles=shipped, env=NO_ENV)
+    assert isinstance(detection, DeviceMatch)
     assert detection.profile is not None and detection.profile.name == name, detection.ranking
     assert not detection.ambiguous, detection.ranking
     assert detection.evidence and detection.score == shipped[name].specificity
@@ -306,7 +299,9 @@ def test_nothing_is_probed_or_loaded_at_import_time():
         "import sys, json\n"
         "opened = []\n"
         "sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == 'open' else None)\n"
-        "import edgeinfer.device.profiles, edgeinfer.runtime.selection, edgeinfer.tools.doctor, edgeinfer.cli\n"
+        "import edgeinfer.device.profiles, edgeinfer.device.host, edgeinfer.device.detect, edgeinfer.device.sensors\n"
+        "import edgeinfer.runtime.selection, edgeinfer.runtime.delegates.registry\n"
+        "import edgeinfer.tools.doctor, edgeinfer.cli\n"
         "import edgeinfer.runtime.delegates.coral, edgeinfer.runtime.delegates.tensorrt, "
         "edgeinfer.runtime.delegates.onnxruntime_gpu\n"
         "print(json.dumps([p for p in opened if p.startswith(('/proc', '/sys', '/dev', '/etc')) "

@@ -20,7 +20,7 @@ from edgeinfer.errors import DelegateUnavailable, NoDelegateAvailable, ProfileEr
 from edgeinfer.pipeline.classify import ImageClassifier
 from edgeinfer.pipeline.labels import Labels
 from edgeinfer.pipeline.postprocess import class_scores
-from edgeinfer.runtime.delegates import BUILTIN_DELEGATES, delegate_names, get_delegate
+from edgeinfer.runtime.delegates.registry import BUILTIN_DELEGATES, delegate_names, get_delegate
 from edgeinfer.runtime.delegates.tensorrt import TensorRTOptions, cache_key, cache_path
 from edgeinfer.runtime.selection import DELEGATE_ENV, STRICT_ENV, load, plan
 
@@ -361,16 +361,23 @@ def test_a_broken_libedgetpu_is_caught_before_load_delegate(tmp_path):
 # -------------------------------------------------------------------- third-party delegates
 
 THIRD_PARTY = '''
+from edgeinfer import Delegate
 from edgeinfer.runtime.delegates.xnnpack import XnnpackDelegate
 
 
-class LabCpuDelegate(XnnpackDelegate):
+class LabCpuDelegate(Delegate):
     """A third-party delegate written before `host` existed: no host parameter."""
 
     name = "labcpu"
+    formats = XnnpackDelegate.formats
 
     def unavailable_reason(self, device=None):
         return None
+
+    def load(self, model, *, threads=None, device=None):
+        engine = XnnpackDelegate().load(model, threads=threads, device=device)
+        engine.delegate = self.name
+        return engine
 '''
 
 
@@ -387,14 +394,15 @@ def test_third_party_delegate_registers_through_the_entry_point_group(tmp_path):
     root = FakeRoot(tmp_path / "root").cpu("x86_64")
     code = f"""
         import json, edgeinfer
-        from edgeinfer.runtime.delegates import delegate_names
+        from edgeinfer.runtime.delegates.registry import delegate_names
         from edgeinfer.pipeline.classify import ImageClassifier
         from edgeinfer.pipeline.labels import Labels
         engine = edgeinfer.load({str(TFLITE)!r}, root={str(root)!r}, profile_dirs=[{str(profiles)!r}])
         top = ImageClassifier(engine, Labels.load({str(LABELS / "imagenet_labels.txt")!r})).classify_file(
             {str(IMAGES / "parrot.jpg")!r})
         print(json.dumps({{"names": delegate_names(), "delegate": engine.delegate,
-                          "profile": engine.selection.profile, "top1": top[0].label}}))
+                          "profile": engine.selection.profile, "top1": top[0].label,
+                          "is_delegate": isinstance(edgeinfer.get_delegate("labcpu"), edgeinfer.Delegate)}}))
     """
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{Path(__file__).resolve().parents[1]}:{site}"}
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
@@ -402,4 +410,4 @@ def test_third_party_delegate_registers_through_the_entry_point_group(tmp_path):
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert "labcpu" in data["names"] and data["names"][: len(BUILTIN_DELEGATES)] == list(BUILTIN_DELEGATES)
-    assert data == {**data, "delegate": "labcpu", "profile": "lab", "top1": "macaw"}
+    assert data == {**data, "delegate": "labcpu", "profile": "lab", "top1": "macaw", "is_delegate": True}

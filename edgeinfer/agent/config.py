@@ -488,7 +488,8 @@ def resolve_profile(config: AgentConfig, *, detect_now: bool = True) -> Any:
     ConfigError (naming the ``profile`` key) for an unknown name or a bad profile file. With
     ``detect_now=False`` (``--check``), ``auto`` is not resolved.
     """
-    from ..device.profiles import detect, load_profile, load_profiles
+    from ..device.detect import detect
+    from ..device.profiles import load_profile, load_profiles
     from ..errors import ProfileError
 
     spec = config.profile

@@ -96,7 +96,7 @@ def delegate_report(profile: Any = None, root: str = "/") -> list[dict[str, Any]
         except Exception as exc:  # the report must never stop the agent
             log.warning("delegate plan for profile %s failed (%s); listing delegates without it",
                         getattr(profile, "name", profile), exc)
-    from ..runtime.delegates import delegate_names, get_delegate
+    from ..runtime.delegates.registry import delegate_names, get_delegate
 
     out = []
     for name in delegate_names():

@@ -188,7 +188,7 @@ class UpdateService:
 
     @staticmethod
     def _load(runner: PipelineRunner, path: str):
-        from ..runtime.delegates import load
+        from ..runtime.selection import load
 
         return load(path, runner.config.delegate, threads=runner.config.threads)
 

@@ -95,7 +95,7 @@ class SystemProbe:
     root: str | os.PathLike[str] = "/"
     thermal_zones: Sequence[str] = ()
     throttle: Sequence[ThrottleSensor] = ()
-    #: an :class:`edgeinfer.profiles.Profile`: its ``telemetry.thermal_zones`` (labelled) and
+    #: an :class:`edgeinfer.device.profiles.Profile`: its ``telemetry.thermal_zones`` (labelled) and
     #: ``power_rails`` are read too
     profile: Any = None
     proc: str | os.PathLike[str] = "/proc"
@@ -137,7 +137,7 @@ class SystemProbe:
         """Degrees C per zone that could be read: the profile's (by its labels), then the configured ones."""
         out: dict[str, float] = {}
         if self.profile is not None:
-            from ..device.profiles import read_temperatures
+            from ..device.sensors import read_temperatures
 
             out.update({label: round(value, 2) for label, value in read_temperatures(self.profile, self.root).items()})
         for name, path in self._resolve_zones().items():
@@ -153,7 +153,7 @@ class SystemProbe:
         """Milliwatts per power rail the profile names (Jetson INA3221, ...), where readable."""
         if self.profile is None:
             return {}
-        from ..device.profiles import read_power
+        from ..device.sensors import read_power
 
         return {rail: round(value, 1) for rail, value in read_power(self.profile, self.root).items()}
 

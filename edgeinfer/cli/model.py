@@ -62,7 +62,7 @@ def classify(model: str, images: tuple[str, ...], labels: str | None, top_k: int
     from .._native import captured_native_stderr
     from ..pipeline.classify import ImageClassifier
     from ..pipeline.labels import Labels
-    from ..runtime.delegates import load
+    from ..runtime.selection import load
 
     names = Labels.load(labels) if labels else None
     results = []

@@ -1,1 +1,2 @@
-"""The device: profiles (what a device family is), host probing (what this machine has), detection."""
+"""The device: ``profiles`` (what a device family is), ``host`` (what a root filesystem says this machine
+has), ``detect`` (which profile describes it) and ``sensors`` (its temperatures and power)."""

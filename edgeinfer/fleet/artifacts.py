@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..runtime.model import sha256_file
+from .._fs import sha256_file
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 

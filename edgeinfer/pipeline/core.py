@@ -119,7 +119,7 @@ class Pipeline:
         self._window = (0, 0, 0.0)  # frames, dropped, time at the previous take_window()
 
     def _load(self, model: str | os.PathLike) -> Engine:
-        from ..runtime.delegates import load
+        from ..runtime.selection import load
 
         return load(model, self.options.delegate, threads=self.options.threads)
 

@@ -31,7 +31,7 @@ class Engine(ABC):
         self.device = device
         #: why this engine is not the one first asked for (set by selection), else None
         self.fallback_reason: str | None = None
-        #: the selection plan (edgeinfer.selection.Plan) that chose this engine, when selection loaded it
+        #: the selection plan (edgeinfer.runtime.selection.Plan) that chose this engine, when selection loaded it
         self.selection = None
         self._closed = False
         self._close_lock = threading.Lock()

@@ -6,7 +6,6 @@ Nothing here needs a vendor runtime: .tflite is read by our own flatbuffer reade
 
 from __future__ import annotations
 
-import hashlib
 import os
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
@@ -14,6 +13,7 @@ from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
+from .._fs import sha256_file
 from ..errors import ModelFormatError, ModelLoadError, ModelNotFound
 from . import _tflite_schema
 
@@ -92,16 +92,6 @@ def guess_layout(shape: tuple[int, ...]) -> str | None:
     if len(shape) == 2:
         return "NC"
     return None
-
-
-def sha256_file(path: str | os.PathLike, *extra: str | os.PathLike) -> str:
-    """sha256 of a file (and of further files appended, for IR's .xml + .bin)."""
-    digest = hashlib.sha256()
-    for part in (path, *extra):
-        with open(part, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------- format detection

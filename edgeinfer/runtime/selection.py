@@ -30,10 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DelegateUnavailable, ModelLoadError, NoDelegateAvailable, ProfileError
+from .delegates.registry import DEFAULT_ORDER, delegate_names, get_delegate, split_delegate
 from .model import ModelFormat, ModelInfo, inspect_model
 
 if TYPE_CHECKING:
-    from ..device.profiles import Detection, Host, Profile
+    from ..device.detect import DeviceMatch
+    from ..device.host import Host
+    from ..device.profiles import Profile
     from .engine import Engine
 
 DELEGATE_ENV = "EDGEINFER_DELEGATE"
@@ -80,7 +83,8 @@ class Plan:
     fallback_reason: str | None = None
     #: registered delegates outside the order, assessed for `edgeinfer device` (in_plan=False)
     others: tuple[Candidate, ...] = ()
-    detection: Detection | None = field(default=None, compare=False, repr=False)
+    #: the device match the plan was made for (None: a delegate was named, and no profile or root)
+    detection: DeviceMatch | None = field(default=None, compare=False, repr=False)
 
     @property
     def chosen(self) -> Candidate | None:
@@ -138,8 +142,6 @@ def unavailable_reason(delegate: Any, device: str | None, host: Host | None) -> 
 
 def _assess(spec: str, info: ModelInfo | None, host: Host | None, twin: ModelInfo | None, *,
             unknown_is_error: bool, in_plan: bool = True) -> Candidate:
-    from .delegates import delegate_names, get_delegate, split_delegate
-
     name, device = split_delegate(spec)
     try:
         delegate = get_delegate(name)
@@ -185,8 +187,10 @@ def _fallback_reason(plan_candidates: tuple[Candidate, ...], selected: int, inte
 
 def _profile_and_host(profile: Profile | str | None, root: str | os.PathLike | None,
                       profile_dirs: Iterable[str | os.PathLike], env: Mapping[str, str],
-                      ) -> tuple[Profile | None, Detection | None]:
-    from ..device.profiles import Detection, detect, load_profiles, probe_host
+                      ) -> tuple[Profile | None, DeviceMatch | None]:
+    from ..device.detect import DeviceMatch, detect
+    from ..device.host import probe_host
+    from ..device.profiles import load_profiles
 
     root = root or "/"
     if profile is None:
@@ -197,8 +201,7 @@ def _profile_and_host(profile: Profile | str | None, root: str | os.PathLike | N
         if profile not in known:
             raise ProfileError(f"no device profile named {profile!r} (known: {', '.join(sorted(known))})")
         profile = known[profile]
-    return profile, Detection(profile, probe_host(root), profile.specificity, ("named by the caller",),
-                              ((profile.name, profile.specificity),))
+    return profile, DeviceMatch.named(profile, probe_host(root), "named by the caller")
 
 
 def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | None = None, *,
@@ -206,38 +209,21 @@ def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | Non
          profile_dirs: Iterable[str | os.PathLike] = (), env: Mapping[str, str] | None = None,
          include_others: bool = False) -> Plan:
     """Assess every candidate for ``model`` (or for any model, when None) without loading anything."""
-    from .delegates import DEFAULT_ORDER, delegate_names, split_delegate
-
     env = os.environ if env is None else env
     strict = _env_flag(env.get(STRICT_ENV)) if strict is None else strict
     info = model if isinstance(model, ModelInfo) or model is None else inspect_model(model)
-    specs: list[str] | None = None
-    source = ""
-    if delegate:
-        specs, source = [delegate], "explicit"
-    elif env.get(DELEGATE_ENV, "").strip():
-        specs, source = [env[DELEGATE_ENV].strip()], f"${DELEGATE_ENV}"
+    specs, source = _named_delegate(delegate, env)
     chosen_profile: Profile | None = None
-    detection: Detection | None = None
+    detection: DeviceMatch | None = None
     if specs is None or profile is not None or root is not None:
         chosen_profile, detection = _profile_and_host(profile, root, profile_dirs, env)
     if specs is None:
-        if chosen_profile is not None:
-            specs, source = list(chosen_profile.delegates), f"profile {chosen_profile.name}"
-        else:
-            fmt = info.format if info else ModelFormat.TFLITE
-            specs, source = list(DEFAULT_ORDER.get(fmt, ())), "default"
+        specs, source = _profile_order(chosen_profile, info)
     host = detection.host if detection else None
-    twin = None
-    names = [split_delegate(s)[0] for s in specs]
-    if info is not None and info.is_edgetpu and "coral" in names:
-        from .delegates.coral import cpu_twin_path
-
-        twin_path = cpu_twin_path(info.path)
-        twin = inspect_model(twin_path) if twin_path else None
-        if twin is not None and source in ("explicit", f"${DELEGATE_ENV}") and len(specs) == 1:
-            specs.append("xnnpack")  # "coral" asked for by name still falls back to the twin, on the CPU
     explicit = source in ("explicit", f"${DELEGATE_ENV}")
+    twin = _edgetpu_twin(info, specs)
+    if twin is not None and explicit and len(specs) == 1:
+        specs.append("xnnpack")  # "coral" asked for by name still falls back to the twin, on the CPU
     try:
         candidates = tuple(_assess(s, info, host, twin, unknown_is_error=explicit) for s in specs)
     except ValueError as exc:
@@ -260,10 +246,35 @@ def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | Non
     )
 
 
+def _named_delegate(delegate: str | None, env: Mapping[str, str]) -> tuple[list[str] | None, str]:
+    """The one delegate the caller or ``$EDGEINFER_DELEGATE`` names, with where it came from; (None, "") if none."""
+    if delegate:
+        return [delegate], "explicit"
+    if env.get(DELEGATE_ENV, "").strip():
+        return [env[DELEGATE_ENV].strip()], f"${DELEGATE_ENV}"
+    return None, ""
+
+
+def _profile_order(profile: Profile | None, info: ModelInfo | None) -> tuple[list[str], str]:
+    """The profile's delegate order, else the built-in order for the model's format."""
+    if profile is not None:
+        return list(profile.delegates), f"profile {profile.name}"
+    fmt = info.format if info else ModelFormat.TFLITE
+    return list(DEFAULT_ORDER.get(fmt, ())), "default"
+
+
+def _edgetpu_twin(info: ModelInfo | None, specs: list[str]) -> ModelInfo | None:
+    """The CPU twin of an Edge TPU model, when ``coral`` is among the candidates and the twin exists."""
+    if info is None or not info.is_edgetpu or "coral" not in [split_delegate(s)[0] for s in specs]:
+        return None
+    from .delegates.coral import cpu_twin_path
+
+    twin_path = cpu_twin_path(info.path)
+    return inspect_model(twin_path) if twin_path else None
+
+
 def _load_candidate(candidate: Candidate, info: ModelInfo, threads: int | None, *, cpu_fallback: bool = False,
                     ) -> Engine:
-    from .delegates import get_delegate
-
     delegate = get_delegate(candidate.name)
     if candidate.name == "coral":  # the twin is a candidate of its own in the plan, unless there is none
         return delegate.load(info, threads=threads, device=candidate.device, cpu_fallback=cpu_fallback)
@@ -277,28 +288,39 @@ def _short(exc: BaseException) -> str:
 def load(model: str | os.PathLike | ModelInfo, delegate: str | None = None, *, threads: int | None = None,
          profile: Profile | str | None = None, root: str | os.PathLike | None = None, strict: bool | None = None,
          profile_dirs: Iterable[str | os.PathLike] = (), env: Mapping[str, str] | None = None) -> Engine:
-    """Plan, then load the first candidate that works; see the module docstring for the rules.
+    """Load ``model`` on ``delegate`` (``name`` or ``name:device``), or on the best delegate for this device.
 
-    The engine's ``selection`` is the final plan (load failures included) and its
-    ``fallback_reason`` says why earlier candidates were passed over.
+    With no delegate: ``$EDGEINFER_DELEGATE``, else the device profile's order (detected from
+    ``root``, default ``/``), filtered by availability and the model's format; the module docstring
+    has the rules. The engine's ``fallback_reason`` says why earlier candidates were passed over
+    and its ``selection`` is the final plan (load failures included); ``strict=True`` turns a
+    fallback into an error. NoDelegateAvailable lists every candidate's reason when none works.
     """
     env = os.environ if env is None else env
     info = model if isinstance(model, ModelInfo) else inspect_model(Path(model))
     the_plan = plan(info, delegate, profile=profile, root=root, strict=strict, profile_dirs=profile_dirs, env=env)
-    strict = the_plan.strict
     threads = threads if threads is not None else the_plan.threads
-    candidates = list(the_plan.candidates)
-    if the_plan.source == "explicit" and len(candidates) == 1:
-        # One delegate asked for by name: its own typed error (UnsupportedOperator, DelegateUnavailable).
-        only = candidates[0]
-        chosen = _load_candidate(only, info, threads, cpu_fallback=not strict)
-        chosen.selection = replace(the_plan, candidates=(replace(only, available=True, reason=READY),), selected=0,
-                                   fallback_reason=None)
-        return chosen
-    intended = the_plan.intended
-    if intended is None:
+    if the_plan.source == "explicit" and len(the_plan.candidates) == 1:
+        return _load_the_named_one(the_plan, info, threads)
+    if the_plan.intended is None:
         raise NoDelegateAvailable(info.path, the_plan.reasons() or {"(none)": f"no delegate reads {info.format.value} "
                                                                     "models"})
+    return _load_first_that_works(the_plan, info, threads)
+
+
+def _load_the_named_one(the_plan: Plan, info: ModelInfo, threads: int | None) -> Engine:
+    """One delegate asked for by name: its own typed error (UnsupportedOperator, DelegateUnavailable)."""
+    only = the_plan.candidates[0]
+    chosen = _load_candidate(only, info, threads, cpu_fallback=not the_plan.strict)
+    chosen.selection = replace(the_plan, candidates=(replace(only, available=True, reason=READY),), selected=0,
+                               fallback_reason=None)
+    return chosen
+
+
+def _load_first_that_works(the_plan: Plan, info: ModelInfo, threads: int | None) -> Engine:
+    """Load the available candidates in order; a real load failure is recorded and the next one tried."""
+    strict, intended = the_plan.strict, the_plan.intended
+    candidates = list(the_plan.candidates)
     last_error: BaseException | None = None
     for index, candidate in enumerate(candidates):
         if not candidate.available:
@@ -325,6 +347,5 @@ def load(model: str | os.PathLike | ModelInfo, delegate: str | None = None, *, t
         raise DelegateUnavailable(wanted.name, f"{wanted.reason} (strict mode)")
     failed = replace(the_plan, candidates=tuple(candidates), selected=None)
     raise NoDelegateAvailable(info.path, failed.reasons()) from last_error
-
 
 __all__ = ["DELEGATE_ENV", "STRICT_ENV", "Candidate", "Plan", "load", "plan", "unavailable_reason"]

@@ -10,7 +10,8 @@ from pathlib import Path
 from ..errors import EdgeInferError
 from ..pipeline.classify import ImageClassifier
 from ..pipeline.labels import Labels
-from ..runtime.delegates import get_delegate, load
+from ..runtime.delegates.registry import get_delegate
+from ..runtime.selection import load
 
 DEMO_IMAGES = ("parrot.jpg", "cat.bmp", "grace_hopper.bmp", "dog_segmentation.bmp")
 

@@ -14,16 +14,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..device.profiles import (
-    CORAL_PCI_IDS,
-    CORAL_USB_IDS,
-    NCS2_USB_IDS,
-    Detection,
-    Host,
-    Profile,
-    UsbDevice,
-    detect,
-)
+from ..device.detect import DeviceMatch, detect
+from ..device.host import Host, UsbDevice
+from ..device.profiles import Profile
 
 OK, PROBLEM, WARNING, INFO = "ok", "problem", "warning", "info"
 UDEV_RULE_DIRS = ("/etc/udev/rules.d", "/lib/udev/rules.d", "/usr/lib/udev/rules.d")
@@ -190,7 +183,7 @@ def _check_python(packages: Callable[[str], str | None]) -> list[Finding]:
 
 def _check_coral(host: Host, profile: Profile | None, user: str) -> list[Finding]:
     """A Coral Edge TPU the profile expects or the root shows: present, libedgetpu, USB and PCIe access."""
-    from ..runtime.delegates.coral import library_problem
+    from ..runtime.delegates.coral import CORAL_PCI_IDS, CORAL_USB_IDS, library_problem
 
     usb = host.usb_devices(CORAL_USB_IDS)
     on_pci = bool(host.pci_ids & set(CORAL_PCI_IDS))
@@ -326,7 +319,7 @@ def _check_tensorrt(host: Host, profile: Profile | None, packages: Callable[[str
 
 
 def _check_intel(host: Host, profile: Profile | None, packages: Callable[[str], str | None]) -> list[Finding]:
-    from ..runtime.delegates.openvino import MYRIAD_LAST_RELEASE
+    from ..runtime.delegates.openvino import MYRIAD_LAST_RELEASE, NCS2_USB_IDS
 
     findings = []
     ncs2 = host.usb_devices(NCS2_USB_IDS)
@@ -382,7 +375,7 @@ def _check_camera(host: Host, profile: Profile | None, user: str) -> list[Findin
 
 
 def diagnose(root: str | os.PathLike = "/", *, user: str | None = None, profile_dirs: Iterable[str] = (),
-             env: Mapping[str, str] | None = None, detection: Detection | None = None,
+             env: Mapping[str, str] | None = None, detection: DeviceMatch | None = None,
              packages: Callable[[str], str | None] = _package_version) -> Report:
     """Run every check against ``root`` for ``user`` (default: $SUDO_USER, else the current user)."""
     env = os.environ if env is None else env

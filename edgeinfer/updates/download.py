@@ -11,8 +11,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from .._fs import sha256_file
 from ..errors import DownloadError, UpdateRejected
-from ..runtime.model import sha256_file
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 16

@@ -17,7 +17,7 @@ def validate(model: str, delegate: str | None) -> dict:
     """Load, fill every input with mid-range data, invoke twice, check the outputs are finite."""
     import numpy as np
 
-    from ..runtime.delegates import load
+    from ..runtime.selection import load
 
     started = time.perf_counter()
     with load(model, delegate) as engine:

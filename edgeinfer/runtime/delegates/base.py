@@ -1,4 +1,4 @@
-"""What a delegate is: a named way to turn a model file into an :class:`~edgeinfer.engine.Engine`."""
+"""What a delegate is: a named way to turn a model file into an :class:`~edgeinfer.runtime.engine.Engine`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ..engine import Engine
 from ..model import ModelFormat, ModelInfo
 
 if TYPE_CHECKING:
-    from ...device.profiles import Host
+    from ...device.host import Host
 
 
 class Delegate(ABC):

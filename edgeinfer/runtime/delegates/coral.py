@@ -17,11 +17,15 @@ from ...errors import DelegateUnavailable
 from ..engine import Engine
 from ..model import ModelFormat, ModelInfo
 from .base import Delegate
-from .xnnpack import LiteRTEngine, import_litert, litert_missing_reason, make_interpreter
+from .xnnpack import LiteRTEngine, XnnpackDelegate, import_litert, litert_missing_reason, make_interpreter
 
 if TYPE_CHECKING:
-    from ...device.profiles import Host
+    from ...device.host import Host
 
+#: Coral USB Accelerator before (Global Unichip) and after (Google) its firmware is loaded
+CORAL_USB_IDS = ("1a6e:089a", "18d1:9302")
+#: Coral M.2 / Mini PCIe accelerator (the apex chip)
+CORAL_PCI_IDS = ("1ac1:089a",)
 EDGETPU_LIBRARY = "libedgetpu.so.1"
 #: the file-name pattern of libedgetpu under a root (libedgetpu.so.1 -> libedgetpu.so.1.0)
 EDGETPU_LIBRARY_GLOB = "libedgetpu.so.1*"
@@ -85,8 +89,6 @@ def library_problem(host: Host | None = None) -> str | None:
 
 def tpu_problem(device: str | None, host: Host) -> str | None:
     """Why no Edge TPU matching ``device`` is present on ``host``, or None."""
-    from ...device.profiles import CORAL_PCI_IDS, CORAL_USB_IDS
-
     kind, index = parse_device(device)
     usb = host.usb_devices(CORAL_USB_IDS)
     apex = host.glob("/dev/apex_*")
@@ -140,7 +142,7 @@ class CoralDelegate(Delegate):
         except ValueError as exc:
             return str(exc)
         if host is None:
-            from ...device.profiles import probe_host
+            from ...device.host import probe_host
 
             host = probe_host("/")
         problems = [p for p in (library_problem(host), tpu_problem(device, host)) if p]
@@ -193,7 +195,6 @@ class CoralDelegate(Delegate):
 def load_cpu_twin(model: ModelInfo, reason: str, *, threads: int | None = None, spec: str = "coral") -> Engine:
     """Run the CPU twin of an Edge TPU model on xnnpack, recording ``reason`` on the engine."""
     from ..model import inspect_model
-    from . import get_delegate
 
     twin = cpu_twin_path(model.path) if model.is_edgetpu else None
     if twin is None:
@@ -201,6 +202,6 @@ def load_cpu_twin(model: ModelInfo, reason: str, *, threads: int | None = None, 
         raise DelegateUnavailable(
             "coral", f"{reason}; and there is no CPU twin {expected} beside {model.path} to fall back to",
         )
-    engine = get_delegate("xnnpack").load(inspect_model(twin), threads=threads)
+    engine = XnnpackDelegate().load(inspect_model(twin), threads=threads)
     engine.fallback_reason = twin_fallback_reason(model, twin, reason, spec)
     return engine

@@ -4,7 +4,7 @@ Written against ONNX Runtime's documented provider options; **not yet run on har
 (docs/hardware.md). Device string: ``tensorrt`` (TensorRT EP, CUDA EP for what TensorRT cannot
 take; the default when the build has it) or ``cuda`` (CUDA EP only), plus ``,fp16`` / ``,int8``
 for the TensorRT EP and ``,gpu:N``. The TensorRT EP caches its engines under
-``<cache>/onnxruntime-trt`` (see :func:`~edgeinfer.delegates.tensorrt.default_cache_dir`).
+``<cache>/onnxruntime-trt`` (see :func:`~edgeinfer.runtime.delegates.tensorrt.cache.default_cache_dir`).
 
 ONNX Runtime silently runs on the CPU when the CUDA libraries fail to load; this delegate checks
 the providers the session really got and refuses (``DelegateUnavailable``) instead.
@@ -20,9 +20,10 @@ from ..engine import Engine
 from ..model import ModelFormat, ModelInfo
 from .base import Delegate, runtime_missing_reason
 from .onnxruntime import OnnxRuntimeEngine
+from .tensorrt.cuda import nvidia_gpu_problem
 
 if TYPE_CHECKING:
-    from ...device.profiles import Host
+    from ...device.host import Host
 
 TRT_EP = "TensorrtExecutionProvider"
 CUDA_EP = "CUDAExecutionProvider"
@@ -65,10 +66,8 @@ class OnnxRuntimeGpuDelegate(Delegate):
         except ValueError as exc:
             return str(exc)
         problems = []
-        if host is not None and not host.live and not (
-                host.exists("/dev/nvidia0") or host.exists("/dev/nvhost-ctrl-gpu") or host.tegra_release):
-            problems.append(f"no NVIDIA GPU under {host.root} (no /dev/nvidia0, /dev/nvhost-ctrl-gpu or "
-                            "/etc/nv_tegra_release)")
+        if host is not None and not host.live and (gpu_problem := nvidia_gpu_problem(host)):
+            problems.append(gpu_problem)
         missing = runtime_missing_reason("onnxruntime", "onnx-gpu")
         if missing:
             problems.append(missing)
@@ -86,7 +85,7 @@ class OnnxRuntimeGpuDelegate(Delegate):
 
     def load(self, model: ModelInfo, *, threads: int | None = None, device: str | None = None) -> Engine:
         from ...errors import DelegateUnavailable
-        from .tensorrt import default_cache_dir
+        from .tensorrt.cache import default_cache_dir
 
         kind, options = parse_device(device)
         self.check(model, device)

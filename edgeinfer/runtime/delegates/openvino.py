@@ -21,7 +21,7 @@ from ..model import ModelFormat, ModelInfo, TensorSpec, guess_layout
 from .base import Delegate, import_runtime, runtime_missing_reason
 
 if TYPE_CHECKING:
-    from ...device.profiles import Host
+    from ...device.host import Host
 
 DEFAULT_DEVICE = "CPU"
 #: physical devices OpenVINO knows, and the virtual ones that pick among them
@@ -29,6 +29,8 @@ PHYSICAL_DEVICES = ("CPU", "GPU", "NPU", "MYRIAD")
 VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
 #: the last OpenVINO release with the MYRIAD plugin
 MYRIAD_LAST_RELEASE = (2022, 3)
+#: Intel Neural Compute Stick 2 (Movidius Myriad X) before and after its firmware boots
+NCS2_USB_IDS = ("03e7:2485", "03e7:f63b")
 #: what a device needs from the system, and how to get it (firmware_scripts/setup-intel.sh)
 DEVICE_HINTS = {
     "GPU": ("/dev/dri/renderD*", "no Intel GPU render node (/dev/dri/renderD*) — install the Intel compute runtime "
@@ -173,8 +175,6 @@ def release_problem(device: str, version: tuple[int, int] | None) -> str | None:
 
 def host_device_problem(device: str, host: Host) -> str | None:
     """Why ``host`` (a detected root) shows no hardware for ``device``, or None."""
-    from ...device.profiles import NCS2_USB_IDS
-
     family = device_family(device)
     if family == "MYRIAD" and not host.usb_devices(NCS2_USB_IDS):
         return f"no Neural Compute Stick 2 (USB {' / '.join(NCS2_USB_IDS)}) found"

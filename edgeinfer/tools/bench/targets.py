@@ -24,7 +24,7 @@ def plan_targets(models: Sequence[str | os.PathLike], delegates: Sequence[str] |
     ``delegates`` None means every registered delegate. A delegate name that is not registered is
     a ValueError (a typo, not a machine property).
     """
-    from ...runtime.delegates import delegate_names, get_delegate, split_delegate
+    from ...runtime.delegates.registry import delegate_names, get_delegate, split_delegate
 
     infos = [inspect_model(m) for m in models]
     names = list(delegates) if delegates else delegate_names()

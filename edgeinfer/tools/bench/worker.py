@@ -57,7 +57,8 @@ class _Worker:
     def load(self, cmd: dict) -> dict:
         import numpy as np
 
-        from ...runtime.delegates import load, split_delegate
+        from ...runtime.delegates.registry import split_delegate
+        from ...runtime.selection import load
 
         rss_before = _current_rss_mb()
         name, _device = split_delegate(cmd["delegate"])

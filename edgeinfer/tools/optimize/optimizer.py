@@ -104,7 +104,7 @@ def _optimize_onnx(run: _Run, temp_onnx: Path, output_path: Path
 
     Returns the ONNX artifact, the preprocessing used and the original's outputs (for the IR's check).
     """
-    from ...runtime.delegates import load
+    from ...runtime.selection import load
 
     info, options, say = run.info, run.options, run.say
     say(f"loading {Path(info.path).name} on {options.delegate} ({run.threads} threads)")
@@ -139,7 +139,7 @@ def _optimize_onnx(run: _Run, temp_onnx: Path, output_path: Path
 
 def _load_optimized(path: Path, delegate: str, threads: int) -> Engine:
     """Load a model this run produced; a refusal is our conversion's fault, not the user's file."""
-    from ...runtime.delegates import load
+    from ...runtime.selection import load
 
     try:
         return load(path, delegate, threads=threads)
@@ -153,7 +153,7 @@ def _ir_artifact(run: _Run, temp_onnx: Path, temp_xml: Path, final_xml: Path,
     """Export to OpenVINO IR; check its accuracy against the reference outputs of the original (on the
     validating delegate, float32) and its speed against the original ONNX on OpenVINO, same run.
     """
-    from ...runtime.delegates import load
+    from ...runtime.selection import load
 
     info, options, say = run.info, run.options, run.say
     say("exporting OpenVINO IR")
