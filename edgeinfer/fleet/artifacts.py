@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
+import threading
 from pathlib import Path
 
-from ..runtime.model import sha256_file
+from .._fs import copy_atomically, sha256_file
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
@@ -19,6 +18,8 @@ class ArtifactStore:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        # the temporary name beside a target is per process: two uploads of one artifact take turns
+        self._put_lock = threading.Lock()
 
     def path_for(self, sha256: str) -> Path:
         if not re.fullmatch(r"[0-9a-f]{64}", sha256):
@@ -29,12 +30,9 @@ class ArtifactStore:
         """Copy ``source`` into the store (atomically); return (sha256, size)."""
         digest = sha256_file(source)
         target = self.path_for(digest)
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".incoming-")
-            os.close(fd)
-            shutil.copyfile(source, tmp)
-            os.replace(tmp, target)
+        with self._put_lock:
+            if not target.exists():
+                copy_atomically(source, target)
         return digest, target.stat().st_size
 
     def get(self, sha256: str) -> Path | None:

@@ -18,12 +18,12 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .._fs import atomic_write_text, copy_atomically
 from ..errors import UpdateRejected
 from .download import download
 from .signing import Manifest, VerifyKey
@@ -46,20 +46,6 @@ class InstalledModel:
     version: int
     sha256: str
     deployment_id: str | None = None
-
-
-def _write_json_atomic(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".slots-")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class ModelSlots:
@@ -85,7 +71,7 @@ class ModelSlots:
             raise UpdateRejected("state_corrupt", f"{self._state_path} is unreadable ({exc})") from None
 
     def _save(self) -> None:
-        _write_json_atomic(self._state_path, self._state)
+        atomic_write_text(self._state_path, json.dumps(self._state, indent=1))
 
     @staticmethod
     def _model(data: dict | None) -> InstalledModel | None:
@@ -138,9 +124,7 @@ class ModelSlots:
             return self.active
         target = self.slot_dir("a") / Path(source).name
         if Path(source).resolve() != target.resolve():
-            tmp = target.with_name(target.name + ".tmp")
-            tmp.write_bytes(Path(source).read_bytes())
-            os.replace(tmp, target)
+            copy_atomically(source, target)
         self._state["active"] = asdict(InstalledModel("a", str(target), name, version, sha256))
         self._save()
         return self.active
