@@ -16,8 +16,11 @@ from conftest import MODELS, REPO, wait_until
 from edgeinfer.errors import UpdateRejected
 from edgeinfer.fleet.artifacts import ArtifactStore
 from edgeinfer.fleet.http import FleetHTTPServer
+from edgeinfer.updates.health import HealthGate, result_is_finite
 from edgeinfer.updates.signing import SigningKey, VerifyKey, new_manifest
-from edgeinfer.updates.slots import HealthGate, ModelSlots, Updater, result_is_finite, validate_in_subprocess
+from edgeinfer.updates.slots import ModelSlots
+from edgeinfer.updates.updater import Updater
+from edgeinfer.updates.validate import validate_in_subprocess
 
 V1 = MODELS / "mobilenet_v2_1.0_224_quant.tflite"
 V2 = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
