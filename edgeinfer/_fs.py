@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 #: bytes read at a time when hashing
 HASH_CHUNK = 1 << 20
+#: numbers the temporary files of this process, so two threads writing one target never share one
+_temp_numbers = itertools.count()
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:
@@ -38,22 +41,23 @@ def replace_durably(temp: str | os.PathLike, final: str | os.PathLike) -> None:
 
 
 def temp_path_for(final: str | os.PathLike) -> Path:
-    """A hidden, per-process temporary name beside ``final``, keeping its suffix (writers such as
-    OpenCV's pick the container by it)."""
+    """A hidden temporary name beside ``final``, unique to this call, keeping its suffix (writers such
+    as OpenCV's pick the container by it)."""
     final = Path(final)
-    return final.with_name(f".{final.stem}.{os.getpid()}.tmp{final.suffix}")
+    return final.with_name(f".{final.stem}.{os.getpid()}-{next(_temp_numbers)}.tmp{final.suffix}")
 
 
 @contextlib.contextmanager
-def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(final: str | os.PathLike, *, temp: str | os.PathLike | None = None) -> Iterator[Path]:
     """A temporary path to write ``final``'s content to; on success it replaces ``final`` durably.
 
     On an exception the temporary file is removed and ``final`` is left as it was. The folder is
-    created if needed.
+    created if needed. ``temp`` names the temporary file when a writer decides it (OpenVINO writes
+    an IR's .bin beside its .xml, under the .xml's temporary stem).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    temp = temp_path_for(final)
+    temp = Path(temp) if temp is not None else temp_path_for(final)
     try:
         yield temp
         replace_durably(temp, final)

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import random
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 from broker_support import Broker, Collector, make_tls_files, running_broker
+from conftest import REPO
 from conftest import wait_until as wait_for
 
-from edgeinfer.link.mqtt import LinkSettings, MqttLink, backoff_delay, parse_broker_url
+from edgeinfer._backoff import EQUAL_JITTER, Backoff
+from edgeinfer.link.mqtt import MqttLink
+from edgeinfer.link.settings import LinkSettings, parse_broker_url
 from edgeinfer.link.spool import Spool
 
 
@@ -41,10 +46,34 @@ def test_broker_urls():
 
 def test_backoff_grows_is_capped_and_jittered():
     rng = random.Random(1)
-    delays = [[backoff_delay(n, 0.5, 30, rng) for _ in range(200)] for n in (1, 2, 3, 8, 20)]
+    backoff = Backoff(initial_s=0.5, max_s=30, jitter=EQUAL_JITTER)  # what the link reconnects with
+    delays = [[backoff.delay(n, rng) for _ in range(200)] for n in (1, 2, 3, 8, 20)]
     for values, base in zip(delays, (0.5, 1, 2, 30, 30)):
         assert base / 2 <= min(values) and max(values) <= base  # "equal jitter": within [base/2, base]
         assert max(values) - min(values) > base / 4  # really spread, so a fleet does not reconnect in lockstep
+
+
+def test_a_missing_paho_names_the_pip_extra():
+    """Without paho-mqtt a link is a MissingDependency (an ImportError too) that says what to install."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+        "class NoPaho:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'paho' or name.startswith('paho.'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NoPaho())\n"
+        "from edgeinfer.errors import MissingDependency\n"
+        "from edgeinfer.link.mqtt import MqttLink\n"
+        "from edgeinfer.link.settings import LinkSettings\n"
+        "try:\n"
+        "    MqttLink(LinkSettings(url='mqtt://127.0.0.1:1', client_id='no-paho'))\n"
+        "except MissingDependency as exc:\n"
+        "    assert isinstance(exc, ImportError)\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'edgeinfer[fleet]'" in done.stdout
 
 
 def test_rows_leave_the_spool_only_on_puback_and_the_window_is_bounded(tmp_path, broker):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 import urllib.request
 
 import pytest
-from conftest import MODELS
+from conftest import MODELS, REPO
 from fleet_support import CuttingProxy
 
 from edgeinfer.errors import ConfigError, DownloadError, UpdateRejected
@@ -52,6 +54,28 @@ def test_signature_round_trip_and_tamper_detection(tmp_path):
         other.verify(signed.to_dict(), signature)
     with pytest.raises(ConfigError, match="exists"):
         key.save(tmp_path)
+
+
+def test_a_missing_cryptography_names_the_pip_extra():
+    """Without cryptography, pinning or loading a key is a MissingDependency that says what to install."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+        "class NoCryptography:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'cryptography' or name.startswith('cryptography.'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NoCryptography())\n"
+        "from edgeinfer.errors import MissingDependency\n"
+        "from edgeinfer.updates.signing import SigningKey, VerifyKey\n"
+        "for make in (lambda: VerifyKey('AAAA'), SigningKey.generate, lambda: SigningKey.load('k')):\n"
+        "    try:\n"
+        "        make()\n"
+        "    except MissingDependency as exc:\n"
+        "        print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("pip install 'edgeinfer[fleet]'") == 3
 
 
 def test_expired_and_malformed_manifests(tmp_path):

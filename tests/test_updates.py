@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import signal
 import subprocess
@@ -10,13 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import MODELS, REPO
+from conftest import MODELS, REPO, wait_until
 
 from edgeinfer.errors import UpdateRejected
 from edgeinfer.fleet.artifacts import ArtifactStore
 from edgeinfer.fleet.http import FleetHTTPServer
+from edgeinfer.updates.health import HealthGate, result_is_finite
 from edgeinfer.updates.signing import SigningKey, VerifyKey, new_manifest
-from edgeinfer.updates.slots import HealthGate, ModelSlots, Updater, result_is_finite, validate_in_subprocess
+from edgeinfer.updates.slots import ModelSlots
+from edgeinfer.updates.updater import Updater
+from edgeinfer.updates.validate import validate_in_subprocess
 
 V1 = MODELS / "mobilenet_v2_1.0_224_quant.tflite"
 V2 = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
@@ -157,7 +161,7 @@ def test_sigkill_during_state_write_never_corrupts(tmp_path):
     """Kill a writer mid-loop many times: the state file always parses and names one model."""
     script = (
         f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-        "from edgeinfer.updates import ModelSlots, InstalledModel\n"
+        "from edgeinfer.updates.slots import ModelSlots, InstalledModel\n"
         f"s = ModelSlots({str(tmp_path)!r})\n"
         "i = 0\n"
         "while True:\n"
@@ -166,13 +170,20 @@ def test_sigkill_during_state_write_never_corrupts(tmp_path):
     )
     slots = ModelSlots(tmp_path)
     slots.install_initial(V1, name=V1.name, version=1, sha256=sha(V1))
+    state_file = tmp_path / "models" / "slots.json"
     for _ in range(3):
+        before = json.loads(state_file.read_text())["active"]["version"]
         proc = subprocess.Popen([sys.executable, "-c", script])
         try:
-            proc.wait(timeout=0.7)
+            # kill it inside its write loop, not while it is still starting up
+            assert wait_until(lambda b=before: json.loads(state_file.read_text())["active"]["version"] != b, 30)
+            proc.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
+            pass
+        finally:
             proc.kill()
             proc.wait()
+        assert proc.returncode == -signal.SIGKILL  # killed while writing, not dead of its own accord
         state = ModelSlots(tmp_path)
         assert state.active is not None and state.trial is None
     shutil.rmtree(tmp_path / "models")

@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..link.mqtt import (
+from ..link.protocol import ID_PATTERN, Topics
+from ..link.settings import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_INFLIGHT_WINDOW,
     DEFAULT_KEEPALIVE_S,
@@ -52,7 +53,6 @@ from ..link.mqtt import (
     parse_broker_url,
     tls_context,
 )
-from ..link.protocol import ID_PATTERN, Topics
 from ..link.spool import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
 from ..pipeline.options import POLICIES
 from ..pipeline.tasks import TASK_NAMES

@@ -8,7 +8,7 @@
   restarts a failed pipeline with exponential backoff and jitter (a run that lasted resets it);
 - the main thread ticks every ``telemetry_interval_s``: it takes each pipeline's window
   (``Pipeline.take_window()``), samples the system probes and writes one telemetry message to the
-  on-disk spool; :class:`~edgeinfer.mqtt.MqttLink` drains the spool at QoS 1 and removes rows only
+  on-disk spool; :class:`~edgeinfer.link.mqtt.MqttLink` drains the spool at QoS 1 and removes rows only
   on PUBACK, so nothing is lost to network cuts, broker restarts or an agent crash;
 - the retained ``state`` (birth) is re-published at every connect and whenever a pipeline's state
   changes; the Last Will turns it offline;
@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._backoff import EQUAL_JITTER, Backoff
 from .._version import __version__
 from ..errors import ConfigError, EdgeInferError, ProtocolError
-from ..link.mqtt import MqttLink, backoff_delay
+from ..link.mqtt import MqttLink
 from ..link.protocol import PROTOCOL_VERSION, Topics, decode, encode, schema_errors
 from ..link.spool import PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
 from .config import AgentConfig, PipelineConfig, resolve_profile
@@ -187,8 +188,7 @@ class PipelineRunner:
         self._emit = emit
         self._on_change = on_change
         self._factory = factory
-        self._restart_min_s = restart_min_s
-        self._restart_max_s = restart_max_s
+        self._restart_backoff = Backoff(initial_s=restart_min_s, max_s=restart_max_s, jitter=EQUAL_JITTER)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._restart_requested = threading.Event()
@@ -336,7 +336,7 @@ class PipelineRunner:
                     self._wait(1e9)
                     continue
             attempt += 1
-            delay = backoff_delay(attempt, self._restart_min_s, self._restart_max_s)
+            delay = self._restart_backoff.delay(attempt)
             self._set_status("restarting")
             self.restarts += 1
             self._emit("pipeline_restarting", "warning",

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import EdgeInferError, UpdateRejected
 from ..runtime.model import inspect_model
+from ..updates.health import HealthGate, result_is_finite
 from ..updates.signing import VerifyKey
-from ..updates.slots import HealthGate, InstalledModel, ModelSlots, Updater, result_is_finite
+from ..updates.slots import InstalledModel, ModelSlots
+from ..updates.updater import Updater
 
 if TYPE_CHECKING:
     from .config import AgentConfig

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
-from .._fs import sha256_file
+from .._fs import copy_atomically, sha256_file
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
@@ -29,12 +27,8 @@ class ArtifactStore:
         """Copy ``source`` into the store (atomically); return (sha256, size)."""
         digest = sha256_file(source)
         target = self.path_for(digest)
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".incoming-")
-            os.close(fd)
-            shutil.copyfile(source, tmp)
-            os.replace(tmp, target)
+        if not target.exists():  # two uploads of one artifact each write their own temporary file
+            copy_atomically(source, target)
         return digest, target.stat().st_size
 
     def get(self, sha256: str) -> Path | None:

@@ -83,7 +83,8 @@ class FleetManager:
 
     # ----------------------------------------------------------------------------- lifecycle
     def start(self) -> FleetManager:
-        from ..link.mqtt import LinkSettings, MqttLink
+        from ..link.mqtt import MqttLink
+        from ..link.settings import LinkSettings
         from ..link.spool import Spool
         from .broker import EmbeddedBroker
         from .http import FleetHTTPServer

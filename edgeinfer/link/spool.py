@@ -1,7 +1,7 @@
 """A bounded on-disk store-and-forward queue for outgoing MQTT messages (SQLite in WAL mode).
 
 A message counts as sent only once the broker has acknowledged it: the agent appends every
-telemetry window and event here first, :mod:`edgeinfer.mqtt` publishes rows oldest first at QoS 1,
+telemetry window and event here first, :mod:`edgeinfer.link.mqtt` publishes rows oldest first at QoS 1,
 and a row is deleted only when the PUBACK for its packet arrives. Rows therefore survive network
 cuts, broker restarts and the agent's own crashes, and drain in order afterwards.
 

@@ -1,4 +1,8 @@
-"""Resumable, verified downloads of model artifacts (HTTP Range), written atomically."""
+"""Resumable, verified downloads of model artifacts (HTTP Range), written atomically.
+
+The bytes land in ``<dest>.part``, which a later call resumes; only a complete file whose sha256
+matches is renamed to ``dest``.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +15,16 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from .._fs import sha256_file
+from .._backoff import Backoff
+from .._fs import replace_durably, sha256_file
 from ..errors import DownloadError, UpdateRejected
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 16
 DEFAULT_ATTEMPTS = 8
 DEFAULT_TIMEOUT_S = 20.0
+#: the longest wait between two tries that made no progress
+MAX_RETRY_WAIT_S = 5.0
 
 
 def _announced_total(response, have: int) -> int | None:
@@ -53,6 +60,16 @@ def _fetch_into(url: str, part: Path, have: int, size: int, timeout: float,
             os.fsync(fh.fileno())
 
 
+def _retry_waits(backoff_s: float) -> Backoff | None:
+    """Waits of ``backoff_s`` times 2 ** (tries in a row without progress), capped; None: no wait."""
+    if backoff_s <= 0:
+        return None
+    return Backoff(initial_s=min(backoff_s, MAX_RETRY_WAIT_S), max_s=MAX_RETRY_WAIT_S, jitter=0.0)
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
 
 def download(url: str, dest: str | os.PathLike, *, sha256: str, size: int, attempts: int = DEFAULT_ATTEMPTS,
              timeout: float = DEFAULT_TIMEOUT_S, backoff_s: float = 0.2,
@@ -67,9 +84,10 @@ def download(url: str, dest: str | os.PathLike, *, sha256: str, size: int, attem
     target = Path(dest)
     part = target.with_name(target.name + ".part")
     target.parent.mkdir(parents=True, exist_ok=True)
+    waits = _retry_waits(backoff_s)
     failures, last_error = 0, ""
     while True:
-        have = part.stat().st_size if part.exists() else 0
+        have = _size(part)
         if have > size:  # a stale partial of some other artifact
             part.unlink()
             have = 0
@@ -80,7 +98,7 @@ def download(url: str, dest: str | os.PathLike, *, sha256: str, size: int, attem
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             last_error = f"{type(exc).__name__}: {exc}"
             log.info("download of %s interrupted at %d bytes: %s", url, have, last_error)
-        now_have = part.stat().st_size if part.exists() else 0
+        now_have = _size(part)
         if now_have == size:
             break
         if now_have > size:
@@ -90,10 +108,11 @@ def download(url: str, dest: str | os.PathLike, *, sha256: str, size: int, attem
         if failures >= attempts:
             raise DownloadError(f"download of {url} stalled at {now_have}/{size} bytes after {attempts} tries"
                                 f" ({last_error or 'server sent no more data'})")
-        time.sleep(min(backoff_s * (2 ** failures), 5.0))
+        if waits is not None:
+            time.sleep(waits.delay(failures + 1))  # delay(1) is the first, unmultiplied wait
     actual = sha256_file(part)
     if actual != sha256:
         part.unlink()
         raise UpdateRejected("sha256_mismatch", f"artifact sha256 is {actual}, the manifest says {sha256}")
-    os.replace(part, target)
+    replace_durably(part, target)
     return target

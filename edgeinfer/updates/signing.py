@@ -15,7 +15,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import ConfigError, UpdateRejected
+from .._fs import atomic_path, atomic_write_text
+from ..errors import ConfigError, MissingDependency, UpdateRejected
 
 PRIVATE_KEY_FILE = "fleet-signing.key"
 PUBLIC_KEY_FILE = "fleet-signing.pub"
@@ -90,6 +91,21 @@ def new_manifest(*, model_name: str, version: int, sha256: str, size: int, url: 
 
 # ------------------------------------------------------------------------------------------ keys
 
+def _require_cryptography() -> None:
+    """MissingDependency naming the pip extra when ``cryptography`` (Ed25519) is not installed."""
+    try:
+        import cryptography  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependency(f"signed model updates need cryptography ({exc}) — pip install 'edgeinfer[fleet]'") \
+            from exc
+
+
+def _write_owner_only(path: Path, data: bytes) -> None:
+    """Create ``path`` with mode 0600 from the start (a key is never readable by others, not even half-written)."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
+        fh.write(data)
+
+
 class SigningKey:
     """The fleet's Ed25519 private key."""
 
@@ -98,6 +114,8 @@ class SigningKey:
 
     @classmethod
     def generate(cls) -> SigningKey:
+        """A new random key."""
+        _require_cryptography()
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
         return cls(Ed25519PrivateKey.generate())
@@ -105,6 +123,7 @@ class SigningKey:
     @classmethod
     def load(cls, path: str | os.PathLike) -> SigningKey:
         """Read a PEM (PKCS8) private key; ConfigError if missing or not Ed25519."""
+        _require_cryptography()
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -131,10 +150,9 @@ class SigningKey:
         pem = self._key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
-        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(pem)
-        public_path.write_text(self.public_key_b64() + "\n")
+        with atomic_path(private_path) as temp:
+            _write_owner_only(temp, pem)
+        atomic_write_text(public_path, self.public_key_b64() + "\n")
         return private_path, public_path
 
     def public_key_b64(self) -> str:
@@ -153,6 +171,7 @@ class VerifyKey:
     """A pinned Ed25519 public key."""
 
     def __init__(self, public_key_b64: str) -> None:
+        _require_cryptography()
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
         try:

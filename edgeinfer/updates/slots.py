@@ -1,39 +1,27 @@
-"""Applying a model update on the device: verify, download, validate in a subprocess, A/B slots.
+"""The device's two model slots and the record of which model is live.
 
 The on-disk state (``<data_dir>/models/slots.json``, replaced atomically) always names exactly one
 committed model. An update is written to the inactive slot and recorded as a *trial*; only after
 the health gate passes is it committed. A crash at any point leaves either the old model committed
 (trial discarded at the next start) or the new one — never a mix.
-
-    verify signature + expiry ─► refuse replay / downgrade ─► download (resume, sha256) into the
-    inactive slot ─► validate in a subprocess (timeout) ─► begin_trial ─► [agent swaps the engine,
-    runs the health gate] ─► commit  |  rollback
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .._fs import atomic_write_text, copy_atomically
 from ..errors import UpdateRejected
-from .download import download
-from .signing import Manifest, VerifyKey
 
 log = logging.getLogger(__name__)
 
 SLOTS = ("a", "b")
 STATE_FILE = "slots.json"
 SEEN_LIMIT = 500
-DEFAULT_VALIDATE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -46,20 +34,6 @@ class InstalledModel:
     version: int
     sha256: str
     deployment_id: str | None = None
-
-
-def _write_json_atomic(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".slots-")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class ModelSlots:
@@ -85,7 +59,7 @@ class ModelSlots:
             raise UpdateRejected("state_corrupt", f"{self._state_path} is unreadable ({exc})") from None
 
     def _save(self) -> None:
-        _write_json_atomic(self._state_path, self._state)
+        atomic_write_text(self._state_path, json.dumps(self._state, indent=1))
 
     @staticmethod
     def _model(data: dict | None) -> InstalledModel | None:
@@ -138,9 +112,7 @@ class ModelSlots:
             return self.active
         target = self.slot_dir("a") / Path(source).name
         if Path(source).resolve() != target.resolve():
-            tmp = target.with_name(target.name + ".tmp")
-            tmp.write_bytes(Path(source).read_bytes())
-            os.replace(tmp, target)
+            copy_atomically(source, target)
         self._state["active"] = asdict(InstalledModel("a", str(target), name, version, sha256))
         self._save()
         return self.active
@@ -170,128 +142,3 @@ class ModelSlots:
         self._state.update(active=previous, previous=self._state.get("active"), trial=None)
         self._save()
         return self.active
-
-
-class HealthGate:
-    """Decides after ``frames`` results whether a new model is healthy: finite outputs, sane latency."""
-
-    def __init__(self, *, frames: int = 20, baseline_infer_ms: float | None = None, max_factor: float = 3.0) -> None:
-        self.frames = frames
-        self.baseline = baseline_infer_ms
-        self.max_factor = max_factor
-        self._latencies: list[float] = []
-        self.reason: str | None = None
-
-    def observe(self, infer_ms: float, finite: bool) -> bool | None:
-        """Feed one frame; None while undecided, then True (healthy) or False (see ``reason``)."""
-        if not finite:
-            self.reason = "non_finite_output"
-            return False
-        self._latencies.append(infer_ms)
-        if len(self._latencies) < self.frames:
-            return None
-        median = sorted(self._latencies)[len(self._latencies) // 2]
-        if self.baseline and median > self.baseline * self.max_factor:
-            self.reason = f"latency_regression: median {median:.1f} ms > {self.max_factor}x {self.baseline:.1f} ms"
-            return False
-        return True
-
-
-def result_is_finite(value) -> bool:
-    """True when no float inside a task result (scores, boxes, keypoints) is NaN or infinite."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(result_is_finite(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return all(result_is_finite(v) for v in value)
-    to_dict = getattr(value, "to_dict", None)
-    if callable(to_dict):
-        return result_is_finite(to_dict())
-    return True
-
-
-def validate_in_subprocess(model: str | os.PathLike, *, delegate: str | None = None,
-                           timeout_s: float = DEFAULT_VALIDATE_TIMEOUT_S, interpreter: str | None = None) -> dict:
-    """Load ``model`` and run one input in a separate Python process; UpdateRejected unless it works.
-
-    A model that crashes the runtime (segfault) or hangs it only takes the child down.
-    ``interpreter`` defaults to this Python (another venv's python may be given).
-    """
-    command = [interpreter or sys.executable, "-m", "edgeinfer.validate_model", str(model)]
-    if delegate:
-        command += ["--delegate", delegate]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise UpdateRejected("validation_timeout", f"the model did not load and run within {timeout_s:.0f} s") from None
-    lines = done.stdout.strip().splitlines()
-    try:
-        report = json.loads(lines[-1]) if lines else {}
-    except ValueError:
-        report = {}
-    if done.returncode != 0 or not report.get("ok"):
-        detail = report.get("error") or (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        if done.returncode < 0:
-            detail = f"the runtime crashed (signal {-done.returncode})"
-        raise UpdateRejected("validation_failed", detail)
-    return report
-
-
-class Updater:
-    """The agent's update steps up to the trial; the agent swaps the engine and runs the gate."""
-
-    def __init__(self, slots: ModelSlots, verify_key: VerifyKey, *, delegate: str | None = None,
-                 validate_timeout_s: float = DEFAULT_VALIDATE_TIMEOUT_S) -> None:
-        self.slots = slots
-        self.verify_key = verify_key
-        self.delegate = delegate
-        self.validate_timeout_s = validate_timeout_s
-
-    def check(self, manifest_data: dict, signature: str) -> Manifest:
-        """Signature, expiry, replay and downgrade checks; raises UpdateRejected with its reason."""
-        manifest = self.verify_key.verify(manifest_data, signature)
-        if self.slots.seen(manifest.deployment_id):
-            raise UpdateRejected("replay", f"deployment {manifest.deployment_id} was already handled")
-        active = self.slots.active
-        if active is not None and not manifest.rollback and manifest.version <= active.version:
-            raise UpdateRejected("downgrade", f"version {manifest.version} is not newer than the running "
-                                              f"{active.version} (send a rollback to go back)")
-        return manifest
-
-    def stage(self, manifest: Manifest, progress: Callable[[int], None] | None = None) -> InstalledModel:
-        """Download into the inactive slot and validate there; returns the staged model."""
-        staged = self.download(manifest, progress)
-        self.validate(staged)
-        return staged
-
-    def validate(self, staged: InstalledModel) -> None:
-        """Load and run the staged model in a subprocess (UpdateRejected if it fails, crashes or hangs)."""
-        started = time.perf_counter()
-        validate_in_subprocess(staged.path, delegate=self.delegate, timeout_s=self.validate_timeout_s)
-        log.info("validated %s in %.1f s", staged.path, time.perf_counter() - started)
-
-    def download(self, manifest: Manifest, progress: Callable[[int], None] | None = None) -> InstalledModel:
-        """Fetch the artifact into the inactive slot (resuming a partial file) and verify it."""
-        slot = self.slots.inactive_slot()
-        folder = self.slots.slot_dir(slot)
-        target = folder / _file_name(manifest)
-        partial = target.with_name(target.name + ".part")
-        for stale in folder.iterdir():  # the inactive slot holds only the model being staged
-            if stale != partial:
-                stale.unlink()
-        download(manifest.url, target, sha256=manifest.sha256, size=manifest.size, progress=progress)
-        return InstalledModel(slot, str(target), manifest.model_name, manifest.version, manifest.sha256,
-                              manifest.deployment_id)
-
-
-def _file_name(manifest: Manifest) -> str:
-    """The artifact's name in its slot: the manifest's model name when it is a plain file name.
-
-    The name is only a label (the sha256 is what is trusted); runtimes such as OpenVINO pick a
-    reader by suffix, so it is kept.
-    """
-    name = Path(manifest.model_name).name
-    if name and name == manifest.model_name and not name.startswith(".") and len(name) <= 200:
-        return name
-    return manifest.sha256

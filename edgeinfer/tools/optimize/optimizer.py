@@ -66,7 +66,7 @@ def optimize_model(model: str | os.PathLike, output: str | os.PathLike, options:
         if options.export_ir:
             temp_xml = staged.enter_context(atomic_path(finals[1]))
             # OpenVINO writes the weights beside the .xml under its stem: the .bin's temporary name
-            staged.enter_context(atomic_path(finals[2]))
+            staged.enter_context(atomic_path(finals[2], temp=temp_xml.with_suffix(".bin")))
             artifacts.append(_ir_artifact(run, temp_onnx, temp_xml, finals[1], reference))
         refused = refusal_reason(artifacts, options)
         report = OptimizeReport(

@@ -1,0 +1,79 @@
+"""What edgeinfer asks of paho-mqtt (>= 2, callback API version 2): the import check, a configured
+client, and the CONNECT with the session settings.
+
+paho is imported here on first use, never at ``import edgeinfer``.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from ..errors import MissingDependency
+from .settings import BrokerURL, LinkSettings
+
+#: paho MQTTErrorCode.MQTT_ERR_QUEUE_SIZE: the only publish() result after which paho does NOT keep a
+#: QoS 1 message (for any other, e.g. NO_CONN or CONN_LOST, it resends it after the next CONNACK)
+QUEUE_SIZE = 15
+#: paho's in-flight limit above our window: room for the retained state messages
+_RETAINED_ROOM = 8
+
+
+def require_paho() -> None:
+    """MissingDependency with the install hint when paho-mqtt (>= 2) is missing or too old."""
+    try:
+        import paho.mqtt
+    except ImportError as exc:
+        raise MissingDependency("MQTT needs paho-mqtt >= 2: pip install 'edgeinfer[fleet]'") from exc
+    major = str(getattr(paho.mqtt, "__version__", "0")).split(".")[0]
+    if not major.isdigit() or int(major) < 2:
+        raise MissingDependency(f"paho-mqtt {paho.mqtt.__version__} is too old; edgeinfer needs >= 2: "
+                                "pip install -U 'paho-mqtt>=2'")
+
+
+def new_client(settings: LinkSettings, protocol: str, *, username: str | None, password: str | None,
+               tls: ssl.SSLContext | None, will: tuple[str, bytes] | None) -> Any:
+    """A paho client for MQTT ``protocol`` ("5" or "3.1.1") with a persistent session; it never reconnects
+    by itself (the link does, with its own backoff)."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    if protocol == "5":
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id,
+                             protocol=paho.MQTTv5, reconnect_on_failure=False)
+    else:
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id,
+                             clean_session=False, protocol=paho.MQTTv311, reconnect_on_failure=False)
+    client.connect_timeout = settings.connect_timeout_s
+    # our window bounds what is in flight; leave paho room for the retained state messages
+    client.max_inflight_messages_set(settings.inflight_window + _RETAINED_ROOM)
+    client.max_queued_messages_set(0)
+    if username:
+        client.username_pw_set(username, password)
+    if tls is not None:
+        client.tls_set_context(tls)
+    if will is not None:
+        client.will_set(will[0], will[1], qos=1, retain=True)
+    return client
+
+
+def connect(client: Any, broker: BrokerURL, settings: LinkSettings, protocol: str) -> None:
+    """Send CONNECT (MQTT 5: ``clean_start=False`` and a session expiry interval); OSError / ValueError
+    when the socket cannot be opened."""
+    if protocol == "5":
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = settings.session_expiry_s
+        client.connect(broker.host, broker.port, keepalive=settings.keepalive_s, clean_start=False,
+                       properties=props)
+    else:
+        client.connect(broker.host, broker.port, keepalive=settings.keepalive_s)
+
+
+def error_string(rc: int) -> str:
+    """paho's words for a network-loop result code."""
+    import paho.mqtt.client as paho
+
+    return paho.error_string(rc)
