@@ -9,12 +9,14 @@ systemd unit with systemd-analyze.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -55,13 +57,28 @@ def device_line(stdout: str) -> str:
 
 # ------------------------------------------------------------------------------------ static checks
 
-@pytest.mark.parametrize("name", [*SCRIPT_NAMES, "lib.sh"])
+LIB_PARTS = sorted(f"lib/{path.name}" for path in (SCRIPTS / "lib").glob("*.sh"))
+
+
+# shellcheck -x follows lib.sh into lib/ but reports only on the file it checks: each part is checked too.
+@pytest.mark.parametrize("name", [*SCRIPT_NAMES, "lib.sh", *LIB_PARTS])
 def test_shellcheck_clean(name):
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (make system-deps installs it)")
     # From another directory: the .shellcheckrc beside the scripts must be enough to follow lib.sh.
     result = subprocess.run(["shellcheck", "-x", str(SCRIPTS / name)], capture_output=True, text=True, cwd="/")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_lib_sources_every_part_from_its_own_directory():
+    sourced = re.findall(r'^\. "\$EI_LIB_DIR/(\S+\.sh)"$', (SCRIPTS / "lib.sh").read_text(), re.MULTILINE)
+    assert sorted(f"lib/{name}" for name in sourced) == LIB_PARTS
+    # Sourced by a relative path from the repository, used after a cd elsewhere: lib/ and the
+    # checkout are still found from lib.sh's own location.
+    probe = '. firmware_scripts/lib.sh && cd / && printf "%s\\n" "$EI_LIB_DIR" "$(ei_default_package)"'
+    result = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=REPO, env=script_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [str(SCRIPTS.resolve() / "lib"), str(REPO.resolve())]
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
@@ -153,6 +170,35 @@ def test_profiles_answer_wins_when_edgeinfer_has_a_device_command(profile, famil
     assert f"profile {profile}; detected by profiles" in device_line(result.stdout)
     if family != "x86-64":
         assert "using the profile" in result.stderr
+
+
+PROFILE_FAMILY = SCRIPTS / "lib/profile_family.py"
+
+
+@pytest.mark.parametrize(("answer", "expect"), [
+    ({"profile": "raspberry-pi-5-coral-usb", "score": 12}, (0, "pi\traspberry-pi-5-coral-usb\n")),
+    ({"profile": "jetson-orin-nano"}, (0, "jetson\tjetson-orin-nano\n")),
+    ({"profile": "x86-64-ncs2"}, (0, "intel-ncs2\tx86-64-ncs2\n")),
+    ({"profile": "intel-core-ultra-npu"}, (0, "intel-npu\tintel-core-ultra-npu\n")),
+    ({"profile": "generic-x86-64"}, (0, "x86-64\tgeneric-x86-64\n")),
+    ({"profile": "generic-aarch64"}, (0, "unknown\tgeneric-aarch64\n")),
+    # The setup script decides over the name's words; install-agent.sh names no family.
+    ({"profile": {"name": "generic-x86-64", "setup_script": "setup-pi.sh"}}, (0, "pi\tgeneric-x86-64\n")),
+    ({"profile": {"name": "raspberry-pi-4", "setup_script": "install-agent.sh"}}, (0, "unknown\traspberry-pi-4\n")),
+    ({"profile": {"id": "board-7"}, "details": [{"family": "Jetson"}]}, (0, "jetson\tboard-7\n")),
+    ([{"profile": "pi5"}], (0, "pi\tpi5\n")),
+    ({"profile": None, "ranking": []}, (3, "")),
+    ([], (3, "")),
+    ("jetson-orin-nano", (1, "")),
+    ([5], (1, "")),
+])
+def test_profile_family_program_alone(answer, expect):
+    # It runs on whatever interpreter imports edgeinfer, maybe a device's older python3: standard
+    # library only (-S: no site-packages) and Python 3.8 syntax.
+    ast.parse(PROFILE_FAMILY.read_text(), feature_version=(3, 8))
+    result = subprocess.run([sys.executable, "-I", "-S", str(PROFILE_FAMILY)], input=json.dumps(answer),
+                            capture_output=True, text=True, cwd="/")
+    assert (result.returncode, result.stdout) == expect, result.stderr
 
 
 def _python() -> str:
