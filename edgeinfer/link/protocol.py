@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ProtocolError
+from ..pipeline.stats import PERCENTILES, STAGES
 
 PROTOCOL_VERSION = 1
 TOPIC_PREFIX = f"edgeinfer/v{PROTOCOL_VERSION}"
@@ -125,7 +126,7 @@ _ENVELOPE = {
 }
 _PERCENTILES = {
     "type": "object",
-    "properties": {"p50": _NONNEG, "p95": _NONNEG, "p99": _NONNEG, "mean": _NONNEG},
+    "properties": dict.fromkeys(PERCENTILES, _NONNEG),
     "required": ["p50", "p95", "p99"],
 }
 
@@ -182,7 +183,6 @@ STATE_SCHEMA: dict[str, Any] = {
     },
 }
 
-_STAGES = {"capture", "preprocess", "infer", "postprocess", "latency"}
 TELEMETRY_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "telemetry",
@@ -212,7 +212,7 @@ TELEMETRY_SCHEMA: dict[str, Any] = {
                     "fps": _NONNEG,
                     "restarts": _COUNT,
                     "stages": {"type": "object", "additionalProperties": _PERCENTILES,
-                               "description": "ms per stage: " + ", ".join(sorted(_STAGES))},
+                               "description": "ms per stage: " + ", ".join(STAGES)},
                 },
             },
         },
