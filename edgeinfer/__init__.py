@@ -49,7 +49,7 @@ _ERRORS = (
     "UnsupportedOperator", "DelegateError", "DelegateUnavailable", "NoDelegateAvailable",
     "InferenceError", "InputMismatch", "ImageError", "LabelsError", "ProfileError", "CaptureError",
     "ConfigError", "ProtocolError", "UpdateRejected", "OutputError", "OptimizeError", "AccuracyRejected",
-    "BenchmarkError", "MissingDependency", "DownloadError",
+    "BenchmarkError", "MissingDependency", "DownloadError", "ClosedError",
 )
 _LAZY.update({name: "edgeinfer.errors" for name in _ERRORS})
 

@@ -30,6 +30,8 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── BenchmarkError                a benchmark worker process failed
     ├── CudaError                     (also RuntimeError) a CUDA runtime call failed; the tensorrt delegate
     │                                 maps it to DelegateUnavailable (loading) or InferenceError (invoke)
+    ├── ClosedError                   (also RuntimeError) an engine, pipeline, source, spool or link was
+    │                                 used after its close(): create a new one
     └── MissingDependency             (also ImportError) an optional package is not installed
 """
 
@@ -163,6 +165,10 @@ class CudaError(EdgeInferError, RuntimeError):
         super().__init__(f"{call} failed: error {code} ({name})")
         self.code = code
         self.name = name
+
+
+class ClosedError(EdgeInferError, RuntimeError):
+    """An object that owns a runtime, a thread, a device, a file or a socket was used after ``close()``."""
 
 
 class MissingDependency(EdgeInferError, ImportError):

@@ -188,7 +188,7 @@ def test_percentiles_and_summary():
 
 
 def test_worker_close_is_idempotent_and_refuses_reuse():
-    from edgeinfer.errors import BenchmarkError
+    from edgeinfer.errors import ClosedError
     from edgeinfer.tools.bench.client import Worker
 
     with Worker() as worker:
@@ -197,7 +197,7 @@ def test_worker_close_is_idempotent_and_refuses_reuse():
         bad = worker.request({"op": "run", "seconds": 0.1}, 60)  # run before load
         assert bad["ok"] is False
     worker.close()
-    with pytest.raises(BenchmarkError):
+    with pytest.raises(ClosedError, match="closed"):
         worker.request({"op": "stats"}, 5)
     assert sys.executable  # the worker ran under this interpreter
     json.dumps(reply)

@@ -9,6 +9,7 @@ from pipeline_support import allocations_per_frame
 
 import edgeinfer
 from edgeinfer.errors import (
+    ClosedError,
     DelegateUnavailable,
     EdgeInferError,
     InputMismatch,
@@ -106,9 +107,9 @@ def test_close_is_idempotent_and_final():
         engine.invoke()
     assert engine.closed
     engine.close()
-    with pytest.raises(EdgeInferError, match="closed"):
+    with pytest.raises(ClosedError, match="closed"):
         engine.invoke()
-    with pytest.raises(EdgeInferError, match="closed"):
+    with pytest.raises(ClosedError, match="closed"):
         engine.input_view(0)
 
 

@@ -14,6 +14,7 @@ from conftest import REPO
 from conftest import wait_until as wait_for
 
 from edgeinfer._backoff import EQUAL_JITTER, Backoff
+from edgeinfer.errors import ClosedError
 from edgeinfer.link.mqtt import MqttLink
 from edgeinfer.link.settings import LinkSettings, parse_broker_url
 from edgeinfer.link.spool import Spool
@@ -32,6 +33,15 @@ def settings(url: str, **overrides) -> LinkSettings:
     values = {"url": url, "client_id": "test-cam-01", "reconnect_min_s": 0.1, "reconnect_max_s": 0.5}
     values.update(overrides)
     return LinkSettings(**values)
+
+
+def test_a_closed_link_refuses_to_start_again(broker):
+    link = MqttLink(settings(broker.url))
+    with link:
+        assert wait_for(lambda: link.status.connected, 10)
+    with pytest.raises(ClosedError, match="closed"):
+        link.start()
+    link.close()  # idempotent
 
 
 def test_broker_urls():

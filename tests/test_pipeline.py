@@ -32,7 +32,7 @@ from pipeline_support import (
 import edgeinfer
 from edgeinfer import FrameResult, Pipeline, PipelineStats
 from edgeinfer.capture import Backoff, SyntheticSource
-from edgeinfer.errors import CaptureError, EdgeInferError
+from edgeinfer.errors import CaptureError, ClosedError
 from edgeinfer.pipeline.stats import STAGES
 
 
@@ -193,7 +193,7 @@ def test_a_given_engine_is_left_open(clip):
             assert len(list(pipeline)) == 2
         assert not engine.closed
     pipeline.close()  # idempotent
-    with pytest.raises(EdgeInferError, match="closed"):
+    with pytest.raises(ClosedError, match="closed"):
         pipeline.start()
 
 

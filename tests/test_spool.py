@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from edgeinfer.errors import ClosedError
 from edgeinfer.link.spool import MIN_MAX_BYTES, PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,5 +122,5 @@ def test_bad_bound_and_use_after_close(tmp_path):
     spool = Spool(tmp_path / "s.db")
     spool.close()
     spool.close()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ClosedError, match="closed"):
         spool.append("t", b"x")

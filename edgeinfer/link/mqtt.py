@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._backoff import EQUAL_JITTER, Backoff
+from ..errors import ClosedError
 from . import paho_client
 from .outbox import Outbox
 from .retained import RetainedMessages
@@ -115,7 +116,7 @@ class MqttLink:
         """Start the link thread (it connects, and keeps reconnecting, on its own)."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("MqttLink is closed")
+                raise ClosedError("the MQTT link is closed — create a new one")
             if self._started:
                 return self
             self._started = True

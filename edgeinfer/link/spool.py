@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ClosedError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -303,7 +305,7 @@ class Spool:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError(f"spool {self.path} is closed")
+            raise ClosedError(f"spool {self.path} is closed — open a new one")
 
     @property
     def closed(self) -> bool:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..capture import FrameSource, open_source
-from ..errors import EdgeInferError
+from ..errors import ClosedError
 from ..runtime.engine import Engine
 from ._opencv import opencv_threads_acquire, opencv_threads_release
 from .binding import ModelBinding
@@ -172,7 +172,7 @@ class Pipeline:
         """Start the threads; each result goes to ``callback`` (in the inference thread; keep it short)."""
         with self._lock:
             if self._closed:
-                raise EdgeInferError("the pipeline is closed — create a new one")
+                raise ClosedError("the pipeline is closed — create a new one")
             if self._started:
                 if callback is not None and callback is not self._delivery.callback:
                     raise RuntimeError("the pipeline is already running; pass the callback to the first start()")
@@ -266,7 +266,7 @@ class Pipeline:
 
     def __enter__(self) -> Pipeline:
         if self._closed:
-            raise EdgeInferError("the pipeline is closed — create a new one")
+            raise ClosedError("the pipeline is closed — create a new one")
         return self
 
     def __exit__(self, *exc_info: object) -> None:

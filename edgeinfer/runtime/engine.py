@@ -12,7 +12,7 @@ import threading
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
-from ..errors import EdgeInferError, InputMismatch
+from ..errors import ClosedError, InputMismatch
 from .model import ModelInfo, TensorSpec
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class Engine(ABC):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise EdgeInferError(f"engine for {self.model.path} is closed — load the model again")
+            raise ClosedError(f"engine for {self.model.path} is closed — load the model again")
 
     # -- for delegates -----------------------------------------------------------------------
     @abstractmethod

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from ...errors import BenchmarkError, EdgeInferError
+from ...errors import BenchmarkError, ClosedError, EdgeInferError
 
 if TYPE_CHECKING:
     from .targets import Target
@@ -38,7 +38,7 @@ class Worker:
     def request(self, command: dict, timeout: float) -> dict:
         """Send one command, wait for its reply; BenchmarkError if the worker dies or hangs."""
         if self._closed:
-            raise BenchmarkError("benchmark worker already closed")
+            raise ClosedError("the benchmark worker is closed")
         proc = self._proc
         try:
             proc.stdin.write(json.dumps(command) + "\n")
