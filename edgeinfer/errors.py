@@ -9,6 +9,7 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── ModelError                    something about a model file
     │   ├── ModelNotFound             the path does not exist / is not a file
     │   ├── ModelFormatError          not a model we know, or corrupt / truncated
+    │   │   └── FlatbufferError       a .tflite's flatbuffer points outside the file (read by runtime._tflite_schema)
     │   └── ModelLoadError            a runtime refused a well-formed model
     │       └── UnsupportedOperator   the model needs an op this runtime lacks (custom op, Edge TPU op)
     ├── DelegateError
@@ -54,6 +55,10 @@ class ModelNotFound(ModelError, FileNotFoundError):
 
 class ModelFormatError(ModelError):
     """The file is not a model format edgeinfer knows, or it is corrupt or truncated."""
+
+
+class FlatbufferError(ModelFormatError):
+    """A TFLite flatbuffer is cut or inconsistent: an offset lies outside the file, a table is missing."""
 
 
 class ModelLoadError(ModelError):

@@ -7,6 +7,7 @@ import logging
 import socket
 import threading
 
+from .._optional import import_optional
 from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -36,12 +37,8 @@ class EmbeddedBroker:
         return f"mqtt://{self.host}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> EmbeddedBroker:
-        """Start listening; ConfigError if amqtt is missing or the port is taken."""
-        try:
-            from amqtt.broker import Broker
-        except ImportError as exc:
-            raise ConfigError(f"the embedded broker needs amqtt ({exc}) — pip install 'edgeinfer[fleet]'"
-                              " or pass --broker mqtt://host:port") from None
+        """Start listening; MissingDependency if amqtt is missing, ConfigError if the port is taken."""
+        amqtt_broker = import_optional("amqtt.broker", "fleet", "the embedded broker (or pass --broker mqtt://host:port)")
         config = {
             "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
             "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
@@ -51,7 +48,7 @@ class EmbeddedBroker:
             asyncio.set_event_loop(self._loop)
 
             async def boot() -> None:
-                self._broker = Broker(config)
+                self._broker = amqtt_broker.Broker(config)
                 await self._broker.start()
 
             try:

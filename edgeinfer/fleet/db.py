@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._optional import import_optional
 from ..errors import ConfigError
 
 DEFAULT_DB_URL = "sqlite:///fleet.db"
@@ -96,7 +97,7 @@ class FleetDB:
     """Thread-safe access to the fleet database at ``url``."""
 
     def __init__(self, url: str = DEFAULT_DB_URL) -> None:
-        import sqlalchemy as sa
+        sa = import_optional("sqlalchemy", "fleet", "the fleet database")
 
         self._sa = sa
         try:

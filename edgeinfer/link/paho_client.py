@@ -9,6 +9,7 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
+from .._optional import import_optional
 from ..errors import MissingDependency
 from .settings import BrokerURL, LinkSettings
 
@@ -21,13 +22,10 @@ _RETAINED_ROOM = 8
 
 def require_paho() -> None:
     """MissingDependency with the install hint when paho-mqtt (>= 2) is missing or too old."""
-    try:
-        import paho.mqtt
-    except ImportError as exc:
-        raise MissingDependency("MQTT needs paho-mqtt >= 2: pip install 'edgeinfer[fleet]'") from exc
-    major = str(getattr(paho.mqtt, "__version__", "0")).split(".")[0]
+    paho_mqtt = import_optional("paho.mqtt", "fleet", "MQTT")
+    major = str(getattr(paho_mqtt, "__version__", "0")).split(".")[0]
     if not major.isdigit() or int(major) < 2:
-        raise MissingDependency(f"paho-mqtt {paho.mqtt.__version__} is too old; edgeinfer needs >= 2: "
+        raise MissingDependency(f"paho-mqtt {paho_mqtt.__version__} is too old; edgeinfer needs >= 2: "
                                 "pip install -U 'paho-mqtt>=2'")
 
 

@@ -13,6 +13,8 @@ import struct
 import zipfile
 from dataclasses import dataclass
 
+from ..errors import FlatbufferError
+
 FILE_IDENTIFIER = b"TFL3"
 
 # TensorType enum -> numpy dtype name.
@@ -21,10 +23,6 @@ TENSOR_TYPES = {
     7: "int16", 8: "complex64", 9: "int8", 10: "float64", 11: "complex128", 12: "uint64",
     14: "uint32", 15: "uint16", 17: "int4",
 }
-
-
-class FlatbufferError(ValueError):
-    """The buffer is not a well-formed TFLite flatbuffer (or is truncated)."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .._fs import sha256_file
-from ..errors import ModelFormatError, ModelLoadError, ModelNotFound
+from ..errors import FlatbufferError, ModelFormatError, ModelLoadError, ModelNotFound
 from . import _tflite_schema
 
 EDGETPU_CUSTOM_OP = "edgetpu-custom-op"
@@ -197,7 +197,7 @@ def detect_format(path: str | os.PathLike) -> ModelFormat:
 def _tflite_specs(path: Path) -> tuple[ModelFormat, tuple, tuple, tuple[str, ...], tuple[str, ...]]:
     try:
         raw = _tflite_schema.read_model(path.read_bytes())
-    except _tflite_schema.FlatbufferError as exc:
+    except FlatbufferError as exc:
         raise ModelFormatError(
             f"{path} is a corrupt or truncated .tflite ({exc}) — copy or download it again"
         ) from None

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .._fs import atomic_path, atomic_write_text
-from ..errors import ConfigError, MissingDependency, UpdateRejected
+from .._optional import import_optional
+from ..errors import ConfigError, UpdateRejected
 
 PRIVATE_KEY_FILE = "fleet-signing.key"
 PUBLIC_KEY_FILE = "fleet-signing.pub"
@@ -93,11 +94,7 @@ def new_manifest(*, model_name: str, version: int, sha256: str, size: int, url: 
 
 def _require_cryptography() -> None:
     """MissingDependency naming the pip extra when ``cryptography`` (Ed25519) is not installed."""
-    try:
-        import cryptography  # noqa: F401
-    except ImportError as exc:
-        raise MissingDependency(f"signed model updates need cryptography ({exc}) — pip install 'edgeinfer[fleet]'") \
-            from exc
+    import_optional("cryptography", "fleet", "signed model updates")
 
 
 def _write_owner_only(path: Path, data: bytes) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..._fs import atomic_path
-from ...errors import MissingDependency, OutputError
+from ..._optional import import_optional
+from ...errors import OutputError
 from ...pipeline.stats import STAGES
 from .report import BenchReport, BenchResult
 
@@ -20,12 +21,7 @@ BAR = 0.27
 def check_plot_path(path: str | os.PathLike) -> Path:
     """Fail before a long run if matplotlib is missing or the chart cannot be written."""
     target = Path(path)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as exc:
-        raise MissingDependency(
-            f"--plot needs matplotlib ({exc}) — pip install 'edgeinfer[plot]'"
-        ) from exc
+    import_optional("matplotlib", "plot", "--plot")
     if target.is_dir():
         raise OutputError(f"cannot write the chart to {target}: it is a folder — give a file name ending in .png")
     if target.suffix.lower() != ".png":

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..._optional import import_optional
 from ...errors import OptimizeError, OutputError
-from .vendor import first_line, import_optional, quiet_vendor_logging
+from .vendor import first_line, quiet_vendor_logging
 
 
 def convert_fp16(source: Path, target: Path) -> None:

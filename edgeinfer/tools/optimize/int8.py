@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..._optional import import_optional
 from ...errors import EdgeInferError, OptimizeError, OutputError
 from .options import OptimizeOptions, Progress
-from .vendor import first_line, import_optional, quiet_vendor_logging, squashed
+from .vendor import first_line, quiet_vendor_logging, squashed
 
 if TYPE_CHECKING:
     from ...runtime.engine import Engine

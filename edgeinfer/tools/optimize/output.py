@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from ..._fs import temp_path_for
+from ..._optional import import_optional
 from ...errors import OutputError
 from ...runtime.model import ModelInfo
 from .int8 import float_outputs
 from .options import OptimizeOptions
-from .vendor import import_optional
 
 #: the metadata_props key of the provenance stamp (data read by others: keep the string)
 METADATA_KEY = "edgeinfer.optimize"

@@ -3,24 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 from collections.abc import Iterator
-from types import ModuleType
-
-from ...errors import MissingDependency
 
 log = logging.getLogger(__name__)
-
-
-def import_optional(module: str, extra: str, purpose: str) -> ModuleType:
-    """Import ``module``; MissingDependency naming the pip extra that provides it if it is missing."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise MissingDependency(
-            f"{purpose} needs the python module {module!r} ({exc}) — pip install 'edgeinfer[{extra}]'"
-        ) from exc
 
 
 @contextlib.contextmanager
