@@ -21,6 +21,7 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── LabelsError                   a labels file cannot be read
     ├── ProfileError                  a device profile is malformed (names the file and key)
     ├── CaptureError                  a frame source failed to open or died
+    │   └── NotMjpeg                  an HTTP stream opened, but is not MJPEG (OpenCV reads it instead)
     ├── ConfigError                   a config file is malformed (names the key)
     ├── ProtocolError                 an MQTT message does not match its schema
     ├── DownloadError                 an artifact download kept failing (network, server)
@@ -117,6 +118,10 @@ class ProfileError(EdgeInferError):
 
 class CaptureError(EdgeInferError):
     """A frame source failed to open or stopped delivering frames."""
+
+
+class NotMjpeg(CaptureError):
+    """The container opened, but its video is not MJPEG (the caller can use an OpenCV source)."""
 
 
 class ConfigError(EdgeInferError):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import types
 
 import cv2
 import numpy as np
@@ -23,6 +25,8 @@ from edgeinfer.capture import (
     open_source,
 )
 from edgeinfer.capture.mjpeg import MjpegStreamSource
+from edgeinfer.capture.picamera2 import PiCamera2Source
+from edgeinfer.capture.reconnect import reconnect
 from edgeinfer.errors import CaptureError
 
 FAST_BACKOFF = Backoff(initial_s=0.05, max_s=0.3, jitter=0.1, give_up_s=20.0)
@@ -45,7 +49,7 @@ def test_make_test_clip_writes_an_mjpeg_avi(tmp_path):
     assert len(frames) == 6 and frames[0].shape == (240, 320, 3)
     # the photos really are in there: the parrot frames differ from the cat frames
     assert np.abs(frames[0].astype(int) - frames[3].astype(int)).mean() > 20
-    assert not list(tmp_path.glob("*.partial*"))
+    assert [p.name for p in tmp_path.iterdir()] == ["two.avi"]  # no temporary file left behind
 
 
 def test_cached_test_clip_is_made_once(tmp_path):
@@ -307,3 +311,91 @@ def test_an_http_stream_that_is_not_mjpeg_falls_back_to_opencv(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_reconnect_reopens_until_a_fetch_succeeds():
+    source = SyntheticSource((8, 8), fps=None)
+    calls = []
+
+    def reopen():
+        calls.append("reopen")
+        if calls.count("reopen") < 3:
+            raise CaptureError("refused")
+
+    fetched = reconnect(source, Backoff(initial_s=0.01, max_s=0.02), release=lambda: calls.append("release"),
+                        reopen=reopen, fetch=lambda: "frame")
+    assert fetched == "frame" and source.reconnects == 1
+    assert calls == ["release", "reopen"] * 3
+
+
+def test_reconnect_gives_up_with_the_last_reason():
+    source = SyntheticSource((8, 8), fps=None)
+    with pytest.raises(CaptureError, match=r"within 0.2 s \(it opened but delivered no frame\)"):
+        reconnect(source, Backoff(initial_s=0.01, max_s=0.02, give_up_s=0.2), release=lambda: None,
+                  reopen=lambda: None, fetch=lambda: None)
+    assert source.reconnects == 0
+    source.interrupt()
+    assert reconnect(source, Backoff(initial_s=0.01), release=lambda: None, reopen=lambda: None,
+                     fetch=lambda: None) is None
+
+
+def _fake_picamera2(failures: list[int]) -> types.ModuleType:
+    """A stand-in for the picamera2 package (no camera here): capture fails while ``failures[0] > 0``."""
+    module = types.ModuleType("picamera2")
+
+    class Request:
+        def release(self):
+            pass
+
+    class Picamera2:
+        opened = 0
+
+        def __init__(self, camera):
+            Picamera2.opened += 1
+
+        def create_video_configuration(self, **config):
+            return config
+
+        def configure(self, config):
+            pass
+
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+        def close(self):
+            pass
+
+        def capture_request(self):
+            if failures[0] > 0:
+                failures[0] -= 1
+                raise RuntimeError("the camera went away")
+            return Request()
+
+    class MappedArray:
+        def __init__(self, request, stream):
+            self.array = np.full((4, 6, 4), 7, np.uint8)  # XBGR: the source keeps the first three
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            return False
+
+    module.Picamera2, module.MappedArray = Picamera2, MappedArray
+    return module
+
+
+def test_picamera2_copies_into_the_callers_buffer_and_reconnects(monkeypatch):
+    failures = [0]
+    fake = _fake_picamera2(failures)
+    monkeypatch.setitem(sys.modules, "picamera2", fake)
+    with open_source("picamera2", backoff=Backoff(initial_s=0.01, max_s=0.02)) as source:
+        assert isinstance(source, PiCamera2Source) and source.live
+        frame = source.read()
+        assert frame.shape == (4, 6, 3) and (frame == 7).all()
+        failures[0] = 2  # fails, and fails once more after the first reopen
+        assert source.read(frame) is frame
+        assert source.reconnects == 1 and fake.Picamera2.opened == 3

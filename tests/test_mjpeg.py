@@ -24,7 +24,8 @@ from pipeline_support import (
 import edgeinfer
 from edgeinfer import Pipeline
 from edgeinfer.capture import VideoFileSource, cached_test_clip, mjpeg, open_source, video_file_source
-from edgeinfer.capture.mjpeg import MjpegFileSource, reduction_for
+from edgeinfer.capture.jpeg import reduction_for
+from edgeinfer.capture.mjpeg import MjpegFileSource
 from edgeinfer.errors import CaptureError
 
 

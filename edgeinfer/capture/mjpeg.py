@@ -1,13 +1,9 @@
-"""MJPEG decoded at the size the model needs: 1/2, 1/4 or 1/8 scale in libjpeg-turbo's DCT domain.
+"""MJPEG files and HTTP MJPEG streams, demuxed by PyAV and decoded at the size the model needs.
 
-Most of a JPEG decode is entropy decoding, but the inverse DCT, chroma upsampling and colour
-conversion shrink with the output, and a reduced-scale decode is a proper low-pass (each output
-pixel averages its block) where an ``INTER_LINEAR`` resize from full size aliases. A 1080p MJPEG
-frame for a 128x128 or 224x224 model decodes in about 60 % of the full-size time.
-
-PyAV demuxes the compressed packets (no decode), simplejpeg (libjpeg-turbo) decodes each one into
-a buffer the caller owns. Both are optional (``pip install edgeinfer[mjpeg]``); without them MJPEG
-files go through OpenCV at full size.
+PyAV demuxes the compressed packets (no decode), :class:`~edgeinfer.capture.jpeg.JpegDecoder`
+(simplejpeg, libjpeg-turbo) decodes each one into a buffer the caller owns, at 1/2, 1/4 or 1/8
+scale when that is still large enough. Both are optional (``pip install edgeinfer[mjpeg]``);
+without them MJPEG files go through OpenCV at full size. Neither is imported at module load.
 """
 
 from __future__ import annotations
@@ -15,108 +11,62 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import threading
+from abc import abstractmethod
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CaptureError
-from . import (
-    DEFAULT_BACKOFF,
+from .._backoff import Backoff
+from ..errors import CaptureError, NotMjpeg
+from .base import FramePacer, FrameSource
+from .jpeg import JpegDecoder
+from .media import (
     DEFAULT_OPEN_TIMEOUT_S,
     DEFAULT_READ_TIMEOUT_S,
-    SOURCE_HELP,
-    Backoff,
-    StreamSource,
-    VideoFileSource,
-    _Pacer,
-    reduction_for,
+    check_video_file,
+    stream_description,
+    stream_open_failure,
+    video_file_failure,
 )
+from .reconnect import DEFAULT_BACKOFF, reconnect
 
 if TYPE_CHECKING:
     import numpy as np
 
 log = logging.getLogger(__name__)
 
+BACKEND = "PyAV+libjpeg-turbo"
+
+
 def available() -> bool:
     """PyAV and simplejpeg are importable (the reduced-scale MJPEG path can be used)."""
     return all(importlib.util.find_spec(name) is not None for name in ("av", "simplejpeg"))
 
 
-
-class JpegDecoder:
-    """JPEG bytes → BGR uint8 frame, into a reused buffer, reduced when :attr:`min_size` allows."""
-
-    def __init__(self) -> None:
-        import numpy as np
-        import simplejpeg
-
-        self._np = np
-        self._simplejpeg = simplejpeg
-        #: (width, height) the decoded frames must not go below; None decodes at full size
-        self.min_size: tuple[int, int] | None = None
-        # Two threads may decode at once: a decoding thread sees the size and reduction of its own
-        # last frame (the pipeline records them per frame), any other thread those of the last
-        # frame decoded anywhere.
-        self._last = threading.local()
-        self._any_native: tuple[int, int] | None = None
-        self._any_reduction = 1
-
-    @property
-    def native_size(self) -> tuple[int, int] | None:
-        """(width, height) of the last JPEG (this thread's, if it decodes) before reduction."""
-        return getattr(self._last, "native", self._any_native)
-
-    @property
-    def reduction(self) -> int:
-        """The reduction of the last frame (this thread's, if it decodes); 1 = full size."""
-        return getattr(self._last, "reduction", self._any_reduction)
-
-    def decode(self, data: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """Decode ``data`` (bytes-like) into ``out`` when its shape fits, else into a new array.
-
-        ValueError when ``data`` is not a complete, valid JPEG.
-        """
-        simplejpeg = self._simplejpeg
-        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-        last = self._last
-        native = getattr(last, "native", None)
-        if native is None or native[0] != width or native[1] != height:
-            last.native = native = (width, height)  # a new tuple only when the size changes
-        factor = reduction_for(native, self.min_size)
-        last.reduction = factor
-        self._any_native, self._any_reduction = native, factor
-        shape = (-(-height // factor), -(-width // factor), 3)
-        if out is None or out.shape != shape or out.dtype != self._np.uint8 or not out.flags.c_contiguous:
-            out = self._np.empty(shape, self._np.uint8)
-        # min_width/min_height select the scale: the smallest libjpeg-turbo offers at or above them
-        decoded = simplejpeg.decode_jpeg(data, colorspace="BGR", min_width=shape[1], min_height=shape[0],
-                                         buffer=out)
-        if decoded.shape != shape:  # cannot happen with libjpeg-turbo's M/8 scales; never hand out a torn frame
-            raise ValueError(f"decoded {decoded.shape}, expected {shape}")
-        return out
-
-
-class NotMjpeg(CaptureError):
-    """The container opened, but its video is not MJPEG (the caller can use an OpenCV source)."""
-
-
-class _PyAVJpegFrames:
+class PyAVMjpegSource(FrameSource):
     """What the PyAV MJPEG sources share: packets from a demuxer, decoded by a :class:`JpegDecoder`.
 
-    Mixed in before an :class:`~edgeinfer.capture.OpenCVSource` subclass, whose reconnect / loop
-    logic then runs on these ``_grab`` / ``_release``.
+    Subclasses open their container (:meth:`_open`, through :meth:`_open_mjpeg`) and say what
+    happens when the packets run out (:meth:`_packet_after_end`, :meth:`_frame_after_end`).
     """
 
     defers_decode = True
-    description: str
-    corrupt_frames: int
-    _cap: Any
+    #: what a demuxing error means, for the warning
+    _damage = "treating it as the end of the file"
 
-    def _init_pyav(self) -> None:
+    def __init__(self, description: str) -> None:
+        super().__init__(description)
         #: frames decoded (or tried): fewer than read when a pipeline drops frames still compressed
         self.frames_decoded = 0
+        self.backend = ""
+        self._fps: float | None = None
         self._decoder = JpegDecoder()
+        self._container: Any = None
         self._packets: Any = None
-        self._damage = "treating it as the end of the file"
+
+    @property
+    def fps(self) -> float | None:
+        return self._fps
 
     def prefer_min_size(self, size: tuple[int, int] | None) -> bool:
         self._decoder.min_size = size
@@ -131,22 +81,7 @@ class _PyAVJpegFrames:
         """How much the last frame was shrunk in decoding: 1 (full size), 2, 4 or 8."""
         return self._decoder.reduction
 
-    def _open_container(self, target: str, failure: str, **options: Any) -> tuple[Any, Any]:
-        """(container, its MJPEG video stream); CaptureError (NotMjpeg when the video is another codec)."""
-        import av
-
-        try:
-            container = av.open(target, **options)
-        except (av.FFmpegError, OSError, ValueError) as exc:
-            raise CaptureError(f"{failure} ({exc})") from exc
-        streams = container.streams.video
-        if not streams or streams[0].codec_context.name != "mjpeg":
-            codec = streams[0].codec_context.name if streams else "no video"
-            container.close()
-            raise NotMjpeg(f"{self.description} is not MJPEG ({codec})")
-        self._packets = container.demux(streams[0])
-        return container, streams[0]
-
+    # -- compressed frames -------------------------------------------------------------------
     def read_encoded(self) -> Any | None:
         """The next JPEG packet (PyAV ``Packet``, bytes-like); at the end of the packets the source's
         own rule applies (a file ends or loops, a stream reconnects). None when it ended or stopped."""
@@ -161,13 +96,6 @@ class _PyAVJpegFrames:
             self.frames_read += 1
         return packet
 
-    def _ready_to_read(self) -> bool:
-        """False when the source was interrupted while waiting to be due (pacing)."""
-        return True
-
-    def _packet_after_end(self) -> Any | None:
-        return None
-
     def decode(self, encoded: Any, out: np.ndarray | None = None) -> np.ndarray | None:
         self.frames_decoded += 1
         try:
@@ -177,12 +105,42 @@ class _PyAVJpegFrames:
             log.warning("%s: skipped a frame that does not decode (%s)", self.description, exc)
             return None
 
+    # -- decoded frames ----------------------------------------------------------------------
+    def _read(self, out: np.ndarray | None) -> np.ndarray | None:
+        if not self._ready_to_read():
+            return None
+        frame = self._grab(out)
+        return frame if frame is not None else self._frame_after_end(out)
+
     def _grab(self, out: np.ndarray | None) -> np.ndarray | None:
+        """The next frame that decodes, or None when the packets ran out."""
         while (packet := self._next_packet()) is not None:
             frame = self.decode(packet, out)
             if frame is not None:
                 return frame
         return None
+
+    # -- the container -----------------------------------------------------------------------
+    def _open_mjpeg(self, target: str, failure: str, **options: Any) -> Any:
+        """Open ``target`` and demux its first video stream, which is returned; CaptureError with
+        ``failure``, or NotMjpeg when the video is another codec."""
+        import av
+
+        try:
+            container = av.open(target, **options)
+        except (av.FFmpegError, OSError, ValueError) as exc:
+            raise CaptureError(f"{failure} ({exc})") from exc
+        streams = container.streams.video
+        if not streams or streams[0].codec_context.name != "mjpeg":
+            codec = streams[0].codec_context.name if streams else "no video"
+            container.close()
+            raise NotMjpeg(f"{self.description} is not MJPEG ({codec})")
+        stream = streams[0]
+        self._container, self._packets = container, container.demux(stream)
+        rate = stream.average_rate or stream.guessed_rate
+        self._fps = float(rate) if rate and 0 < rate < 1000 else None
+        self.backend = BACKEND
+        return stream
 
     def _next_packet(self) -> Any | None:
         import av
@@ -200,61 +158,80 @@ class _PyAVJpegFrames:
         return None
 
     def _release(self) -> None:
-        container, self._cap, self._packets = self._cap, None, None
+        container, self._container, self._packets = self._container, None, None
         if container is not None:
             container.close()
 
+    # -- for subclasses ----------------------------------------------------------------------
+    def _ready_to_read(self) -> bool:
+        """False when the source was interrupted while waiting to be due (pacing)."""
+        return True
 
-class MjpegFileSource(_PyAVJpegFrames, VideoFileSource):
+    @abstractmethod
+    def _packet_after_end(self) -> Any | None:
+        """The packet to hand out when the packets ran out (after a loop or a reconnect), or None."""
+
+    @abstractmethod
+    def _frame_after_end(self, out: np.ndarray | None) -> np.ndarray | None:
+        """The frame to hand out when the packets ran out (after a loop or a reconnect), or None."""
+
+
+class MjpegFileSource(PyAVMjpegSource):
     """An MJPEG video file, demuxed by PyAV and decoded by libjpeg-turbo into the caller's buffer.
 
     With :meth:`prefer_min_size` the frames come at 1/2, 1/4 or 1/8 of the file's size, never
     smaller than asked; :attr:`native_size` keeps the file's own size so results can be mapped
     back to it. A damaged frame is skipped and counted in :attr:`corrupt_frames`; a damaged
-    container ends the file early, with a warning.
+    container ends the file early, with a warning. Ends at the end, or restarts with ``loop=True``.
     """
 
     def __init__(self, path: str | os.PathLike, *, loop: bool = False, pace: bool = False) -> None:
-        super().__init__(path, loop=loop, pace=pace)
-        self._init_pyav()
+        self.path = Path(path)
+        super().__init__(f"video file {self.path}")
+        self.loop = loop
+        #: play at the file's frame rate (like a camera) instead of as fast as possible
+        self.pace = pace
+        self._pacer = FramePacer(None)
         self._frame_count: int | None = None
 
     @property
     def frame_count(self) -> int | None:
+        """Frames in the file, when the container says."""
         return self._frame_count
 
-    def _open_capture(self) -> Any:
-        if not self.path.is_file():
-            raise CaptureError(f"video file not found: {self.path} — {SOURCE_HELP}")
-        container, stream = self._open_container(str(self.path), self._open_failure())
-        rate = stream.average_rate or stream.guessed_rate
-        self._fps = float(rate) if rate and 0 < rate < 1000 else None
+    def _open(self) -> None:
+        check_video_file(self.path)
+        stream = self._open_mjpeg(str(self.path), video_file_failure(self.path))
         self._frame_count = stream.frames or None
-        self.backend = "PyAV+libjpeg-turbo"
         if self.pace and self._fps:
-            self._pacer = _Pacer(self._fps)
-        return container
+            self._pacer = FramePacer(self._fps)
 
     def _ready_to_read(self) -> bool:
         return not self.pace or self._pacer.wait(self)
 
     def _packet_after_end(self) -> Any | None:
-        if not (self.loop and self.frames_read and not self._interrupted.is_set()):
+        if not self._restarts():
             return None
         self._reopen()
         return self._next_packet()
 
-    def _restart(self, out: np.ndarray | None) -> np.ndarray | None:
+    def _frame_after_end(self, out: np.ndarray | None) -> np.ndarray | None:
+        if not self._restarts():
+            return None
         self._reopen()
         return self._grab(out)
+
+    def _restarts(self) -> bool:
+        """The file loops, has been read from, and no one asked to stop."""
+        return self.loop and bool(self.frames_read) and not self.interrupted
 
     def _reopen(self) -> None:
         """Back to the first frame: open the file again."""
         self._release()
-        self._cap = self._open_capture()
+        self._open()
 
 
-class MjpegStreamSource(_PyAVJpegFrames, StreamSource):
+class MjpegStreamSource(PyAVMjpegSource):
     """An HTTP MJPEG stream (``multipart/x-mixed-replace``: IP cameras, ESP32-CAM, motion, mjpg-streamer)
     demuxed by PyAV and decoded by libjpeg-turbo, reduced on request like :class:`MjpegFileSource`.
 
@@ -263,19 +240,24 @@ class MjpegStreamSource(_PyAVJpegFrames, StreamSource):
     out frames still compressed, so a pipeline under ``latest`` decodes only the frames it keeps.
     """
 
+    live = True
+    _damage = "the stream dropped"
+
     def __init__(self, url: str, *, open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
                  read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, backoff: Backoff = DEFAULT_BACKOFF) -> None:
-        super().__init__(url, open_timeout_s=open_timeout_s, read_timeout_s=read_timeout_s, backoff=backoff)
-        self._init_pyav()
-        self._damage = "the stream dropped"
+        super().__init__(stream_description(url))
+        self.url = url
+        self.backoff = backoff
         self._timeouts = (open_timeout_s, read_timeout_s)
 
-    def _packet_after_end(self) -> Any | None:
-        return self._reconnect(None, grab=lambda _: self._next_packet())
+    def _open(self) -> None:
+        self._open_mjpeg(self.url, stream_open_failure(self.description), timeout=self._timeouts)
 
-    def _open_capture(self) -> Any:
-        container, stream = self._open_container(self.url, self._open_failure(), timeout=self._timeouts)
-        rate = stream.average_rate or stream.guessed_rate
-        self._fps = float(rate) if rate and 0 < rate < 1000 else None
-        self.backend = "PyAV+libjpeg-turbo"
-        return container
+    def _packet_after_end(self) -> Any | None:
+        return self._reconnect(self._next_packet)
+
+    def _frame_after_end(self, out: np.ndarray | None) -> np.ndarray | None:
+        return self._reconnect(lambda: self._grab(out))
+
+    def _reconnect(self, fetch: Callable[[], Any | None]) -> Any | None:
+        return reconnect(self, self.backoff, release=self._release, reopen=self._open, fetch=fetch)
