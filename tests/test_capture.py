@@ -27,7 +27,7 @@ from edgeinfer.capture import (
 from edgeinfer.capture.mjpeg import MjpegStreamSource
 from edgeinfer.capture.picamera2 import PiCamera2Source
 from edgeinfer.capture.reconnect import reconnect
-from edgeinfer.errors import CaptureError
+from edgeinfer.errors import CaptureError, ClosedError
 
 FAST_BACKOFF = Backoff(initial_s=0.05, max_s=0.3, jitter=0.1, give_up_s=20.0)
 
@@ -153,6 +153,15 @@ def test_synthetic_source_is_paced_and_moves():
     assert len(frames) == 11 and frames[0].shape == (48, 64, 3)
     assert elapsed >= 0.15  # 10 periods of 20 ms
     assert not np.array_equal(frames[0], frames[5])
+
+
+def test_a_closed_source_refuses_to_open_again():
+    source = SyntheticSource((64, 48), fps=None).open()
+    assert source.read() is not None
+    source.close()
+    source.close()  # idempotent
+    with pytest.raises(ClosedError, match="closed"):
+        source.open()
 
 
 def test_synthetic_spec_string():

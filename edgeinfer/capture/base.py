@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CaptureError
+from ..errors import ClosedError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,7 +37,7 @@ class FrameSource(ABC):
     def open(self) -> FrameSource:
         """Open the device / file / stream; CaptureError with what to check when it fails. Idempotent."""
         if self._closed:
-            raise CaptureError(f"{self.description} is closed — open a new source")
+            raise ClosedError(f"{self.description} is closed — open a new source")
         if not self._opened:
             self._open()
             self._opened = True
