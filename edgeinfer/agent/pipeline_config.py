@@ -53,7 +53,7 @@ class PipelineConfig(PipelineOptions):
         return {name: getattr(self, name) for name in PipelineOptions.names()}
 
 
-#: every key of a ``pipelines:`` entry: the agent's own, then the pipeline's options
+#: every key of a ``pipelines:`` entry: the pipeline's options, then the agent's own
 PIPELINE_KEYS = tuple(option.name for option in dataclasses.fields(PipelineConfig))
 #: the keys read by hand in read_pipeline(), not by their type
 _READ_BY_HAND = ("name", "model", "source")
@@ -70,13 +70,13 @@ def _members(hint: Any) -> tuple[tuple[Any, ...], bool]:
 
 
 def _kind(members: tuple[Any, ...]) -> str | None:
-    """"a number" / "an integer" for numeric options (the word their error messages use), else None."""
+    """The words for a numeric option's kind in error messages ("a number", "an integer"); None for others."""
     return {(int,): "an integer", (float,): "a number"}.get(members)
 
 
 def _reader_for(option: dataclasses.Field, hint: Any) -> Read:
     """How to read ``option`` from YAML, from its type; TypeError for a type with no YAML form."""
-    members, _optional = _members(hint)
+    members = _members(hint)[0]
     choices = option.metadata.get("choices")
     if members == (bool,):
         return lambda r, key: r.boolean(key, False)
