@@ -40,6 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 ASSETS = Path(os.environ.get("EDGEINFER_ASSETS", REPO.parent / "shared" / "assets")).resolve()
+#: the agent's own threads besides its main loop: the MQTT link and the command router
+AGENT_THREADS = ("edgeinfer-mqtt", "edgeinfer-commands")
 
 
 def free_port() -> int:
@@ -69,12 +71,11 @@ def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen | None, str]:
 
 
 def make_clip(workdir: Path) -> Path:
-    from edgeinfer.tools.demo import write_demo_clip
+    """A 640x480 MJPEG clip of four shared photos, two seconds each at 25 fps."""
+    from edgeinfer.capture import make_test_clip
 
-    clip = workdir / "clip.avi"
     images = [ASSETS / "images" / name for name in ("parrot.jpg", "cat.bmp", "grace_hopper.bmp", "squat.bmp")]
-    write_demo_clip(clip, images, seconds_each=2.0, fps=25, size=(640, 480))
-    return clip
+    return make_test_clip(workdir / "clip.avi", images, size=(640, 480), fps=25, frames_per_image=50)
 
 
 def _measured_factory(finished: dict):
@@ -88,7 +89,7 @@ def _measured_factory(finished: dict):
             super().close()
 
     def factory(config):
-        return MeasuredPipeline(config.model, config.source, **config.pipeline_kwargs())
+        return MeasuredPipeline(config.model, config.source, config.options)
 
     return factory
 
@@ -116,7 +117,7 @@ def _wait_for(finished: dict, runner_of) -> None:
 
 def run_bare(config) -> float:
     """The pipeline hosted exactly as the agent hosts it (a PipelineRunner thread), with no telemetry."""
-    from edgeinfer.agent.daemon import PipelineRunner
+    from edgeinfer.agent.runner import PipelineRunner
 
     finished: dict = {}
     runner = PipelineRunner(config.pipelines[0], emit=lambda *a, **k: None, on_change=lambda: None,
@@ -151,11 +152,11 @@ def run_with_agent(config) -> tuple[float, int, float, float]:
     thread = threading.Thread(target=agent.run, name="bench-agent", daemon=True)
     thread.start()
     try:
-        while not agent._runners or agent._runners[0].status != "running":  # agent fully up
+        while not agent.runners or agent.runners[0].status != "running":  # agent fully up
             time.sleep(0.01)
-        own = [t.native_id for t in (thread, agent.link._thread, agent.commands._thread) if t is not None]
+        own = [thread.native_id, *(t.native_id for t in threading.enumerate() if t.name in AGENT_THREADS)]
         cpu0, wall0 = _thread_cpu_s(own), time.perf_counter()
-        _wait_for(finished, lambda: agent._runners[0] if agent._runners else None)
+        _wait_for(finished, lambda: agent.runners[0] if agent.runners else None)
         cpu, wall = _thread_cpu_s(own) - cpu0, time.perf_counter() - wall0
         acked = agent.link.status.acked if agent.link else 0
     finally:

@@ -479,7 +479,7 @@ def test_agent_runs_real_pipelines_and_reports_what_they_do(tmp_path, broker):
 
 def test_runner_hot_swaps_the_engine_without_stopping_capture(tmp_path):
     from edgeinfer.agent.config import parse_config
-    from edgeinfer.agent.daemon import PipelineRunner
+    from edgeinfer.agent.runner import PipelineRunner
     from edgeinfer.runtime.selection import load
 
     bird = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
@@ -508,3 +508,44 @@ def test_runner_hot_swaps_the_engine_without_stopping_capture(tmp_path):
     finally:
         runner.stop()
     assert runner.status == "stopped"
+
+
+def test_runner_restarts_a_failing_pipeline_with_capped_jittered_backoff():
+    from edgeinfer.agent.config import parse_config
+    from edgeinfer.agent.runner import PipelineRunner
+
+    config = parse_config({"device_id": "cam-01", "pipelines": [{"name": "main", "model": "m.tflite", "source": 0}]})
+    restarting: list[dict] = []
+
+    def emit(event, level, message, **fields):
+        if event == "pipeline_restarting":
+            restarting.append(fields["data"])
+
+    def no_camera(_config):
+        raise RuntimeError("no camera")
+
+    runner = PipelineRunner(config.pipelines[0], emit=emit, on_change=lambda: None, factory=no_camera,
+                            restart_min_s=0.1, restart_max_s=0.4).start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(restarting) < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        runner.stop()
+    assert [r["attempt"] for r in restarting[:5]] == [1, 2, 3, 4, 5]
+    for entry in restarting[:5]:  # equal jitter: between half and all of min(max, min * 2^(n-1))
+        base = min(0.4, 0.1 * 2 ** (entry["attempt"] - 1))
+        assert base / 2 - 0.005 <= entry["delay_s"] <= base + 0.005
+    assert runner.last_error == "RuntimeError: no camera" and runner.status == "stopped"
+
+
+def test_plugins_see_the_agent_through_its_services_interface(tmp_path):
+    from edgeinfer.agent.config import parse_config
+    from edgeinfer.agent.daemon import Agent
+    from edgeinfer.agent.services import AgentServices
+
+    agent = Agent(parse_config({"device_id": "cam-01", "data_dir": str(tmp_path / "data")}))
+    assert isinstance(agent, AgentServices)
+    assert agent.runners == [] and agent.spool is None and agent.link is None and not agent.stopping
+    agent.stop()
+    assert agent.stopping

@@ -8,13 +8,17 @@ from pathlib import Path
 import pytest
 from agent_support import AgentProcess, write_config
 from broker_support import make_tls_files
-from conftest import MODELS, edgeinfer_cmd
+from conftest import IMAGES, MODELS, edgeinfer_cmd
 
 from edgeinfer.agent.config import load_config, parse_config
+from edgeinfer.agent.pipeline_config import PIPELINE_KEYS
+from edgeinfer.agent.runner import default_pipeline_factory
 from edgeinfer.errors import ConfigError
 from edgeinfer.link.spool import DEFAULT_MAX_BYTES
+from edgeinfer.pipeline.options import PipelineOptions
 
 MODEL = str(MODELS / "mobilenet_v2_1.0_224_quant.tflite")
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def test_minimal_config_gets_the_documented_defaults(tmp_path):
@@ -71,6 +75,35 @@ def test_full_config_with_relative_paths(tmp_path):
         ({"pipelines": [{"model": MODEL, "source": 0, "max_fps": -1}]}, "pipelines[0].max_fps: must be a number > 0"),
         ({"pipelines": [{"model": MODEL, "source": 0, "loop": "yes"}]}, "pipelines[0].loop: must be true or false"),
         ({"pipelines": [{"model": MODEL, "source": 0, "modle": "x"}]}, "pipelines[0].modle: unknown key"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "top_k": 0}]},
+         "pipelines[0].top_k: must be an integer >= 1, got 0"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "threads": 1.5}]}, "pipelines[0].threads: must be an integer"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "policy": "all"}]},
+         "pipelines[0].policy: must be one of every, latest, got 'all'"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "score_threshold": "high"}]},
+         "pipelines[0].score_threshold: must be a number, got 'high'"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "queue_size": 0}]},
+         "pipelines[0].queue_size: must be an integer >= 1, got 0"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "stats_window": 8}]},
+         "pipelines[0].stats_window: must be an integer >= 16, got 8"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "size": "big"}]},
+         "pipelines[0].size: must be WIDTHxHEIGHT such as 640x480, or [640, 480], got 'big'"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "size": [640, 0]}]}, "pipelines[0].size: must be WIDTHxHEIGHT"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "mean": ["a"]}]},
+         "pipelines[0].mean: must be a number or a list of numbers"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "resize": "zoom"}]},
+         "pipelines[0].resize: must be one of stretch, letterbox, crop, got 'zoom'"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "preprocess_in": "gpu"}]},
+         "pipelines[0].preprocess_in: must be one of auto, capture, inference, got 'gpu'"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "backoff": 5}]}, "pipelines[0].backoff: must be a mapping of"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "backoff": {"intial_s": 1}}]},
+         "pipelines[0].backoff.intial_s: unknown key — did you mean 'initial_s'?"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "backoff": {"max_s": "long"}}]},
+         "pipelines[0].backoff.max_s: must be a number, got 'long'"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "backoff": {"initial_s": 10, "max_s": 1}}]},
+         "pipelines[0].backoff: invalid backoff"),
+        ({"pipelines": [{"model": MODEL, "source": 0, "restart": "sometimes"}]},
+         "pipelines[0].restart: must be one of on-failure, always, never, got 'sometimes'"),
         ({"pipelines": [{"model": MODEL, "source": 0}, {"model": MODEL, "source": 1, "name": "main"}]},
          "two pipelines are named 'main'"),
         ({"password": "x"}, "username: required when a password is given"),
@@ -89,6 +122,60 @@ def test_each_mistake_names_its_key(tmp_path, values, message):
         load_config(path)
     assert str(info.value).startswith(f"{path}: ")
     assert message in str(info.value)
+
+
+def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
+    (tmp_path / "labels.txt").write_text("a\nb\n")
+    every = {
+        "task": "detect", "labels": "labels.txt", "top_k": 3, "score_threshold": 0.3, "iou_threshold": 0.6,
+        "max_detections": 10, "delegate": "xnnpack", "threads": 2, "loop": True, "size": "1280x720", "fps": 15,
+        "fourcc": "MJPG", "backoff": {"initial_s": 1, "max_s": 30, "give_up_s": 600}, "policy": "latest",
+        "max_fps": 5, "max_frames": 100, "queue_size": 4, "resize": "letterbox", "mean": 127.5,
+        "std": [58.4, 57.1, 57.4], "preprocess_in": "inference", "reduced_decode": False, "keep_frames": True,
+        "opencv_threads": None, "stats_window": 64,
+    }
+    assert set(every) == set(PipelineOptions.names())  # a new pipeline option gets a line here
+    config = load_config(write_config(tmp_path / "agent.yaml", device_id="cam-01", pipelines=[
+        {"name": "door", "model": MODEL, "source": 0, "version": "7", "restart": "always", **every}]))
+    pipeline = config.pipelines[0]
+    options = pipeline.options
+    assert type(options) is PipelineOptions
+    assert (options.task, options.labels, options.top_k) == ("detect", str(tmp_path / "labels.txt"), 3)
+    assert (options.score_threshold, options.iou_threshold, options.max_detections) == (0.3, 0.6, 10)
+    assert (options.size, options.fps, options.fourcc, options.loop) == ((1280, 720), 15.0, "MJPG", True)
+    assert (options.backoff.initial_s, options.backoff.max_s, options.backoff.give_up_s) == (1.0, 30.0, 600.0)
+    assert (options.policy, options.max_fps, options.max_frames, options.queue_size) == ("latest", 5.0, 100, 4)
+    assert (options.mean, options.std) == (127.5, (58.4, 57.1, 57.4))
+    assert (options.resize, options.preprocess_in, options.reduced_decode, options.keep_frames) == (
+        "letterbox", "inference", False, True)
+    assert options.opencv_threads is None and options.stats_window == 64  # null: leave OpenCV's threads alone
+    assert (pipeline.name, pipeline.version, pipeline.restart, pipeline.threads) == ("door", "7", "always", 2)
+    assert set(PIPELINE_KEYS) == set(PipelineOptions.names()) | {"name", "model", "source", "version", "restart"}
+    assert parse_config({"pipelines": [{"model": MODEL, "source": 0, "size": [640, 480]}]},
+                        hostname="cam").pipelines[0].size == (640, 480)
+    assert parse_config({"pipelines": [{"model": MODEL, "source": 0}]}, hostname="cam").pipelines[0].options == \
+        PipelineOptions()  # nothing given: the pipeline's own defaults
+
+
+def test_pipeline_options_reach_the_pipeline_the_agent_builds(tmp_path):
+    config = parse_config({"device_id": "cam-01", "pipelines": [{
+        "name": "main", "model": str(MODELS / "mobilenet_v1_0.25_128_quant.tflite"),
+        "source": str(IMAGES / "*.jpg"), "threads": 1, "top_k": 2, "score_threshold": 0.25, "iou_threshold": 0.3,
+        "queue_size": 3, "resize": "crop", "mean": 127.5, "std": 127.5, "stats_window": 32,
+        "opencv_threads": None, "keep_frames": True}]}, base=tmp_path)
+    pipeline = default_pipeline_factory(config.pipelines[0])  # what the runner builds (not started)
+    try:
+        assert pipeline.options == config.pipelines[0].options
+        assert (pipeline.queue_size, pipeline.score_threshold, pipeline.top_k) == (3, 0.25, 2)
+    finally:
+        pipeline.close()
+
+
+def test_docs_list_every_pipeline_key():
+    text = (DOCS / "agent.md").read_text()
+    section = text.split("### Pipeline keys", 1)[1].split("\n#", 1)[0]
+    documented = {line.split("`")[1] for line in section.splitlines() if line.startswith("| `")}
+    assert documented == set(PIPELINE_KEYS)
 
 
 def test_unreadable_and_malformed_files(tmp_path):

@@ -1,9 +1,11 @@
 """The agent's configuration file (``agent.yaml``): frozen dataclasses, validated on load.
 
 Every problem raises :class:`~edgeinfer.errors.ConfigError` naming the file and the key
-(``agent.yaml: pipelines[0].max_fps: must be a number > 0, got 'fast'``); unknown keys are errors
+(``agent.yaml: pipelines[0].max_fps: must be a number, got 'fast'``); unknown keys are errors
 too, with a suggestion, because a typo in a daemon's config must not be silently ignored.
-Relative paths (models, labels, TLS files, data_dir) are relative to the config file.
+Relative paths (models, labels, TLS files, data_dir) are relative to the config file. The keys of a
+``pipelines:`` entry are every option of :class:`edgeinfer.Pipeline` plus the agent's own
+(:mod:`.pipeline_config`); the MQTT link's settings sit flat beside the agent's own top-level keys.
 
 Example::
 
@@ -32,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..link.protocol import ID_PATTERN, Topics
+from ..link.protocol import Topics
 from ..link.settings import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_INFLIGHT_WINDOW,
@@ -54,8 +55,8 @@ from ..link.settings import (
     tls_context,
 )
 from ..link.spool import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
-from ..pipeline.options import POLICIES
-from ..pipeline.tasks import TASK_NAMES
+from .config_reader import ID_RE, ConfigReader
+from .pipeline_config import PipelineConfig, read_pipeline
 from .telemetry import ThrottleSensor, throttle_sensor
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
@@ -68,36 +69,6 @@ DEFAULT_TELEMETRY_INTERVAL_S = 1.0
 MIN_TELEMETRY_INTERVAL_S = 0.01
 DEFAULT_RESTART_MIN_S = 1.0
 DEFAULT_RESTART_MAX_S = 60.0
-RESTART_POLICIES = ("on-failure", "always", "never")
-_ID_RE = re.compile(ID_PATTERN)
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
-
-
-@dataclass(frozen=True, kw_only=True)
-class PipelineConfig:
-    """One pipeline the agent runs (arguments of :class:`edgeinfer.Pipeline`, plus restart policy)."""
-
-    name: str
-    model: str
-    source: str | int
-    task: str = "classify"
-    labels: str | None = None
-    delegate: str | None = None
-    threads: int | None = None
-    policy: str = "every"
-    max_fps: float | None = None
-    max_frames: int | None = None
-    loop: bool = False
-    top_k: int = 5
-    version: str | None = None
-    restart: str = "on-failure"
-
-    def pipeline_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``Pipeline(model, source, **kwargs)``."""
-        return {"task": self.task, "labels": self.labels, "delegate": self.delegate, "threads": self.threads,
-                "policy": self.policy, "max_fps": self.max_fps, "max_frames": self.max_frames, "loop": self.loop,
-                "top_k": self.top_k}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,152 +138,10 @@ class AgentConfig:
 
 # --------------------------------------------------------------------------------------- loading
 
-class _Reader:
-    """Typed access to one mapping of the YAML document, with errors that name the file and key."""
-
-    def __init__(self, data: Mapping[str, Any], where: str, file: str, base: Path) -> None:
-        self.data = data
-        self.where = where
-        self.file = file
-        self.base = base
-        self.used: set[str] = set()
-
-    def fail(self, key: str, problem: str) -> ConfigError:
-        return ConfigError(f"{self.file}: {self.where}{key}: {problem}")
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self.used.add(key)
-        value = self.data.get(key, default)
-        return default if value is None else value
-
-    def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
-
-    def string(self, key: str, default: str | None = None, *, required: bool = False,
-               choices: tuple[str, ...] | None = None, pattern: re.Pattern[str] | None = None) -> str | None:
-        value = self.get(key)
-        if value is None:
-            if required:
-                raise self.fail(key, "required")
-            return default
-        if isinstance(value, (int, float)) and not isinstance(value, bool):  # mqtt_version: 5, device_id: 42
-            value = str(value)
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(key, f"must be a non-empty string, got {value!r}")
-        if choices is not None and value not in choices:
-            raise self.fail(key, f"must be one of {', '.join(choices)}, got {value!r}")
-        if pattern is not None and not pattern.match(value):
-            raise self.fail(key, f"{value!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ - (starting with a letter "
-                                 "or digit)")
-        return value
-
-    def number(self, key: str, default: float | None, *, minimum: float | None = None, above: float | None = None,
-               maximum: float | None = None, integer: bool = False) -> Any:
-        value = self.get(key)
-        if value is None:
-            return default
-        kind = "an integer" if integer else "a number"
-        ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if not ok or isinstance(value, bool) or value != value:
-            raise self.fail(key, f"must be {kind}, got {value!r}")
-        if above is not None and not value > above:
-            raise self.fail(key, f"must be {kind} > {above:g}, got {value!r}")
-        if minimum is not None and value < minimum:
-            raise self.fail(key, f"must be {kind} >= {minimum:g}, got {value!r}")
-        if maximum is not None and value > maximum:
-            raise self.fail(key, f"must be {kind} <= {maximum:g}, got {value!r}")
-        return value
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = self.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.fail(key, f"must be true or false, got {value!r}")
-        return value
-
-    def path(self, key: str, *, must_exist: bool = False) -> str | None:
-        value = self.string(key)
-        if value is None:
-            return None
-        resolved = Path(os.path.expanduser(value))
-        if not resolved.is_absolute():
-            resolved = self.base / resolved
-        if must_exist and not resolved.exists():
-            raise self.fail(key, f"file {resolved} does not exist")
-        return str(resolved)
-
-    def size(self, key: str, default: int, *, minimum: int) -> int:
-        value = self.get(key)
-        if value is None:
-            return default
-        if isinstance(value, int) and not isinstance(value, bool):
-            size = value
-        else:
-            match = _SIZE_RE.match(str(value))
-            if not match or isinstance(value, bool):
-                raise self.fail(key, f"must be a size such as 67108864, 512KiB or 64MiB, got {value!r}")
-            size = int(float(match.group(1)) * _UNITS[(match.group(2) or "B").lower()])
-        if size < minimum:
-            raise self.fail(key, f"must be at least {minimum} bytes ({minimum // 1024} KiB), got {size}")
-        return size
-
-    def check_unknown(self, known: set[str]) -> None:
-        for key in self.data:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), sorted(known), n=1)
-                hint = f" — did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"
-                raise self.fail(str(key), f"unknown key{hint}")
-
-
 # the YAML's top-level keys: the agent's own, and the MQTT link's settings flat beside them
 _TOP_KEYS = (({f.name for f in fields(AgentConfig)} - {"path", "mqtt"})
              | ({f.name for f in fields(LinkSettings)} - {"url", "client_id"}) | {"broker", "password_file"})
-_PIPELINE_KEYS = {f.name for f in fields(PipelineConfig)}
 _SENSOR_KEYS = {"root", "thermal_zones", "throttle"}
-
-
-def _resolve_source(value: Any, reader: _Reader) -> str | int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    source = reader.string("source", required=True)
-    assert source is not None
-    if source.isdigit():
-        return int(source)
-    looks_like_path = "://" not in source and "!" not in source and not source.startswith("/")
-    if looks_like_path and (reader.base / source).exists():
-        return str(reader.base / source)
-    return source
-
-
-def _pipeline(item: Any, index: int, file: str, base: Path) -> PipelineConfig:
-    where = f"pipelines[{index}]."
-    if not isinstance(item, Mapping):
-        raise ConfigError(f"{file}: pipelines[{index}]: must be a mapping with name, model and source")
-    r = _Reader(item, where, file, base)
-    r.check_unknown(_PIPELINE_KEYS)
-    name = r.string("name", f"pipeline{index}" if index else "main", pattern=_ID_RE)
-    model = r.path("model")
-    if model is None:
-        raise r.fail("model", "required (path to a .tflite, .onnx or OpenVINO .xml model)")
-    if not r.has("source"):
-        raise r.fail("source", "required (a video file, image folder or glob, camera index, /dev/videoN, "
-                               "rtsp:// URL or GStreamer pipeline)")
-    source = _resolve_source(r.get("source"), r)
-    return PipelineConfig(
-        name=name, model=model, source=source,
-        task=r.string("task", "classify", choices=TASK_NAMES),
-        labels=r.path("labels"),
-        delegate=r.string("delegate"),
-        threads=r.number("threads", None, minimum=1, integer=True),
-        policy=r.string("policy", "every", choices=POLICIES),
-        max_fps=r.number("max_fps", None, above=0),
-        max_frames=r.number("max_frames", None, minimum=1, integer=True),
-        loop=r.boolean("loop", False),
-        top_k=r.number("top_k", 5, minimum=1, integer=True),
-        version=r.string("version"),
-        restart=r.string("restart", "on-failure", choices=RESTART_POLICIES),
-    )
 
 
 def _sensors(value: Any, file: str, base: Path) -> SensorConfig:
@@ -320,7 +149,7 @@ def _sensors(value: Any, file: str, base: Path) -> SensorConfig:
         return SensorConfig()
     if not isinstance(value, Mapping):
         raise ConfigError(f"{file}: sensors: must be a mapping with thermal_zones and/or throttle")
-    r = _Reader(value, "sensors.", file, base)
+    r = ConfigReader(value, "sensors.", file, base)
     r.check_unknown(_SENSOR_KEYS)
     zones = r.get("thermal_zones", [])
     if isinstance(zones, str):
@@ -368,77 +197,29 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"{file}: the top level must be a mapping of keys (device_id, broker, pipelines, ...)")
-    r = _Reader(data, "", file, base)
+    r = ConfigReader(data, "", file, base)
     r.check_unknown(_TOP_KEYS)
 
-    device_id = r.string("device_id", None, pattern=_ID_RE)
-    if device_id is None:
-        host = (hostname or socket.gethostname()).split(".")[0]
-        if not _ID_RE.match(host):
-            raise r.fail("device_id", f"not set, and the host name {host!r} is not a valid id; set device_id")
-        device_id = host
-    fleet = r.string("fleet", DEFAULT_FLEET, pattern=_ID_RE)
-    broker = r.string("broker", DEFAULT_BROKER)
-    try:
-        url = parse_broker_url(broker)
-    except ValueError as exc:
-        raise r.fail("broker", str(exc)) from None
-    ca, cert, key = r.path("ca"), r.path("cert"), r.path("key")
-    if (ca or cert or key) and not url.tls:
-        raise r.fail("broker", f"ca/cert/key are set, so the broker URL must be mqtts://, got {broker!r}")
-    if url.tls:
-        try:
-            tls_context(ca, cert, key)
-        except ConfigError as exc:
-            raise ConfigError(f"{file}: {exc}") from None
-    username = r.string("username")
-    password = r.get("password")
-    if password is not None and not isinstance(password, str):
-        raise r.fail("password", "must be a string (quote it in YAML)")
-    password_file = r.path("password_file")
-    if password_file:
-        if password is not None:
-            raise r.fail("password_file", "give password or password_file, not both")
-        try:
-            password = Path(password_file).read_text().rstrip("\r\n")
-        except OSError as exc:
-            raise r.fail("password_file", f"cannot read {password_file}: {exc.strerror}") from None
-    if password is not None and username is None and url.username is None:
-        raise r.fail("username", "required when a password is given")
-
-    reconnect_min = r.number("reconnect_min_s", DEFAULT_RECONNECT_MIN_S, above=0, maximum=3600)
-    reconnect_max = r.number("reconnect_max_s", max(DEFAULT_RECONNECT_MAX_S, reconnect_min), above=0, maximum=86400)
-    if reconnect_max < reconnect_min:
-        raise r.fail("reconnect_max_s", f"must be >= reconnect_min_s ({reconnect_min:g})")
-    restart_min = r.number("restart_min_s", DEFAULT_RESTART_MIN_S, above=0, maximum=3600)
-    restart_max = r.number("restart_max_s", max(DEFAULT_RESTART_MAX_S, restart_min), above=0, maximum=86400)
-    if restart_max < restart_min:
-        raise r.fail("restart_max_s", f"must be >= restart_min_s ({restart_min:g})")
-
-    raw_pipelines = r.get("pipelines", [])
-    if not isinstance(raw_pipelines, list):
-        raise r.fail("pipelines", "must be a list of pipelines (each with name, model, source)")
-    pipelines = tuple(_pipeline(item, i, file, base) for i, item in enumerate(raw_pipelines))
-    names = [p.name for p in pipelines]
-    for name in names:
-        if names.count(name) > 1:
-            raise r.fail("pipelines", f"two pipelines are named {name!r}; names must be unique")
-
+    device_id = _device_id(r, hostname)
+    fleet = r.string("fleet", DEFAULT_FLEET, pattern=ID_RE)
+    broker = _broker(r)
+    reconnect_min, reconnect_max = _window(r, "reconnect", DEFAULT_RECONNECT_MIN_S, DEFAULT_RECONNECT_MAX_S)
+    restart_min, restart_max = _window(r, "restart", DEFAULT_RESTART_MIN_S, DEFAULT_RESTART_MAX_S)
+    pipelines = _pipelines(r)
     data_dir = Path(r.path("data_dir") or DEFAULT_DATA_DIR)
     groups = r.get("groups", [])
-    if not isinstance(groups, list) or not all(isinstance(g, str) and _ID_RE.match(g) for g in groups):
+    if not isinstance(groups, list) or not all(isinstance(g, str) and ID_RE.match(g) for g in groups):
         raise r.fail("groups", f"must be a list of ids (A-Z a-z 0-9 . _ -), got {groups!r}")
     update_key = _update_key(r)
     profile = r.string("profile", "auto")
     assert profile is not None
     mqtt = LinkSettings(
-        url=broker, client_id=f"edgeinfer-{fleet}-{device_id}", ca=ca, cert=cert, key=key,
-        username=username, password=password,
+        **broker, client_id=f"edgeinfer-{fleet}-{device_id}",
         mqtt_version=str(r.string("mqtt_version", "auto", choices=MQTT_VERSIONS)),
         keepalive_s=r.number("keepalive_s", DEFAULT_KEEPALIVE_S, minimum=5, maximum=65535, integer=True),
         session_expiry_s=r.number("session_expiry_s", DEFAULT_SESSION_EXPIRY_S, minimum=0, maximum=2**32 - 1,
                                   integer=True),
-        reconnect_min_s=float(reconnect_min), reconnect_max_s=float(reconnect_max),
+        reconnect_min_s=reconnect_min, reconnect_max_s=reconnect_max,
         connect_timeout_s=float(r.number("connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S, above=0, maximum=600)),
         inflight_window=r.number("inflight_window", DEFAULT_INFLIGHT_WINDOW, minimum=1, maximum=1000, integer=True),
     )
@@ -448,7 +229,7 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
         telemetry_interval_s=float(r.number("telemetry_interval_s", DEFAULT_TELEMETRY_INTERVAL_S,
                                             minimum=MIN_TELEMETRY_INTERVAL_S, maximum=3600)),
         spool_max_bytes=r.size("spool_max_bytes", DEFAULT_MAX_BYTES, minimum=MIN_MAX_BYTES),
-        restart_min_s=float(restart_min), restart_max_s=float(restart_max),
+        restart_min_s=restart_min, restart_max_s=restart_max,
         metrics=_metrics(r.get("metrics"), file),
         profile=profile,
         sensors=_sensors(r.get("sensors"), file, base),
@@ -464,7 +245,71 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
     )
 
 
-def _update_key(r: _Reader) -> str | None:
+def _device_id(r: ConfigReader, hostname: str | None) -> str:
+    """``device_id``, or the host name when it is a valid id."""
+    device_id = r.string("device_id", None, pattern=ID_RE)
+    if device_id is None:
+        host = (hostname or socket.gethostname()).split(".")[0]
+        if not ID_RE.match(host):
+            raise r.fail("device_id", f"not set, and the host name {host!r} is not a valid id; set device_id")
+        device_id = host
+    return device_id
+
+
+def _broker(r: ConfigReader) -> dict[str, Any]:
+    """The broker's URL, TLS files (loaded once, to fail now) and credentials: LinkSettings keywords."""
+    broker = r.string("broker", DEFAULT_BROKER)
+    try:
+        url = parse_broker_url(broker)
+    except ValueError as exc:
+        raise r.fail("broker", str(exc)) from None
+    ca, cert, key = r.path("ca"), r.path("cert"), r.path("key")
+    if (ca or cert or key) and not url.tls:
+        raise r.fail("broker", f"ca/cert/key are set, so the broker URL must be mqtts://, got {broker!r}")
+    if url.tls:
+        try:
+            tls_context(ca, cert, key)
+        except ConfigError as exc:
+            raise ConfigError(f"{r.file}: {exc}") from None
+    username = r.string("username")
+    password = r.get("password")
+    if password is not None and not isinstance(password, str):
+        raise r.fail("password", "must be a string (quote it in YAML)")
+    password_file = r.path("password_file")
+    if password_file:
+        if password is not None:
+            raise r.fail("password_file", "give password or password_file, not both")
+        try:
+            password = Path(password_file).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise r.fail("password_file", f"cannot read {password_file}: {exc.strerror}") from None
+    if password is not None and username is None and url.username is None:
+        raise r.fail("username", "required when a password is given")
+    return {"url": broker, "ca": ca, "cert": cert, "key": key, "username": username, "password": password}
+
+
+def _window(r: ConfigReader, prefix: str, default_min: float, default_max: float) -> tuple[float, float]:
+    """``<prefix>_min_s`` and ``<prefix>_max_s`` of a backoff, the maximum at least the minimum."""
+    low = r.number(f"{prefix}_min_s", default_min, above=0, maximum=3600)
+    high = r.number(f"{prefix}_max_s", max(default_max, low), above=0, maximum=86400)
+    if high < low:
+        raise r.fail(f"{prefix}_max_s", f"must be >= {prefix}_min_s ({low:g})")
+    return float(low), float(high)
+
+
+def _pipelines(r: ConfigReader) -> tuple[PipelineConfig, ...]:
+    raw = r.get("pipelines", [])
+    if not isinstance(raw, list):
+        raise r.fail("pipelines", "must be a list of pipelines (each with name, model, source)")
+    pipelines = tuple(read_pipeline(item, i, r.file, r.base) for i, item in enumerate(raw))
+    names = [p.name for p in pipelines]
+    for name in names:
+        if names.count(name) > 1:
+            raise r.fail("pipelines", f"two pipelines are named {name!r}; names must be unique")
+    return pipelines
+
+
+def _update_key(r: ConfigReader) -> str | None:
     """The pinned fleet key: the base64 key itself, or the path of a file holding it."""
     from ..updates.signing import VerifyKey
 

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import EdgeInferError, UpdateRejected
 from ..runtime.model import inspect_model
@@ -26,10 +26,10 @@ from ..updates.health import HealthGate, result_is_finite
 from ..updates.signing import VerifyKey
 from ..updates.slots import InstalledModel, ModelSlots
 from ..updates.updater import Updater
-
-if TYPE_CHECKING:
-    from .config import AgentConfig
-    from .daemon import Agent, CommandContext, CommandRouter, PipelineRunner
+from .commands import CommandContext, CommandRouter
+from .config import AgentConfig
+from .runner import PipelineRunner
+from .services import AgentServices
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class UpdateService:
         return dataclasses.replace(config, pipelines=(updated, *config.pipelines[1:]))
 
     def register(self, router: CommandRouter) -> None:
+        """Add the ``deploy`` and ``rollback`` commands to the agent's router."""
         router.register("deploy", self.handle_deploy, args_schema=DEPLOY_ARGS_SCHEMA,
                         description="install a signed model update (download, validate, swap, health gate)")
         router.register("rollback", self.handle_rollback, args_schema=ROLLBACK_ARGS_SCHEMA,
@@ -88,6 +89,7 @@ class UpdateService:
 
     # -- commands ------------------------------------------------------------------------------
     def handle_deploy(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
+        """``deploy``: check, download, validate and trial a signed update; the state it ended in."""
         if self.key is None:
             raise UpdateRejected("updates_disabled", "this agent pins no update_public_key")
         agent = ctx.agent
@@ -123,6 +125,7 @@ class UpdateService:
             return {"state": "rolled_back", "reason": reason}
 
     def handle_rollback(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
+        """``rollback``: swap the previous model back into the running pipeline and commit it."""
         runner = self._runner(ctx.agent, args.get("pipeline"))
         with self._lock:
             previous = self.slots.previous
@@ -137,7 +140,7 @@ class UpdateService:
         return {"state": "active", "version": previous.version}
 
     # -- the trial -----------------------------------------------------------------------------
-    def _trial(self, agent: Agent, runner: PipelineRunner, staged: InstalledModel) -> tuple[bool, str | None]:
+    def _trial(self, agent: AgentServices, runner: PipelineRunner, staged: InstalledModel) -> tuple[bool, str | None]:
         """Swap ``staged`` in, watch live frames, then commit or swap the old engine back."""
         pipeline = runner.pipeline
         if pipeline is None:
@@ -195,7 +198,7 @@ class UpdateService:
         return load(path, runner.config.delegate, threads=runner.config.threads)
 
     @staticmethod
-    def _runner(agent: Agent, name: str | None) -> PipelineRunner:
+    def _runner(agent: AgentServices, name: str | None) -> PipelineRunner:
         if name:
             return agent.runner(name)
         runners = agent.runners

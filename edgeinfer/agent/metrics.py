@@ -9,27 +9,40 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .daemon import Agent
+from ..pipeline.stats import PERCENTILES
+from .services import AgentServices
 
 PREFIX = "edgeinfer"
 
 
+#: Prometheus quantile label of each percentile the telemetry carries (p50 -> "0.5"; the mean is not one)
+QUANTILES = tuple((str(int(name[1:]) / 100), name) for name in PERCENTILES if name[1:].isdigit())
+
+
 class _AgentCollector:
-    def __init__(self, agent: Agent) -> None:
+    """Builds every metric family from the agent's latest telemetry window, at scrape time."""
+
+    def __init__(self, agent: AgentServices) -> None:
         self.agent = agent
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+        from prometheus_client.core import InfoMetricFamily
 
         agent = self.agent
         latest = agent.figures.latest or {}
         info = InfoMetricFamily(f"{PREFIX}_agent", "Agent identity", labels=["device", "fleet", "boot_id"])
         info.add_metric([agent.topics.device, agent.topics.fleet, agent.boot.boot_id],
-                        {"version": str(agent._versions.get("edgeinfer", ""))})
+                        {"version": str(agent.versions.get("edgeinfer", ""))})
         yield info
+        yield from self._pipelines(latest.get("pipelines", []))
+        yield self._models()
+        yield from self._system(latest.get("system", {}))
+        yield from self._transport()
+
+    def _pipelines(self, entries: list[dict[str, Any]]) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         fps = GaugeMetricFamily(f"{PREFIX}_pipeline_fps", "Frames per second in the last window", labels=["pipeline"])
         frames = CounterMetricFamily(f"{PREFIX}_pipeline_frames", "Frames processed", labels=["pipeline"])
@@ -38,24 +51,27 @@ class _AgentCollector:
         running = GaugeMetricFamily(f"{PREFIX}_pipeline_running", "1 while the pipeline runs", labels=["pipeline"])
         stage = GaugeMetricFamily(f"{PREFIX}_pipeline_stage_ms", "Per-stage time in the last window, ms",
                                   labels=["pipeline", "stage", "quantile"])
-        for entry in latest.get("pipelines", []):
+        for entry in entries:
             name = entry["name"]
             fps.add_metric([name], entry["fps"])
-            totals = agent.figures.totals.get(name, {})
+            totals = self.agent.figures.totals.get(name, {})
             frames.add_metric([name], totals.get("frames", 0))
             dropped.add_metric([name], totals.get("dropped", 0))
             restarts.add_metric([name], entry.get("restarts", 0))
             running.add_metric([name], 1.0 if entry["status"] == "running" else 0.0)
             for stage_name, figures in entry.get("stages", {}).items():
-                for quantile, key in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99")):
+                for quantile, key in QUANTILES:
                     if key in figures:
                         stage.add_metric([name, stage_name, quantile], figures[key])
         yield from (fps, frames, dropped, restarts, running, stage)
 
-        # which delegate and model each pipeline runs on: labels of a constant 1 (a Prometheus "info")
+    def _models(self) -> Any:
+        """Which delegate and model each pipeline runs on: labels of a constant 1 (a Prometheus "info")."""
+        from prometheus_client.core import InfoMetricFamily
+
         model_info = InfoMetricFamily(f"{PREFIX}_pipeline", "Delegate and model each pipeline runs on",
                                       labels=["pipeline"])
-        for runner in agent.runners:
+        for runner in self.agent.runners:
             model = runner.model or {}
             model_info.add_metric([runner.name], {
                 "delegate": str(runner.delegate or ""),
@@ -63,9 +79,12 @@ class _AgentCollector:
                 "version": str(model.get("version") or ""),
                 "sha256": str(model.get("sha256") or "")[:12],
             })
-        yield model_info
+        return model_info
 
-        system = latest.get("system", {})
+    @staticmethod
+    def _system(system: dict[str, Any]) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
         for key, help_text in (("cpu_percent", "Machine CPU use, % of all cores"),
                                ("process_cpu_percent", "Agent process CPU use, % of one core"),
                                ("rss_bytes", "Agent resident memory, bytes"),
@@ -80,6 +99,11 @@ class _AgentCollector:
             yield GaugeMetricFamily(f"{PREFIX}_throttled", "1 while the device throttles",
                                     value=int(system["throttled"]))
 
+    def _transport(self) -> Iterator[Any]:
+        """The spool, the MQTT link and the telemetry sequence."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        agent = self.agent
         spool = agent.spool
         if spool is not None and not spool.closed:
             stats = spool.stats()
@@ -100,7 +124,7 @@ class _AgentCollector:
 class MetricsServer:
     """Serves ``/metrics`` over HTTP in a named daemon thread; close() is idempotent."""
 
-    def __init__(self, agent: Agent, host: str = "127.0.0.1", port: int = 9108) -> None:
+    def __init__(self, agent: AgentServices, host: str = "127.0.0.1", port: int = 9108) -> None:
         self.agent = agent
         self.host = host
         self.port = port
@@ -119,6 +143,7 @@ class MetricsServer:
         return self
 
     def close(self) -> None:
+        """Stop serving and join the thread."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

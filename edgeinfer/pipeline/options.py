@@ -79,7 +79,8 @@ class PipelineOptions:
             if choices and value is not None and value not in choices:
                 raise ValueError(f"{option.name} must be one of {', '.join(choices)}, not {value!r}")
         positive = {"max_fps": self.max_fps}
-        at_least_one = {"max_frames": self.max_frames, "queue_size": self.queue_size, "threads": self.threads}
+        at_least_one = {"max_frames": self.max_frames, "queue_size": self.queue_size, "threads": self.threads,
+                        "top_k": self.top_k}
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0, not {value}")

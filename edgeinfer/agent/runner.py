@@ -1,0 +1,281 @@
+"""One supervised pipeline: built and watched in its own thread, restarted with backoff when it fails.
+
+:class:`PipelineRunner` runs in thread ``edgeinfer-pipeline-<name>``: it builds the
+:class:`edgeinfer.Pipeline`, watches it, reports ``pipeline_started`` / ``fallback`` /
+``pipeline_ended`` / ``pipeline_failed`` / ``pipeline_restarting`` events through the ``emit``
+function it is given, and restarts a failed pipeline with exponential backoff and equal jitter (a
+run that lasted :data:`STABLE_RUN_S` resets it). Between telemetry ticks it hands out the
+pipeline's stats window; a model update hot-swaps the engine through :meth:`~PipelineRunner.swap_engine`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._backoff import EQUAL_JITTER, Backoff
+from ..errors import EdgeInferError
+from .pipeline_config import PipelineConfig
+
+log = logging.getLogger(__name__)
+
+#: a pipeline that ran this long before failing restarts after the minimum delay again
+STABLE_RUN_S = 60.0
+#: how long "wait for a stop or a restart command" waits (for ever, in practice)
+_UNTIL_TOLD = 1e9
+
+PipelineFactory = Callable[[PipelineConfig], Any]
+#: ``emit(event, level, message, *, pipeline=None, cmd_id=None, data=None)``: report an event
+EmitFn = Callable[..., None]
+
+
+def default_pipeline_factory(config: PipelineConfig) -> Any:
+    """Build an :class:`edgeinfer.Pipeline` from a pipeline config (not started)."""
+    try:
+        from ..pipeline.core import Pipeline
+    except ImportError as exc:  # a build without the pipeline module
+        raise EdgeInferError(f"this edgeinfer has no pipeline module ({exc}); install a release with "
+                             "edgeinfer.pipeline") from exc
+    return Pipeline(config.model, config.source, config.options)
+
+
+def merge_windows(first: Any, second: Any) -> Any:
+    """Two consecutive windows of one pipeline as one (frames and drops add up; the later figures win)."""
+    if first is None or second is None:
+        return second if first is None else first
+    with contextlib.suppress(TypeError, ValueError):
+        return dataclasses.replace(second, frames=first.frames + second.frames,
+                                   dropped=first.dropped + second.dropped)
+    return second
+
+
+class PipelineRunner:
+    """Runs one pipeline in a named thread; restarts it with backoff when it fails."""
+
+    def __init__(self, config: PipelineConfig, *, emit: EmitFn, on_change: Callable[[], None],
+                 factory: PipelineFactory = default_pipeline_factory, restart_min_s: float = 1.0,
+                 restart_max_s: float = 60.0) -> None:
+        self.config = config
+        self.name = config.name
+        self._emit = emit
+        self._on_change = on_change
+        self._factory = factory
+        self._backoff = Backoff(initial_s=restart_min_s, max_s=restart_max_s, jitter=EQUAL_JITTER)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._restart_requested = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pipeline: Any = None
+        self._leftover: Any = None
+        self.status = "starting"
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.delegate: str | None = None
+        self.fallback_reason: str | None = None
+        self.model: dict[str, Any] = {"path": config.model, "sha256": None, "version": config.version,
+                                      "format": None}
+        self.frames_total = 0
+        self.dropped_total = 0
+        self.last_run_frames = 0
+
+    @property
+    def pipeline(self) -> Any:
+        """The running Pipeline, or None between runs."""
+        with self._lock:
+            return self._pipeline
+
+    # -- control --------------------------------------------------------------------------
+    def start(self) -> PipelineRunner:
+        """Start supervising (the pipeline is built in the runner's thread)."""
+        self._thread = threading.Thread(target=self._run, name=f"edgeinfer-pipeline-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def request_restart(self) -> None:
+        """Stop the current run (if any) and start again now."""
+        self._restart_requested.set()
+
+    def request_stop(self) -> None:
+        """Tell the thread to stop without waiting for it (stop() joins); lets several runners stop at once."""
+        self._stop.set()
+        self._restart_requested.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the pipeline and join the thread."""
+        self.request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("pipeline %s did not stop within %.0f s", self.name, timeout)
+
+    def close(self) -> None:
+        """Same as stop(); idempotent."""
+        self.stop()
+
+    def swap_engine(self, engine: Any, *, version: str | None = None) -> Any:
+        """Hot-swap the running pipeline's engine between two frames (capture keeps going).
+
+        Later restarts load the new model too. Returns the previous engine, which the caller closes
+        (or keeps, to roll back). EdgeInferError when the pipeline is not running; ValueError (the
+        run untouched) when the engine does not fit the task.
+        """
+        with self._lock:
+            pipeline = self._pipeline
+        if pipeline is None:
+            raise EdgeInferError(f"pipeline {self.name} is not running ({self.status}); nothing to swap")
+        old = pipeline.swap_engine(engine)
+        info = engine.model
+        self.config = dataclasses.replace(self.config, model=str(info.path), version=version)
+        self.delegate = engine.description
+        self.fallback_reason = engine.fallback_reason
+        self.model = {"path": str(info.path), "sha256": info.sha256, "version": version, "format": info.format.value}
+        self._on_change()
+        return old
+
+    def take_window(self) -> Any:
+        """Stats since the previous call (PipelineStats), or None when nothing ran in the window."""
+        with self._lock:
+            pipeline, leftover, self._leftover = self._pipeline, self._leftover, None
+            current = None
+            if pipeline is not None:
+                try:
+                    current = pipeline.take_window()
+                except Exception:
+                    log.exception("pipeline %s: take_window failed", self.name)
+        window = merge_windows(leftover, current)
+        if window is not None:
+            self.frames_total += int(window.frames)
+            self.dropped_total += int(window.dropped)
+        return window
+
+    def describe(self) -> dict[str, Any]:
+        """This pipeline's entry in the ``state`` message."""
+        source = self.config.source
+        return {"name": self.name, "status": self.status, "task": self.config.task, "source": str(source),
+                "delegate": self.delegate, "fallback_reason": self.fallback_reason, "error": self.last_error,
+                "restarts": self.restarts, "model": dict(self.model)}
+
+    # -- the thread -----------------------------------------------------------------------
+    def _set_status(self, status: str) -> None:
+        if status != self.status:
+            self.status = status
+            self._on_change()
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True if interrupted by stop or a restart request."""
+        return self._restart_requested.wait(seconds)
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            self._restart_requested.clear()
+            self._set_status("starting")
+            started = time.monotonic()
+            error: BaseException | None = None
+            pipeline = None
+            try:
+                pipeline = self._factory(self.config)
+                pipeline.start()
+            except Exception as exc:
+                error = exc
+                if pipeline is not None:
+                    with contextlib.suppress(Exception):
+                        pipeline.close()
+            else:
+                error, requested = self._watch(pipeline)
+                if self._stop.is_set():
+                    break
+                if requested:
+                    self.restarts += 1
+                    attempt = 0
+                    self._emit("pipeline_restarting", "info", f"pipeline {self.name} restarting on request",
+                               pipeline=self.name, data={"reason": "requested", "restarts": self.restarts})
+                    continue
+                if error is None:
+                    self._report_ended()
+                    if self.config.restart != "always":
+                        self._wait(_UNTIL_TOLD)
+                        continue
+            if self._stop.is_set():
+                break
+            if error is not None:
+                if time.monotonic() - started >= STABLE_RUN_S:
+                    attempt = 0
+                self._report_failed(error)
+                if self.config.restart == "never":
+                    self._wait(_UNTIL_TOLD)
+                    continue
+            attempt += 1
+            self._wait(self._restart_delay(attempt))
+        self._set_status("stopped")
+
+    def _report_ended(self) -> None:
+        self.last_error = None
+        self._set_status("ended")
+        self._emit("pipeline_ended", "info", f"pipeline {self.name} ended (its source has no more frames)",
+                   pipeline=self.name, data={"frames": self.last_run_frames})
+
+    def _report_failed(self, error: BaseException) -> None:
+        self.last_error = f"{type(error).__name__}: {' '.join(str(error).split())}"
+        self._set_status("failed")
+        self._emit("pipeline_failed", "error", f"pipeline {self.name} failed: {self.last_error}",
+                   pipeline=self.name, data={"error": self.last_error, "type": type(error).__name__})
+
+    def _restart_delay(self, attempt: int) -> float:
+        """Announce restart ``attempt`` and return how long to wait before it."""
+        delay = self._backoff.delay(attempt)
+        self._set_status("restarting")
+        self.restarts += 1
+        self._emit("pipeline_restarting", "warning",
+                   f"pipeline {self.name} restarts in {delay:.1f} s (attempt {attempt})", pipeline=self.name,
+                   data={"delay_s": round(delay, 2), "attempt": attempt, "restarts": self.restarts})
+        return delay
+
+    def _watch(self, pipeline: Any) -> tuple[BaseException | None, bool]:
+        """Publish the running pipeline, wait until it ends or we are told to stop; (error, restart requested)."""
+        self._report_started(pipeline)
+        try:
+            while not self._restart_requested.is_set():
+                if pipeline.wait(0.25):
+                    break
+        finally:
+            requested = self._restart_requested.is_set()
+            if requested:
+                with contextlib.suppress(Exception):
+                    pipeline.stop()
+            with self._lock:
+                self._pipeline = None
+                try:
+                    self._leftover = merge_windows(self._leftover, pipeline.take_window())
+                    self.last_run_frames = int(pipeline.stats.frames)
+                except Exception:
+                    log.debug("final stats failed", exc_info=True)
+            error = None if requested else getattr(pipeline, "error", None)
+            with contextlib.suppress(Exception):
+                pipeline.close()
+        return error, requested and not self._stop.is_set()
+
+    def _report_started(self, pipeline: Any) -> None:
+        """Take the delegate and model the pipeline runs on, make it the current one, and say so."""
+        engine = getattr(pipeline, "engine", None)
+        model_info = getattr(engine, "model", None)
+        self.delegate = getattr(engine, "description", None)
+        self.fallback_reason = getattr(engine, "fallback_reason", None)
+        if model_info is not None:
+            self.model = {"path": str(getattr(model_info, "path", self.config.model)),
+                          "sha256": getattr(model_info, "sha256", None), "version": self.config.version,
+                          "format": getattr(getattr(model_info, "format", None), "value", None)}
+        with self._lock:
+            self._pipeline = pipeline
+        self.last_error = None
+        self._set_status("running")
+        self._emit("pipeline_started", "info", f"pipeline {self.name} running on {self.delegate}",
+                   pipeline=self.name, data={"delegate": self.delegate, "model": self.model})
+        if self.fallback_reason:
+            self._emit("fallback", "warning", f"pipeline {self.name} runs on {self.delegate}: {self.fallback_reason}",
+                       pipeline=self.name, data={"delegate": self.delegate, "reason": self.fallback_reason})
