@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from agent_support import AgentProcess, fake_sysfs, write_config
-from broker_support import MOSQUITTO, free_port, make_tls_files, running_broker
-from conftest import ASSETS, IMAGES, LABELS, MODELS, REFERENCE_TOP1, edgeinfer_cmd
-from examples_support import (
+from support.agent import AgentProcess, fake_sysfs, write_config
+from support.assets import ASSETS, IMAGES, LABELS, MODELS, REFERENCE_TOP1
+from support.broker import MOSQUITTO, free_port, make_tls_files, running_broker
+from support.examples import (
     EXAMPLES,
     Prometheus,
     example_env,
@@ -29,7 +29,8 @@ from examples_support import (
     readme_block,
     run_example,
 )
-from profiles_support import fake_root
+from support.processes import edgeinfer_cmd
+from support.profiles import fake_root
 
 cv2 = pytest.importorskip("cv2")
 np = pytest.importorskip("numpy")

@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 
+from support.assets import REPO
+from support.processes import env_with_repo
+
 HEAVY = ["ai_edge_litert", "tflite_runtime", "onnxruntime", "onnx", "openvino", "tensorrt", "cv2",
          "paho", "pycoral"]
 
@@ -24,10 +27,10 @@ def test_import_leaves_vendor_runtimes_unloaded():
 
 def test_runtime_is_imported_on_first_use():
     code = (
-        "import sys, edgeinfer; from conftest import MODELS; "
+        "import sys, edgeinfer; from support.assets import MODELS; "
         "e = edgeinfer.load(MODELS / 'mobilenet_v2_1.0_224_quant.onnx', 'onnxruntime'); "
         "print('onnxruntime' in sys.modules, 'ai_edge_litert' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=__file__.rsplit("/", 1)[0])
+                         env=env_with_repo(PYTHONPATH=f"{REPO}:{REPO / 'tests'}"))
     assert out.stdout.split() == ["True", "False"]

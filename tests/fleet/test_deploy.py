@@ -1,0 +1,227 @@
+"""Signed rollouts end to end: a real Mosquitto, the fleet manager, real agents running real pipelines.
+
+Agents run as threads of this process (20 of them) or as subprocesses (the crash test); every
+model is a real shared model, validated in a real subprocess and swapped into a live pipeline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support.agent import AgentProcess, write_config
+from support.assets import IMAGES, MODELS
+from support.broker import running_broker
+from support.fleet import CuttingProxy
+from support.processes import edgeinfer_cmd
+from support.processes import wait_until as wait
+
+from edgeinfer.agent.config import parse_config
+from edgeinfer.agent.daemon import Agent
+from edgeinfer.capture import make_test_clip
+from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.updates.signing import SigningKey, new_manifest
+from edgeinfer.updates.slots import ModelSlots
+
+V1 = MODELS / "mobilenet_v2_1.0_224_quant.tflite"  # as heavy as the bird model: the latency gate passes
+BIRDS = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
+BROKEN = MODELS / "model_invoking_error.tflite"
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> Path:
+    return make_test_clip(tmp_path_factory.mktemp("clip") / "clip.avi", [IMAGES / "parrot.jpg", IMAGES / "cat.bmp"],
+                          size=(160, 120), fps=10, frames_per_image=5)
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with running_broker(tmp_path) as b:
+        yield b
+
+
+def agent_settings(tmp_path: Path, broker_url: str, device: str, key: str, clip: Path, **extra) -> dict:
+    settings = {
+        "device_id": device, "fleet": "lab", "broker": broker_url, "data_dir": str(tmp_path / device),
+        "telemetry_interval_s": 0.5, "reconnect_min_s": 0.1, "reconnect_max_s": 1.0, "profile": "none",
+        "groups": ["lab"], "update_public_key": key, "update_health_frames": 3,
+        "pipelines": [{"name": "main", "model": str(V1), "source": str(clip), "task": "classify", "loop": True,
+                       "max_fps": 3, "threads": 1, "version": "1"}],
+    }
+    settings.update(extra)
+    return settings
+
+
+class AgentThread:
+    """An in-process Agent on its own thread (twenty of these are cheaper than twenty interpreters)."""
+
+    def __init__(self, settings: dict) -> None:
+        self.agent = Agent(parse_config(settings, file=f"{settings['device_id']}.yaml"))
+        self.thread = threading.Thread(target=self.agent.run, name=f"agent-{settings['device_id']}", daemon=True)
+
+    def version(self) -> str | None:
+        return self.agent.runners[0].model.get("version")
+
+    def stop(self) -> None:
+        self.agent.stop()
+        self.thread.join(30)
+
+
+@pytest.fixture
+def fleet(tmp_path, broker):
+    settings = FleetSettings(broker=broker.url, http="127.0.0.1:0", data_dir=tmp_path / "fleet")
+    with FleetManager(settings) as manager:
+        assert manager.wait_connected(10)
+        yield manager
+
+
+def start_agents(tmp_path, broker, fleet, clip, count: int) -> list[AgentThread]:
+    key = fleet.key.public_key_b64()
+    agents = [AgentThread(agent_settings(tmp_path, broker.url, f"cam-{i:02d}", key, clip)) for i in range(count)]
+    for agent in agents:
+        agent.thread.start()
+    assert wait(lambda: sum(d["online"] for d in fleet.db.list_devices()) == count, 60), fleet.db.list_devices()
+    assert wait(lambda: all(a.agent.runners and a.agent.runners[0].status == "running" for a in agents), 60)
+    return agents
+
+
+def deploy_cli(fleet: FleetManager, model: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(edgeinfer_cmd("deploy", str(model), "--fleet-url", fleet.http.url, *args),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_rollout_to_twenty_agents_in_waves(tmp_path, broker, fleet, clip):
+    agents = start_agents(tmp_path, broker, fleet, clip, 20)
+    try:
+        result = deploy_cli(fleet, BIRDS, "--version", "2", "--all", "--canary", "10", "--wave-size", "6",
+                            "--json")
+        assert result.returncode == 0, result.stderr + result.stdout
+        final = json.loads(result.stdout)
+        assert final["status"] == "succeeded" and final["counts"] == {"active": 20}
+        assert [sum(t["wave"] == w for t in final["devices"]) for w in range(4)] == [2, 6, 6, 6]
+        assert all(a.version() == "2" for a in agents)
+        assert wait(lambda: all(d["model_version"] == 2 for d in fleet.db.list_devices()), 20)
+        listed = subprocess.run(edgeinfer_cmd("fleet", "devices", "--fleet-url", fleet.http.url),
+                                capture_output=True, text=True, timeout=60)
+        assert listed.stdout.count("mobilenet_v2_1.0_224_inat_bird_quant.tflite") == 20
+        for agent in agents[:3]:  # the bird model really runs: its outputs have 965 classes
+            assert agent.agent.runners[0].pipeline.engine.outputs[0].shape == (1, 965)
+    finally:
+        for agent in agents:
+            agent.stop()
+
+
+def test_failing_canary_aborts_and_nobody_else_is_notified(tmp_path, broker, fleet, clip):
+    agents = start_agents(tmp_path, broker, fleet, clip, 6)
+    try:
+        result = deploy_cli(fleet, BROKEN, "--version", "2", "--all", "--canary", "20", "--wave-size", "2")
+        assert result.returncode == 1
+        assert "aborted" in result.stdout and "validation_failed" in result.stderr
+        (deployment,) = fleet.db.list_deployments()
+        assert deployment["counts"] == {"failed": 2, "pending": 4}
+        canary = {t["device_id"] for t in fleet.get_deployment(deployment["deployment_id"])["devices"]
+                  if t["wave"] == 0}
+        for agent in agents:
+            update_events = [e for e in fleet.db.device_events(agent.agent.config.device_id) if e["event"] == "update"]
+            assert bool(update_events) == (agent.agent.config.device_id in canary)
+            assert agent.version() == "1"  # the canary runs v1 again, the rest never left it
+    finally:
+        for agent in agents:
+            agent.stop()
+
+
+def signed_command(fleet: FleetManager, model: Path, version: int, *, key: SigningKey | None = None,
+                   deployment_id: str | None = None, sha256: str | None = None) -> dict:
+    digest, size = fleet.put_artifact(model)
+    manifest = new_manifest(model_name=model.name, version=version, sha256=sha256 or digest, size=size,
+                            url=f"{fleet.public_url}/artifacts/{digest}", target="device:cam-00",
+                            deployment_id=deployment_id)
+    return {"manifest": manifest.to_dict(), "signature": (key or fleet.key).sign(manifest)}
+
+
+def outcome(fleet: FleetManager, command_id: str, timeout: float = 60) -> dict:
+    """The cmd_rejected or final update event for ``command_id``."""
+    def find():
+        for event in fleet.db.device_events("cam-00", limit=500):
+            if event.get("cmd_id") != command_id:
+                continue
+            if event["event"] == "cmd_rejected" or (event["event"] == "update" and event["data"]["state"] in (
+                    "active", "failed", "rolled_back")):
+                return event
+        return None
+    assert wait(lambda: find() is not None, timeout), fleet.db.device_events("cam-00")
+    return find()
+
+
+def test_bad_updates_are_rejected_each_with_its_reason(tmp_path, broker, fleet, clip):
+    (agent,) = start_agents(tmp_path, broker, fleet, clip, 1)
+    try:
+        wrong_key = fleet.send_command("cam-00", "deploy", signed_command(fleet, BIRDS, 2, key=SigningKey.generate()))
+        assert outcome(fleet, wrong_key)["data"]["reason"] == "bad_signature"
+        # the artifact the server holds is not the one the manifest names
+        tampered = fleet.send_command("cam-00", "deploy", signed_command(fleet, BIRDS, 2, sha256="ab" * 32))
+        event = outcome(fleet, tampered)
+        assert (event["event"], event["data"]["state"], event["data"]["reason"]) == ("update", "failed",
+                                                                                     "sha256_mismatch")
+        good = signed_command(fleet, BIRDS, 2)
+        installed = fleet.send_command("cam-00", "deploy", good)
+        assert outcome(fleet, installed)["data"]["state"] == "active"
+        assert agent.version() == "2"
+        replayed = fleet.send_command("cam-00", "deploy", good)  # the same signed manifest, a new command id
+        assert outcome(fleet, replayed)["data"]["reason"] == "replay"
+        downgrade = fleet.send_command("cam-00", "deploy", signed_command(fleet, V1, 1))
+        assert outcome(fleet, downgrade)["data"]["reason"] == "downgrade"
+        again = fleet.send_command("cam-00", "deploy", good, command_id=installed)  # a duplicate command
+        time.sleep(1.0)
+        downloads = [e for e in fleet.db.device_events("cam-00", 500) if e.get("cmd_id") == again
+                     and e["event"] == "update" and e["data"]["state"] == "downloading"]
+        assert len(downloads) == 1  # installed once, the duplicate answered from the command log
+        assert agent.version() == "2"
+    finally:
+        agent.stop()
+
+
+def test_download_cut_several_times_still_installs(tmp_path, broker, clip):
+    settings = FleetSettings(broker=broker.url, http="127.0.0.1:0", data_dir=tmp_path / "fleet")
+    with FleetManager(settings) as fleet:
+        proxy = CuttingProxy(fleet.http.port, cut_after=900_000, cuts=3)
+        fleet.settings = FleetSettings(**{**settings.__dict__, "public_url": f"http://127.0.0.1:{proxy.port}"})
+        try:
+            assert fleet.wait_connected(10)
+            (agent,) = start_agents(tmp_path, broker, fleet, clip, 1)
+            try:
+                command = fleet.send_command("cam-00", "deploy", signed_command(fleet, BIRDS, 2))
+                assert outcome(fleet, command)["data"]["state"] == "active"
+                assert proxy.connections >= 4 and agent.version() == "2"
+            finally:
+                agent.stop()
+        finally:
+            proxy.close()
+
+
+@pytest.mark.parametrize("kill_after", ["downloading", "validating"])
+def test_agent_killed_mid_update_comes_back_on_one_version(tmp_path, broker, fleet, clip, kill_after):
+    key = fleet.key.public_key_b64()
+    config = write_config(tmp_path / "agent.yaml", **agent_settings(tmp_path, broker.url, "cam-00", key, clip))
+    with AgentProcess(config, tmp_path / "agent.log") as process:
+        assert wait(lambda: any(d["online"] for d in fleet.db.list_devices()), 60), process.output()
+        command = fleet.send_command("cam-00", "deploy", signed_command(fleet, BIRDS, 2))
+        assert wait(lambda: any(e.get("cmd_id") == command and e["data"].get("state") == kill_after
+                                for e in fleet.db.device_events("cam-00", 500)), 60), process.output()
+        process.kill()
+    slots = ModelSlots(tmp_path / "cam-00")  # opening discards an unfinished trial, as the agent does
+    assert slots.active.version in (1, 2) and slots.trial is None
+    boot_ids = {d["state"]["boot_id"] for d in fleet.db.list_devices()}
+    with AgentProcess(config, tmp_path / "agent2.log") as process:
+        assert wait(lambda: (d := fleet.db.get_device("cam-00"))["online"] and d["state"]["boot_id"] not in boot_ids
+                    and d["model_version"] in (1, 2) and d["model_sha256"], 60), process.output()
+        reported = fleet.db.get_device("cam-00")["model_version"]
+        assert reported == ModelSlots(tmp_path / "cam-00").active.version
+        sha = fleet.db.get_device("cam-00")["model_sha256"]
+        expected = {1: V1, 2: BIRDS}[reported]
+        assert sha == hashlib.sha256(expected.read_bytes()).hexdigest()

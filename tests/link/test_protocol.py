@@ -1,0 +1,114 @@
+"""Topics, message schemas and the validator every inbound message goes through."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.assets import DOCS
+
+from edgeinfer.errors import ProtocolError
+from edgeinfer.link.protocol import (
+    MAX_PAYLOAD_BYTES,
+    SCHEMAS,
+    Topics,
+    check_id,
+    decode,
+    encode,
+    make_command,
+    parse_topic,
+    schema_errors,
+    schemas_markdown,
+    subscription,
+    validate,
+)
+
+DOC = DOCS / "protocol.md"
+
+
+def test_topics_and_parsing_round_trip():
+    topics = Topics("plant-7", "cam-01")
+    assert topics.telemetry == "edgeinfer/v1/plant-7/cam-01/telemetry"
+    assert topics.cmd == "edgeinfer/v1/plant-7/cam-01/cmd"
+    assert [topics.topic(k) for k in ("state", "events")] == [topics.state, topics.events]
+    for kind in ("state", "telemetry", "events", "cmd"):
+        assert parse_topic(topics.topic(kind)) == ("plant-7", "cam-01", kind)
+    assert subscription("telemetry") == "edgeinfer/v1/+/+/telemetry"
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "cam+", "cam#", "-lead", "x" * 65, "sp ace", "ü"])
+def test_ids_that_would_break_topics_are_refused(bad):
+    with pytest.raises(ValueError, match="not valid"):
+        check_id(bad, "device id")
+    with pytest.raises(ValueError):
+        Topics("default", bad)
+
+
+@pytest.mark.parametrize("topic", ["edgeinfer/v2/f/d/state", "edgeinfer/v1/f/d/other", "edgeinfer/v1/f/state",
+                                   "x/v1/f/d/cmd", "edgeinfer/v1/f/+/cmd"])
+def test_foreign_topics_are_protocol_errors(topic):
+    with pytest.raises(ProtocolError):
+        parse_topic(topic)
+
+
+def test_command_round_trip():
+    message = make_command("deploy-42.cam-01", "ping", ts=1.0)
+    assert decode("cmd", encode(message)) == message
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle"),
+    [
+        (b"\xff\xfe", "not UTF-8"),
+        (b"{not json", "not JSON"),
+        (b'{"v": 1, "type": "cmd", "id": "a", "cmd": "ping", "ts": NaN}', "not JSON"),
+        (b"[1, 2]", "must be object"),
+        (b'{"v": 2, "type": "cmd", "id": "a", "cmd": "ping"}', "$.v: must be 1"),
+        (b'{"v": 1, "type": "cmd", "cmd": "ping"}', "missing required key 'id'"),
+        (b'{"v": 1, "type": "cmd", "id": "a b", "cmd": "ping"}', "$.id"),
+        (b'{"v": 1, "type": "cmd", "id": "a", "cmd": "Ping!"}', "$.cmd"),
+        (b'{"v": 1, "type": "cmd", "id": "a", "cmd": "ping", "args": []}', "$.args: must be object"),
+        (b'{"v": 1, "type": "cmd", "id": "a", "cmd": "ping", "sudo": true}', "unknown key 'sudo'"),
+        (b'{"v": 1, "type": "cmd", "id": true, "cmd": "ping"}', "$.id: must be string"),
+        (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
+    ],
+)
+def test_bad_commands_raise_protocol_error_saying_what_is_wrong(payload, needle):
+    with pytest.raises(ProtocolError) as info:
+        decode("cmd", payload)
+    assert needle in str(info.value)
+
+
+def test_oversized_payload_is_refused_before_parsing():
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode("cmd", b" " * (MAX_PAYLOAD_BYTES + 1))
+
+
+def test_validator_subset_semantics():
+    schema = {"type": "object", "required": ["n"], "properties": {
+        "n": {"type": "integer", "minimum": 1}, "x": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2}},
+        "additionalProperties": {"type": "boolean"}}
+    assert schema_errors({"n": 1, "x": None, "tags": ["a"], "flag": True}, schema) == []
+    assert schema_errors({"n": True}, schema) == ["$.n: must be integer, got bool"]  # bool is not an int
+    errors = schema_errors({"n": 0, "x": 0, "tags": ["abcd", "b", "c"], "flag": 1}, schema)
+    assert errors == ["$.n: must be >= 1, got 0", "$.x: must be > 0, got 0", "$.tags: allows at most 2 items",
+                      "$.tags[0]: must have at most 3 characters", "$.flag: must be boolean, got int"]
+    assert schema_errors(float("inf"), {"type": "number"})  # JSON has no infinity
+
+
+def test_device_messages_accept_unknown_fields_but_not_wrong_ones():
+    telemetry = {"v": 1, "type": "telemetry", "fleet": "f", "device": "d", "ts": 1.0, "boot_id": "a" * 32,
+                 "seq": 1, "interval_s": 1.0, "pipelines": [], "system": {"cpu_percent": None, "rss_bytes": 1},
+                 "spool": {"pending": 0, "dropped": 0}, "future_field": {"x": 1}}
+    assert validate("telemetry", telemetry) is telemetry
+    with pytest.raises(ProtocolError, match=r"\$.seq: must be >= 1"):
+        validate("telemetry", {**telemetry, "seq": 0})
+
+
+def test_docs_carry_the_schemas_the_code_validates_with():
+    text = DOC.read_text()
+    assert schemas_markdown() in text, "docs/protocol.md is stale: regenerate its schema section"
+    for kind, schema in SCHEMAS.items():
+        block = text.split(f"### `{kind}`\n\n```json\n", 1)[1].split("\n```", 1)[0]
+        assert json.loads(block) == schema

@@ -1,0 +1,30 @@
+"""Running edgeinfer as a user does (a subprocess of this interpreter) and waiting for things to happen."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from .assets import REPO
+
+
+def edgeinfer_cmd(*args: str) -> list[str]:
+    """The CLI as a user runs it, in a subprocess."""
+    return [sys.executable, "-m", "edgeinfer", *args]
+
+
+def wait_until(condition, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Poll ``condition`` until it is true or ``timeout`` s pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return bool(condition())
+
+
+def env_with_repo(**extra: str) -> dict[str, str]:
+    """This environment with the checkout first on PYTHONPATH, for a child interpreter's ``import edgeinfer``."""
+    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **extra}

@@ -1,0 +1,257 @@
+"""`edgeinfer optimize` on the real float MobileNet v2: size, accuracy gate, IR export, atomic writes, errors.
+
+Speed is measured by the command (and recorded in docs/benchmarks.md), never asserted here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+
+import pytest
+from support.assets import MODELS, REFERENCE_TOP1
+from support.optimize import (
+    FLOAT_MODEL,
+    IMAGENET_LABELS,
+    IMAGES,
+    MOBILENET_NORM,
+    QUANT_ONNX,
+    QUANT_TFLITE,
+    error_line,
+    json_out,
+    leftovers,
+    run_cli,
+)
+
+
+@pytest.fixture(scope="module")
+def int8(tmp_path_factory):
+    """One INT8 run with IR export, shared by the tests that inspect its result."""
+    folder = tmp_path_factory.mktemp("int8")
+    out = folder / "mobilenet_v2_int8.onnx"
+    result = run_cli("optimize", FLOAT_MODEL, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
+                     "--export-ir", "--bench-seconds", "0.7", "--json")
+    assert result.returncode == 0, result.stderr
+    return out, json_out(result), result
+
+
+def test_int8_is_over_3x_smaller_and_agrees_with_the_float_model(int8):
+    out, report, _ = int8
+    assert report["written"] is True and report["refused"] is None
+    onnx_art, ir_art = report["artifacts"]
+    assert onnx_art["kind"] == "onnx" and ir_art["kind"] == "openvino-ir"
+    # the ratio is computed from the files actually on disk
+    assert onnx_art["size_bytes"] == out.stat().st_size
+    assert FLOAT_MODEL.stat().st_size / out.stat().st_size >= 3.0
+    assert onnx_art["size_ratio"] >= 3.0
+    ir_bytes = out.with_suffix(".xml").stat().st_size + out.with_suffix(".bin").stat().st_size
+    assert ir_art["size_bytes"] == ir_bytes and ir_art["size_ratio"] >= 3.0
+    for art in (onnx_art, ir_art):
+        accuracy = art["accuracy"]
+        assert accuracy["images"] == report["validation_images"] == report["calibration_images"] == 10
+        assert accuracy["top1_agreement"] >= 0.95
+        assert accuracy["top5_agreement"] == 1.0
+        assert 0 < accuracy["mean_abs_diff"] < 0.001
+        # timing was done (figures are recorded in docs/benchmarks.md, not asserted)
+        assert art["latency"]["original_ms"] > 0 and art["latency"]["optimized_ms"] > 0
+        assert art["latency"]["samples"][0] >= 7 and art["latency"]["threads"] >= 1
+    rows = {row["image"]: row for row in onnx_art["accuracy"]["per_image"]}
+    assert set(REFERENCE_TOP1) <= set(rows)
+    for name in REFERENCE_TOP1:
+        assert rows[name]["agrees"] and not rows[name]["ambiguous"], rows[name]
+    assert leftovers(out.parent) == []
+
+
+@pytest.mark.parametrize("suffix, delegate", [(".onnx", "onnxruntime"), (".xml", "openvino")])
+def test_int8_model_keeps_the_reference_top1(int8, suffix, delegate):
+    out, _, _ = int8
+    images = [str(IMAGES / name) for name in REFERENCE_TOP1]
+    result = run_cli("classify", out.with_suffix(suffix), *images, "--labels", IMAGENET_LABELS, "--top-k", "1",
+                     "--delegate", delegate, "--json")
+    assert result.returncode == 0, result.stderr
+    for row, (label, _score) in zip(json.loads(result.stdout), REFERENCE_TOP1.values()):
+        assert row["top"][0]["label"].startswith(label), row
+
+
+def test_int8_model_is_qdq_with_per_channel_weights_and_says_how_it_was_made(int8):
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+
+    out, _, _ = int8
+    model = onnx.load(str(out))
+    ops = [node.op_type for node in model.graph.node]
+    assert ops.count("QuantizeLinear") > 50 and ops.count("DequantizeLinear") > 100
+    initial = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    int8_weights = [a for a in initial.values() if a.dtype.name == "int8" and a.ndim == 4]
+    assert len(int8_weights) >= 50  # every Conv's weights
+    per_channel = [node for node in model.graph.node if node.op_type == "DequantizeLinear"
+                   and initial.get(node.input[1]) is not None and initial[node.input[1]].size > 1]
+    assert len(per_channel) >= 50
+    # inputs and outputs stay float32, the last layer emits float (no Q/DQ between it and the output)
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    producers = {o: n for n in model.graph.node for o in n.output}
+    tail = producers[model.graph.output[0].name]
+    assert tail.op_type == "Softmax" and producers[tail.input[0]].op_type == "Reshape"
+    assert producers[producers[tail.input[0]].input[0]].op_type == "Conv"
+    stamp = json.loads(next(p.value for p in model.metadata_props if p.key == "edgeinfer.optimize"))
+    assert stamp["source_sha256"] == hashlib.sha256(FLOAT_MODEL.read_bytes()).hexdigest()
+    assert stamp["mode"] == "int8" and stamp["per_channel"] is True and stamp["calibration_images"] == 10
+    assert stamp["preprocessing"]["mean"] == 128.0 and stamp["preprocessing"]["std"] == 128.0
+
+
+def test_progress_goes_to_stderr_and_the_table_to_stdout(int8):
+    _, _, result = int8
+    progress = result.stderr.splitlines()
+    assert any("calibrating: image 10/10" in line for line in progress)
+    assert any("timing" in line for line in progress) and any("exporting OpenVINO IR" in line for line in progress)
+    json.loads(result.stdout)  # stdout is pure JSON
+
+
+def test_a_model_below_the_threshold_is_refused_and_nothing_is_written(tmp_path):
+    out = tmp_path / "per_tensor.onnx"
+    out.write_bytes(b"previous model")  # an existing OUT must survive a refusal untouched
+    # per-tensor weight scales wreck MobileNet v2's depthwise convolutions: a real bad model
+    result = run_cli("optimize", FLOAT_MODEL, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
+                     "--per-tensor", "--bench-seconds", "0", "--export-ir", "--json", "-q")
+    assert result.returncode == 1
+    line = error_line(result)
+    assert "below the 95% threshold" in line and "nothing was written" in line and "--force" in line
+    report = json_out(result)
+    assert report["written"] is False and "agrees with the original" in report["refused"]
+    assert report["artifacts"][0]["accuracy"]["top1_agreement"] < 0.95
+    assert out.read_bytes() == b"previous model"
+    assert not out.with_suffix(".xml").exists() and not out.with_suffix(".bin").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_force_writes_a_refused_model_and_says_so(tmp_path):
+    out = tmp_path / "forced.onnx"
+    result = run_cli("optimize", FLOAT_MODEL, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
+                     "--per-tensor", "--bench-seconds", "0", "--force", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "forced past the accuracy check" in result.stdout
+    assert "top-1 moved" in result.stdout
+    assert out.stat().st_size > 1_000_000 and leftovers(tmp_path) == []
+
+
+def test_a_detector_has_no_top1_so_it_needs_force(tmp_path):
+    # Ultraface: opset 9 (lifted to 13 for per-channel QDQ), outputs are scores and boxes, not classes
+    out = tmp_path / "ultraface_int8.onnx"
+    args = ("optimize", MODELS / "ultraface_rfb_320.onnx", "--int8", "--calibration", IMAGES, "-o", out,
+            "--mean", "127", "--std", "128", "--bench-seconds", "0", "--json", "-q")
+    refused = run_cli(*args)
+    assert refused.returncode == 1
+    assert "not a class-score vector" in error_line(refused) and not out.exists()
+    report = json_out(refused)
+    assert report["artifacts"][0]["accuracy"]["top1_agreement"] is None
+    assert 0 < report["artifacts"][0]["accuracy"]["mean_abs_diff"] < 0.05
+    assert any("upgraded to 13" in note for note in report["notes"])
+    forced = run_cli(*args, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert json_out(forced)["forced"] is True
+    assert out.stat().st_size < (MODELS / "ultraface_rfb_320.onnx").stat().st_size
+
+
+def test_fp16_halves_the_model_and_keeps_float32_io(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    out = tmp_path / "fp16.onnx"
+    result = run_cli("optimize", FLOAT_MODEL, "--fp16", "--validation", IMAGES, "-o", out, *MOBILENET_NORM,
+                     "--bench-seconds", "0", "--json", "-q")
+    assert result.returncode == 0, result.stderr
+    art = json_out(result)["artifacts"][0]
+    assert 1.8 <= art["size_ratio"] <= 2.2
+    assert art["accuracy"]["top1_agreement"] == 1.0 and art["accuracy"]["mean_abs_diff"] < 1e-4
+    assert art["latency"] is None  # --bench-seconds 0
+    model = onnx.load(str(out))
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    kinds = {t.data_type for t in model.graph.initializer if len(t.dims) == 4}
+    assert kinds == {onnx.TensorProto.FLOAT16}
+
+
+# ----------------------------------------------------------------------------------------- errors
+
+def _cases(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("no images here")
+    afile = tmp_path / "a_file"
+    afile.write_text("x")
+    text_model = tmp_path / "model.onnx"
+    text_model.write_text("not a model at all")
+    ok = str(tmp_path / "out.onnx")
+    return {
+        "empty calibration": ((FLOAT_MODEL, "--calibration", empty, "-o", ok), "holds no images"),
+        "missing calibration": ((FLOAT_MODEL, "--calibration", tmp_path / "nope", "-o", ok), "not found"),
+        "tflite model": ((QUANT_TFLITE, "--calibration", IMAGES, "-o", ok), "optimize reads ONNX models"),
+        "text model": ((text_model, "--calibration", IMAGES, "-o", ok), "not a model"),
+        "quantised model": ((QUANT_ONNX, "--calibration", IMAGES, "-o", ok), "already quantised"),
+        "missing folder": ((FLOAT_MODEL, "--calibration", IMAGES, "-o", tmp_path / "no" / "x.onnx"), "does not exist"),
+        "parent is a file": ((FLOAT_MODEL, "--calibration", IMAGES, "-o", afile / "x.onnx"), "is not a folder"),
+        "output is a folder": ((FLOAT_MODEL, "--calibration", IMAGES, "-o", tmp_path), "it is a folder"),
+        "output is the input": ((FLOAT_MODEL, "--calibration", IMAGES, "-o", FLOAT_MODEL), "overwrite the input"),
+    }
+
+
+@pytest.mark.parametrize("case", ["empty calibration", "missing calibration", "tflite model", "text model",
+                                  "quantised model", "missing folder", "parent is a file", "output is a folder",
+                                  "output is the input"])
+def test_bad_input_is_one_clear_line_and_exit_1(tmp_path, case):
+    args, expected = _cases(tmp_path)[case]
+    # no -q: these are checked before any long step, so no progress line may come first
+    result = run_cli("optimize", args[0], "--int8", *args[1:], timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert expected in error_line(result)
+    assert result.stdout == ""
+    assert not (tmp_path / "out.onnx").exists() and leftovers(tmp_path) == []
+
+
+def test_a_corrupt_calibration_image_is_named(tmp_path):
+    calibration = tmp_path / "calibration"
+    calibration.mkdir()
+    (calibration / "a_good.jpg").write_bytes((IMAGES / "parrot.jpg").read_bytes())
+    (calibration / "b_broken.jpg").write_bytes((IMAGES / "parrot.jpg").read_bytes()[:200])
+    out = tmp_path / "out.onnx"
+    result = run_cli("optimize", FLOAT_MODEL, "--int8", "--calibration", calibration, "-o", out, "-q", timeout=120)
+    assert result.returncode == 1
+    assert "b_broken.jpg" in error_line(result)
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_missing_mode_and_missing_calibration_are_usage_errors(tmp_path):
+    out = tmp_path / "x.onnx"
+    assert run_cli("optimize", FLOAT_MODEL, "-o", out, timeout=60).returncode == 2
+    result = run_cli("optimize", FLOAT_MODEL, "--int8", "-o", out, timeout=60)
+    assert result.returncode == 2 and "--calibration" in result.stderr
+
+
+# ----------------------------------------------------------------------------------------- library
+
+def test_options_are_validated():
+    from edgeinfer.tools.optimize import OptimizeOptions
+
+    with pytest.raises(ValueError, match="calibration"):
+        OptimizeOptions(mode="int8")
+    with pytest.raises(ValueError, match="mode"):
+        OptimizeOptions(mode="int4", calibration="x")
+    with pytest.raises(ValueError, match="min_agreement"):
+        OptimizeOptions(mode="int8", calibration="x", min_agreement=1.5)
+    with pytest.raises(ValueError, match="--validation"):
+        OptimizeOptions(mode="fp16")
+
+
+def test_progress_throttles_a_series_but_prints_its_end():
+    from edgeinfer.cli.progress import StderrProgress
+
+    stream = io.StringIO()
+    progress = StderrProgress(stream, interval=60.0)
+    for i in range(1, 101):
+        progress(f"calibrating: image {i}/100")
+    progress("validating: image 1/3")
+    lines = stream.getvalue().splitlines()
+    assert lines == ["edgeinfer: calibrating: image 1/100", "edgeinfer: calibrating: image 100/100",
+                     "edgeinfer: validating: image 1/3"]
+    quiet = StderrProgress(stream := io.StringIO(), enabled=False)
+    quiet("anything")
+    assert stream.getvalue() == ""
