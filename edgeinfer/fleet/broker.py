@@ -8,7 +8,7 @@ import socket
 import threading
 
 from .._optional import import_optional
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingDependency
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ class EmbeddedBroker:
     def __init__(self, host: str = "127.0.0.1", port: int = 1883) -> None:
         self.host = host
         self.port = port or free_port(host)
-        self._loop = asyncio.new_event_loop()
+        self._loop = asyncio.new_event_loop()  # closed by close(), or by a start() that fails
         self._broker = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -38,7 +38,11 @@ class EmbeddedBroker:
 
     def start(self, timeout: float = 15.0) -> EmbeddedBroker:
         """Start listening; MissingDependency if amqtt is missing, ConfigError if the port is taken."""
-        amqtt_broker = import_optional("amqtt.broker", "fleet", "the embedded broker (or pass --broker mqtt://host:port)")
+        try:
+            amqtt_broker = import_optional("amqtt.broker", "fleet", "the embedded broker (or pass --broker mqtt://host:port)")
+        except MissingDependency:
+            self.close()
+            raise
         config = {
             "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
             "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
@@ -63,6 +67,7 @@ class EmbeddedBroker:
         self._thread = threading.Thread(target=serve, name="edgeinfer-embedded-broker", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout) or self._error is not None:
+            self.close()
             raise ConfigError(f"the embedded MQTT broker could not listen on {self.host}:{self.port}: "
                               f"{self._error or 'timed out'}")
         log.info("embedded MQTT broker on %s", self.url)
@@ -81,6 +86,8 @@ class EmbeddedBroker:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if not self._loop.is_running():
+            self._loop.close()
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

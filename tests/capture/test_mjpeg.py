@@ -5,15 +5,13 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
+from support.assets import IMAGENET_LABELS, MOBILENET_TINY, MOBILENET_V2
 from support.pipeline import (
     CLIP_FRAMES,
     CLIP_IMAGES,
     FRAMES_PER_IMAGE,
     GRACE_HOPPER_FACE,
-    IMAGENET_LABELS,
     IMAGES,
-    MOBILENET_TINY,
-    MOBILENET_V2,
     REFERENCE_TOP1,
     ULTRAFACE,
     allocations_per_frame,

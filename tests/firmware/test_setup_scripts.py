@@ -28,9 +28,12 @@ from support.firmware import (
     SCRIPTS,
     add_packages,
     build_root,
+    device_line,
+    dry,
     make_venv,
     planned,
     run_script,
+    runs,
     script_env,
     tree_digest,
     written,
@@ -38,21 +41,6 @@ from support.firmware import (
 
 UNIT = "/etc/systemd/system/edgeinfer-agent.service"
 
-
-def dry(script: str, root: Path, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
-    """A dry run against ``root`` that must exit with ``expect``."""
-    result = run_script(script, "--dry-run", "--root", root, *args)
-    assert result.returncode == expect, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    return result
-
-
-def runs(stdout: str) -> list[str]:
-    """The commands a dry run plans, without the chroot prefix."""
-    return [re.sub(r"^chroot \S+ ", "", line[len("run: "):]) for line in planned(stdout, "run")]
-
-
-def device_line(stdout: str) -> str:
-    return next(line for line in stdout.splitlines() if line.startswith("[check] device: "))
 
 
 # ------------------------------------------------------------------------------------ static checks

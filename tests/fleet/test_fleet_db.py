@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import textwrap
 import urllib.request
 
 import pytest
+from support.processes import run_without
 
 from edgeinfer.errors import ConfigError
 from edgeinfer.fleet.artifacts import ArtifactStore
@@ -87,3 +89,19 @@ def test_bad_database_url_is_a_config_error(tmp_path):
         FleetDB("nosuchdialect://x")
     with pytest.raises(ConfigError):
         FleetDB(f"sqlite:///{tmp_path}/missing-dir/deeper/fleet.db")
+
+
+@pytest.mark.parametrize(("package", "code"), [
+    ("sqlalchemy", "from edgeinfer.fleet.db import FleetDB\nFleetDB('sqlite:///:memory:')"),
+    ("amqtt", "from edgeinfer.fleet.broker import EmbeddedBroker\nEmbeddedBroker(port=0).start()"),
+])
+def test_a_missing_fleet_package_names_the_pip_extra(package, code):
+    done = run_without({package}, f"""
+from edgeinfer.errors import MissingDependency
+try:
+{textwrap.indent(code, '    ')}
+except MissingDependency as exc:
+    print(exc)
+""")
+    assert done.returncode == 0 and done.stderr == "", done.stderr  # nothing left half-open behind it
+    assert package in done.stdout and "pip install 'edgeinfer[fleet]'" in done.stdout

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 from support.broker import Broker, Collector, make_tls_files, running_broker
-from support.processes import env_with_repo
+from support.processes import run_without
 from support.processes import wait_until as wait_for
 
 from edgeinfer._backoff import EQUAL_JITTER, Backoff
@@ -65,24 +63,16 @@ def test_backoff_grows_is_capped_and_jittered():
 
 def test_a_missing_paho_names_the_pip_extra():
     """Without paho-mqtt a link is a MissingDependency (an ImportError too) that says what to install."""
-    code = (
-        "import sys\n"
-        "class NoPaho:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'paho' or name.startswith('paho.'):\n"
-        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-        "sys.meta_path.insert(0, NoPaho())\n"
-        "from edgeinfer.errors import MissingDependency\n"
-        "from edgeinfer.link.mqtt import MqttLink\n"
-        "from edgeinfer.link.settings import LinkSettings\n"
-        "try:\n"
-        "    MqttLink(LinkSettings(url='mqtt://127.0.0.1:1', client_id='no-paho'))\n"
-        "except MissingDependency as exc:\n"
-        "    assert isinstance(exc, ImportError)\n"
-        "    print(exc)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env=env_with_repo())
+    done = run_without({"paho"}, """
+        from edgeinfer.errors import MissingDependency
+        from edgeinfer.link.mqtt import MqttLink
+        from edgeinfer.link.settings import LinkSettings
+        try:
+            MqttLink(LinkSettings(url='mqtt://127.0.0.1:1', client_id='no-paho'))
+        except MissingDependency as exc:
+            assert isinstance(exc, ImportError)
+            print(exc)
+    """)
     assert done.returncode == 0, done.stderr
     assert "pip install 'edgeinfer[fleet]'" in done.stdout
 

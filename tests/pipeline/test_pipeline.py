@@ -9,17 +9,14 @@ import threading
 import time
 
 import pytest
+from support.assets import IMAGENET_LABELS, MOBILENET_TINY, MOBILENET_V2, MOBILENET_V2_ONNX
 from support.pipeline import (
     CLIP_FRAMES,
     CLIP_IMAGES,
     DEEPLAB,
     FRAMES_PER_IMAGE,
     GRACE_HOPPER_FACE,
-    IMAGENET_LABELS,
     IMAGES,
-    MOBILENET_TINY,
-    MOBILENET_V2,
-    MOBILENET_V2_ONNX,
     MOVENET,
     PASCAL_DOG,
     PASCAL_LABELS,

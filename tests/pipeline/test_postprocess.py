@@ -8,12 +8,11 @@ import json
 import cv2
 import numpy as np
 import pytest
+from support.assets import IMAGENET_LABELS, MOBILENET_V2
 from support.pipeline import (
     DEEPLAB,
     GRACE_HOPPER_FACE,
-    IMAGENET_LABELS,
     IMAGES,
-    MOBILENET_V2,
     MOVENET,
     MOVENET_ONNX,
     MOVENET_REFERENCE,

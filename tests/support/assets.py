@@ -12,6 +12,13 @@ IMAGES = ASSETS / "images"
 LABELS = ASSETS / "labels"
 DOCS = REPO / "docs"
 
+MOBILENET_V2 = MODELS / "mobilenet_v2_1.0_224_quant.tflite"
+MOBILENET_V2_ONNX = MODELS / "mobilenet_v2_1.0_224_quant.onnx"
+MOBILENET_V2_FLOAT_ONNX = MODELS / "mobilenet_v2_1.0_224_float.onnx"
+MOBILENET_TINY = MODELS / "mobilenet_v1_0.25_128_quant.tflite"
+MOBILENET_TINY_ONNX = MODELS / "mobilenet_v1_0.25_128_quant.onnx"
+IMAGENET_LABELS = LABELS / "imagenet_labels.txt"
+
 #: the reference top-1 of MobileNet v2 quant (../shared/assets/README.md), label and score
 REFERENCE_TOP1 = {
     "parrot.jpg": ("macaw", 1.00),

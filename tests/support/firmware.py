@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -282,3 +283,19 @@ def written(stdout: str, path: str) -> str | None:
                 body.append(follow[6:])
             return "\n".join(body) + "\n"
     return None
+
+
+def dry(script: str, root: Path, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
+    """A dry run against ``root`` that must exit with ``expect``."""
+    result = run_script(script, "--dry-run", "--root", root, *args)
+    assert result.returncode == expect, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
+def runs(stdout: str) -> list[str]:
+    """The commands a dry run plans, without the chroot prefix."""
+    return [re.sub(r"^chroot \S+ ", "", line[len("run: "):]) for line in planned(stdout, "run")]
+
+
+def device_line(stdout: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith("[check] device: "))

@@ -6,15 +6,17 @@ import json
 import subprocess
 from pathlib import Path
 
-from .assets import IMAGES, LABELS, MODELS
+from .assets import (
+    IMAGENET_LABELS,
+    IMAGES,
+    MOBILENET_TINY,
+    MOBILENET_TINY_ONNX,
+    MOBILENET_V2,
+    MOBILENET_V2_FLOAT_ONNX,
+    MOBILENET_V2_ONNX,
+)
 from .processes import edgeinfer_cmd
 
-FLOAT_MODEL = MODELS / "mobilenet_v2_1.0_224_float.onnx"
-QUANT_TFLITE = MODELS / "mobilenet_v2_1.0_224_quant.tflite"
-QUANT_ONNX = MODELS / "mobilenet_v2_1.0_224_quant.onnx"
-TINY_TFLITE = MODELS / "mobilenet_v1_0.25_128_quant.tflite"
-TINY_ONNX = MODELS / "mobilenet_v1_0.25_128_quant.onnx"
-IMAGENET_LABELS = LABELS / "imagenet_labels.txt"
 #: MobileNet v2 (TF) normalisation: (pixel - 128) / 128, see ../shared/assets/README.md
 MOBILENET_NORM = ("--mean", "128", "--std", "128")
 
@@ -43,5 +45,17 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if ".tmp" in p.name or p.name.endswith(".probe"))
 
 
-__all__ = ["FLOAT_MODEL", "IMAGENET_LABELS", "IMAGES", "MOBILENET_NORM", "QUANT_ONNX", "QUANT_TFLITE", "TINY_ONNX",
-           "TINY_TFLITE", "error_line", "json_out", "leftovers", "run_cli"]
+__all__ = [
+    "IMAGENET_LABELS",
+    "IMAGES",
+    "MOBILENET_NORM",
+    "MOBILENET_TINY",
+    "MOBILENET_TINY_ONNX",
+    "MOBILENET_V2",
+    "MOBILENET_V2_FLOAT_ONNX",
+    "MOBILENET_V2_ONNX",
+    "error_line",
+    "json_out",
+    "leftovers",
+    "run_cli",
+]

@@ -15,19 +15,24 @@ import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
-from .assets import IMAGES, LABELS, MODELS, REFERENCE_TOP1
+from .assets import (
+    IMAGENET_LABELS,
+    IMAGES,
+    LABELS,
+    MOBILENET_TINY,
+    MOBILENET_V2,
+    MOBILENET_V2_ONNX,
+    MODELS,
+    REFERENCE_TOP1,
+)
 
 #: the server script a MjpegServer runs (stdlib + OpenCV only)
 MJPEG_SERVER = Path(__file__).with_name("mjpeg_server.py")
 
-MOBILENET_V2 = MODELS / "mobilenet_v2_1.0_224_quant.tflite"
-MOBILENET_V2_ONNX = MODELS / "mobilenet_v2_1.0_224_quant.onnx"
-MOBILENET_TINY = MODELS / "mobilenet_v1_0.25_128_quant.tflite"
 ULTRAFACE = MODELS / "ultraface_rfb_320.onnx"
 MOVENET = MODELS / "movenet_single_pose_lightning_ptq.tflite"
 MOVENET_ONNX = MODELS / "movenet_single_pose_lightning_ptq.onnx"
 DEEPLAB = MODELS / "deeplabv3_mnv2_dm05_pascal_quant.tflite"
-IMAGENET_LABELS = LABELS / "imagenet_labels.txt"
 PASCAL_LABELS = LABELS / "pascal_voc_segmentation_labels.txt"
 MOVENET_REFERENCE = LABELS / "movenet_single_pose_lightning_ptq_reference.csv"
 #: Ultraface's face in grace_hopper.bmp (../shared/assets/README.md)

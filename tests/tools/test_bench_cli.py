@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from support.assets import MODELS
-from support.optimize import IMAGES, TINY_ONNX, TINY_TFLITE, error_line, json_out, leftovers, run_cli
+from support.assets import MOBILENET_TINY, MOBILENET_TINY_ONNX, MODELS
+from support.optimize import IMAGES, error_line, json_out, leftovers, run_cli
 from support.processes import edgeinfer_cmd
 
 from edgeinfer.pipeline.stats import STAGES
@@ -25,7 +25,7 @@ def bench(tmp_path_factory):
     """One short run over the tiny MobileNet's twins on every delegate, with a chart."""
     folder = tmp_path_factory.mktemp("bench")
     chart = folder / "bench.png"
-    result = run_cli("bench", TINY_TFLITE, TINY_ONNX, "--all", "--seconds", "0.6", "--rounds", "2",
+    result = run_cli("bench", MOBILENET_TINY, MOBILENET_TINY_ONNX, "--all", "--seconds", "0.6", "--rounds", "2",
                      "--threads", "2", "--plot", chart, "--json")
     assert result.returncode == 0, result.stderr
     return json_out(result), chart, result
@@ -85,11 +85,11 @@ def test_progress_is_visible_on_stderr(bench):
 
 
 def test_table_for_people():
-    result = run_cli("bench", TINY_TFLITE, "--delegate", "xnnpack", "--seconds", "0.3", "--rounds", "1", "-q")
+    result = run_cli("bench", MOBILENET_TINY, "--delegate", "xnnpack", "--seconds", "0.3", "--rounds", "1", "-q")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "p50 ms" in lines[0] and "cold ms" in lines[0] and "peak MB" in lines[0]
-    row = next(line for line in lines if line.startswith(TINY_TFLITE.name))
+    row = next(line for line in lines if line.startswith(MOBILENET_TINY.name))
     assert "xnnpack" in row and len(row.split()) == 10
     assert result.stderr == ""
 
@@ -106,7 +106,7 @@ def test_missing_and_non_model_files_are_one_line_errors(tmp_path):
 
 
 def test_a_delegate_that_cannot_read_the_model_is_explained():
-    result = run_cli("bench", TINY_TFLITE, "--delegate", "onnxruntime", "--seconds", "0.1", timeout=60)
+    result = run_cli("bench", MOBILENET_TINY, "--delegate", "onnxruntime", "--seconds", "0.1", timeout=60)
     assert result.returncode == 1
     assert "cannot read tflite models" in error_line(result)
 
@@ -119,19 +119,19 @@ def test_a_model_no_runtime_can_load_lists_every_reason():
 
 
 def test_unknown_delegate_and_bad_options_are_usage_errors(tmp_path):
-    assert "unknown delegate" in run_cli("bench", TINY_TFLITE, "--delegate", "bogus", timeout=60).stderr
-    assert run_cli("bench", TINY_TFLITE, "--delegate", "bogus", timeout=60).returncode == 2
-    assert run_cli("bench", TINY_TFLITE, "--seconds", "0", timeout=60).returncode == 2
-    assert run_cli("bench", TINY_TFLITE, "--all", "--delegate", "xnnpack", timeout=60).returncode == 2
-    not_png = run_cli("bench", TINY_TFLITE, "--plot", tmp_path / "chart.jpg", timeout=60)
+    assert "unknown delegate" in run_cli("bench", MOBILENET_TINY, "--delegate", "bogus", timeout=60).stderr
+    assert run_cli("bench", MOBILENET_TINY, "--delegate", "bogus", timeout=60).returncode == 2
+    assert run_cli("bench", MOBILENET_TINY, "--seconds", "0", timeout=60).returncode == 2
+    assert run_cli("bench", MOBILENET_TINY, "--all", "--delegate", "xnnpack", timeout=60).returncode == 2
+    not_png = run_cli("bench", MOBILENET_TINY, "--plot", tmp_path / "chart.jpg", timeout=60)
     assert not_png.returncode == 2 and ".png" in not_png.stderr
 
 
 def test_unwritable_plot_path_fails_before_measuring(tmp_path):
-    result = run_cli("bench", TINY_TFLITE, "--plot", tmp_path / "no" / "chart.png", timeout=60)
+    result = run_cli("bench", MOBILENET_TINY, "--plot", tmp_path / "no" / "chart.png", timeout=60)
     assert result.returncode == 1
     assert "does not exist" in error_line(result)  # one line: no progress was printed, nothing ran
-    folder = run_cli("bench", TINY_TFLITE, "--plot", tmp_path, timeout=60)
+    folder = run_cli("bench", MOBILENET_TINY, "--plot", tmp_path, timeout=60)
     assert folder.returncode == 1 and "is a folder" in error_line(folder)
 
 
@@ -142,14 +142,14 @@ def test_missing_matplotlib_is_a_clear_error(tmp_path):
     (fake / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
     env = {**__import__("os").environ}
     env["PYTHONPATH"] = f"{tmp_path / 'site'}:{env.get('PYTHONPATH', '')}"
-    result = subprocess.run(edgeinfer_cmd("bench", str(TINY_TFLITE), "--plot", str(tmp_path / "c.png")),
+    result = subprocess.run(edgeinfer_cmd("bench", str(MOBILENET_TINY), "--plot", str(tmp_path / "c.png")),
                             capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 1
     assert "pip install 'edgeinfer[plot]'" in error_line(result)
 
 
 def test_source_measures_the_whole_pipeline_per_stage():
-    result = run_cli("bench", TINY_TFLITE, "--delegate", "xnnpack", "--delegate", "openvino", "--source", IMAGES,
+    result = run_cli("bench", MOBILENET_TINY, "--delegate", "xnnpack", "--delegate", "openvino", "--source", IMAGES,
                      "--seconds", "0.6", "--rounds", "2", "--json")
     assert result.returncode == 0, result.stderr
     rows = json_out(result)["pipeline"]
@@ -162,14 +162,14 @@ def test_source_measures_the_whole_pipeline_per_stage():
             assert 0 <= stage["min"] <= stage["p50"] <= stage["p95"] <= stage["p99"] <= stage["max"]
         assert stages["latency"]["p50"] >= stages["infer"]["p50"]  # capture to result includes the invoke
     assert "pipeline: round 2/2" in result.stderr
-    human = run_cli("bench", TINY_TFLITE, "--delegate", "xnnpack", "--source", IMAGES, "--seconds", "0.3",
+    human = run_cli("bench", MOBILENET_TINY, "--delegate", "xnnpack", "--source", IMAGES, "--seconds", "0.3",
                     "--rounds", "1", "-q")
     assert human.returncode == 0, human.stderr
     assert "pipeline (ms p50/p95)" in human.stdout and "preprocess" in human.stdout
 
 
 def test_a_bad_source_fails_before_measuring(tmp_path):
-    result = run_cli("bench", TINY_TFLITE, "--source", tmp_path / "no_such_clip.mp4", "--seconds", "0.3",
+    result = run_cli("bench", MOBILENET_TINY, "--source", tmp_path / "no_such_clip.mp4", "--seconds", "0.3",
                      timeout=60)
     assert result.returncode == 1
     assert "not found" in error_line(result)  # one line: nothing was measured

@@ -10,19 +10,18 @@ import io
 import json
 
 import pytest
-from support.assets import MODELS, REFERENCE_TOP1
-from support.optimize import (
-    FLOAT_MODEL,
+from support.assets import (
     IMAGENET_LABELS,
-    IMAGES,
-    MOBILENET_NORM,
-    QUANT_ONNX,
-    QUANT_TFLITE,
-    error_line,
-    json_out,
-    leftovers,
-    run_cli,
+    MOBILENET_V2,
+    MOBILENET_V2_FLOAT_ONNX,
+    MOBILENET_V2_ONNX,
+    MODELS,
+    REFERENCE_TOP1,
 )
+from support.optimize import IMAGES, MOBILENET_NORM, error_line, json_out, leftovers, run_cli
+
+#: the float model every optimisation starts from
+FLOAT = MOBILENET_V2_FLOAT_ONNX
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +29,7 @@ def int8(tmp_path_factory):
     """One INT8 run with IR export, shared by the tests that inspect its result."""
     folder = tmp_path_factory.mktemp("int8")
     out = folder / "mobilenet_v2_int8.onnx"
-    result = run_cli("optimize", FLOAT_MODEL, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
+    result = run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
                      "--export-ir", "--bench-seconds", "0.7", "--json")
     assert result.returncode == 0, result.stderr
     return out, json_out(result), result
@@ -43,7 +42,7 @@ def test_int8_is_over_3x_smaller_and_agrees_with_the_float_model(int8):
     assert onnx_art["kind"] == "onnx" and ir_art["kind"] == "openvino-ir"
     # the ratio is computed from the files actually on disk
     assert onnx_art["size_bytes"] == out.stat().st_size
-    assert FLOAT_MODEL.stat().st_size / out.stat().st_size >= 3.0
+    assert MOBILENET_V2_FLOAT_ONNX.stat().st_size / out.stat().st_size >= 3.0
     assert onnx_art["size_ratio"] >= 3.0
     ir_bytes = out.with_suffix(".xml").stat().st_size + out.with_suffix(".bin").stat().st_size
     assert ir_art["size_bytes"] == ir_bytes and ir_art["size_ratio"] >= 3.0
@@ -95,7 +94,7 @@ def test_int8_model_is_qdq_with_per_channel_weights_and_says_how_it_was_made(int
     assert tail.op_type == "Softmax" and producers[tail.input[0]].op_type == "Reshape"
     assert producers[producers[tail.input[0]].input[0]].op_type == "Conv"
     stamp = json.loads(next(p.value for p in model.metadata_props if p.key == "edgeinfer.optimize"))
-    assert stamp["source_sha256"] == hashlib.sha256(FLOAT_MODEL.read_bytes()).hexdigest()
+    assert stamp["source_sha256"] == hashlib.sha256(MOBILENET_V2_FLOAT_ONNX.read_bytes()).hexdigest()
     assert stamp["mode"] == "int8" and stamp["per_channel"] is True and stamp["calibration_images"] == 10
     assert stamp["preprocessing"]["mean"] == 128.0 and stamp["preprocessing"]["std"] == 128.0
 
@@ -112,7 +111,7 @@ def test_a_model_below_the_threshold_is_refused_and_nothing_is_written(tmp_path)
     out = tmp_path / "per_tensor.onnx"
     out.write_bytes(b"previous model")  # an existing OUT must survive a refusal untouched
     # per-tensor weight scales wreck MobileNet v2's depthwise convolutions: a real bad model
-    result = run_cli("optimize", FLOAT_MODEL, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
+    result = run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
                      "--per-tensor", "--bench-seconds", "0", "--export-ir", "--json", "-q")
     assert result.returncode == 1
     line = error_line(result)
@@ -127,7 +126,7 @@ def test_a_model_below_the_threshold_is_refused_and_nothing_is_written(tmp_path)
 
 def test_force_writes_a_refused_model_and_says_so(tmp_path):
     out = tmp_path / "forced.onnx"
-    result = run_cli("optimize", FLOAT_MODEL, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
+    result = run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
                      "--per-tensor", "--bench-seconds", "0", "--force", "-q")
     assert result.returncode == 0, result.stderr
     assert "forced past the accuracy check" in result.stdout
@@ -156,7 +155,7 @@ def test_a_detector_has_no_top1_so_it_needs_force(tmp_path):
 def test_fp16_halves_the_model_and_keeps_float32_io(tmp_path):
     onnx = pytest.importorskip("onnx")
     out = tmp_path / "fp16.onnx"
-    result = run_cli("optimize", FLOAT_MODEL, "--fp16", "--validation", IMAGES, "-o", out, *MOBILENET_NORM,
+    result = run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "--fp16", "--validation", IMAGES, "-o", out, *MOBILENET_NORM,
                      "--bench-seconds", "0", "--json", "-q")
     assert result.returncode == 0, result.stderr
     art = json_out(result)["artifacts"][0]
@@ -182,15 +181,15 @@ def _cases(tmp_path):
     text_model.write_text("not a model at all")
     ok = str(tmp_path / "out.onnx")
     return {
-        "empty calibration": ((FLOAT_MODEL, "--calibration", empty, "-o", ok), "holds no images"),
-        "missing calibration": ((FLOAT_MODEL, "--calibration", tmp_path / "nope", "-o", ok), "not found"),
-        "tflite model": ((QUANT_TFLITE, "--calibration", IMAGES, "-o", ok), "optimize reads ONNX models"),
+        "empty calibration": ((MOBILENET_V2_FLOAT_ONNX, "--calibration", empty, "-o", ok), "holds no images"),
+        "missing calibration": ((MOBILENET_V2_FLOAT_ONNX, "--calibration", tmp_path / "nope", "-o", ok), "not found"),
+        "tflite model": ((MOBILENET_V2, "--calibration", IMAGES, "-o", ok), "optimize reads ONNX models"),
         "text model": ((text_model, "--calibration", IMAGES, "-o", ok), "not a model"),
-        "quantised model": ((QUANT_ONNX, "--calibration", IMAGES, "-o", ok), "already quantised"),
-        "missing folder": ((FLOAT_MODEL, "--calibration", IMAGES, "-o", tmp_path / "no" / "x.onnx"), "does not exist"),
-        "parent is a file": ((FLOAT_MODEL, "--calibration", IMAGES, "-o", afile / "x.onnx"), "is not a folder"),
-        "output is a folder": ((FLOAT_MODEL, "--calibration", IMAGES, "-o", tmp_path), "it is a folder"),
-        "output is the input": ((FLOAT_MODEL, "--calibration", IMAGES, "-o", FLOAT_MODEL), "overwrite the input"),
+        "quantised model": ((MOBILENET_V2_ONNX, "--calibration", IMAGES, "-o", ok), "already quantised"),
+        "missing folder": ((FLOAT, "--calibration", IMAGES, "-o", tmp_path / "no" / "x.onnx"), "does not exist"),
+        "parent is a file": ((FLOAT, "--calibration", IMAGES, "-o", afile / "x.onnx"), "is not a folder"),
+        "output is a folder": ((FLOAT, "--calibration", IMAGES, "-o", tmp_path), "it is a folder"),
+        "output is the input": ((FLOAT, "--calibration", IMAGES, "-o", FLOAT), "overwrite the input"),
     }
 
 
@@ -213,7 +212,7 @@ def test_a_corrupt_calibration_image_is_named(tmp_path):
     (calibration / "a_good.jpg").write_bytes((IMAGES / "parrot.jpg").read_bytes())
     (calibration / "b_broken.jpg").write_bytes((IMAGES / "parrot.jpg").read_bytes()[:200])
     out = tmp_path / "out.onnx"
-    result = run_cli("optimize", FLOAT_MODEL, "--int8", "--calibration", calibration, "-o", out, "-q", timeout=120)
+    result = run_cli("optimize", FLOAT, "--int8", "--calibration", calibration, "-o", out, "-q", timeout=120)
     assert result.returncode == 1
     assert "b_broken.jpg" in error_line(result)
     assert not out.exists() and leftovers(tmp_path) == []
@@ -221,8 +220,8 @@ def test_a_corrupt_calibration_image_is_named(tmp_path):
 
 def test_missing_mode_and_missing_calibration_are_usage_errors(tmp_path):
     out = tmp_path / "x.onnx"
-    assert run_cli("optimize", FLOAT_MODEL, "-o", out, timeout=60).returncode == 2
-    result = run_cli("optimize", FLOAT_MODEL, "--int8", "-o", out, timeout=60)
+    assert run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "-o", out, timeout=60).returncode == 2
+    result = run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "--int8", "-o", out, timeout=60)
     assert result.returncode == 2 and "--calibration" in result.stderr
 
 

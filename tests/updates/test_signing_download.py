@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 import urllib.request
 
 import pytest
 from support.assets import MODELS
 from support.fleet import CuttingProxy
-from support.processes import env_with_repo
+from support.processes import run_without
 
 from edgeinfer.errors import ConfigError, DownloadError, UpdateRejected
 from edgeinfer.fleet.artifacts import ArtifactStore, parse_range
@@ -59,23 +57,15 @@ def test_signature_round_trip_and_tamper_detection(tmp_path):
 
 def test_a_missing_cryptography_names_the_pip_extra():
     """Without cryptography, pinning or loading a key is a MissingDependency that says what to install."""
-    code = (
-        "import sys\n"
-        "class NoCryptography:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'cryptography' or name.startswith('cryptography.'):\n"
-        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-        "sys.meta_path.insert(0, NoCryptography())\n"
-        "from edgeinfer.errors import MissingDependency\n"
-        "from edgeinfer.updates.signing import SigningKey, VerifyKey\n"
-        "for make in (lambda: VerifyKey('AAAA'), SigningKey.generate, lambda: SigningKey.load('k')):\n"
-        "    try:\n"
-        "        make()\n"
-        "    except MissingDependency as exc:\n"
-        "        print(exc)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env=env_with_repo())
+    done = run_without({"cryptography"}, """
+        from edgeinfer.errors import MissingDependency
+        from edgeinfer.updates.signing import SigningKey, VerifyKey
+        for make in (lambda: VerifyKey('AAAA'), SigningKey.generate, lambda: SigningKey.load('k')):
+            try:
+                make()
+            except MissingDependency as exc:
+                print(exc)
+    """)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("pip install 'edgeinfer[fleet]'") == 3
 
