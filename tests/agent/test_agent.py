@@ -151,6 +151,18 @@ def test_agent_reports_birth_telemetry_metrics_and_shuts_down_cleanly(tmp_path, 
 
 # ------------------------------------------------------------------------------------ faults
 
+def restart_broker_behind(agent: AgentProcess, broker, collector) -> float:
+    """Start the killed broker again, the collector subscribed before the agent reconnects; when it
+    restarted, once telemetry stamped after the restart has arrived."""
+    with paused(agent):
+        broker.start()
+        assert collector.wait_subscribed(10)
+    restarted = time.time()
+    assert collector.wait_until(
+        lambda c: any(m["ts"] > restarted + 1 for m in c.of_kind("telemetry")), 20), agent.output()
+    return restarted
+
+
 def test_broker_killed_for_10s_loses_no_telemetry(tmp_path, broker):
     config = agent_config(tmp_path, broker.url, pipelines=[  # a real, light pipeline keeps running meanwhile
         {"name": "main", "model": str(MODELS / "mobilenet_v1_0.25_128_quant.tflite"), "source": str(IMAGES / "*.jpg"),
@@ -164,12 +176,7 @@ def test_broker_killed_for_10s_loses_no_telemetry(tmp_path, broker):
         broker.kill()  # SIGKILL: every session and in-flight message on the broker is gone
         killed = time.time()
         time.sleep(10)
-        with paused(agent):
-            broker.start()
-            assert collector.wait_subscribed(10)
-        restarted = time.time()
-        assert collector.wait_until(
-            lambda c: any(m["ts"] > restarted + 1 for m in c.of_kind("telemetry")), 20), agent.output()
+        restarted = restart_broker_behind(agent, broker, collector)
         upto = last_seq(collector, boot_id)
         assert_gapless_exactly_once(collector.of_kind("telemetry"), boot_id, upto)
         during = [m for m in collector.of_kind("telemetry") if killed < m["ts"] < restarted]
@@ -263,12 +270,7 @@ def test_long_outage_with_small_spool_stays_in_bound_and_counts_drops(tmp_path, 
         while time.monotonic() < end:
             peak = max(peak, disk())
             time.sleep(0.02)
-        with paused(agent):
-            broker.start()
-            assert collector.wait_subscribed(10)
-        restarted = time.time()
-        assert collector.wait_until(
-            lambda c: any(m["ts"] > restarted + 1 for m in c.of_kind("telemetry")), 20), agent.output()
+        restart_broker_behind(agent, broker, collector)
         peak = max(peak, disk())
         assert peak <= bound, f"spool reached {peak} bytes on disk, bound {bound}"
         telemetry = collector.of_kind("telemetry")

@@ -17,7 +17,7 @@ import pytest
 from support.agent import AgentProcess, write_config
 from support.assets import IMAGES, MODELS
 from support.broker import running_broker
-from support.fleet import CuttingProxy
+from support.fleet import CuttingProxy, running_fleet
 from support.processes import edgeinfer_cmd
 from support.processes import wait_until as wait
 
@@ -74,9 +74,7 @@ class AgentThread:
 
 @pytest.fixture
 def fleet(tmp_path, broker):
-    settings = FleetSettings(broker=broker.url, http="127.0.0.1:0", data_dir=tmp_path / "fleet")
-    with FleetManager(settings) as manager:
-        assert manager.wait_connected(10)
+    with running_fleet(tmp_path / "fleet", broker.url) as manager:
         yield manager
 
 

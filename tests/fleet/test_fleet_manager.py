@@ -12,10 +12,10 @@ import uuid
 import pytest
 from support.assets import MODELS
 from support.broker import Collector, running_broker
+from support.fleet import running_fleet
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.client import FleetClient
-from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.link.protocol import Topics
 
 
@@ -27,9 +27,7 @@ def broker(tmp_path):
 
 @pytest.fixture
 def manager(tmp_path, broker):
-    settings = FleetSettings(broker=broker.url, http="127.0.0.1:0", data_dir=tmp_path / "fleet")
-    with FleetManager(settings) as m:
-        assert m.wait_connected(10)
+    with running_fleet(tmp_path / "fleet", broker.url) as m:
         yield m
 
 

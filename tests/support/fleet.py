@@ -1,9 +1,14 @@
-"""A TCP proxy that cuts connections after N bytes: a real network fault for download tests."""
+"""A fleet manager on a test broker, and a TCP proxy that cuts connections after N bytes (a real network fault)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from edgeinfer.fleet.manager import FleetManager, FleetSettings
 
 
 class CuttingProxy:
@@ -67,3 +72,12 @@ class CuttingProxy:
         self._stop.set()
         self._listener.close()
         self._thread.join(timeout=2)
+
+
+@contextlib.contextmanager
+def running_fleet(data_dir: Path, broker_url: str) -> Iterator[FleetManager]:
+    """A FleetManager on ``broker_url`` (HTTP on a free port), connected before it is handed over."""
+    settings = FleetSettings(broker=broker_url, http="127.0.0.1:0", data_dir=data_dir)
+    with FleetManager(settings) as manager:
+        assert manager.wait_connected(10), "the fleet manager did not connect to the test broker"
+        yield manager
