@@ -33,11 +33,13 @@ bench-live: venv
 	$(BIN)/python bench/live_decode.py
 
 # Debian packages the demo and the tests use (a real Mosquitto broker, shellcheck for the
-# provisioning scripts). Installed only when missing; needs root, as on CI.
+# provisioning scripts, Prometheus to run the Grafana dashboard's queries). Installed only when
+# missing; needs root, as on CI.
 system-deps:
 	@missing=""; \
 	command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
 	command -v shellcheck >/dev/null 2>&1 || missing="$$missing shellcheck"; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \

@@ -504,8 +504,8 @@ def test_dashboard_queries_name_only_what_the_agent_exports(metrics_agent):
     assert {"capture", "preprocess", "infer", "postprocess", "latency"} <= stages
 
 
-@pytest.mark.skipif(Prometheus.BINARY is None, reason="prometheus is not installed (apt-get install prometheus)")
 def test_every_dashboard_query_returns_data_in_prometheus(metrics_agent, tmp_path):
+    assert Prometheus.BINARY, "prometheus is not installed: make system-deps (apt-get install prometheus)"
     address, _body = metrics_agent
     values = {"datasource": "", "device": ".*", "pipeline": ".*", "quantile": "0.95", "__rate_interval": "20s",
               "__interval": "1s", "__range": "1m"}
