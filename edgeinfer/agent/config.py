@@ -32,7 +32,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import socket
 from collections.abc import Mapping
@@ -40,6 +39,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .._config import suggestion
 from ..errors import ConfigError
 from ..link.protocol import Topics
 from ..link.settings import (
@@ -201,7 +201,7 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
     r.check_unknown(_TOP_KEYS)
 
     device_id = _device_id(r, hostname)
-    fleet = r.string("fleet", DEFAULT_FLEET, pattern=ID_RE)
+    fleet = r.identifier("fleet", DEFAULT_FLEET)
     broker = _broker(r)
     reconnect_min, reconnect_max = _window(r, "reconnect", DEFAULT_RECONNECT_MIN_S, DEFAULT_RECONNECT_MAX_S)
     restart_min, restart_max = _window(r, "restart", DEFAULT_RESTART_MIN_S, DEFAULT_RESTART_MAX_S)
@@ -247,7 +247,7 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
 
 def _device_id(r: ConfigReader, hostname: str | None) -> str:
     """``device_id``, or the host name when it is a valid id."""
-    device_id = r.string("device_id", None, pattern=ID_RE)
+    device_id = r.identifier("device_id", None)
     if device_id is None:
         host = (hostname or socket.gethostname()).split(".")[0]
         if not ID_RE.match(host):
@@ -349,9 +349,7 @@ def resolve_profile(config: AgentConfig, *, detect_now: bool = True) -> Any:
             return load_profile(path)
         known = load_profiles()
         if spec not in known:
-            close = difflib.get_close_matches(spec, sorted(known), n=1)
-            hint = f" — did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"
-            raise ConfigError(f"{where}: no device profile named {spec!r}{hint}")
+            raise ConfigError(f"{where}: no device profile named {spec!r}{suggestion(spec, sorted(known))}")
         return known[spec]
     except ProfileError as exc:
         raise ConfigError(f"{where}: {exc}") from None

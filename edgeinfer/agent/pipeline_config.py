@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..pipeline.labels import Labels
 from ..pipeline.options import PipelineOptions
-from .config_reader import ID_RE, ConfigReader
+from .config_reader import ConfigReader
 
 #: what the runner does when a pipeline fails (``on-failure``) or its source ends (``always``)
 RESTART_POLICIES = ("on-failure", "always", "never")
@@ -189,7 +189,7 @@ def read_pipeline(item: Any, index: int, file: str, base: Path) -> PipelineConfi
         raise ConfigError(f"{file}: pipelines[{index}]: must be a mapping with name, model and source")
     r = ConfigReader(item, f"pipelines[{index}].", file, base)
     r.check_unknown(set(PIPELINE_KEYS))
-    name = r.string("name", f"pipeline{index}" if index else "main", pattern=ID_RE)
+    name = r.identifier("name", f"pipeline{index}" if index else "main")
     model = r.path("model")
     if model is None:
         raise r.fail("model", "required (path to a .tflite, .onnx or OpenVINO .xml model)")

@@ -12,14 +12,14 @@ in a later directory replaces a profile of the same name from an earlier one.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .._config import KeyedReader, keyed_error, read_document
 from ..errors import ProfileError
 from .host import ARCH_ALIASES
 
@@ -145,142 +145,96 @@ _RAIL_KEYS = ("power", "voltage", "current")
 _MERGED_SECTIONS = ("match", "camera", "telemetry")
 
 
-def _error(path: str, key: str, message: str) -> ProfileError:
-    return ProfileError(f"{path}: {key}: {message}")
-
-
-def _check_keys(path: str, prefix: str, data: Mapping, allowed: Sequence[str]) -> None:
-    for key in data:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" — did you mean {close[0]!r}?" if close else f" (known: {', '.join(allowed)})"
-            raise _error(path, f"{prefix}{key}", f"unknown key{hint}")
-
-
-def _mapping(path: str, key: str, value: Any) -> Mapping:
-    if not isinstance(value, Mapping):
-        raise _error(path, key, f"must be a mapping, got {type(value).__name__}")
-    return value
-
-
-def _string(path: str, key: str, value: Any, *, allow_empty: bool = False) -> str:
-    if not isinstance(value, str) or (not allow_empty and not value.strip()):
-        raise _error(path, key, f"must be a non-empty string, got {value!r}")
-    return value
-
-
-def _string_list(path: str, key: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not value:
-        raise _error(path, key, f"must be a non-empty list of strings, got {value!r}")
-    return tuple(_string(path, f"{key}[{i}]", item) for i, item in enumerate(value))
-
-
-def _positive_int(path: str, key: str, value: Any, *, allow_none: bool = True) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _error(path, key, f"must be a positive integer{' or null' if allow_none else ''}, got {value!r}")
-    return value
-
-
-def _regex(path: str, key: str, value: Any) -> str:
-    text = _string(path, key, value, allow_empty=True)
-    try:
-        re.compile(text)
-    except re.error as exc:
-        raise _error(path, key, f"is not a valid regular expression ({exc})") from None
-    return text
-
-
-def _check_match(path: str, raw: Mapping) -> None:
-    _check_keys(path, "match.", raw, _MATCH_KEYS)
-    for key in ("device_tree_model", "cpu_model"):
-        if key in raw:
-            _regex(path, f"match.{key}", raw[key])
-    if "tegra_release" in raw and raw["tegra_release"] is not True:
-        _regex(path, "match.tegra_release", raw["tegra_release"])
-    for key in ("usb", "pci"):
-        if key in raw:
-            for i, item in enumerate(_string_list(path, f"match.{key}", raw[key])):
-                if not _USB_ID.match(item):
-                    raise _error(path, f"match.{key}[{i}]", f"{item!r} is not a vendor:product id like 1a6e:089a "
-                                 "(four lower-case hex digits each)")
-    if "device_nodes" in raw:
-        for i, item in enumerate(_string_list(path, "match.device_nodes", raw["device_nodes"])):
-            if not item.startswith("/"):
-                raise _error(path, f"match.device_nodes[{i}]", f"{item!r} must be an absolute path like /dev/apex_0")
-    for key in ("cpu_flags", "arch"):
-        if key in raw:
-            _string_list(path, f"match.{key}", raw[key])
+def _error(path: str, key: str, message: str) -> Exception:
+    return keyed_error(ProfileError, path, key, message)
 
 
 def _check_raw(path: str, data: Any) -> dict:
     """Type-check one file's mapping (before ``extends`` is resolved); return it as a dict."""
-    data = dict(_mapping(path, "(top level)", data))
-    _check_keys(path, "", data, _TOP_KEYS)
-    if "schema" in data and data["schema"] != SCHEMA_VERSION:
-        raise _error(path, "schema", f"this edgeinfer reads schema {SCHEMA_VERSION}, the file says {data['schema']!r}")
+    r = read_document(data, path, _TOP_KEYS, error=ProfileError, strict=True)
+    if r.has("schema") and r.get("schema") != SCHEMA_VERSION:
+        raise r.fail("schema", f"this edgeinfer reads schema {SCHEMA_VERSION}, the file says {r.get('schema')!r}")
     for key in ("name", "extends"):
-        if key in data and not _NAME.match(str(_string(path, key, data[key]))):
-            raise _error(path, key, f"{data[key]!r} must be lower-case letters, digits, '.', '_' or '-'")
-    if "description" in data:
-        _string(path, "description", data["description"])
-    if "match" in data:
-        _check_match(path, _mapping(path, "match", data["match"]))
-    if "delegates" in data:
-        for i, spec in enumerate(_string_list(path, "delegates", data["delegates"])):
-            if not _DELEGATE_SPEC.match(spec):
-                raise _error(path, f"delegates[{i}]", f"{spec!r} is not a delegate spec like 'xnnpack' or 'coral:usb'")
-    if "threads" in data:
-        _positive_int(path, "threads", data["threads"])
-    if "memory_budget_mb" in data:
-        _positive_int(path, "memory_budget_mb", data["memory_budget_mb"])
-    if "setup_script" in data and not _SCRIPT.match(_string(path, "setup_script", data["setup_script"])):
-        raise _error(path, "setup_script", f"{data['setup_script']!r} must be a script file name like setup-pi.sh")
-    if "l4t" in data:
-        releases = data["l4t"] if isinstance(data["l4t"], list) else [data["l4t"]]
-        for i, release in enumerate(releases):
-            _positive_int(path, f"l4t[{i}]", release, allow_none=False)
-    if "camera" in data and data["camera"] is not None:
-        _check_camera(path, _mapping(path, "camera", data["camera"]))
-    if "telemetry" in data and data["telemetry"] is not None:
-        _check_telemetry(path, _mapping(path, "telemetry", data["telemetry"]))
-    return data
+        name = r.string(key)
+        if name is not None and not _NAME.match(name):
+            raise r.fail(key, f"{name!r} must be lower-case letters, digits, '.', '_' or '-'")
+    r.string("description")
+    match = r.mapping("match", _MATCH_KEYS)
+    if match is not None:
+        _check_match(match)
+    for i, spec in enumerate(r.strings("delegates") or ()):
+        if not _DELEGATE_SPEC.match(spec):
+            raise r.fail(f"delegates[{i}]", f"{spec!r} is not a delegate spec like 'xnnpack' or 'coral:usb'")
+    r.positive_int("threads", nullable=True)
+    r.positive_int("memory_budget_mb", nullable=True)
+    script = r.string("setup_script")
+    if script is not None and not _SCRIPT.match(script):
+        raise r.fail("setup_script", f"{script!r} must be a script file name like setup-pi.sh")
+    releases = r.items("l4t")
+    for key in releases.data:
+        releases.positive_int(key)
+    camera = r.mapping("camera", _CAMERA_KEYS, nullable=True)
+    if camera is not None:
+        _check_camera(camera)
+    telemetry = r.mapping("telemetry", _TELEMETRY_KEYS, nullable=True)
+    if telemetry is not None:
+        _check_telemetry(telemetry)
+    return dict(r.data)
 
 
-def _check_camera(path: str, camera: Mapping) -> None:
-    _check_keys(path, "camera.", camera, _CAMERA_KEYS)
+def _check_match(match: KeyedReader) -> None:
+    for key in ("device_tree_model", "cpu_model"):
+        match.regex(key)
+    if match.get("tegra_release") is not True:  # true: the file exists
+        match.regex("tegra_release")
+    for key in ("usb", "pci"):
+        for i, item in enumerate(match.strings(key) or ()):
+            if not _USB_ID.match(item):
+                raise match.fail(f"{key}[{i}]", f"{item!r} is not a vendor:product id like 1a6e:089a "
+                                 "(four lower-case hex digits each)")
+    for i, item in enumerate(match.strings("device_nodes") or ()):
+        if not item.startswith("/"):
+            raise match.fail(f"device_nodes[{i}]", f"{item!r} must be an absolute path like /dev/apex_0")
+    for key in ("cpu_flags", "arch"):
+        match.strings(key)
+
+
+def _check_camera(camera: KeyedReader) -> None:
     for key in ("width", "height", "fps"):
-        if key in camera:
-            _positive_int(path, f"camera.{key}", camera[key], allow_none=False)
-    if camera.get("device") is not None and not _string(path, "camera.device", camera["device"]).startswith("/"):
-        raise _error(path, "camera.device", f"{camera['device']!r} must be an absolute path like /dev/video0")
-    if camera.get("gstreamer") is not None:
-        pipeline = _string(path, "camera.gstreamer", camera["gstreamer"])
+        camera.positive_int(key)
+    device = camera.string("device", nullable=True)
+    if device is not None and not device.startswith("/"):
+        raise camera.fail("device", f"{device!r} must be an absolute path like /dev/video0")
+    pipeline = camera.string("gstreamer", nullable=True)
+    if pipeline is not None:
         try:
             pipeline.format(width=1, height=1, fps=1)
         except (KeyError, IndexError, ValueError) as exc:
-            raise _error(path, "camera.gstreamer", f"only {{width}}, {{height}} and {{fps}} may appear in braces "
-                         f"({type(exc).__name__}: {exc})") from None
+            raise camera.fail("gstreamer", f"only {{width}}, {{height}} and {{fps}} may appear in braces "
+                              f"({type(exc).__name__}: {exc})") from None
 
 
-def _check_telemetry(path: str, telemetry: Mapping) -> None:
-    _check_keys(path, "telemetry.", telemetry, _TELEMETRY_KEYS)
-    zones = telemetry.get("thermal_zones") or {}
-    for label, where in _mapping(path, "telemetry.thermal_zones", zones).items():
-        _string(path, f"telemetry.thermal_zones.{label}", where)
-    rails = telemetry.get("power_rails") or {}
-    for label, rail in _mapping(path, "telemetry.power_rails", rails).items():
-        key = f"telemetry.power_rails.{label}"
-        rail = _mapping(path, key, rail)
-        _check_keys(path, f"{key}.", rail, _RAIL_KEYS)
-        for part, value in rail.items():
-            if not _string(path, f"{key}.{part}", value).startswith("/"):
-                raise _error(path, f"{key}.{part}", f"{value!r} must be an absolute sysfs path")
-        if "power" not in rail and not {"voltage", "current"} <= set(rail):
-            raise _error(path, key, "needs 'power' (mW), or both 'voltage' (mV) and 'current' (mA)")
+def _check_telemetry(telemetry: KeyedReader) -> None:
+    # an empty (or false) section is no zones / no rails, as _build reads it
+    zones = telemetry.mapping("thermal_zones") if telemetry.get("thermal_zones") else None
+    if zones is not None:
+        for label in zones.data:
+            zones.string(label)
+    rails = telemetry.mapping("power_rails") if telemetry.get("power_rails") else None
+    if rails is not None:
+        for label in rails.data:
+            _check_rail(rails, label)
+
+
+def _check_rail(rails: KeyedReader, label: str) -> None:
+    rail = rails.mapping(label, _RAIL_KEYS)
+    assert rail is not None  # the label is a key of rails
+    for part in rail.data:
+        value = str(rail.string(part, required=True))
+        if not value.startswith("/"):
+            raise rail.fail(part, f"{value!r} must be an absolute sysfs path")
+    if "power" not in rail.data and not {"voltage", "current"} <= set(rail.data):
+        raise rails.fail(label, "needs 'power' (mW), or both 'voltage' (mV) and 'current' (mA)")
 
 
 def _build(path: str, data: Mapping) -> Profile:
