@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..pipeline.tasks import TASK_NAMES
 from .output import handle_errors, print_json
 
 
@@ -15,7 +16,7 @@ from .output import handle_errors, print_json
 @click.option("--all", "all_delegates", is_flag=True, help="Every registered delegate (the default).")
 @click.option("--source", help="Also measure the whole pipeline per stage on this source (camera index, video or "
               "image folder, URL, synthetic:WxH[@FPS]); file sources loop.")
-@click.option("--task", type=click.Choice(["classify", "detect", "pose", "segment"]), default="classify",
+@click.option("--task", type=click.Choice(TASK_NAMES), default="classify",
               show_default=True, help="What the pipeline decodes (with --source).")
 @click.option("--seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
               help="Measured time per target, split over the interleaved rounds.")

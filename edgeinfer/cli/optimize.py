@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..pipeline.preprocess import RESIZE_MODES
 from .output import handle_errors, print_json
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def _print_moved(report: OptimizeReport, labels: Labels | None) -> None:
 @click.option("--mean", help="Input normalisation: (pixel - mean) / std; one value or R,G,B. "
               "Default: what inference uses for a float model (127.5).")
 @click.option("--std", help="See --mean. Default 127.5. MobileNet (TF) uses --mean 128 --std 128.")
-@click.option("--resize", type=click.Choice(["stretch", "letterbox", "crop"]), default="stretch", show_default=True,
+@click.option("--resize", type=click.Choice(RESIZE_MODES), default="stretch", show_default=True,
               help="How images are fitted to the input, as at inference time.")
 @click.option("--per-tensor", is_flag=True, help="Per-tensor weight scales (default per-channel; see docs).")
 @click.option("--activations", type=click.Choice(["uint8", "int8"]), default="uint8", show_default=True,

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ...pipeline.preprocess import RESIZE_MODES
+
 MODES = ("int8", "fp16")
 ACTIVATION_TYPES = ("uint8", "int8")
-RESIZE_MODES = ("stretch", "letterbox", "crop")
 #: refuse an optimised model whose top-1 agrees with the original on fewer validation images
 DEFAULT_MIN_AGREEMENT = 0.95
 #: an image whose original top-1 beats its top-2 by less than this is a coin flip, not evidence
