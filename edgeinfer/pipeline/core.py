@@ -40,7 +40,7 @@ from .delivery import Observer, ResultDelivery
 from .infer_loop import InferenceLoop
 from .labels import Labels
 from .options import PipelineOptions
-from .ring import FrameRing
+from .ring import END, FrameRing
 from .stats import FrameResult, PipelineStats, StatsRing
 from .tasks import get_task
 
@@ -235,7 +235,7 @@ class Pipeline:
         """End of the inference thread: stop capture, release waiters, mark the run finished."""
         self._control.stop_requested = True
         self.source.interrupt()
-        self._ring.free.put(None)
+        self._ring.free.put(END)  # wake a capture thread waiting for a slot
         if self._binding.swap_pending:
             self._binding.apply_pending_swap()
         capture = self._capture_thread
