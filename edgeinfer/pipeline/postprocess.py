@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..runtime.model import TensorSpec
-from .labels import Labels
-
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..runtime.model import TensorSpec
+    from .labels import Labels
 
 
 @dataclass(frozen=True, slots=True)

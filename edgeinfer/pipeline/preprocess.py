@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import InputMismatch
-from ..runtime.model import TensorSpec
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from ..runtime.model import TensorSpec
 
 ResizeMode = Literal["stretch", "letterbox", "crop"]
 RESIZE_MODES = ("stretch", "letterbox", "crop")
