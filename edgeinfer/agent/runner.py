@@ -79,8 +79,6 @@ class PipelineRunner:
         self.fallback_reason: str | None = None
         self.model: dict[str, Any] = {"path": config.model, "sha256": None, "version": config.version,
                                       "format": None}
-        self.frames_total = 0
-        self.dropped_total = 0
         self.last_run_frames = 0
 
     @property
@@ -147,11 +145,7 @@ class PipelineRunner:
                     current = pipeline.take_window()
                 except Exception:
                     log.exception("pipeline %s: take_window failed", self.name)
-        window = merge_windows(leftover, current)
-        if window is not None:
-            self.frames_total += int(window.frames)
-            self.dropped_total += int(window.dropped)
-        return window
+        return merge_windows(leftover, current)
 
     def describe(self) -> dict[str, Any]:
         """This pipeline's entry in the ``state`` message."""

@@ -8,12 +8,14 @@ YAML key), and that the CLI's choices come from (:data:`POLICIES`, :data:`~.task
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..capture import DEFAULT_BACKOFF, Backoff
+from .._backoff import Backoff
+from ..capture import DEFAULT_BACKOFF
 from .postprocess import DEFAULT_IOU_THRESHOLD, DEFAULT_MAX_DETECTIONS, DEFAULT_SCORE_THRESHOLD
 from .preprocess import RESIZE_MODES
 from .tasks import TASK_NAMES, DecoderSettings
@@ -91,6 +93,7 @@ class PipelineOptions:
             raise ValueError(f"stats_window must be >= {MIN_STATS_WINDOW}")
 
     @classmethod
+    @functools.cache
     def names(cls) -> tuple[str, ...]:
         """Every option name (the keyword arguments of ``Pipeline`` and the keys of an agent pipeline)."""
         return tuple(option.name for option in dataclasses.fields(cls))

@@ -29,7 +29,7 @@ def int8(tmp_path_factory):
     """One INT8 run with IR export, shared by the tests that inspect its result."""
     folder = tmp_path_factory.mktemp("int8")
     out = folder / "mobilenet_v2_int8.onnx"
-    result = run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
+    result = run_cli("optimize", FLOAT, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
                      "--export-ir", "--bench-seconds", "0.7", "--json")
     assert result.returncode == 0, result.stderr
     return out, json_out(result), result
@@ -42,7 +42,7 @@ def test_int8_is_over_3x_smaller_and_agrees_with_the_float_model(int8):
     assert onnx_art["kind"] == "onnx" and ir_art["kind"] == "openvino-ir"
     # the ratio is computed from the files actually on disk
     assert onnx_art["size_bytes"] == out.stat().st_size
-    assert MOBILENET_V2_FLOAT_ONNX.stat().st_size / out.stat().st_size >= 3.0
+    assert FLOAT.stat().st_size / out.stat().st_size >= 3.0
     assert onnx_art["size_ratio"] >= 3.0
     ir_bytes = out.with_suffix(".xml").stat().st_size + out.with_suffix(".bin").stat().st_size
     assert ir_art["size_bytes"] == ir_bytes and ir_art["size_ratio"] >= 3.0
@@ -94,7 +94,7 @@ def test_int8_model_is_qdq_with_per_channel_weights_and_says_how_it_was_made(int
     assert tail.op_type == "Softmax" and producers[tail.input[0]].op_type == "Reshape"
     assert producers[producers[tail.input[0]].input[0]].op_type == "Conv"
     stamp = json.loads(next(p.value for p in model.metadata_props if p.key == "edgeinfer.optimize"))
-    assert stamp["source_sha256"] == hashlib.sha256(MOBILENET_V2_FLOAT_ONNX.read_bytes()).hexdigest()
+    assert stamp["source_sha256"] == hashlib.sha256(FLOAT.read_bytes()).hexdigest()
     assert stamp["mode"] == "int8" and stamp["per_channel"] is True and stamp["calibration_images"] == 10
     assert stamp["preprocessing"]["mean"] == 128.0 and stamp["preprocessing"]["std"] == 128.0
 
@@ -111,7 +111,7 @@ def test_a_model_below_the_threshold_is_refused_and_nothing_is_written(tmp_path)
     out = tmp_path / "per_tensor.onnx"
     out.write_bytes(b"previous model")  # an existing OUT must survive a refusal untouched
     # per-tensor weight scales wreck MobileNet v2's depthwise convolutions: a real bad model
-    result = run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
+    result = run_cli("optimize", FLOAT, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
                      "--per-tensor", "--bench-seconds", "0", "--export-ir", "--json", "-q")
     assert result.returncode == 1
     line = error_line(result)
@@ -126,7 +126,7 @@ def test_a_model_below_the_threshold_is_refused_and_nothing_is_written(tmp_path)
 
 def test_force_writes_a_refused_model_and_says_so(tmp_path):
     out = tmp_path / "forced.onnx"
-    result = run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
+    result = run_cli("optimize", FLOAT, "--int8", "--calibration", IMAGES, "-o", out, *MOBILENET_NORM,
                      "--per-tensor", "--bench-seconds", "0", "--force", "-q")
     assert result.returncode == 0, result.stderr
     assert "forced past the accuracy check" in result.stdout
@@ -155,7 +155,7 @@ def test_a_detector_has_no_top1_so_it_needs_force(tmp_path):
 def test_fp16_halves_the_model_and_keeps_float32_io(tmp_path):
     onnx = pytest.importorskip("onnx")
     out = tmp_path / "fp16.onnx"
-    result = run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "--fp16", "--validation", IMAGES, "-o", out, *MOBILENET_NORM,
+    result = run_cli("optimize", FLOAT, "--fp16", "--validation", IMAGES, "-o", out, *MOBILENET_NORM,
                      "--bench-seconds", "0", "--json", "-q")
     assert result.returncode == 0, result.stderr
     art = json_out(result)["artifacts"][0]
@@ -181,8 +181,8 @@ def _cases(tmp_path):
     text_model.write_text("not a model at all")
     ok = str(tmp_path / "out.onnx")
     return {
-        "empty calibration": ((MOBILENET_V2_FLOAT_ONNX, "--calibration", empty, "-o", ok), "holds no images"),
-        "missing calibration": ((MOBILENET_V2_FLOAT_ONNX, "--calibration", tmp_path / "nope", "-o", ok), "not found"),
+        "empty calibration": ((FLOAT, "--calibration", empty, "-o", ok), "holds no images"),
+        "missing calibration": ((FLOAT, "--calibration", tmp_path / "nope", "-o", ok), "not found"),
         "tflite model": ((MOBILENET_V2, "--calibration", IMAGES, "-o", ok), "optimize reads ONNX models"),
         "text model": ((text_model, "--calibration", IMAGES, "-o", ok), "not a model"),
         "quantised model": ((MOBILENET_V2_ONNX, "--calibration", IMAGES, "-o", ok), "already quantised"),
@@ -220,8 +220,8 @@ def test_a_corrupt_calibration_image_is_named(tmp_path):
 
 def test_missing_mode_and_missing_calibration_are_usage_errors(tmp_path):
     out = tmp_path / "x.onnx"
-    assert run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "-o", out, timeout=60).returncode == 2
-    result = run_cli("optimize", MOBILENET_V2_FLOAT_ONNX, "--int8", "-o", out, timeout=60)
+    assert run_cli("optimize", FLOAT, "-o", out, timeout=60).returncode == 2
+    result = run_cli("optimize", FLOAT, "--int8", "-o", out, timeout=60)
     assert result.returncode == 2 and "--calibration" in result.stderr
 
 
