@@ -32,7 +32,8 @@ bench-pipeline: venv
 bench-live: venv
 	$(BIN)/python bench/live_decode.py
 
-# Debian packages the demo and the tests use (a real Mosquitto broker, shellcheck for the
+# Debian packages the demo and the tests use (a real Mosquitto broker, PostgreSQL that the fleet tests start
+# in a temporary directory, shellcheck for the
 # provisioning scripts, Prometheus to run the Grafana dashboard's queries). Installed only when
 # missing; needs root, as on CI.
 system-deps:
@@ -40,6 +41,7 @@ system-deps:
 	command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
 	command -v shellcheck >/dev/null 2>&1 || missing="$$missing shellcheck"; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
