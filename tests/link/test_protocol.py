@@ -112,3 +112,42 @@ def test_docs_carry_the_schemas_the_code_validates_with():
     for kind, schema in SCHEMAS.items():
         block = text.split(f"### `{kind}`\n\n```json\n", 1)[1].split("\n```", 1)[0]
         assert json.loads(block) == schema
+
+
+def _mutations(value, rng):
+    """Values near ``value``: each leaf replaced by a wrong type, a boundary number, or dropped."""
+    wrong = [None, True, 0, -1, 1.5, float("inf"), "", "x" * 70, [], {}, 2**40]
+    if isinstance(value, dict) and value:
+        for key in list(value):
+            for replacement in (*rng.sample(wrong, 4), *list(_mutations(value[key], rng))[:3]):
+                yield {**value, key: replacement}
+            yield {k: v for k, v in value.items() if k != key}
+    elif isinstance(value, list) and value:
+        for item in _mutations(value[0], rng):
+            yield [item, *value[1:]]
+    else:
+        yield from rng.sample(wrong, 3)
+
+
+def test_the_compiled_check_agrees_with_the_explaining_validator():
+    """validate() accepts through a compiled predicate and explains through schema_errors: they must agree."""
+    import random
+
+    from edgeinfer.link.protocol import _CHECKS
+
+    rng = random.Random(7)
+    stages = {"latency": {"p50": 8.0, "p95": 12.0, "p99": 20.0}}
+    samples = {
+        "telemetry": {"v": 1, "type": "telemetry", "fleet": "f", "device": "d", "ts": 1.0, "boot_id": "a" * 32,
+                      "seq": 1, "interval_s": 1.0, "system": {"cpu_percent": 3.0, "rss_bytes": 1, "throttled": None},
+                      "pipelines": [{"name": "m", "status": "running", "frames": 3, "dropped": 0, "fps": 3.0,
+                                     "stages": stages}], "spool": {"pending": 0, "dropped": 0}},
+        "cmd": make_command("c1", "deploy", {"x": 1}),
+    }
+    checked = 0
+    for kind, sample in samples.items():
+        assert _CHECKS[kind](sample) and not schema_errors(sample, SCHEMAS[kind])
+        for mutated in _mutations(sample, rng):
+            assert _CHECKS[kind](mutated) == (not schema_errors(mutated, SCHEMAS[kind])), (kind, mutated)
+            checked += 1
+    assert checked > 100
