@@ -37,9 +37,10 @@ from typing import Any
 from .._backoff import EQUAL_JITTER, Backoff
 from ..errors import ClosedError
 from . import paho_client
+from .inbox import DeliveryCallback, Inbox
 from .outbox import Outbox
 from .retained import RetainedMessages
-from .settings import LinkSettings, describe_connect_error, tls_context
+from .settings import LinkSettings, describe_connect_error, describe_refusal, tls_context
 from .spool import Spool
 from .status import LinkStatus
 
@@ -79,8 +80,11 @@ class MqttLink:
                  will: tuple[str, bytes] | None = None, subscriptions: Sequence[str] = (),
                  on_message: MessageCallback | None = None,
                  on_connected: Callable[[float | None], None] | None = None,
+                 on_delivery: DeliveryCallback | None = None,
                  tls: ssl.SSLContext | None = None, name: str = "edgeinfer-mqtt") -> None:
         paho_client.require_paho()
+        if (on_delivery is not None) != settings.manual_ack:
+            raise ValueError("on_delivery (acknowledge when stored) goes with LinkSettings(manual_ack=True)")
         self.settings = settings
         self.broker = settings.broker
         self._will = will
@@ -95,9 +99,10 @@ class MqttLink:
         self.status = LinkStatus()
         self._outbox = Outbox(spool, self.status, window=settings.inflight_window)
         self._retained = RetainedMessages(self.status)
+        self._wake = threading.Event()
+        self._inbox = Inbox(on_delivery, self._wake.set) if on_delivery is not None else None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._started = False
@@ -198,7 +203,8 @@ class MqttLink:
                 return
             self._connect()
             return
-        rc = self._client.loop(timeout=_LOOP_TIMEOUT_S if self.status.connected else 0.05)
+        wait = _LOOP_TIMEOUT_S if self.status.connected else 0.05
+        rc = self._inbox.loop(self._client, self.status, wait) if self._inbox else self._client.loop(timeout=wait)
         if rc != 0:
             self._lost(self._refused or f"connection lost ({paho_client.error_string(rc)})")
             return
@@ -214,6 +220,8 @@ class MqttLink:
     def _pump(self) -> None:
         self._retained.pump(self._client)
         self._outbox.pump(self._client)
+        if self._inbox is not None:
+            self._inbox.pump(self._client)
 
     def _shutdown(self) -> None:
         client = self._client
@@ -317,7 +325,9 @@ class MqttLink:
     # ------------------------------------------------------------------------------ paho callbacks
     def _handle_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
-            self._refusal(reason.getName())
+            # remembered; the network loop reports it when paho hangs up
+            self._refused_protocol = "protocol" in reason.getName().lower()
+            self._refused = describe_refusal(reason.getName(), self.broker)
             return
         self._refused_protocol = False
         self._connecting_since = None
@@ -331,6 +341,8 @@ class MqttLink:
         self.status.last_error = None
         log.info("MQTT: connected to %s (MQTT %s, session present: %s)", self.broker, self.status.protocol,
                  flags.session_present)
+        if self._inbox is not None:
+            self._inbox.connected()
         for topic in self._subscriptions:
             client.subscribe(topic, qos=1)
         offline_s = time.monotonic() - self.status.lost_since if self.status.lost_since is not None else None
@@ -340,14 +352,6 @@ class MqttLink:
                 self._on_connected(offline_s)
             except Exception:
                 log.exception("on_connected callback failed")
-
-    def _refusal(self, name: str) -> None:
-        """Remember why the broker refused the CONNECT; the network loop reports it when paho hangs up."""
-        self._refused_protocol = "protocol" in name.lower()
-        hint = ""
-        if "not authorized" in name.lower() or "user name or password" in name.lower():
-            hint = " — check username/password (or the client certificate) and the broker's ACL"
-        self._refused = f"broker {self.broker} refused the connection: {name}{hint}"
 
     def _handle_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         if reason is not None and getattr(reason, "is_failure", False) and not self._refused:
@@ -360,6 +364,9 @@ class MqttLink:
 
     def _handle_message(self, client: Any, userdata: Any, message: Any) -> None:
         self.status.received += 1
+        if self._inbox is not None:
+            self._inbox.deliver(message)
+            return
         if self._on_message is None:
             return
         try:

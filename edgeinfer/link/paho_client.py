@@ -38,10 +38,10 @@ def new_client(settings: LinkSettings, protocol: str, *, username: str | None, p
 
     if protocol == "5":
         client = paho.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id,
-                             protocol=paho.MQTTv5, reconnect_on_failure=False)
+                             protocol=paho.MQTTv5, reconnect_on_failure=False, manual_ack=settings.manual_ack)
     else:
-        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id,
-                             clean_session=False, protocol=paho.MQTTv311, reconnect_on_failure=False)
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id, clean_session=False,
+                             protocol=paho.MQTTv311, reconnect_on_failure=False, manual_ack=settings.manual_ack)
     client.connect_timeout = settings.connect_timeout_s
     # our window bounds what is in flight; leave paho room for the retained state messages
     client.max_inflight_messages_set(settings.inflight_window + _RETAINED_ROOM)
@@ -56,14 +56,16 @@ def new_client(settings: LinkSettings, protocol: str, *, username: str | None, p
 
 
 def connect(client: Any, broker: BrokerURL, settings: LinkSettings, protocol: str) -> None:
-    """Send CONNECT (MQTT 5: ``clean_start=False`` and a session expiry interval); OSError / ValueError
-    when the socket cannot be opened."""
+    """Send CONNECT (MQTT 5: ``clean_start=False``, a session expiry interval and any Receive Maximum);
+    OSError / ValueError when the socket cannot be opened."""
     if protocol == "5":
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
 
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = settings.session_expiry_s
+        if settings.receive_maximum is not None:
+            props.ReceiveMaximum = settings.receive_maximum
         client.connect(broker.host, broker.port, keepalive=settings.keepalive_s, clean_start=False,
                        properties=props)
     else:

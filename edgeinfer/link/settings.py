@@ -141,6 +141,12 @@ class LinkSettings:
     reconnect_max_s: float = DEFAULT_RECONNECT_MAX_S
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     inflight_window: int = DEFAULT_INFLIGHT_WINDOW
+    #: MQTT 5 Receive Maximum: how many QoS 1 messages the broker may have in flight to us unacknowledged; past
+    #: it the broker holds messages back in our session instead of sending them (None: the protocol's 65535)
+    receive_maximum: int | None = None
+    #: acknowledge a received QoS 1 message only when the receiver says so (MqttLink's ``on_delivery``), after
+    #: it has stored it, so a message is never acknowledged and then lost by a crash
+    manual_ack: bool = False
 
     def __post_init__(self) -> None:
         broker = parse_broker_url(self.url)
@@ -156,6 +162,8 @@ class LinkSettings:
             raise ValueError("reconnect delays must satisfy 0 < reconnect_min_s <= reconnect_max_s")
         if not 1 <= self.inflight_window <= 1000:
             raise ValueError(f"inflight_window must be within 1..1000, got {self.inflight_window}")
+        if self.receive_maximum is not None and not 1 <= self.receive_maximum <= 65535:
+            raise ValueError(f"receive_maximum must be within 1..65535, got {self.receive_maximum}")
         if self.connect_timeout_s <= 0 or self.session_expiry_s < 0:
             raise ValueError("connect_timeout_s must be > 0 and session_expiry_s >= 0")
 
@@ -163,6 +171,14 @@ class LinkSettings:
     def broker(self) -> BrokerURL:
         """The parsed broker URL."""
         return parse_broker_url(self.url)
+
+
+def describe_refusal(reason: str, broker: BrokerURL) -> str:
+    """A sentence for a CONNACK that refused us (``reason``: the MQTT reason code's name)."""
+    hint = ""
+    if "not authorized" in reason.lower() or "user name or password" in reason.lower():
+        hint = " — check username/password (or the client certificate) and the broker's ACL"
+    return f"broker {broker} refused the connection: {reason}{hint}"
 
 
 def describe_connect_error(exc: BaseException, broker: BrokerURL) -> str:
