@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A whole fleet on one machine: a signing key, the fleet manager with its embedded MQTT broker,
+# A whole fleet on one machine: a signing key, the fleet manager with the Mosquitto it manages,
 # a few agents running a real classifier, and a signed canary rollout of a new model to them.
 #
 #   examples/fleet_demo.sh            # 3 agents
@@ -7,7 +7,7 @@
 #
 # Every step is an `edgeinfer` command a user would type; run with `bash -x` to see them all.
 # Everything lives in a temporary folder and every process this script starts is stopped when it
-# exits, however it exits (trap). Needs edgeinfer[fleet] (amqtt for the embedded broker).
+# exits, however it exits (trap). Needs edgeinfer[fleet] and the Debian package mosquitto.
 set -euo pipefail
 
 usage() {
@@ -91,7 +91,7 @@ cleanup() {
     local status=$?
     trap - EXIT INT TERM
     # the agents (and a running deploy) first, while the broker is still up to take their goodbye;
-    # then the fleet manager and its embedded broker
+    # then the fleet manager and its Mosquitto
     local others=() pid
     for pid in ${PIDS[@]+"${PIDS[@]}"}; do
         [[ $pid == "${FLEET_PID:-}" ]] || others+=("$pid")
@@ -139,7 +139,7 @@ wait_for() {
 step "1. the fleet's signing key (agents pin its public half; only signed models are accepted)"
 ei keys init --dir "$WORK/fleet-data"
 
-step "2. the fleet manager, with an embedded MQTT broker (port 0: pick free ports)"
+step "2. the fleet manager, with the Mosquitto it starts and supervises (port 0: pick free ports)"
 # (no shell function in front of a background command: $! must be the process itself, for the trap)
 "${EI[@]}" fleet serve --broker-port 0 --http 127.0.0.1:0 --data-dir "$WORK/fleet-data" > "$WORK/fleet.log" 2>&1 &
 FLEET_PID=$!
@@ -152,8 +152,8 @@ manager_up() {
     grep -q '^fleet manager: ' "$WORK/fleet.log"
 }
 wait_for "the fleet manager to start" manager_up
-# "fleet manager: broker mqtt://127.0.0.1:PORT, HTTP http://127.0.0.1:PORT, data DIR"
-BROKER=$(sed -n 's/^fleet manager: broker \([^,]*\),.*/\1/p' "$WORK/fleet.log")
+# "fleet manager: managed Mosquitto mqtt://127.0.0.1:PORT, HTTP http://127.0.0.1:PORT, data DIR"
+BROKER=$(sed -n 's/^fleet manager: [^,]* \(mqtts\{0,1\}:[^,]*\),.*/\1/p' "$WORK/fleet.log")
 FLEET_URL=$(sed -n 's/^fleet manager: .* HTTP \([^,]*\),.*/\1/p' "$WORK/fleet.log")
 export EDGEINFER_FLEET_URL=$FLEET_URL  # read by `edgeinfer fleet ...` and `edgeinfer deploy`
 echo "broker $BROKER, API $FLEET_URL"
@@ -168,7 +168,6 @@ broker: $BROKER
 data_dir: '$WORK/$device'
 telemetry_interval_s: 1.0
 reconnect_min_s: 0.2
-mqtt_version: "3.1.1"          # the embedded broker (amqtt) speaks 3.1.1 only; with Mosquitto/EMQX leave "auto"
 profile: auto
 groups: [demo]
 update_public_key: '$WORK/fleet-data/fleet-signing.pub'

@@ -22,8 +22,9 @@ def fleet() -> None:
 
 
 @fleet.command("serve")
-@click.option("--broker", help="MQTT broker URL (mqtt://host:port). Default: start an embedded broker.")
-@click.option("--broker-port", default=1883, show_default=True, help="Port of the embedded broker.")
+@click.option("--broker", help="An existing MQTT 5 broker (mqtt[s]://host:port: Mosquitto, EMQX, HiveMQ). "
+              "Default: start and supervise Mosquitto on --broker-port, its data in --data-dir.")
+@click.option("--broker-port", default=1883, show_default=True, help="Port of the managed Mosquitto.")
 @click.option("--ca", type=click.Path(exists=True, dir_okay=False), help="mqtts://: the CA that signed the broker.")
 @click.option("--cert", type=click.Path(exists=True, dir_okay=False), help="mqtts://: client certificate.")
 @click.option("--key", type=click.Path(exists=True, dir_okay=False), help="mqtts://: client key (unencrypted).")
@@ -34,22 +35,38 @@ def fleet() -> None:
 @click.option("--http", default="127.0.0.1:8700", show_default=True, help="HOST:PORT for artifacts and the API.")
 @click.option("--public-url", help="How devices reach the HTTP server, if not http://HOST:PORT.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("fleet-data"),
-              show_default=True, help="Signing key, artifacts, database, command spool.")
+              show_default=True, help="Signing key, artifacts, database, command spool, Mosquitto's files.")
+@click.option("--manager-id", help="MQTT client id of this manager (default: from the host name and data dir). "
+              "Each manager sharing a broker needs its own.")
+@click.option("--retention-days", default=7.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Keep raw telemetry this long.")
+@click.option("--rollup-days", default=90.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Keep per-minute telemetry roll-ups and events this long.")
+@click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds after which another manager takes over the rollouts of one that stopped renewing them.")
 @handle_errors
 def fleet_serve(broker: str | None, broker_port: int, ca: str | None, cert: str | None, key: str | None,
                 username: str | None, password_file: str | None, db_url: str | None, http: str,
-                public_url: str | None, data_dir: Path) -> None:
-    """Ingest every device's state, telemetry and events; serve artifacts and the API; run rollouts."""
+                public_url: str | None, data_dir: Path, manager_id: str | None, retention_days: float,
+                rollup_days: float, lease_ttl: float) -> None:
+    """Ingest every device's state, telemetry and events; serve artifacts and the API; run rollouts.
+
+    Several managers may share one broker and one PostgreSQL (--db postgresql+psycopg://...): each
+    message is stored once, and one manager drives each rollout at a time.
+    """
     from ..fleet.manager import FleetManager, FleetSettings
 
     password = Path(password_file).read_text().rstrip("\r\n") if password_file else None
     settings = FleetSettings(broker=broker, db_url=db_url, http=http, data_dir=data_dir, public_url=public_url,
-                             embedded_broker_port=broker_port, ca=ca, cert=cert, key=key, username=username,
-                             password=password)
+                             broker_port=broker_port, ca=ca, cert=cert, key=key, username=username,
+                             password=password, manager_id=manager_id, raw_retention_days=retention_days,
+                             rollup_retention_days=rollup_days, lease_ttl_s=lease_ttl)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with FleetManager(settings) as manager:
-        click.echo(f"fleet manager: broker {manager.broker_url}, HTTP {manager.http.url}, data {data_dir}", err=True)
+        where = "managed Mosquitto" if manager.broker is not None else "broker"
+        click.echo(f"fleet manager: {where} {manager.broker_url}, HTTP {manager.http.url}, data {data_dir}",
+                   err=True)
         click.echo(f"agents pin: update_public_key: {manager.key.public_key_b64()}", err=True)
         try:
             while not stop.wait(0.5):

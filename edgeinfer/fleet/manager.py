@@ -1,14 +1,16 @@
 """The fleet manager behind ``edgeinfer fleet serve``.
 
-It subscribes to every device's ``state``, ``telemetry`` and ``events``, keeps the registry and
-roll-ups in the fleet database, serves artifacts and the JSON API over HTTP, and runs rollouts:
-each deployment is a thread that notifies devices wave by wave on their ``cmd`` topic (through a
-spool, so a command survives a manager restart or a broker outage) and follows their ``update``
-events. With no broker URL it starts an embedded one.
+Parts, each in its own module: the broker (a supervised Mosquitto when no ``--broker`` is given),
+the database (SQLAlchemy + Alembic: SQLite or PostgreSQL), ingest (bounded queue, batched writes,
+acknowledged once stored), the HTTP API and artifacts (FastAPI on uvicorn), rollouts (driven from
+the database under a lease) and retention. Several managers can share one broker and one
+PostgreSQL: telemetry and events arrive through MQTT 5 shared subscriptions, so each message is
+stored by one of them; every manager sees every ``state`` (retained, idempotent).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
@@ -19,45 +21,58 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, EdgeInferError, ProtocolError
-from ..link.protocol import decode, encode, make_command, parse_topic, subscription
-from ..updates.signing import PRIVATE_KEY_FILE, SigningKey, new_manifest
+from ..errors import ConfigError, EdgeInferError
+from ..link.protocol import Topics, encode, make_command, subscription
+from ..updates.signing import PRIVATE_KEY_FILE, SigningKey
+from . import deployments
 from .artifacts import ArtifactStore
-from .db import FleetDB
-from .rollout import FINISHED_STATES, Rollout, plan_waves
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HTTP = "127.0.0.1:8700"
 DEFAULT_DATA_DIR = Path("fleet-data")
-DEFAULT_DEVICE_TIMEOUT_S = 600.0
-#: update states a device reports in ``update`` events, mapped onto rollout states
-UPDATE_EVENT = "update"
-DEPLOY_COMMAND = "deploy"
+SHARED_GROUP = "edgeinfer-fleet"
+DAY_S = 86_400.0
+RETENTION_EVERY_S = 600.0
 
 
 @dataclass(frozen=True, kw_only=True)
 class FleetSettings:
     """Where the fleet manager listens and keeps its data."""
 
-    broker: str | None = None  # None: start an embedded broker
+    broker: str | None = None  # None: start and supervise Mosquitto on broker_port
     db_url: str | None = None  # None: sqlite in data_dir
     http: str = DEFAULT_HTTP
     data_dir: Path = DEFAULT_DATA_DIR
     public_url: str | None = None  # how devices reach the HTTP server (default: http://<http>)
-    embedded_broker_port: int = 1883
+    broker_port: int = 1883
     #: for an mqtts:// broker: CA, client certificate and key; username/password for either
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    #: this manager's MQTT client id (its persistent session); default: from the host name and data dir
+    manager_id: str | None = None
+    #: share telemetry and events with other managers on the same broker ($share/<group>/...)
+    shared_group: str = SHARED_GROUP
+    ingest_queue: int = 20_000
+    ingest_batch: int = 1_000
+    lease_ttl_s: float = 10.0
+    raw_retention_days: float = 7.0
+    rollup_retention_days: float = 90.0
 
     def http_address(self) -> tuple[str, int]:
         host, _, port = self.http.rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError(f"--http must be HOST:PORT, not {self.http!r}")
         return host, int(port)
+
+    def client_id(self) -> str:
+        if self.manager_id:
+            return self.manager_id
+        where = hashlib.sha256(str(Path(self.data_dir).resolve()).encode()).hexdigest()[:8]
+        return f"edgeinfer-fleet-{socket.gethostname()}-{where}"[:128]
 
 
 class FleetManager:
@@ -67,55 +82,95 @@ class FleetManager:
         self.settings = settings
         self.data_dir = Path(settings.data_dir)
         self.broker_url = settings.broker
-        self.db: FleetDB | None = None
+        self.db: Any = None
         self.store: ArtifactStore | None = None
         self.key: SigningKey | None = None
-        self.http = None
-        self._embedded = None
-        self._link = None
-        self._spool = None
-        self._rollouts: dict[str, Rollout] = {}  # deployment id -> running rollout
-        self._command_deployments: dict[str, str] = {}  # cmd id -> deployment id
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self.rejected_messages = 0
+        self.http: Any = None
+        self.broker: Any = None  # the managed Mosquitto, if we started one
+        self.link: Any = None
+        self.ingest: Any = None
+        self.rollouts: Any = None
+        self._spool: Any = None
+        self._registry: Any = None
+        self._stop = threading.Event()
+        self._maintenance: threading.Thread | None = None
         self._closed = False
 
     # ----------------------------------------------------------------------------- lifecycle
     def start(self) -> FleetManager:
-        from ..link.mqtt import MqttLink
-        from ..link.settings import LinkSettings
-        from ..link.spool import Spool
-        from .broker import EmbeddedBroker
-        from .http import FleetHTTPServer
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        from .db import FleetDB
+        from .ingest import Ingest
+        from .metrics import registry_for
+        from .rollout import RolloutDriver
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.db = FleetDB(self.settings.db_url or f"sqlite:///{self.data_dir / 'fleet.sqlite3'}")
         self.store = ArtifactStore(self.data_dir / "artifacts")
         self.key = self._load_or_create_key()
         if self.broker_url is None:
-            self._embedded = EmbeddedBroker("127.0.0.1", self.settings.embedded_broker_port).start()
-            self.broker_url = self._embedded.url
+            from .broker import ManagedMosquitto, free_port
+
+            port = self.settings.broker_port or free_port()
+            self.broker = ManagedMosquitto(self.data_dir, port=port).start()
+            self.broker_url = self.broker.url
+        self._registry = registry_for(self)
+        self._start_http()
+        self.ingest = Ingest(self.db, on_event=self._on_event, queue_size=self.settings.ingest_queue,
+                             batch_size=self.settings.ingest_batch).start()
+        self._start_link()
+        owner = f"{self.settings.client_id()}-{uuid.uuid4().hex[:6]}"  # a restarted manager is a new owner
+        self.rollouts = RolloutDriver(self.db, self._send_deploy, owner=owner,
+                                      lease_ttl_s=self.settings.lease_ttl_s).start()
+        self._maintenance = threading.Thread(target=self._maintain, name="edgeinfer-fleet-retention", daemon=True)
+        self._maintenance.start()
+
+    def _start_http(self) -> None:
+        from .http import FleetHTTPServer
+
         host, port = self.settings.http_address()
         try:
             self.http = FleetHTTPServer(self.store, self, host=host, port=port).start()
         except OSError as exc:
             raise ConfigError(f"cannot listen on {self.settings.http}: {exc.strerror or exc}") from None
-        self._spool = Spool(self.data_dir / "commands-out.sqlite3")
-        # the embedded broker (amqtt) speaks MQTT 3.1.1 only
+
+    def _start_link(self) -> None:
+        from ..link.mqtt import MqttLink
+        from ..link.settings import LinkSettings
+        from ..link.spool import Spool
+
         s = self.settings
+        self._spool = Spool(self.data_dir / "commands-out.sqlite3")
         try:
-            link_settings = LinkSettings(url=self.broker_url, client_id=f"edgeinfer-fleet-{socket.gethostname()}"[:128],
-                                         mqtt_version="3.1.1" if self._embedded else "auto", ca=s.ca, cert=s.cert,
-                                         key=s.key, username=s.username, password=s.password)
+            # the receive maximum keeps what the broker sends us within the ingest queue's bound
+            link_settings = LinkSettings(url=self.broker_url, client_id=s.client_id(), mqtt_version="5", ca=s.ca,
+                                         cert=s.cert, key=s.key, username=s.username, password=s.password,
+                                         receive_maximum=min(65535, s.ingest_queue), manual_ack=True,
+                                         inflight_window=1000)
         except ValueError as exc:
             raise ConfigError(f"--broker: {exc}") from None
-        self._link = MqttLink(
-            link_settings, spool=self._spool, name="edgeinfer-fleet-mqtt",
-            subscriptions=[subscription(kind) for kind in ("state", "telemetry", "events")],
-            on_message=self._on_message,
-        ).start()
-        return self
+        shared = f"$share/{s.shared_group}/" if s.shared_group else ""
+        topics = [subscription("state"), shared + subscription("telemetry"), shared + subscription("events")]
+        self.link = MqttLink(link_settings, spool=self._spool, name="edgeinfer-fleet-mqtt", subscriptions=topics,
+                             on_delivery=self.ingest.deliver, on_connected=self._on_connected).start()
+
+    def _on_connected(self, _offline_s: float | None) -> None:
+        if self.broker is not None:  # our session (and its subscriptions) must survive a broker crash
+            threading.Thread(target=self._save_broker, name="edgeinfer-fleet-broker-save", daemon=True).start()
+
+    def _save_broker(self) -> None:
+        time.sleep(1.0)  # the SUBACKs first
+        try:
+            self.broker.save()
+        except Exception as exc:
+            log.warning("could not make Mosquitto save its persistence: %s", exc)
 
     def _load_or_create_key(self) -> SigningKey:
         path = self.data_dir / PRIVATE_KEY_FILE
@@ -131,20 +186,24 @@ class FleetManager:
     def public_url(self) -> str:
         return self.settings.public_url or self.http.url
 
+    @property
+    def rejected_messages(self) -> int:
+        return self.ingest.stats.invalid if self.ingest is not None else 0
+
     def wait_connected(self, timeout: float = 10.0) -> bool:
-        return self._link.wait_connected(timeout)
+        return self.link.wait_connected(timeout)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for rollout in list(self._rollouts.values()):
-            rollout.cancel()
-        for thread in self._threads:
-            thread.join(timeout=5)
-        for part in (self._link, self.http, self._spool, self._embedded):
+        self._stop.set()
+        for part in (self.rollouts, self.link, self.ingest, self.http, self._spool, self.broker):
             if part is not None:
-                part.close()
+                try:
+                    part.close()
+                except Exception:  # closing: report, go on closing the rest
+                    log.exception("closing %s failed", type(part).__name__)
         if self.db is not None:
             self.db.close()
 
@@ -154,136 +213,57 @@ class FleetManager:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -------------------------------------------------------------------------------- ingest
-    def _on_message(self, topic: str, payload: bytes) -> None:
-        try:
-            fleet, device, kind = parse_topic(topic)
-            if kind == "state" and not payload:
-                return  # a cleared retained message
-            message = decode(kind, payload)
-        except ProtocolError as exc:
-            self.rejected_messages += 1
-            log.warning("ignoring a malformed message on %s: %s", topic, exc)
-            return
-        try:
-            if kind == "state":
-                self.db.record_state(fleet, device, message)
-            elif kind == "telemetry":
-                self.db.record_telemetry(fleet, device, message)
-            elif kind == "events":
-                self.db.record_event(fleet, device, message)
-                self._follow_update(device, message)
-        except Exception:  # a database hiccup must not kill the MQTT thread
-            log.exception("could not record %s from %s", kind, device)
+    # ------------------------------------------------------------------------ ingest & retention
+    def _on_event(self, device: str, event: dict) -> None:
+        if deployments.follow_update(self.db, device, event) and self.rollouts is not None:
+            self.rollouts.poke()
 
-    def _follow_update(self, device: str, event: dict) -> None:
-        data = event.get("data") or {}
-        name = event.get("event")
-        deployment_id = data.get("deployment_id") or self._command_deployments.get(event.get("cmd_id") or "")
-        if not deployment_id:
-            return
-        if name == UPDATE_EVENT:
-            state, detail = data.get("state"), data.get("reason") or event.get("message")
-        elif name == "cmd_rejected":
-            state, detail = "rejected", data.get("reason") or event.get("message")
-        else:
-            return
-        rollout = self._rollouts.get(deployment_id)
-        if rollout is not None:
-            rollout.on_progress(device, state, detail)
-        elif state in FINISHED_STATES or state in ("downloading", "validating"):
-            # a late report after the rollout ended (e.g. a device that was offline): record it
-            self.db.set_target_state(deployment_id, device, state, detail)
+    def _maintain(self) -> None:
+        while not self._stop.is_set():
+            try:
+                deleted = self.db.prune(raw_max_age_s=self.settings.raw_retention_days * DAY_S,
+                                        rollup_max_age_s=self.settings.rollup_retention_days * DAY_S)
+                if any(deleted.values()):
+                    log.info("retention: deleted %s", deleted)
+            except Exception as exc:
+                log.warning("retention pass failed: %s", exc)
+            self._stop.wait(RETENTION_EVERY_S)
+
+    def metrics(self) -> bytes:
+        from .metrics import exposition
+
+        return exposition(self._registry)
 
     # ---------------------------------------------------------------------------- commands
     def send_command(self, device: str, cmd: str, args: dict, *, command_id: str | None = None) -> str:
         """Queue a command for ``device`` (spooled, QoS 1); returns its id."""
-        from ..link.protocol import Topics
-
         record = self.db.get_device(device)
         if record is None:
             raise ValueError(f"unknown device {device!r}")
         command_id = command_id or uuid.uuid4().hex
-        message = make_command(command_id, cmd, args)
-        self._spool.append(Topics(record["fleet"], device).cmd, encode(message))
-        self._link.notify()
+        self._spool.append(Topics(record["fleet"], device).cmd, encode(make_command(command_id, cmd, args)))
+        self.link.notify()
         return command_id
+
+    def _send_deploy(self, deployment: dict, device: str) -> None:
+        self.send_command(device, deployments.DEPLOY_COMMAND, deployments.deploy_args(deployment),
+                          command_id=deployments.command_id(deployment["deployment_id"]))
 
     # --------------------------------------------------------------------------- deployments
     def put_artifact(self, path: str | Path) -> tuple[str, int]:
         return self.store.put(path)
 
-    def resolve_targets(self, spec: dict) -> list[str]:
-        """Device ids for --device / --group / --all."""
-        if spec.get("devices"):
-            known = {d["device_id"] for d in self.db.list_devices()}
-            unknown = [d for d in spec["devices"] if d not in known]
-            if unknown:
-                raise ValueError(f"unknown device(s): {', '.join(unknown)} — see `edgeinfer fleet devices`")
-            return list(dict.fromkeys(spec["devices"]))
-        if spec.get("group"):
-            return [d["device_id"] for d in self.db.list_devices(group=spec["group"])]
-        if spec.get("all"):
-            return [d["device_id"] for d in self.db.list_devices()]
-        raise ValueError("a deployment needs devices, a group or all")
-
     def create_deployment(self, spec: dict) -> dict:
         """Sign a manifest for a stored artifact and start rolling it out; returns the summary."""
-        sha256 = str(spec.get("sha256", ""))
-        if self.store.get(sha256) is None:
-            raise ValueError(f"no artifact {sha256!r} — upload it first")
-        try:
-            version = int(spec["version"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError("version must be an integer") from None
-        devices = self.resolve_targets(spec)
-        if not devices:
-            raise ValueError("no device matches the target")
-        canary = float(spec.get("canary_pct", 10.0))
-        wave_size = spec.get("wave_size")
-        waves = plan_waves(devices, canary_pct=canary, wave_size=int(wave_size) if wave_size else None)
-        target = ("all" if spec.get("all") else f"group:{spec['group']}" if spec.get("group")
-                  else "device:" + ",".join(devices))
-        size = self.store.get(sha256).stat().st_size
-        manifest = new_manifest(model_name=str(spec.get("model_name") or sha256), version=version, sha256=sha256,
-                                size=size, url=f"{self.public_url}/artifacts/{sha256}", target=target,
-                                rollback=bool(spec.get("rollback", False)))
-        signature = self.key.sign(manifest)
-        options = {"canary_pct": canary, "wave_size": wave_size,
-                   "abort_failure_rate": float(spec.get("abort_failure_rate", 0.0)),
-                   "device_timeout_s": float(spec.get("device_timeout_s", DEFAULT_DEVICE_TIMEOUT_S)),
-                   "pipeline": spec.get("pipeline")}
-        self.db.create_deployment(manifest.to_dict(), signature, options, waves)
-        deployment_id = manifest.deployment_id
-        command_id = f"deploy-{deployment_id}"
-        self._command_deployments[command_id] = deployment_id
-        args = {"manifest": manifest.to_dict(), "signature": signature}
-        if options["pipeline"]:
-            args["pipeline"] = options["pipeline"]
-        rollout = Rollout(
-            waves, lambda device: self.send_command(device, DEPLOY_COMMAND, args, command_id=command_id),
-            abort_failure_rate=options["abort_failure_rate"], device_timeout_s=options["device_timeout_s"],
-            on_change=lambda device, state, detail: self.db.set_target_state(deployment_id, device, state, detail),
-        )
-        self._rollouts[deployment_id] = rollout
-        thread = threading.Thread(target=self._run_rollout, args=(deployment_id, rollout),
-                                  name=f"edgeinfer-rollout-{deployment_id[:8]}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
-        return self.db.get_deployment(deployment_id)
 
-    def _run_rollout(self, deployment_id: str, rollout: Rollout) -> None:
-        try:
-            result = rollout.run()
-            detail = None
-            if result.status == "aborted":
-                detail = f"failure rate {rollout.failure_rate():.0%} passed the threshold; later waves not notified"
-            self.db.set_deployment_status(deployment_id, result.status, detail)
-        except Exception as exc:
-            log.exception("rollout %s failed", deployment_id)
-            self.db.set_deployment_status(deployment_id, "failed", f"{type(exc).__name__}: {exc}")
-        finally:
-            self._rollouts.pop(deployment_id, None)
+        def size(sha256: str) -> int | None:
+            path = self.store.get(sha256)
+            return path.stat().st_size if path is not None else None
+
+        deployment_id = deployments.create_deployment(self.db, self.key, spec, artifact_size=size,
+                                                      public_url=self.public_url)
+        self.rollouts.poke()
+        return self.db.get_deployment(deployment_id)
 
     # -------------------------------------------------------------------- FleetAPI (reads)
     def list_devices(self) -> list[dict]:

@@ -1,23 +1,41 @@
 """Rolling a signed model out in waves: canary first, stop when too many finished devices fail.
 
-Pure logic with the I/O injected (``notify`` sends one device its command; progress arrives via
-:meth:`Rollout.on_progress` from the device's events), so the same code runs in the fleet manager
-and in tests against a real broker.
+The rollout's whole state lives in the database (each target's wave and state, the deployment's
+status), so any fleet manager can drive it and another can take over where it stood. One manager
+drives a deployment at a time: it holds the deployment's *lease* (an atomic conditional UPDATE,
+renewed every tick); a manager that dies stops renewing, and when the lease runs out another one
+takes the deployment over, re-sends the command to devices it had notified (their command may
+have died with it; the agent's answer to a repeated command is idempotent) and carries on.
+
+:func:`step` is the rule, stateless: it reads the targets and advances the deployment as far as
+it can go now. Device progress arrives from ingest (``update`` events) as forward-only state
+changes in SQL (:meth:`FleetDB.advance_target`), so a late or repeated event never moves a
+device backwards, whichever manager stores it.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
 
 #: device states, in the order a healthy update passes through them
 PROGRESS_STATES = ("pending", "notified", "downloading", "validating", "active")
 FAILED_STATES = ("failed", "rolled_back", "rejected", "timeout")
 FINISHED_STATES = ("active", *FAILED_STATES)
 ALL_STATES = (*PROGRESS_STATES, *FAILED_STATES)
+#: states in which a device owes an answer (the device timeout runs from notified_at)
+WAITING_STATES = ("notified", "downloading", "validating")
+
+DEFAULT_LEASE_TTL_S = 10.0
+DEFAULT_TICK_S = 0.25
 
 
 def plan_waves(devices: list[str], *, canary_pct: float = 10.0, wave_size: int | None = None) -> list[list[str]]:
@@ -37,103 +55,164 @@ def plan_waves(devices: list[str], *, canary_pct: float = 10.0, wave_size: int |
     return waves
 
 
-@dataclass
-class RolloutResult:
-    status: str  # succeeded | aborted | failed
-    states: dict[str, str]
-    details: dict[str, str] = field(default_factory=dict)
-    notified_waves: int = 0
+def failure_rate(states: list[str]) -> float:
+    """Failed over finished (0 when none finished)."""
+    finished = [s for s in states if s in FINISHED_STATES]
+    return sum(s in FAILED_STATES for s in finished) / len(finished) if finished else 0.0
+
+
+@dataclass(frozen=True)
+class RolloutRules:
+    """When to give up: the failure rate that aborts (a fraction) and how long one device may take."""
+
+    abort_failure_rate: float = 0.0
+    device_timeout_s: float = 600.0
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> RolloutRules:
+        rate = float(options.get("abort_failure_rate") or 0.0)
+        return cls(abort_failure_rate=rate / 100 if rate > 1 else rate,  # the CLI says percent
+                   device_timeout_s=float(options.get("device_timeout_s") or 600.0))
+
+
+class RolloutStore(Protocol):
+    """What :func:`step` needs of the fleet database."""
+
+    def deployment_targets(self, deployment_id: str) -> list[dict]: ...
+    def advance_target(self, deployment_id: str, device_id: str, state: str, detail: str | None = None, *,
+                       now: float | None = None) -> bool: ...
+    def set_deployment_status(self, deployment_id: str, status: str, detail: str | None = None) -> None: ...
+
+
+def step(store: RolloutStore, deployment: dict, notify: Callable[[str], None], *, now: float | None = None,
+         resend: bool = False) -> str | None:
+    """Advance ``deployment`` as far as it can go now; its final status once it has ended, else None.
+
+    Waves in order: a wave's pending devices are notified once every earlier wave has finished
+    and the failure rate so far is within the rule; overdue devices time out; ``resend``
+    notifies again the devices that were notified but have not answered (after a takeover).
+    """
+    now = time.time() if now is None else now
+    deployment_id = deployment["deployment_id"]
+    rules = RolloutRules.from_options(deployment.get("options") or {})
+    waves: dict[int, list[dict]] = {}
+    for target in store.deployment_targets(deployment_id):
+        waves.setdefault(int(target["wave"]), []).append(dict(target))
+    seen: list[str] = []
+    for index in sorted(waves):
+        wave = waves[index]
+        for target in wave:
+            _advance(store, deployment_id, target, rules, notify, now=now, resend=resend)
+        seen += [t["state"] for t in wave]
+        if any(t["state"] not in FINISHED_STATES for t in wave):
+            return None
+        rate = failure_rate(seen)
+        if rate > rules.abort_failure_rate and index != max(waves):
+            detail = (f"failure rate {rate:.0%} passed the threshold of {rules.abort_failure_rate:.0%} after wave "
+                      f"{index + 1} of {len(waves)}; later waves not notified")
+            store.set_deployment_status(deployment_id, "aborted", detail)
+            return "aborted"
+    status = "succeeded" if seen and all(s == "active" for s in seen) else "failed"
+    if status == "failed" and failure_rate(seen) > rules.abort_failure_rate:
+        status = "aborted"
+    store.set_deployment_status(deployment_id, status, None if status == "succeeded"
+                                else f"{sum(s != 'active' for s in seen)} of {len(seen)} device(s) did not update")
+    return status
+
+
+def _advance(store: RolloutStore, deployment_id: str, target: dict, rules: RolloutRules,
+             notify: Callable[[str], None], *, now: float, resend: bool) -> None:
+    device, state = target["device_id"], target["state"]
+    if state == "pending":
+        if store.advance_target(deployment_id, device, "notified", now=now):
+            notify(device)
+        target["state"] = "notified"
+    elif state in WAITING_STATES and now - float(target.get("notified_at") or now) > rules.device_timeout_s:
+        detail = f"no result within {rules.device_timeout_s:.0f} s"
+        if store.advance_target(deployment_id, device, "timeout", detail, now=now):
+            target["state"] = "timeout"
+    elif state == "notified" and resend:
+        notify(device)
+
+
+class LeaseStore(RolloutStore, Protocol):
+    def running_deployments(self) -> list[dict]: ...
+    def try_lease(self, deployment_id: str, owner: str, ttl_s: float, *, now: float | None = None) -> bool: ...
+    def release_lease(self, deployment_id: str, owner: str) -> None: ...
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{threading.get_native_id()}:{time.time_ns() % 10**9}"
+
+
+class RolloutDriver:
+    """A thread that drives every running deployment whose lease this process holds or can take."""
+
+    def __init__(self, store: LeaseStore, notify: Callable[[dict, str], None], *, owner: str | None = None,
+                 lease_ttl_s: float = DEFAULT_LEASE_TTL_S, tick_s: float = DEFAULT_TICK_S) -> None:
+        self.store = store
+        self.owner = owner or default_owner()
+        self.lease_ttl_s = lease_ttl_s
+        self.tick_s = tick_s
+        self._notify = notify
+        self._held: set[str] = set()  # deployments this driver has been driving
+        self.takeovers = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edgeinfer-fleet-rollouts", daemon=True)
+
+    def start(self) -> RolloutDriver:
+        self._thread.start()
+        return self
 
     @property
-    def all_active(self) -> bool:
-        return all(state == "active" for state in self.states.values())
+    def held(self) -> frozenset[str]:
+        """The deployments this driver drives now."""
+        return frozenset(self._held)
 
+    def poke(self) -> None:
+        """Something changed (a new deployment, a device's progress): tick now."""
+        self._wake.set()
 
-class Rollout:
-    """Drives one deployment through its waves."""
+    def close(self) -> None:
+        """Stop driving and hand the leases back, so another manager takes over at once."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        for deployment_id in list(self._held):
+            try:
+                self.store.release_lease(deployment_id, self.owner)
+            except Exception as exc:  # closing: the lease runs out by itself
+                log.debug("could not release the lease on %s: %s", deployment_id, exc)
 
-    def __init__(self, waves: list[list[str]], notify: Callable[[str], None], *,
-                 abort_failure_rate: float = 0.0, device_timeout_s: float = 300.0,
-                 on_change: Callable[[str, str, str | None], None] | None = None) -> None:
-        self.waves = waves
-        self._notify = notify
-        self.abort_failure_rate = abort_failure_rate / 100 if abort_failure_rate > 1 else abort_failure_rate
-        self.device_timeout_s = device_timeout_s
-        self._on_change = on_change
-        self.states = {device: "pending" for wave in waves for device in wave}
-        self.details: dict[str, str] = {}
-        self._notified_at: dict[str, float] = {}
-        self._cond = threading.Condition()
-        self._cancelled = False
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # a database hiccup: try again next tick
+                log.exception("rollout tick failed")
+            self._wake.wait(self.tick_s)
+            self._wake.clear()
 
-    # -- progress from devices -----------------------------------------------------------------
-    def on_progress(self, device: str, state: str, detail: str | None = None) -> None:
-        """A device reported ``state``; states never go backwards and finished states are final."""
-        if state not in ALL_STATES:
-            return
-        with self._cond:
-            current = self.states.get(device)
-            if current is None or current in FINISHED_STATES or current == "pending":
-                return
-            if state in PROGRESS_STATES and PROGRESS_STATES.index(state) <= PROGRESS_STATES.index(current):
-                return
-            self.states[device] = state
-            if detail:
-                self.details[device] = detail
-            self._cond.notify_all()
-        if self._on_change:
-            self._on_change(device, state, detail)
-
-    def cancel(self) -> None:
-        with self._cond:
-            self._cancelled = True
-            self._cond.notify_all()
-
-    def failure_rate(self) -> float:
-        finished = [s for s in self.states.values() if s in FINISHED_STATES]
-        failed = [s for s in finished if s in FAILED_STATES]
-        return len(failed) / len(finished) if finished else 0.0
-
-    # -- driving -------------------------------------------------------------------------------
-    def run(self) -> RolloutResult:
-        """Notify wave after wave; stop when a wave's failures pass the threshold."""
-        notified_waves = 0
-        for wave in self.waves:
-            for device in wave:
-                self._set(device, "notified")
-                self._notified_at[device] = time.monotonic()
-                self._notify(device)
-            notified_waves += 1
-            self._wait_for(wave)
-            if self._cancelled:
-                return RolloutResult("aborted", dict(self.states), dict(self.details), notified_waves)
-            if self.failure_rate() > self.abort_failure_rate:
-                return RolloutResult("aborted", dict(self.states), dict(self.details), notified_waves)
-        status = "succeeded" if all(s == "active" for s in self.states.values()) else "failed"
-        return RolloutResult(status, dict(self.states), dict(self.details), notified_waves)
-
-    def _set(self, device: str, state: str, detail: str | None = None) -> None:
-        with self._cond:
-            self.states[device] = state
-            if detail:
-                self.details[device] = detail
-        if self._on_change:
-            self._on_change(device, state, detail)
-
-    def _wait_for(self, wave: list[str]) -> None:
-        with self._cond:
-            while not self._cancelled:
-                open_devices = [d for d in wave if self.states[d] not in FINISHED_STATES]
-                if not open_devices:
-                    return
-                now = time.monotonic()
-                overdue = [d for d in open_devices if now - self._notified_at[d] > self.device_timeout_s]
-                for device in overdue:
-                    self.states[device] = "timeout"
-                    self.details[device] = f"no result within {self.device_timeout_s:.0f} s"
-                if overdue:
-                    if self._on_change:
-                        for device in overdue:
-                            self._on_change(device, "timeout", self.details[device])
-                    continue
-                self._cond.wait(timeout=0.5)
+    def tick(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        running = self.store.running_deployments()
+        for deployment in running:
+            deployment_id = deployment["deployment_id"]
+            owner, until = deployment.get("lease_owner"), deployment.get("lease_until")
+            if owner not in (None, self.owner) and until is not None and until > now:
+                continue  # another manager drives it
+            if not self.store.try_lease(deployment_id, self.owner, self.lease_ttl_s, now=now):
+                continue
+            takeover = deployment_id not in self._held and owner not in (None, self.owner)
+            if takeover:
+                self.takeovers += 1
+                log.warning("taking over rollout %s from %s", deployment_id, owner)
+            self._held.add(deployment_id)
+            ended = step(self.store, deployment, lambda device, d=deployment: self._notify(d, device), now=now,
+                         resend=takeover)
+            if ended:
+                log.info("rollout %s %s", deployment_id, ended)
+                self._held.discard(deployment_id)
+        self._held &= {d["deployment_id"] for d in running}

@@ -1,7 +1,7 @@
 """The demo's fleet steps: an agent reports to a fleet manager, then takes a signed update.
 
 Everything runs on this machine as a user would run it: the fleet manager in-process with its
-embedded MQTT broker (amqtt), the agent as ``edgeinfer agent --config agent.yaml`` (a subprocess),
+Mosquitto that it starts and supervises, the agent as ``edgeinfer agent --config agent.yaml`` (a subprocess),
 and the rollout as ``edgeinfer deploy`` (another subprocess).
 """
 
@@ -65,15 +65,14 @@ def run_fleet_demo(clip: Path, model_v1: Path, model_v2: Path, workdir: Path,
     fleet_dir, agent_dir = workdir / "fleet-data", workdir / "agent-data"
     for folder in (fleet_dir, agent_dir):
         shutil.rmtree(folder, ignore_errors=True)
-    settings = FleetSettings(broker=None, embedded_broker_port=free_port(), http="127.0.0.1:0", data_dir=fleet_dir)
+    settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", data_dir=fleet_dir)
     summary: dict[str, Any] = {}
-    echo("== 3. fleet manager (embedded MQTT broker) and a device agent on the clip")
+    echo("== 3. fleet manager (with the Mosquitto it manages) and a device agent on the clip")
     with FleetManager(settings) as fleet:
         echo(f"   $ edgeinfer fleet serve   → broker {fleet.broker_url}, HTTP {fleet.http.url}")
         config = workdir / "agent.yaml"
         config.write_text(yaml.safe_dump({
             "device_id": DEVICE, "fleet": "demo", "broker": fleet.broker_url, "data_dir": str(agent_dir),
-            "mqtt_version": "3.1.1",  # the embedded broker (amqtt) speaks 3.1.1; "auto" finds that out too
             "telemetry_interval_s": 1.0, "groups": ["demo"], "update_public_key": fleet.key.public_key_b64(),
             "pipelines": [{"name": "main", "model": str(model_v1), "source": str(clip), "loop": True,
                            "max_fps": 15, "version": "1"}],

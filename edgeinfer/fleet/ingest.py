@@ -1,0 +1,207 @@
+"""Ingest: from the MQTT callback to the database in batches, acknowledged only once stored.
+
+The link thread hands each message to :meth:`Ingest.deliver`, which only queues it. The queue is
+bounded: when the writer falls behind, ``deliver`` blocks, the link stops reading its socket, and
+the broker keeps the rest in the manager's persistent session — back-pressure, never a silent
+drop here. One writer thread takes what has queued up (up to ``batch_size``), validates it, stores
+it in one transaction per kind (telemetry de-duplicated on (device, boot_id, seq)), and only then
+acknowledges each message (MQTT 5 manual PUBACK), so a crash between receipt and commit loses
+nothing: the broker redelivers and the database drops the duplicate.
+
+Every message is counted once as received and then as exactly one of stored, duplicate or invalid;
+the counters are what ``/metrics`` exposes.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._backoff import Backoff
+from ..errors import ProtocolError
+from ..link.protocol import decode, parse_topic
+
+log = logging.getLogger(__name__)
+
+DEFAULT_QUEUE_SIZE = 20_000
+DEFAULT_BATCH_SIZE = 1_000
+KINDS = ("state", "telemetry", "events")
+_LOG_EVERY_S = 10.0  # at most one warning per this many seconds about malformed messages
+
+
+@dataclass
+class IngestStats:
+    """Counters since start; read by /metrics and benchmarks (plain ints: one writer updates them)."""
+
+    received: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    stored: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    duplicates: int = 0
+    invalid: int = 0
+    batches: int = 0
+    write_errors: int = 0
+    blocked_s: float = 0.0  # time the MQTT thread waited for room in the queue (back-pressure)
+    last_batch_s: float = 0.0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"received": sum(self.received.values()), "stored": sum(self.stored.values()),
+                "duplicates": self.duplicates, "invalid": self.invalid, "batches": self.batches,
+                "write_errors": self.write_errors, "blocked_s": round(self.blocked_s, 3),
+                "by_kind": {"received": dict(self.received), "stored": dict(self.stored)}}
+
+
+@dataclass
+class _Batch:
+    telemetry: list[tuple[str, str, dict]] = field(default_factory=list)
+    events: list[tuple[str, str, dict]] = field(default_factory=list)
+    states: list[tuple[str, str, dict]] = field(default_factory=list)
+    deliveries: list[Any] = field(default_factory=list)
+
+
+class Ingest:
+    """A bounded queue and one writer thread between the MQTT link and the fleet database."""
+
+    def __init__(self, db: Any, *, on_event: Callable[[str, dict], None] | None = None,
+                 queue_size: int = DEFAULT_QUEUE_SIZE, batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+        self.db = db
+        self.stats = IngestStats()
+        self.queue_size = queue_size
+        self.batch_size = batch_size
+        self._on_event = on_event
+        self._queue: queue.Queue[tuple[str, bytes, Any] | None] = queue.Queue(maxsize=queue_size)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edgeinfer-fleet-ingest", daemon=True)
+        self._last_warning = 0.0
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    def start(self) -> Ingest:
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Store what is queued (up to ``timeout``), then stop; unstored messages stay unacknowledged."""
+        if self._thread.is_alive():
+            self._stop.set()
+            try:
+                self._queue.put(None, timeout=timeout)
+            except queue.Full:
+                pass
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------------------------ link thread
+    def deliver(self, topic: str, payload: bytes, delivery: Any) -> None:
+        """The link's ``on_delivery``: queue the message, waiting for room when the writer is behind."""
+        kind = topic.rpartition("/")[2]
+        self.stats.received[kind if kind in KINDS else "events"] += 1
+        item = (topic, payload, delivery)
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            started = time.monotonic()
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+            self.stats.blocked_s += time.monotonic() - started
+
+    # ------------------------------------------------------------------------------ writer thread
+    def _run(self) -> None:
+        backoff = Backoff(initial_s=0.2, max_s=10.0)
+        pending: _Batch | None = None
+        failures = 0
+        while True:
+            if pending is None:
+                pending, last = self._take()
+                if pending is None:
+                    return
+            else:
+                last = self._stop.is_set()
+            try:
+                self._write(pending)
+            except Exception as exc:  # the database is down or refused the batch: keep it, retry, never ack
+                self.stats.write_errors += 1
+                failures += 1
+                delay = backoff.delay(failures)
+                log.error("fleet database write failed (%s: %s); retrying in %.1f s, %d messages held",
+                          type(exc).__name__, exc, delay, len(pending.deliveries))
+                if self._stop.wait(delay) and failures > 3:
+                    return
+                continue
+            failures = 0
+            pending = None
+            if last:
+                return
+
+    def _take(self) -> tuple[_Batch | None, bool]:
+        """Block for one message, then take what else is waiting (up to batch_size). (batch, stop after it)."""
+        first = self._queue.get()
+        if first is None:
+            return None, True
+        items, last = [first], False
+        while len(items) < self.batch_size:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                last = True
+                break
+            items.append(item)
+        return self._sort(items), last
+
+    def _sort(self, items: list[tuple[str, bytes, Any]]) -> _Batch:
+        batch = _Batch()
+        for topic, payload, delivery in items:
+            batch.deliveries.append(delivery)
+            try:
+                fleet, device, kind = parse_topic(topic)
+                if kind == "state" and not payload:
+                    continue  # a cleared retained message
+                message = decode(kind, payload)
+            except ProtocolError as exc:
+                self.stats.invalid += 1
+                self._warn(topic, exc)
+                continue
+            target = {"telemetry": batch.telemetry, "events": batch.events, "state": batch.states}.get(kind)
+            if target is None:
+                self.stats.invalid += 1  # a device does not publish commands
+                continue
+            target.append((fleet, device, message))
+        return batch
+
+    def _write(self, batch: _Batch) -> None:
+        started = time.perf_counter()
+        stored, duplicates = self.db.store_telemetry(batch.telemetry) if batch.telemetry else (0, 0)
+        events = self.db.store_events(batch.events) if batch.events else 0
+        for fleet, device, state in batch.states:
+            self.db.record_state(fleet, device, state)
+        if self._on_event is not None:  # e.g. rollout progress, before the ack: a crash here gets a redelivery
+            for _fleet, device, event in batch.events:
+                try:
+                    self._on_event(device, event)
+                except Exception:
+                    log.exception("following an event from %s failed", device)
+        for delivery in batch.deliveries:
+            delivery.ack()
+        self.stats.stored["telemetry"] += stored
+        self.stats.stored["events"] += events
+        self.stats.stored["state"] += len(batch.states)
+        self.stats.duplicates += duplicates
+        self.stats.batches += 1
+        self.stats.last_batch_s = time.perf_counter() - started
+
+    def _warn(self, topic: str, exc: Exception) -> None:
+        now = time.monotonic()
+        if now - self._last_warning >= _LOG_EVERY_S:
+            self._last_warning = now
+            log.warning("ignoring a malformed message on %s: %s (%d malformed so far)", topic, exc,
+                        self.stats.invalid)
