@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from .fleet_db import db
 from .output import handle_errors, print_json
 
 _fleet_url = click.option("--fleet-url", envvar="EDGEINFER_FLEET_URL", default="http://127.0.0.1:8700",
@@ -19,6 +20,9 @@ _fleet_url = click.option("--fleet-url", envvar="EDGEINFER_FLEET_URL", default="
 @click.group()
 def fleet() -> None:
     """Run the fleet manager, or ask it about devices and deployments."""
+
+
+fleet.add_command(db)
 
 
 @fleet.command("serve")

@@ -1,9 +1,12 @@
-"""The fleet database on a real SQLite file: ingest, de-duplication, roll-ups, deployments, HTTP API."""
+"""The fleet database on a real SQLite file and a real PostgreSQL: ingest, de-duplication, roll-ups,
+retention, deployments, leases, HTTP API."""
 
 from __future__ import annotations
 
 import json
+import random
 import textwrap
+import threading
 import urllib.request
 
 import pytest
@@ -16,8 +19,8 @@ from edgeinfer.fleet.http import FleetHTTPServer
 
 
 @pytest.fixture
-def db(tmp_path):
-    database = FleetDB(f"sqlite:///{tmp_path / 'fleet.db'}")
+def db(db_url):
+    database = FleetDB(db_url)
     yield database
     database.close()
 
@@ -62,12 +65,133 @@ def test_deployment_bookkeeping(db):
     manifest = {"deployment_id": "d1", "model_name": "birds", "version": 2, "sha256": "b" * 64, "size": 10,
                 "target": "all"}
     db.create_deployment(manifest, "sig", {"canary_pct": 10}, [["cam-1"], ["cam-2", "cam-3"]])
-    db.set_target_state("d1", "cam-1", "active")
-    db.set_target_state("d1", "cam-2", "failed", "validation_failed")
+    assert not db.advance_target("d1", "cam-1", "active")  # never notified: no answer counts
+    for device in ("cam-1", "cam-2"):
+        assert db.advance_target("d1", device, "notified", now=100.0)
+    assert db.advance_target("d1", "cam-1", "active")
+    assert db.advance_target("d1", "cam-2", "failed", "validation_failed")
+    assert not db.advance_target("d1", "cam-2", "active")  # finished is final
     deployment = db.get_deployment("d1")
     assert deployment["counts"] == {"active": 1, "failed": 1, "pending": 1}
     assert [(d["device_id"], d["wave"]) for d in deployment["devices"]] == [("cam-1", 0), ("cam-2", 1), ("cam-3", 1)]
-    assert db.latest_version("birds") == 2 and db.latest_version("other") is None
+    assert deployment["devices"][1]["detail"] == "validation_failed" and deployment["devices"][1]["notified_at"] == 100
+    assert [d["deployment_id"] for d in db.running_deployments()] == ["d1"]
+    db.set_deployment_status("d1", "succeeded")
+    assert db.running_deployments() == []
+
+
+def test_leases_go_to_one_owner_until_they_run_out(db):
+    manifest = {"deployment_id": "d1", "model_name": "m", "version": 2, "sha256": "b" * 64, "size": 1, "target": "all"}
+    db.create_deployment(manifest, "sig", {}, [["cam-1"]])
+    assert db.try_lease("d1", "a", 10, now=100.0)
+    assert not db.try_lease("d1", "b", 10, now=105.0)
+    assert db.try_lease("d1", "a", 10, now=105.0)  # renewed to 115
+    assert not db.try_lease("d1", "b", 10, now=114.0)
+    assert db.try_lease("d1", "b", 10, now=116.0)  # a stopped renewing
+    db.release_lease("d1", "a")  # not a's any more: nothing happens
+    assert not db.try_lease("d1", "a", 10, now=117.0)
+    db.release_lease("d1", "b")
+    assert db.try_lease("d1", "a", 10, now=117.0)
+    db.set_deployment_status("d1", "aborted", "x")
+    assert not db.try_lease("d1", "a", 10, now=118.0)  # only running deployments are driven
+
+
+def test_many_owners_racing_for_a_lease_get_exactly_one(db):
+    manifest = {"deployment_id": "d1", "model_name": "m", "version": 2, "sha256": "b" * 64, "size": 1, "target": "all"}
+    db.create_deployment(manifest, "sig", {}, [["cam-1"]])
+    winners: list[str] = []
+    start = threading.Barrier(8)
+
+    def contend(owner: str) -> None:
+        start.wait()
+        if db.try_lease("d1", owner, 60, now=1000.0):
+            winners.append(owner)
+
+    threads = [threading.Thread(target=contend, args=(f"owner-{i}",)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(winners) == 1
+
+
+def full_telemetry(device: str, boot: str, seq: int, *, fps: float, p95: float | None) -> dict:
+    stages = {"latency": {"p50": 1.0, "p95": p95, "p99": 2.0}} if p95 is not None else {}
+    return {"v": 1, "type": "telemetry", "fleet": "f", "device": device, "ts": 1_700_000_000.0 + seq,
+            "boot_id": boot, "seq": seq, "interval_s": 1.0,
+            "pipelines": [{"name": "main", "status": "running", "frames": 30, "dropped": seq % 3, "fps": fps,
+                           "stages": stages}],
+            "system": {"cpu_percent": 1.0, "rss_bytes": 1}, "spool": {"pending": 0, "dropped": 0}}
+
+
+def test_batches_store_each_message_once_and_roll_up_only_what_was_stored(db):
+    """10,000 messages in batches of 500, a fifth of them redelivered (in the same batch or a later one)."""
+    rng = random.Random(3)
+    devices = [f"cam-{i:02d}" for i in range(20)]
+    messages = [("f", d, full_telemetry(d, "b" * 32, seq, fps=rng.uniform(5, 30),
+                                         p95=None if seq % 7 == 0 else rng.uniform(1, 50)))
+                for seq in range(1, 501) for d in devices]
+    stream = messages + rng.sample(messages, 2000)
+    rng.shuffle(stream)
+    stored = duplicates = 0
+    for start in range(0, len(stream), 500):
+        s, dup = db.store_telemetry(stream[start:start + 500])
+        stored, duplicates = stored + s, duplicates + dup
+    assert (stored, duplicates) == (10_000, 2000)
+    for device in ("cam-00", "cam-13"):
+        mine = [m for _, d, m in messages if d == device]
+        by_minute: dict[int, list[dict]] = {}
+        for m in mine:
+            by_minute.setdefault(int(m["ts"] // 60), []).append(m)
+        rollups = {r["minute"]: r for r in db.device_rollups(device)}
+        assert sorted(rollups) == sorted(by_minute)
+        for minute, group in by_minute.items():
+            p95s = [m["pipelines"][0]["stages"]["latency"]["p95"] for m in group if m["pipelines"][0]["stages"]]
+            assert rollups[minute]["samples"] == len(group)
+            assert rollups[minute]["fps_sum"] == pytest.approx(sum(m["pipelines"][0]["fps"] for m in group))
+            assert rollups[minute]["dropped_sum"] == sum(m["pipelines"][0]["dropped"] for m in group)
+            assert rollups[minute]["latency_p95_max_ms"] == pytest.approx(max(p95s) if p95s else None)
+    assert db.get_device("cam-05")["last_telemetry"]["seq"] == 500
+
+
+def test_two_writers_with_overlapping_batches_store_each_message_once(db_url):
+    writers = [FleetDB(db_url), FleetDB(db_url)]
+    devices = [f"cam-{i:02d}" for i in range(10)]
+    messages = [("f", d, full_telemetry(d, "c" * 32, seq, fps=10.0, p95=5.0)) for seq in range(1, 301) for d in devices]
+    results: list[tuple[int, int]] = []
+
+    def write(db: FleetDB, seed: int) -> None:
+        rng = random.Random(seed)
+        mine = messages[:]
+        rng.shuffle(mine)
+        for start in range(0, len(mine), 200):
+            results.append(db.store_telemetry(mine[start:start + 200]))
+
+    threads = [threading.Thread(target=write, args=(w, i)) for i, w in enumerate(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(s for s, _ in results) == len(messages) and sum(d for _, d in results) == len(messages)
+    keys = [(d, m["seq"]) for d in devices for m in writers[0].device_telemetry(d, 10_000)]
+    assert len(keys) == len(set(keys)) == len(messages)
+    assert sum(r["samples"] for d in devices for r in writers[0].device_rollups(d)) == len(messages)
+    for w in writers:
+        w.close()
+
+
+def test_retention_deletes_by_age(db):
+    day = 86_400.0
+    now = 1_800_000_000.0
+    for age_days, seq in ((10, 1), (8, 2), (3, 3), (0.5, 4)):
+        message = full_telemetry("cam-1", "d" * 32, seq, fps=1.0, p95=1.0) | {"ts": now - age_days * day}
+        db.store_telemetry([("f", "cam-1", message)])
+        db.store_events([("f", "cam-1", {"event": "fallback", "ts": now - age_days * 10 * day})])
+    deleted = db.prune(raw_max_age_s=7 * day, rollup_max_age_s=90 * day, now=now, batch=1)
+    assert deleted == {"telemetry": 2, "telemetry_rollup": 0, "events": 1}  # events of 100 days
+    assert [m["seq"] for m in db.device_telemetry("cam-1")] == [3, 4]
+    assert len(db.device_rollups("cam-1")) == 4  # roll-ups stay longer
+    assert db.prune(raw_max_age_s=7 * day, rollup_max_age_s=5 * day, now=now)["telemetry_rollup"] == 2
 
 
 def test_http_api_reads_the_database(db, tmp_path):
@@ -84,16 +208,18 @@ def test_http_api_reads_the_database(db, tmp_path):
     assert info.value.code == 404
 
 
-def test_bad_database_url_is_a_config_error(tmp_path):
+def test_bad_database_url_is_a_config_error(tmp_path, postgres):
     with pytest.raises(ConfigError, match="cannot open fleet database"):
         FleetDB("nosuchdialect://x")
     with pytest.raises(ConfigError):
         FleetDB(f"sqlite:///{tmp_path}/missing-dir/deeper/fleet.db")
+    with pytest.raises(ConfigError, match="cannot open fleet database"):
+        FleetDB(postgres.url_for("no_such_database"))
 
 
 @pytest.mark.parametrize(("package", "code"), [
     ("sqlalchemy", "from edgeinfer.fleet.db import FleetDB\nFleetDB('sqlite:///:memory:')"),
-    ("amqtt", "from edgeinfer.fleet.broker import EmbeddedBroker\nEmbeddedBroker(port=0).start()"),
+    ("alembic", "from edgeinfer.fleet.db import FleetDB\nFleetDB('sqlite:///:memory:')"),
 ])
 def test_a_missing_fleet_package_names_the_pip_extra(package, code):
     done = run_without({package}, f"""

@@ -1,0 +1,179 @@
+"""The fleet database: devices, telemetry and its per-minute roll-ups, events, deployments.
+
+SQLAlchemy Core over SQLite (WAL, the default) or PostgreSQL (``postgresql+psycopg://...``, for
+several managers), the schema kept by Alembic migrations (:mod:`.migrate`, run on open).
+Telemetry is stored once per (device, boot_id, seq), so QoS 1 redeliveries count once; raw rows
+are kept ``raw`` days and roll-ups longer (:meth:`FleetDB.prune`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..._optional import import_optional
+from ...errors import ConfigError
+from . import rollouts, writes
+from .schema import tables
+
+DEFAULT_DB_URL = "sqlite:///fleet.db"
+DAY_S = 86_400.0
+DEFAULT_RAW_RETENTION_S = 7 * DAY_S
+DEFAULT_ROLLUP_RETENTION_S = 90 * DAY_S
+
+
+def create_engine(url: str) -> Any:
+    """An engine for ``url``; ConfigError that names the URL when it is not one we can open."""
+    sa = import_optional("sqlalchemy", "fleet", "the fleet database")
+    try:
+        if url.startswith("sqlite"):
+            engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+            sa.event.listen(engine, "connect", _sqlite_pragmas)
+        else:
+            engine = sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+        with engine.connect():
+            pass
+    except (sa.exc.ArgumentError, sa.exc.OperationalError, sa.exc.NoSuchModuleError, ModuleNotFoundError) as exc:
+        raise ConfigError(f"cannot open fleet database {url!r}: {str(exc).splitlines()[0]}") from None
+    return engine
+
+
+class FleetDB:
+    """Thread-safe access to the fleet database at ``url``, migrated to the newest schema on open."""
+
+    def __init__(self, url: str = DEFAULT_DB_URL, *, migrate: bool = True) -> None:
+        self._sa = import_optional("sqlalchemy", "fleet", "the fleet database")
+        if migrate:
+            import_optional("alembic", "fleet", "the fleet database's schema migrations")
+        self.url = url
+        self.engine = create_engine(url)
+        if migrate:
+            from .migrate import upgrade
+
+            try:
+                upgrade(self.engine)
+            except ConfigError:
+                self.engine.dispose()
+                raise
+        self.t = tables(self._sa)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -------------------------------------------------------------------------------- ingest
+    def store_telemetry(self, batch: Sequence[tuple[str, str, dict]]) -> tuple[int, int]:
+        """``(fleet, device, telemetry)`` items in one transaction; (stored, duplicates)."""
+        return writes.store_telemetry(self._sa, self.engine, self.t, batch)
+
+    def store_events(self, batch: Sequence[tuple[str, str, dict]]) -> int:
+        return writes.store_events(self.engine, self.t, batch)
+
+    def record_telemetry(self, fleet: str, device_id: str, message: dict) -> bool:
+        """Store one telemetry message once; False when (boot_id, seq) was already seen."""
+        return self.store_telemetry([(fleet, device_id, message)])[0] == 1
+
+    def record_event(self, fleet: str, device_id: str, event: dict) -> None:
+        self.store_events([(fleet, device_id, event)])
+
+    def record_state(self, fleet: str, device_id: str, state: dict) -> None:
+        """A device's retained state message (birth or Last Will)."""
+        with self.engine.begin() as conn:
+            writes.upsert_device(self.engine, conn, self.t, fleet, device_id, writes.state_values(state), time.time())
+
+    def prune(self, *, raw_max_age_s: float = DEFAULT_RAW_RETENTION_S,
+              rollup_max_age_s: float = DEFAULT_ROLLUP_RETENTION_S, events_max_age_s: float | None = None,
+              now: float | None = None, batch: int = 10_000) -> dict[str, int]:
+        """Delete raw telemetry, roll-ups and events past their age; rows deleted per table."""
+        now = time.time() if now is None else now
+        events_max_age_s = rollup_max_age_s if events_max_age_s is None else events_max_age_s
+        return writes.prune(self._sa, self.engine, self.t, raw_before=now - raw_max_age_s,
+                            rollup_before=now - rollup_max_age_s, events_before=now - events_max_age_s,
+                            batch=batch)
+
+    # ----------------------------------------------------------------------------- deployments
+    def create_deployment(self, manifest: dict, signature: str, options: dict, waves: list[list[str]]) -> None:
+        rollouts.create(self.engine, self.t, manifest, signature, options, waves)
+
+    def advance_target(self, deployment_id: str, device_id: str, state: str, detail: str | None = None, *,
+                       now: float | None = None) -> bool:
+        """Move a target forward to ``state`` (never backwards, never out of a finished state)."""
+        return rollouts.advance(self.engine, self.t, deployment_id, device_id, state, detail,
+                                time.time() if now is None else now)
+
+    def set_deployment_status(self, deployment_id: str, status: str, detail: str | None = None) -> None:
+        rollouts.set_status(self.engine, self.t, deployment_id, status, detail)
+
+    def try_lease(self, deployment_id: str, owner: str, ttl_s: float, *, now: float | None = None) -> bool:
+        """Take or renew the right to drive a running deployment until now + ttl_s."""
+        return rollouts.try_lease(self.engine, self.t, deployment_id, owner, ttl_s,
+                                  time.time() if now is None else now)
+
+    def release_lease(self, deployment_id: str, owner: str) -> None:
+        rollouts.release_lease(self.engine, self.t, deployment_id, owner)
+
+    def running_deployments(self) -> list[dict]:
+        return rollouts.running(self._sa, self.engine, self.t)
+
+    def deployment_targets(self, deployment_id: str) -> list[dict]:
+        return rollouts.targets(self._sa, self.engine, self.t, deployment_id)
+
+    # ------------------------------------------------------------------------------ reading (the API)
+    def list_devices(self, *, fleet: str | None = None, group: str | None = None) -> list[dict]:
+        sa, t = self._sa, self.t
+        query = sa.select(t.devices).order_by(t.devices.c.device_id)
+        if fleet:
+            query = query.where(t.devices.c.fleet == fleet)
+        with self.engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(query).mappings()]
+        return [r for r in rows if group is None or group in (r["groups"] or [])]
+
+    def get_device(self, device_id: str) -> dict | None:
+        sa, t = self._sa, self.t
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(t.devices).where(t.devices.c.device_id == device_id)).mappings().first()
+        return dict(row) if row else None
+
+    def device_telemetry(self, device_id: str, limit: int = 100) -> list[dict]:
+        sa, t = self._sa, self.t
+        query = (sa.select(t.telemetry.c.payload).where(t.telemetry.c.device_id == device_id)
+                 .order_by(t.telemetry.c.id.desc()).limit(limit))
+        with self.engine.connect() as conn:
+            return [r[0] for r in conn.execute(query)][::-1]
+
+    def device_rollups(self, device_id: str) -> list[dict]:
+        sa, t = self._sa, self.t
+        query = sa.select(t.rollups).where(t.rollups.c.device_id == device_id).order_by(t.rollups.c.minute)
+        with self.engine.connect() as conn:
+            return [dict(r) | {"fps_mean": r["fps_sum"] / r["samples"]} for r in conn.execute(query).mappings()]
+
+    def device_events(self, device_id: str, limit: int = 100) -> list[dict]:
+        sa, t = self._sa, self.t
+        query = (sa.select(t.events.c.payload).where(t.events.c.device_id == device_id)
+                 .order_by(t.events.c.id.desc()).limit(limit))
+        with self.engine.connect() as conn:
+            return [r[0] for r in conn.execute(query)][::-1]
+
+    def list_deployments(self) -> list[dict]:
+        sa, t = self._sa, self.t
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(t.deployments).order_by(t.deployments.c.created_at)).mappings()
+            return [rollouts.summary(sa, conn, t, dict(r)) for r in rows]
+
+    def get_deployment(self, deployment_id: str) -> dict | None:
+        sa, t = self._sa, self.t
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(t.deployments)
+                               .where(t.deployments.c.deployment_id == deployment_id)).mappings().first()
+            if row is None:
+                return None
+            found = rollouts.summary(sa, conn, t, dict(row))
+        found["devices"] = self.deployment_targets(deployment_id)
+        return found
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()

@@ -1,0 +1,99 @@
+"""Deployments in the database: creation, leases, forward-only target states — each one atomic SQL
+statement, so several fleet managers can share the work without a lock of their own."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..rollout import FAILED_STATES, PROGRESS_STATES, WAITING_STATES
+from .schema import Tables
+
+
+def predecessors(state: str) -> tuple[str, ...]:
+    """The states a target may move to ``state`` from: progress only goes forward, finished is final."""
+    if state == "notified":
+        return ("pending",)
+    if state in PROGRESS_STATES:  # a device's answer: only to a command it was sent
+        return tuple(s for s in PROGRESS_STATES[:PROGRESS_STATES.index(state)] if s in WAITING_STATES)
+    if state == "rejected":
+        return ("pending", *WAITING_STATES)
+    if state in FAILED_STATES:
+        return WAITING_STATES
+    raise ValueError(f"unknown target state {state!r}")
+
+
+def create(engine: Any, t: Tables, manifest: dict, signature: str, options: dict,
+           waves: list[list[str]]) -> None:
+    now = time.time()
+    with engine.begin() as conn:
+        conn.execute(t.deployments.insert().values(
+            deployment_id=manifest["deployment_id"], model_name=manifest["model_name"],
+            version=manifest["version"], sha256=manifest["sha256"], size=manifest["size"],
+            target=manifest["target"], options=options, status="running", manifest=manifest,
+            signature=signature, created_at=now, updated_at=now))
+        rows = [{"deployment_id": manifest["deployment_id"], "device_id": device_id, "wave": wave,
+                 "state": "pending", "updated_at": now} for wave, devices in enumerate(waves) for device_id in devices]
+        if rows:
+            conn.execute(t.targets.insert(), rows)
+
+
+def advance(engine: Any, t: Tables, deployment_id: str, device_id: str, state: str, detail: str | None,
+            now: float) -> bool:
+    values: dict[str, Any] = {"state": state, "detail": detail, "updated_at": now}
+    if state == "notified":
+        values["notified_at"] = now
+    c = t.targets.c
+    with engine.begin() as conn:
+        result = conn.execute(t.targets.update().where(
+            (c.deployment_id == deployment_id) & (c.device_id == device_id) & c.state.in_(predecessors(state))
+        ).values(**values))
+    return result.rowcount == 1
+
+
+def set_status(engine: Any, t: Tables, deployment_id: str, status: str, detail: str | None) -> None:
+    values: dict[str, Any] = {"status": status, "detail": detail, "updated_at": time.time()}
+    if status != "running":
+        values.update(lease_owner=None, lease_until=None)
+    with engine.begin() as conn:
+        conn.execute(t.deployments.update().where(t.deployments.c.deployment_id == deployment_id).values(**values))
+
+
+def try_lease(engine: Any, t: Tables, deployment_id: str, owner: str, ttl_s: float, now: float) -> bool:
+    c = t.deployments.c
+    free = c.lease_owner.is_(None) | (c.lease_owner == owner) | (c.lease_until < now)
+    with engine.begin() as conn:
+        result = conn.execute(t.deployments.update().where(
+            (c.deployment_id == deployment_id) & (c.status == "running") & free
+        ).values(lease_owner=owner, lease_until=now + ttl_s))
+    return result.rowcount == 1
+
+
+def release_lease(engine: Any, t: Tables, deployment_id: str, owner: str) -> None:
+    c = t.deployments.c
+    with engine.begin() as conn:
+        conn.execute(t.deployments.update().where((c.deployment_id == deployment_id) & (c.lease_owner == owner))
+                     .values(lease_owner=None, lease_until=None))
+
+
+def running(sa: Any, engine: Any, t: Tables) -> list[dict]:
+    query = sa.select(t.deployments).where(t.deployments.c.status == "running").order_by(t.deployments.c.created_at)
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(query).mappings()]
+
+
+def targets(sa: Any, engine: Any, t: Tables, deployment_id: str) -> list[dict]:
+    query = (sa.select(t.targets).where(t.targets.c.deployment_id == deployment_id)
+             .order_by(t.targets.c.wave, t.targets.c.device_id))
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(query).mappings()]
+
+
+def summary(sa: Any, conn: Any, t: Tables, row: dict) -> dict:
+    counts = conn.execute(sa.select(t.targets.c.state, sa.func.count())
+                          .where(t.targets.c.deployment_id == row["deployment_id"])
+                          .group_by(t.targets.c.state)).all()
+    row["counts"] = {state: n for state, n in counts}
+    for private in ("manifest", "signature"):
+        row.pop(private, None)
+    return row

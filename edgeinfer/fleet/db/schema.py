@@ -1,0 +1,102 @@
+"""The fleet database's tables at the newest migration (SQLAlchemy Core).
+
+This module describes the schema the code queries; ``edgeinfer/fleet/migrations`` builds it, step
+by step, in a real database. ``tests/fleet/test_migrations.py`` compares the two, so they cannot
+drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Tables:
+    metadata: Any
+    devices: Any
+    telemetry: Any
+    rollups: Any
+    events: Any
+    deployments: Any
+    targets: Any
+
+
+def tables(sa: Any) -> Tables:
+    metadata = sa.MetaData()
+    devices = sa.Table(
+        "devices", metadata,
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("fleet", sa.String(128), nullable=False),
+        sa.Column("groups", sa.JSON, nullable=False),
+        sa.Column("online", sa.Boolean, nullable=False),
+        sa.Column("state", sa.JSON),
+        sa.Column("model_name", sa.String(256)),
+        sa.Column("model_version", sa.Integer),
+        sa.Column("model_sha256", sa.String(64)),
+        sa.Column("delegate", sa.String(64)),
+        sa.Column("last_telemetry", sa.JSON),
+        sa.Column("first_seen", sa.Float, nullable=False),
+        sa.Column("last_seen", sa.Float, nullable=False),
+        sa.Column("last_telemetry_ts", sa.Float),
+    )
+    telemetry = sa.Table(
+        "telemetry", metadata,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("device_id", sa.String(128), nullable=False, index=True),
+        sa.Column("boot_id", sa.String(64), nullable=False),
+        sa.Column("seq", sa.BigInteger, nullable=False),
+        sa.Column("ts", sa.Float, nullable=False, index=True),
+        sa.Column("fps", sa.Float),
+        sa.Column("latency_p95_ms", sa.Float),
+        sa.Column("dropped", sa.Integer),
+        sa.Column("payload", sa.JSON, nullable=False),
+        sa.UniqueConstraint("device_id", "boot_id", "seq", name="telemetry_once"),
+    )
+    rollups = sa.Table(
+        "telemetry_rollup", metadata,
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("minute", sa.BigInteger, primary_key=True),
+        sa.Column("samples", sa.Integer, nullable=False),
+        sa.Column("fps_sum", sa.Float, nullable=False),
+        sa.Column("latency_p95_max_ms", sa.Float),
+        sa.Column("dropped_sum", sa.Integer, nullable=False),
+        sa.Index("ix_telemetry_rollup_minute", "minute"),
+    )
+    events = sa.Table(
+        "events", metadata,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("device_id", sa.String(128), nullable=False, index=True),
+        sa.Column("ts", sa.Float, nullable=False, index=True),
+        sa.Column("kind", sa.String(64), nullable=False),
+        sa.Column("payload", sa.JSON, nullable=False),
+    )
+    deployments = sa.Table(
+        "deployments", metadata,
+        sa.Column("deployment_id", sa.String(64), primary_key=True),
+        sa.Column("model_name", sa.String(256), nullable=False),
+        sa.Column("version", sa.Integer, nullable=False),
+        sa.Column("sha256", sa.String(64), nullable=False),
+        sa.Column("size", sa.BigInteger, nullable=False),
+        sa.Column("target", sa.String(1024), nullable=False),
+        sa.Column("options", sa.JSON, nullable=False),
+        sa.Column("status", sa.String(32), nullable=False),
+        sa.Column("detail", sa.Text),
+        sa.Column("manifest", sa.JSON, nullable=False),
+        sa.Column("signature", sa.Text, nullable=False),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("updated_at", sa.Float, nullable=False),
+        sa.Column("lease_owner", sa.String(128)),
+        sa.Column("lease_until", sa.Float),
+    )
+    targets = sa.Table(
+        "deployment_devices", metadata,
+        sa.Column("deployment_id", sa.String(64), primary_key=True),
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("wave", sa.Integer, nullable=False),
+        sa.Column("state", sa.String(32), nullable=False),
+        sa.Column("detail", sa.Text),
+        sa.Column("updated_at", sa.Float, nullable=False),
+        sa.Column("notified_at", sa.Float),
+    )
+    return Tables(metadata, devices, telemetry, rollups, events, deployments, targets)

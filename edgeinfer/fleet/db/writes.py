@@ -1,0 +1,164 @@
+"""Batched, idempotent writes for ingest: telemetry once per (device, boot_id, seq), roll-ups of what
+was really inserted, one upsert per device — every statement safe with several writers at once.
+
+``INSERT ... ON CONFLICT`` is spelled per dialect (SQLite ≥ 3.35 and PostgreSQL both have it, with
+RETURNING); devices are written in sorted order so two PostgreSQL writers never deadlock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .schema import Tables
+
+
+def _insert(engine: Any, table: Any) -> Any:
+    if engine.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif engine.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:  # pragma: no cover - other databases are not supported for ingest
+        raise NotImplementedError(f"ingest supports SQLite and PostgreSQL, not {engine.dialect.name}")
+    return insert(table)
+
+
+def telemetry_row(device_id: str, message: dict) -> dict:
+    pipelines = message.get("pipelines") or []
+    p95s = [((p.get("stages") or {}).get("latency") or {}).get("p95") for p in pipelines]
+    p95s = [float(v) for v in p95s if v is not None]
+    return {"device_id": device_id, "boot_id": str(message.get("boot_id")), "seq": int(message.get("seq", 0)),
+            "ts": float(message.get("ts") or time.time()), "fps": sum(float(p.get("fps") or 0.0) for p in pipelines),
+            "latency_p95_ms": max(p95s) if p95s else None,
+            "dropped": sum(int(p.get("dropped") or 0) for p in pipelines), "payload": message}
+
+
+def store_telemetry(sa: Any, engine: Any, t: Tables, batch: Sequence[tuple[str, str, dict]]) -> tuple[int, int]:
+    """Insert ``(fleet, device, message)`` items once each; update roll-ups and devices. (stored, duplicates)."""
+    rows: dict[tuple[str, str, int], dict] = {}
+    fleets: dict[str, str] = {}
+    for fleet, device_id, message in batch:
+        row = telemetry_row(device_id, message)
+        rows.setdefault((row["device_id"], row["boot_id"], row["seq"]), row)
+        fleets[device_id] = fleet
+    if not rows:
+        return 0, len(batch)
+    columns = t.telemetry.c
+    statement = (_insert(engine, t.telemetry).on_conflict_do_nothing(index_elements=["device_id", "boot_id", "seq"])
+                 .returning(columns.device_id, columns.boot_id, columns.seq))
+    with engine.begin() as conn:
+        inserted = {tuple(r) for r in conn.execute(statement, list(rows.values())).all()}
+        stored = [rows[key] for key in rows if key in inserted]
+        _roll_up(engine, conn, t, stored)
+        latest: dict[str, dict] = {}
+        for row in stored or rows.values():
+            if row["device_id"] not in latest or row["ts"] >= latest[row["device_id"]]["ts"]:
+                latest[row["device_id"]] = row
+        now = time.time()
+        for device_id in sorted(latest):
+            upsert_device(engine, conn, t, fleets[device_id], device_id,
+                          {"last_telemetry": latest[device_id]["payload"], "last_telemetry_ts": latest[device_id]["ts"],
+                           "online": True}, now)
+    return len(stored), len(batch) - len(stored)
+
+
+def _roll_up(engine: Any, conn: Any, t: Tables, stored: list[dict]) -> None:
+    """Add the stored rows to their (device, minute) roll-ups: sums add, the p95 keeps the worst."""
+    if not stored:
+        return
+    sums: dict[tuple[str, int], dict] = {}
+    for row in stored:
+        key = (row["device_id"], int(row["ts"] // 60))
+        acc = sums.setdefault(key, {"device_id": key[0], "minute": key[1], "samples": 0, "fps_sum": 0.0,
+                                    "latency_p95_max_ms": None, "dropped_sum": 0})
+        acc["samples"] += 1
+        acc["fps_sum"] += float(row["fps"] or 0.0)
+        acc["dropped_sum"] += int(row["dropped"] or 0)
+        if row["latency_p95_ms"] is not None:
+            acc["latency_p95_max_ms"] = max(acc["latency_p95_max_ms"] or row["latency_p95_ms"], row["latency_p95_ms"])
+    import sqlalchemy as sa
+
+    insert = _insert(engine, t.rollups)
+    old, new = t.rollups.c, insert.excluded
+    greatest = sa.func.greatest if engine.dialect.name == "postgresql" else sa.func.max  # SQLite: scalar max()
+    worst = sa.case((old.latency_p95_max_ms.is_(None), new.latency_p95_max_ms),
+                    (new.latency_p95_max_ms.is_(None), old.latency_p95_max_ms),
+                    else_=greatest(old.latency_p95_max_ms, new.latency_p95_max_ms))
+    statement = insert.on_conflict_do_update(
+        index_elements=["device_id", "minute"],
+        set_={"samples": old.samples + new.samples, "fps_sum": old.fps_sum + new.fps_sum,
+              "dropped_sum": old.dropped_sum + new.dropped_sum, "latency_p95_max_ms": worst})
+    for key in sorted(sums):  # one statement per key: a key appears once, and in the same order for every writer
+        conn.execute(statement.values(**sums[key]))
+
+
+def upsert_device(engine: Any, conn: Any, t: Tables, fleet: str, device_id: str, values: dict[str, Any],
+                  now: float) -> None:
+    """Create the device or update ``values`` on it, in one statement (no select-then-insert race)."""
+    import sqlalchemy as sa
+
+    defaults = {"groups": [], "online": False}
+    insert = _insert(engine, t.devices).values(device_id=device_id, fleet=fleet, first_seen=now, last_seen=now,
+                                               **(defaults | values))
+    updates = {"fleet": fleet, "last_seen": now, **values}
+    if "last_telemetry_ts" in values:  # an older batch (a redelivery) must not replace newer telemetry
+        old, new = t.devices.c, insert.excluded
+        newer = old.last_telemetry_ts.is_(None) | (new.last_telemetry_ts >= old.last_telemetry_ts)
+        for column in ("last_telemetry", "last_telemetry_ts"):
+            updates[column] = sa.case((newer, new[column]), else_=old[column])
+    conn.execute(insert.on_conflict_do_update(index_elements=["device_id"], set_=updates))
+
+
+def state_values(state: dict) -> dict[str, Any]:
+    """The device columns a retained state message (birth or Last Will) sets."""
+    values: dict[str, Any] = {"online": bool(state.get("online")), "state": state}
+    if "groups" in state:  # a Last Will carries no groups: keep what the birth said
+        values["groups"] = list(state.get("groups") or [])
+    pipelines = state.get("pipelines") or []
+    if state.get("online") and pipelines:
+        first = pipelines[0]  # the registry shows the first pipeline's model; state has them all
+        model = first.get("model") or {}
+        version = model.get("version")
+        values.update(model_name=Path(str(model.get("path") or "")).name or None,
+                      model_version=int(version) if str(version or "").isdigit() else None,
+                      model_sha256=model.get("sha256"), delegate=first.get("delegate"))
+    return values
+
+
+def store_events(engine: Any, t: Tables, batch: Sequence[tuple[str, str, dict]]) -> int:
+    """Keep device events (fallbacks, errors, update progress); returns how many."""
+    if not batch:
+        return 0
+    now = time.time()
+    rows = [{"device_id": device_id, "ts": float(event.get("ts") or now),
+             "kind": str(event.get("event") or event.get("kind") or "unknown")[:64], "payload": event}
+            for _fleet, device_id, event in batch]
+    fleets = {device_id: fleet for fleet, device_id, _event in batch}
+    with engine.begin() as conn:
+        conn.execute(t.events.insert(), rows)
+        for device_id in sorted(fleets):
+            upsert_device(engine, conn, t, fleets[device_id], device_id, {}, now)
+    return len(rows)
+
+
+def prune(sa: Any, engine: Any, t: Tables, *, raw_before: float, rollup_before: float, events_before: float,
+          batch: int) -> dict[str, int]:
+    """Delete rows older than the given UNIX times, ``batch`` rows per transaction (short locks)."""
+    deleted = {"telemetry": 0, "telemetry_rollup": 0, "events": 0}
+    plans = ((t.telemetry, t.telemetry.c.id, t.telemetry.c.ts < raw_before, "telemetry"),
+             (t.events, t.events.c.id, t.events.c.ts < events_before, "events"))
+    for table, key, old, name in plans:
+        while True:
+            with engine.begin() as conn:
+                ids = [r[0] for r in conn.execute(sa.select(key).where(old).limit(batch))]
+                if ids:
+                    conn.execute(table.delete().where(key.in_(ids)))
+            deleted[name] += len(ids)
+            if len(ids) < batch:
+                break
+    with engine.begin() as conn:
+        result = conn.execute(t.rollups.delete().where(t.rollups.c.minute < int(rollup_before // 60)))
+        deleted["telemetry_rollup"] = max(0, result.rowcount or 0)
+    return deleted

@@ -1,0 +1,1 @@
+"""Alembic migrations of the fleet database (``edgeinfer fleet db upgrade``; run on every start)."""

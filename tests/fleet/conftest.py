@@ -1,0 +1,28 @@
+"""Fixtures of the fleet tests: a real PostgreSQL for the whole session, a fresh database per test."""
+
+from __future__ import annotations
+
+import pytest
+from support.postgres import MISSING, PostgresServer
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    if MISSING:
+        pytest.skip(MISSING)
+    server = PostgresServer(tmp_path_factory.mktemp("postgres")).start()
+    yield server
+    server.stop("immediate")
+
+
+@pytest.fixture
+def postgres_url(postgres) -> str:
+    return postgres.create_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path) -> str:
+    """The same test on SQLite (a file) and on PostgreSQL (a fresh database)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
+    return request.getfixturevalue("postgres_url")

@@ -1,0 +1,101 @@
+"""A real PostgreSQL that the tests start themselves: ``initdb`` + ``pg_ctl`` in a temporary folder, on a
+free port, from the Debian package (``apt-get install postgresql``; ``make system-deps`` does it).
+
+PostgreSQL refuses to run as root: run as root (CI, this machine), the server runs as the
+``postgres`` system user the Debian package creates, in a folder handed to that user.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+
+def _bin_dir() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[4]))
+    return Path(found[-1]).parent if found else None
+
+
+BIN = _bin_dir()
+MISSING = None if BIN else "PostgreSQL is not installed (apt-get install postgresql, or make system-deps)"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class PostgresServer:
+    """One PostgreSQL cluster in ``workdir``; ``create_database()`` gives each test its own database."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        if BIN is None:
+            raise RuntimeError(MISSING)
+        self.workdir = Path(workdir)
+        self.data = self.workdir / "data"
+        self.port = port or free_port()
+        self.user = "postgres" if os.geteuid() == 0 else None
+        self.log = self.workdir / "postgres.log"
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(list(args), check=check, capture_output=True, text=True, user=self.user,
+                              cwd=self.workdir, timeout=120)
+
+    def start(self) -> PostgresServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.user:
+            account = pwd.getpwnam(self.user)
+            for folder in (self.workdir, *self.workdir.parents):  # the postgres user must reach its folder
+                if folder in (Path("/"), Path("/tmp")):
+                    break
+                folder.chmod(folder.stat().st_mode | 0o011)
+            shutil.chown(self.workdir, account.pw_uid, account.pw_gid)
+        if not (self.data / "PG_VERSION").exists():
+            self._run(str(BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
+                      "--no-sync")
+        options = f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=off " \
+                  "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        self._run(str(BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60",
+                  "start")
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.url_for("postgres")
+
+    def url_for(self, database: str) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, prefix: str = "test") -> str:
+        """A fresh, empty database; its SQLAlchemy URL."""
+        import sqlalchemy as sa
+
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        engine = sa.create_engine(self.url, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        engine.dispose()
+        return self.url_for(name)
+
+    def stop(self, mode: str = "fast") -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._run(str(BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
+
+    def running(self) -> bool:
+        return self._run(str(BIN / "pg_ctl"), "-D", str(self.data), "status", check=False).returncode == 0
+
+    def wait_ready(self, timeout: float = 30) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._run(str(BIN / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), check=False).returncode == 0:
+                return True
+            time.sleep(0.1)
+        return False
