@@ -1,16 +1,44 @@
-"""An embedded MQTT broker (amqtt) so one machine needs nothing else: ``fleet serve`` with no --broker."""
+"""The broker ``fleet serve`` runs when no ``--broker`` is given: a real Mosquitto, supervised.
+
+:class:`ManagedMosquitto` writes Mosquitto's config into ``<data_dir>/mosquitto/`` (regenerated on
+every start), starts ``mosquitto -c`` there, checks that its persistence really lands on disk, and
+restarts it (same port, same persistence file) if it dies. MQTT 5 and 3.1.1 both work.
+
+Why these settings:
+
+- ``user <whoever runs edgeinfer>``: started as root, Mosquitto switches to the ``mosquitto`` user
+  by default, which then cannot write the persistence file into a root-owned data dir — and says
+  so only in its log. Running as the caller keeps the files writable; the probe write and the
+  save-and-check at start prove it.
+- ``max_queued_messages``: Mosquitto's default queue of 1000 messages per client silently drops QoS 1
+  messages for a subscriber that falls behind — exactly the fleet manager's session when ingest
+  pushes back. The limit is raised so back-pressure waits in the broker instead of losing data.
+- persistence with ``autosave_interval``: sessions and queued messages survive a broker crash up to
+  the last save; :meth:`ManagedMosquitto.save` (SIGUSR1) writes one now (the manager calls it once
+  its subscriptions exist, so its session survives even an early crash).
+"""
 
 from __future__ import annotations
 
-import asyncio
+import getpass
 import logging
+import os
+import shutil
+import signal
 import socket
+import subprocess
 import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
 
-from .._optional import import_optional
-from ..errors import ConfigError, MissingDependency
+from .._backoff import Backoff
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+#: a run that lasted this long resets the restart backoff
+STABLE_RUN_S = 30.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -19,77 +47,188 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-class EmbeddedBroker:
-    """amqtt running on its own event loop in a named daemon thread."""
+#: where Debian puts it (/usr/sbin is not on every user's PATH)
+FALLBACK_PATHS = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 1883) -> None:
+
+def find_mosquitto() -> str:
+    found = shutil.which("mosquitto") or next((p for p in FALLBACK_PATHS if os.access(p, os.X_OK)), None)
+    if found is None:
+        raise ConfigError("the fleet manager runs Mosquitto as its broker, and it is not installed: "
+                          "apt-get install mosquitto — or pass --broker mqtt://HOST:PORT for a broker you run")
+    return found
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+class ManagedMosquitto:
+    """One Mosquitto process for the fleet manager: config, persistence, supervision."""
+
+    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", port: int = 1883, executable: str | None = None,
+                 max_queued_messages: int = 1_000_000, extra_config: Sequence[str] = ()) -> None:
+        self.folder = Path(data_dir) / "mosquitto"
         self.host = host
         self.port = port or free_port(host)
-        self._loop = asyncio.new_event_loop()  # closed by close(), or by a start() that fails
-        self._broker = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        self.executable = executable
+        self.max_queued_messages = max_queued_messages
+        self.extra_config = tuple(extra_config)
+        self.config_file = self.folder / "mosquitto.conf"
+        self.persistence_file = self.folder / "mosquitto.db"
+        self.log_file = self.folder / "mosquitto.log"
+        self.restarts = 0
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._supervisor: threading.Thread | None = None
         self._closed = False
 
     @property
     def url(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 15.0) -> EmbeddedBroker:
-        """Start listening; MissingDependency if amqtt is missing, ConfigError if the port is taken."""
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def config_text(self) -> str:
+        lines = [
+            "# Written by edgeinfer (fleet serve) at every start: edit the fleet manager's options, not this file.",
+            f"user {getpass.getuser()}",
+            f"listener {self.port} {self.host}",
+            "protocol mqtt",
+            "allow_anonymous true",
+            "persistence true",
+            f"persistence_location {self.folder}/",
+            f"persistence_file {self.persistence_file.name}",
+            "autosave_interval 60",
+            "persistent_client_expiration 14d",
+            f"max_queued_messages {self.max_queued_messages}",
+            "set_tcp_nodelay true",
+            f"log_dest file {self.log_file}",
+            "log_type error", "log_type warning", "log_type notice", "log_type information",
+            "connection_messages true",
+            *self.extra_config,
+        ]
+        return "\n".join(lines) + "\n"
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def start(self, timeout: float = 10.0) -> ManagedMosquitto:
+        """Start Mosquitto and its supervisor; returns once the port accepts connections and a save landed."""
+        executable = self.executable or find_mosquitto()
+        self._prepare_folder()
+        self.config_file.write_text(self.config_text())
+        self._launch(executable, timeout)
         try:
-            amqtt_broker = import_optional("amqtt.broker", "fleet", "the embedded broker (or pass --broker mqtt://host:port)")
-        except MissingDependency:
+            self.save(timeout)
+        except ConfigError:
             self.close()
             raise
-        config = {
-            "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
-            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
-        }
-
-        def serve() -> None:
-            asyncio.set_event_loop(self._loop)
-
-            async def boot() -> None:
-                self._broker = amqtt_broker.Broker(config)
-                await self._broker.start()
-
-            try:
-                self._loop.run_until_complete(boot())
-            except BaseException as exc:  # report any start failure to the starting thread
-                self._error = exc
-                self._ready.set()
-                return
-            self._ready.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=serve, name="edgeinfer-embedded-broker", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout) or self._error is not None:
-            self.close()
-            raise ConfigError(f"the embedded MQTT broker could not listen on {self.host}:{self.port}: "
-                              f"{self._error or 'timed out'}")
-        log.info("embedded MQTT broker on %s", self.url)
+        self._supervisor = threading.Thread(target=self._supervise, args=(executable,),
+                                            name="edgeinfer-mosquitto-supervisor", daemon=True)
+        self._supervisor.start()
+        log.info("Mosquitto on %s (pid %s), persistence in %s", self.url, self.pid, self.folder)
         return self
 
-    def close(self) -> None:
+    def _prepare_folder(self) -> None:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            probe = self.folder / f".write-probe-{os.getpid()}"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"Mosquitto's folder {self.folder} is not writable by {getpass.getuser()}: "
+                              f"{exc.strerror or exc}") from None
+
+    def _launch(self, executable: str, timeout: float) -> None:
+        if _port_open(self.host, self.port):
+            raise ConfigError(f"Mosquitto could not start on {self.host}:{self.port}: something else listens there "
+                              "(Address already in use) — choose another --broker-port, or pass --broker for it")
+        with open(self.log_file, "ab") as out:
+            proc = subprocess.Popen([executable, "-c", str(self.config_file)], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        with self._lock:
+            self._proc = proc
+        deadline = time.monotonic() + timeout
+        while not _port_open(self.host, self.port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                raise ConfigError(f"Mosquitto could not start on {self.host}:{self.port} (exit code {proc.returncode})"
+                                  f": {self._log_tail()}")
+            time.sleep(0.02)
+
+    def save(self, timeout: float = 5.0) -> None:
+        """Make Mosquitto write its persistence file now (SIGUSR1) and wait until it has."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise ConfigError("Mosquitto is not running")
+        before = self.persistence_file.stat().st_mtime_ns if self.persistence_file.exists() else None
+        proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.persistence_file.exists() and self.persistence_file.stat().st_mtime_ns != before:
+                return
+            time.sleep(0.02)
+        raise ConfigError(f"Mosquitto is not writing its persistence file {self.persistence_file}: "
+                          f"{self._log_tail()}")
+
+    def _supervise(self, executable: str) -> None:
+        backoff = Backoff(initial_s=0.2, max_s=10.0)
+        failures = 0
+        started = time.monotonic()
+        while not self._stop.is_set():
+            proc = self._proc
+            if proc is None:
+                return
+            code = proc.wait()
+            if self._stop.is_set():
+                return
+            failures = 0 if time.monotonic() - started > STABLE_RUN_S else failures + 1
+            delay = backoff.delay(failures) if failures else 0.0
+            log.warning("Mosquitto (pid %s) exited with %s; restarting it in %.1f s: %s", proc.pid, code, delay,
+                        self._log_tail(1))
+            if self._stop.wait(delay):
+                return
+            try:
+                self._launch(executable, timeout=10.0)
+            except ConfigError as exc:
+                log.error("%s", exc)
+                continue
+            self.restarts += 1
+            started = time.monotonic()
+
+    def _log_tail(self, lines: int = 5) -> str:
+        try:
+            text = self.log_file.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(text[-lines:]) or "(empty log)"
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop supervising, then stop Mosquitto (SIGTERM: it saves its persistence on the way out)."""
         if self._closed:
             return
         self._closed = True
-        if self._broker is not None and self._loop.is_running():
-            future = asyncio.run_coroutine_threadsafe(self._broker.shutdown(), self._loop)
+        self._stop.set()
+        with self._lock:
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
             try:
-                future.result(timeout=10)
-            except Exception as exc:  # shutting down: log, never raise from close()
-                log.debug("embedded broker shutdown: %s", exc)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        if not self._loop.is_running():
-            self._loop.close()
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout)
 
-    def __enter__(self) -> EmbeddedBroker:
+    def __enter__(self) -> ManagedMosquitto:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
