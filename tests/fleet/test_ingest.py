@@ -9,16 +9,18 @@ import urllib.request
 import uuid
 
 import pytest
-from support.broker import Collector, running_broker
+from support.broker import Collector
 from support.processes import wait_until as wait
 
+from edgeinfer.fleet.broker import ManagedMosquitto
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.link.protocol import Topics
 
 
 @pytest.fixture
 def broker(tmp_path):
-    with running_broker(tmp_path) as b:
+    """The broker as `fleet serve` runs it (Mosquitto's default 1000-message queue per client would drop a burst)."""
+    with ManagedMosquitto(tmp_path / "broker", port=0) as b:
         yield b
 
 
@@ -32,13 +34,21 @@ def telemetry(device: str, boot: str, seq: int) -> bytes:
 
 
 def publish_burst(port: int, devices: list[str], per_device: int, boots: dict[str, str]) -> int:
-    """Publish at QoS 1 as fast as the broker takes it; returns how many."""
-    with Collector(port, "nothing/#") as publisher:
-        publisher.client.max_inflight_messages_set(500)
-        infos = [publisher.client.publish(Topics("f", d).telemetry, telemetry(d, boots[d], seq), qos=1)
+    """Publish at QoS 1 as fast as the broker takes it (200 in flight); returns how many."""
+    import paho.mqtt.client as paho
+
+    publisher = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"burst-{uuid.uuid4().hex[:6]}")
+    publisher.max_inflight_messages_set(200)
+    publisher.connect("127.0.0.1", port)
+    publisher.loop_start()
+    try:
+        infos = [publisher.publish(Topics("f", d).telemetry, telemetry(d, boots[d], seq), qos=1)
                  for seq in range(1, per_device + 1) for d in devices]
         for info in infos:
             info.wait_for_publish(30)
+    finally:
+        publisher.disconnect()
+        publisher.loop_stop()
     return len(infos)
 
 
@@ -106,6 +116,7 @@ def test_malformed_messages_are_counted_and_acknowledged(tmp_path, broker):
         assert manager.wait_connected(10)
         time.sleep(0.5)
         with Collector(broker.port, "nothing/#") as device:
+            assert device.wait_subscribed()
             topics = Topics("f", "cam-x")
             for payload in (b"{", b"[]", json.dumps({"v": 1}).encode(), b"\xff\xfe", b"x" * 300_000):
                 device.publish(topics.telemetry, payload)
