@@ -1,14 +1,20 @@
-"""Content-addressed artifact storage (by sha256) and serving with HTTP Range requests."""
+"""Content-addressed artifact storage (by sha256): copied in, or streamed in from an upload.
+
+Serving, with Range requests, is Starlette's ``FileResponse`` (``api.py``).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-from .._fs import copy_atomically, sha256_file
+from .._fs import copy_atomically, replace_durably, sha256_file, temp_path_for
 
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+#: raised (a built-in) when an upload passes its size limit
+UploadTooLarge = OverflowError
 
 
 class ArtifactStore:
@@ -31,62 +37,39 @@ class ArtifactStore:
             copy_atomically(source, target)
         return digest, target.stat().st_size
 
+    async def receive(self, chunks: AsyncIterator[bytes], *, expected: int, max_bytes: int) -> tuple[str, int]:
+        """Stream an upload of ``expected`` bytes into the store, hashing as it goes; (sha256, size).
+
+        Nothing is kept on failure: ValueError when the body is cut short or longer than announced,
+        UploadTooLarge past ``max_bytes``; the temporary file is removed whatever happens.
+        """
+        temp = temp_path_for(self.root / "upload")
+        digest, size = hashlib.sha256(), 0
+        try:
+            with open(temp, "wb") as out:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise UploadTooLarge(f"the upload passed the {max_bytes}-byte limit")
+                    if size > expected:
+                        raise ValueError(f"the body is longer than its Content-Length ({expected} bytes)")
+                    digest.update(chunk)
+                    out.write(chunk)
+            if size != expected:
+                raise ValueError(f"the upload was cut short: {size} of {expected} bytes")
+            sha256 = digest.hexdigest()
+            target = self.path_for(sha256)
+            if target.exists():
+                return sha256, size
+            target.parent.mkdir(parents=True, exist_ok=True)
+            replace_durably(temp, target)
+            return sha256, size
+        finally:
+            temp.unlink(missing_ok=True)
+
     def get(self, sha256: str) -> Path | None:
         try:
             path = self.path_for(sha256)
         except ValueError:
             return None
         return path if path.is_file() else None
-
-
-def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
-    """(start, end inclusive) for a single-range header; None for no/ignored header; 'invalid' for 416."""
-    if not header:
-        return None
-    match = _RANGE.match(header.strip())
-    if not match:
-        return None  # multi-range or another unit: serve the whole file (allowed by RFC 9110)
-    first, last = match.groups()
-    if first == "" and last == "":
-        return "invalid"
-    if first == "":
-        length = int(last)
-        if length == 0:
-            return "invalid"
-        return max(0, size - length), size - 1
-    start = int(first)
-    end = min(int(last), size - 1) if last else size - 1
-    if start >= size or end < start:
-        return "invalid"
-    return start, end
-
-
-def send_file(handler, path: Path, *, head: bool = False, content_type: str = "application/octet-stream") -> None:
-    """Answer ``handler`` (a BaseHTTPRequestHandler) with ``path``, honouring a Range header."""
-    size = path.stat().st_size
-    wanted = parse_range(handler.headers.get("Range"), size)
-    if wanted == "invalid":
-        handler.send_response(416)
-        handler.send_header("Content-Range", f"bytes */{size}")
-        handler.send_header("Content-Length", "0")
-        handler.end_headers()
-        return
-    start, end = wanted if isinstance(wanted, tuple) else (0, size - 1)
-    handler.send_response(206 if isinstance(wanted, tuple) else 200)
-    handler.send_header("Content-Type", content_type)
-    handler.send_header("Accept-Ranges", "bytes")
-    handler.send_header("Content-Length", str(end - start + 1))
-    if isinstance(wanted, tuple):
-        handler.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-    handler.end_headers()
-    if head:
-        return
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        remaining = end - start + 1
-        while remaining > 0:
-            chunk = fh.read(min(1 << 16, remaining))
-            if not chunk:
-                break
-            handler.wfile.write(chunk)
-            remaining -= len(chunk)

@@ -22,7 +22,7 @@ class FleetClient:
         self.url = (url or os.environ.get(FLEET_URL_ENV) or DEFAULT_FLEET_URL).rstrip("/")
         self.timeout = timeout
 
-    def _request(self, method: str, path: str, body: bytes | None = None,
+    def _request(self, method: str, path: str, body: Any = None,
                  headers: dict[str, str] | None = None) -> Any:
         request = urllib.request.Request(f"{self.url}{path}", data=body, method=method, headers=headers or {})
         try:
@@ -51,10 +51,11 @@ class FleetClient:
         return self._request("GET", f"/api/deployments/{deployment_id}")
 
     def upload(self, path: str | os.PathLike) -> dict:
-        """PUT a model file; returns {"sha256", "size"}."""
-        data = Path(path).read_bytes()
-        return self._request("PUT", "/api/artifacts", data, {"Content-Length": str(len(data)),
-                                                              "Content-Type": "application/octet-stream"})
+        """PUT a model file, streamed from disk (never read whole into memory); returns {"sha256", "size"}."""
+        size = Path(path).stat().st_size
+        with open(path, "rb") as body:
+            return self._request("PUT", "/api/artifacts", body, {"Content-Length": str(size),
+                                                                  "Content-Type": "application/octet-stream"})
 
     def create_deployment(self, spec: dict) -> dict:
         body = json.dumps(spec).encode()

@@ -11,7 +11,7 @@ from support.fleet import CuttingProxy
 from support.processes import run_without
 
 from edgeinfer.errors import ConfigError, DownloadError, UpdateRejected
-from edgeinfer.fleet.artifacts import ArtifactStore, parse_range
+from edgeinfer.fleet.artifacts import ArtifactStore
 from edgeinfer.fleet.http import FleetHTTPServer
 from edgeinfer.updates.download import download
 from edgeinfer.updates.signing import Manifest, SigningKey, VerifyKey, new_manifest
@@ -85,15 +85,6 @@ def test_expired_and_malformed_manifests(tmp_path):
         Manifest.from_dict({"unexpected": 1})
     with pytest.raises(ConfigError):
         VerifyKey("not base64!")
-
-
-@pytest.mark.parametrize(
-    ("header", "expected"),
-    [(None, None), ("bytes=0-9", (0, 9)), ("bytes=10-", (10, 99)), ("bytes=-5", (95, 99)),
-     ("bytes=90-200", (90, 99)), ("bytes=100-", "invalid"), ("bytes=5-2", "invalid"), ("items=1-2", None)],
-)
-def test_parse_range(header, expected):
-    assert parse_range(header, 100) == expected
 
 
 def test_server_honours_range(server):

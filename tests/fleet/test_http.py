@@ -1,0 +1,204 @@
+"""The fleet manager's HTTP server (FastAPI on uvicorn) on a real socket: Range downloads, streamed uploads,
+the JSON API and its errors, OpenAPI, graceful shutdown."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+import tracemalloc
+import urllib.error
+import urllib.request
+
+import pytest
+
+from edgeinfer.fleet.artifacts import ArtifactStore
+from edgeinfer.fleet.client import FleetClient
+from edgeinfer.fleet.http import FleetHTTPServer
+
+
+class Api:
+    """The manager's side of the API, as small as a test needs (the real one: FleetManager)."""
+
+    def __init__(self) -> None:
+        self.created: list[dict] = []
+
+    def list_devices(self) -> list[dict]:
+        return [{"device_id": "cam-1", "online": True}]
+
+    def get_device(self, device_id: str) -> dict | None:
+        return {"device_id": device_id} if device_id == "cam-1" else None
+
+    def list_deployments(self) -> list[dict]:
+        return []
+
+    def get_deployment(self, deployment_id: str) -> dict | None:
+        return None
+
+    def device_telemetry(self, device_id: str, limit: int) -> list[dict]:
+        return [{"seq": n} for n in range(1, limit + 1)][:3]
+
+    def create_deployment(self, spec: dict) -> dict:
+        if "version" not in spec:
+            raise ValueError("version must be an integer")
+        self.created.append(spec)
+        return {"deployment_id": "d1", **spec}
+
+    def metrics(self) -> bytes:
+        return b"edgeinfer_fleet_messages_invalid_total 0.0\n"
+
+
+@pytest.fixture
+def artifact(tmp_path):
+    data = os.urandom(1 << 20)
+    store = ArtifactStore(tmp_path / "store")
+    source = tmp_path / "model.bin"
+    source.write_bytes(data)
+    sha, _ = store.put(source)
+    return store, sha, data
+
+
+@pytest.fixture
+def server(artifact):
+    store, _, _ = artifact
+    with FleetHTTPServer(store, Api()) as srv:
+        yield srv
+
+
+def get(url: str, headers: dict | None = None, method: str = "GET") -> tuple[int, object, bytes]:
+    """(status, headers — case-insensitive —, body)."""
+    request = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read()
+
+
+@pytest.mark.parametrize(("header", "status", "content_range", "span"), [
+    (None, 200, None, (0, 1 << 20)),
+    ("bytes=100-199", 206, "bytes 100-199/1048576", (100, 200)),
+    ("bytes=1048000-", 206, "bytes 1048000-1048575/1048576", (1048000, 1 << 20)),
+    ("bytes=-50", 206, "bytes 1048526-1048575/1048576", ((1 << 20) - 50, 1 << 20)),
+    ("bytes=1048500-9999999", 206, "bytes 1048500-1048575/1048576", (1048500, 1 << 20)),
+    ("bytes=1048576-", 416, "bytes */1048576", None),
+    ("bytes=5-2", 400, None, None),  # not a range at all (Starlette: 400 Malformed range)
+])
+def test_artifact_ranges(server, artifact, header, status, content_range, span):
+    _, sha, data = artifact
+    code, headers, body = get(server.artifact_url(sha), {"Range": header} if header else {})
+    assert code == status
+    assert headers.get("Content-Range") == content_range
+    if span:
+        assert body == data[span[0]:span[1]] and headers["Accept-Ranges"] == "bytes"
+
+
+def test_an_interrupted_download_resumes_with_range(server, artifact):
+    _, sha, data = artifact
+    with urllib.request.urlopen(server.artifact_url(sha), timeout=10) as response:
+        first = response.read(300_000)  # then the connection is dropped
+    code, _, rest = get(server.artifact_url(sha), {"Range": f"bytes={len(first)}-"})
+    assert code == 206 and hashlib.sha256(first + rest).hexdigest() == sha
+    code, headers, body = get(server.artifact_url(sha), method="HEAD")
+    assert code == 200 and headers["Content-Length"] == str(len(data)) and body == b""
+
+
+def test_uploads_stream_to_disk(tmp_path, server):
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as out:
+        for _ in range(64):
+            out.write(os.urandom(1 << 20))
+    tracemalloc.start()
+    try:
+        answer = FleetClient(server.url).upload(big)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert answer == {"sha256": hashlib.sha256(big.read_bytes()).hexdigest(), "size": 64 << 20}
+    assert server.store.get(answer["sha256"]).read_bytes() == big.read_bytes()
+    assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB traced while uploading 64 MiB: the file went through memory"
+
+
+def leftovers(store: ArtifactStore) -> list[str]:
+    return [p.name for p in store.root.rglob("*") if p.is_file()]
+
+
+def test_refused_and_broken_uploads_keep_nothing(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    with FleetHTTPServer(store, Api(), max_upload_bytes=1000) as server:
+        code, _, body = get(f"{server.url}/api/artifacts", method="PUT")
+        assert code == 411 and "Content-Length" in json.loads(body)["error"]
+        request = urllib.request.Request(f"{server.url}/api/artifacts", data=b"x" * 2000, method="PUT")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=10)
+        assert info.value.code == 413
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:  # promises 900 bytes, sends 100, leaves
+            sock.sendall(b"PUT /api/artifacts HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n" + b"y" * 100)
+        time.sleep(0.5)
+        assert get(f"{server.url}/healthz")[0] == 200  # still serving
+    assert leftovers(store) == []
+
+
+def test_json_api_routes_and_hostile_requests(server):
+    base = server.url
+    assert json.loads(get(f"{base}/api/devices")[2]) == [{"device_id": "cam-1", "online": True}]
+    assert get(f"{base}/api/devices/cam-1")[0] == 200
+    code, _, body = get(f"{base}/api/devices/ghost")
+    assert code == 404 and json.loads(body) == {"error": "no device ghost"}
+    assert json.loads(get(f"{base}/api/devices/cam-1/telemetry?limit=2")[2]) == [{"seq": 1}, {"seq": 2}]
+    for bad in ("limit=0", "limit=999999", "limit=abc"):
+        code, _, body = get(f"{base}/api/devices/cam-1/telemetry?{bad}")
+        assert code == 400 and "limit" in json.loads(body)["error"]
+    assert get(f"{base}/api/deployments/nope")[0] == 404
+    for path in ("/artifacts/../../etc/passwd", "/artifacts/" + "0" * 64, "/nothing/here"):
+        code, _, body = get(base + path)
+        assert code == 404 and "error" in json.loads(body)
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    for payload in (b"{not json", b"[1, 2]", b'"text"', b"{}"):
+        connection.request("POST", "/api/deployments", body=payload, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 400 and json.loads(response.read())["error"]
+    connection.request("POST", "/api/deployments", body=b'{"version": 2, "all": true}',
+                       headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 201 and json.loads(response.read())["deployment_id"] == "d1"
+    assert get(f"{base}/metrics")[2] == b"edgeinfer_fleet_messages_invalid_total 0.0\n"
+    assert get(f"{base}/healthz")[0] == 200
+
+
+def test_openapi_describes_the_api(server):
+    schema = json.loads(get(f"{server.url}/openapi.json")[2])
+    assert schema["info"]["title"] == "edgeinfer fleet manager"
+    for path in ("/api/devices", "/api/devices/{device_id}", "/api/deployments", "/api/artifacts",
+                 "/artifacts/{sha256}", "/metrics"):
+        assert path in schema["paths"], path
+
+
+def test_close_lets_a_download_in_flight_finish_then_refuses(tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    source = tmp_path / "m.bin"
+    source.write_bytes(os.urandom(32 << 20))
+    sha, _ = store.put(source)
+    server = FleetHTTPServer(store).start()
+    received = bytearray()
+    response = urllib.request.urlopen(server.artifact_url(sha), timeout=30)
+    received += response.read(1 << 20)
+    closer = threading.Thread(target=server.close)
+    closer.start()
+    while chunk := response.read(1 << 20):
+        received += chunk
+        time.sleep(0.01)
+    closer.join(15)
+    assert not closer.is_alive() and hashlib.sha256(received).hexdigest() == sha
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=2)
+    server.close()  # idempotent
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            FleetHTTPServer(store, port=taken.getsockname()[1])
