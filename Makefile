@@ -33,7 +33,7 @@ bench-live: venv
 	$(BIN)/python bench/live_decode.py
 
 # Debian packages the demo and the tests use (a real Mosquitto broker, PostgreSQL that the fleet tests start
-# in a temporary directory, shellcheck for the
+# in a temporary directory, mosquitto-clients for the ingest benchmark's baseline, shellcheck for the
 # provisioning scripts, Prometheus to run the Grafana dashboard's queries). Installed only when
 # missing; needs root, as on CI.
 system-deps:
@@ -42,6 +42,7 @@ system-deps:
 	command -v shellcheck >/dev/null 2>&1 || missing="$$missing shellcheck"; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v mosquitto_sub >/dev/null 2>&1 || missing="$$missing mosquitto-clients"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from .fleet_db import db
+from .fleet_simulate import simulate
 from .output import handle_errors, print_json
 
 _fleet_url = click.option("--fleet-url", envvar="EDGEINFER_FLEET_URL", default="http://127.0.0.1:8700",
@@ -23,6 +24,7 @@ def fleet() -> None:
 
 
 fleet.add_command(db)
+fleet.add_command(simulate)
 
 
 @fleet.command("serve")

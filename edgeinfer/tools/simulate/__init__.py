@@ -1,0 +1,360 @@
+"""Simulated agents: thousands in one process, on one thread, speaking the real protocol to a real broker.
+
+For load tests, demos and benchmarks (``edgeinfer fleet simulate``). Each device is a paho client
+with a persistent MQTT 5 session, a retained birth and a Last Will on ``state``, telemetry with its
+``boot_id`` and ``seq`` every interval (phases spread over the interval), and answers to ``deploy``
+commands with the agent's own ``update`` events (downloading → validating → active, or failed for
+the share ``fail_rate`` picks, fixed per device and ``seed``). All clients share one network
+thread through paho's external-loop API (``selectors``; no thread per device). Connections are
+spread over a ramp, and a lost connection is retried with :class:`~edgeinfer._backoff.Backoff`
+and equal jitter, so a thousand devices do not reconnect in lockstep after a broker restart.
+Telemetry made while offline waits in the client (up to ``max_pending`` per device; beyond that it
+is counted as dropped) and goes out after the reconnect; a message counts as acked on its PUBACK.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import logging
+import random
+import selectors
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..._backoff import EQUAL_JITTER, Backoff
+from ...errors import ClosedError
+from ...link.settings import parse_broker_url
+from .device import SimDevice, fails
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Simulation", "SimulationReport", "SimulationSettings"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulationSettings:
+    broker: str  # mqtt://host:port
+    devices: int
+    fleet: str = "sim"
+    prefix: str = "sim"  # device ids f"{prefix}-{i:05d}"
+    interval_s: float = 1.0
+    duration_s: float | None = None  # None: until stop()
+    fail_rate: float = 0.0
+    seed: int = 0
+    ramp_s: float | None = None  # None: min(10, devices / 100) seconds
+    groups: tuple[str, ...] = ()
+    update_delay_s: tuple[float, float] = (0.05, 0.3)  # between the update events of one device
+    max_pending: int = 10_000  # unacknowledged telemetry kept per device
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        parse_broker_url(self.broker)  # ValueError with the shape of a good URL
+        if self.devices < 1:
+            raise ValueError(f"devices must be at least 1, not {self.devices}")
+        if not 0.0 <= self.fail_rate <= 1.0:
+            raise ValueError(f"fail rate must be within 0..1, not {self.fail_rate}")
+        if self.interval_s <= 0:
+            raise ValueError(f"interval must be > 0 s, not {self.interval_s}")
+
+
+@dataclass
+class SimulationReport:
+    devices: int
+    published: int
+    acked: int
+    dropped: int
+    online: int
+    connects: int
+    peak_connects_per_s: int
+    commands: int
+    updates_active: int
+    updates_failed: int
+    elapsed_s: float
+    connect_times: list[float] = field(default_factory=list, repr=False)
+    per_device: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "connect_times"}
+        out["elapsed_s"] = round(self.elapsed_s, 3)
+        return out
+
+
+def peak_per_second(times: list[float]) -> int:
+    """The most events within any one-second window."""
+    ordered, best, start = sorted(times), 0, 0
+    for end, t in enumerate(ordered):
+        while t - ordered[start] >= 1.0:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
+
+
+class Simulation:
+    """``start()`` (or ``run()``), then ``stop()`` (graceful) or ``kill()`` (abrupt: Last Wills fire)."""
+
+    def __init__(self, settings: SimulationSettings) -> None:
+        from ...link.paho_client import require_paho
+
+        require_paho()
+        self.settings = settings
+        self.broker = parse_broker_url(settings.broker)
+        self.devices = [SimDevice(f"{settings.prefix}-{i:05d}", settings.fleet,
+                                  fails(f"{settings.prefix}-{i:05d}", settings.seed, settings.fail_rate),
+                                  groups=settings.groups) for i in range(settings.devices)]
+        self._rng = random.Random(settings.seed)
+        self._backoff = Backoff(initial_s=settings.reconnect_min_s, max_s=settings.reconnect_max_s,
+                                jitter=EQUAL_JITTER)
+        self._selector = selectors.DefaultSelector()
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._stop = threading.Event()
+        self._producing = True
+        self._abrupt = False
+        self._thread: threading.Thread | None = None
+        self._started_at: float | None = None
+        self._ended_at: float | None = None
+        self.connect_times: list[float] = []
+        self.commands = 0
+        self.updates = {"active": 0, "failed": 0}
+
+    # ------------------------------------------------------------------------------ public API
+    def device_ids(self) -> list[str]:
+        return [d.device_id for d in self.devices]
+
+    def failing_devices(self) -> list[str]:
+        return [d.device_id for d in self.devices if d.failing]
+
+    @property
+    def online(self) -> int:
+        return sum(d.connected for d in self.devices)
+
+    def start(self) -> Simulation:
+        if self._thread is not None:
+            raise ClosedError("a simulation runs once — create a new one")
+        self._started_at = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="edgeinfer-simulate", daemon=True)
+        self._thread.start()
+        return self
+
+    def run(self, on_progress: Callable[[SimulationReport], None] | None = None,
+            progress_every_s: float = 5.0) -> SimulationReport:
+        """Start, run for duration_s (or until stop() / KeyboardInterrupt), then stop; the final report."""
+        if self._thread is None:
+            self.start()
+        deadline = None if self.settings.duration_s is None else time.monotonic() + self.settings.duration_s
+        try:
+            while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                self._stop.wait(min(progress_every_s, max(0.0, (deadline or 1e18) - time.monotonic())))
+                if on_progress is not None:
+                    on_progress(self.report())
+        finally:
+            self.stop()
+        return self.report()
+
+    def stop(self, drain_s: float = 5.0) -> None:
+        """Stop publishing, wait up to ``drain_s`` for outstanding PUBACKs, disconnect cleanly (no Last Will)."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+        self._producing = False
+        deadline = time.monotonic() + drain_s
+        while time.monotonic() < deadline and any(d.in_flight for d in self.devices if d.connected):
+            time.sleep(0.05)
+        self._stop.set()
+        self._thread.join(30)
+
+    def kill(self) -> None:
+        """Drop every connection without a DISCONNECT: the broker publishes each device's Last Will."""
+        self._abrupt = True
+        self.stop(drain_s=0.0)
+
+    def report(self) -> SimulationReport:
+        per_device = {d.device_id: {"boot_id": d.boot_id, "seq_first": d.counters.seq_first,
+                                    "seq_last": d.counters.seq_last, "published": d.counters.published,
+                                    "acked": d.counters.acked, "connects": d.counters.connects,
+                                    "failing": d.failing} for d in self.devices}
+        end = self._ended_at or time.monotonic()
+        total = lambda name: sum(getattr(d.counters, name) for d in self.devices)  # noqa: E731
+        times = list(self.connect_times)
+        return SimulationReport(
+            devices=len(self.devices), published=total("published"), acked=total("acked"), dropped=total("dropped"),
+            online=self.online, connects=total("connects"), peak_connects_per_s=peak_per_second(times),
+            commands=self.commands, updates_active=self.updates["active"], updates_failed=self.updates["failed"],
+            elapsed_s=end - (self._started_at or end), connect_times=times, per_device=per_device)
+
+    def __enter__(self) -> Simulation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------------------ the network thread
+    def _later(self, delay: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._order), action))
+
+    def _run(self) -> None:
+        ramp = self.settings.ramp_s if self.settings.ramp_s is not None else min(10.0, len(self.devices) / 100)
+        for index, device in enumerate(self.devices):
+            self._later(ramp * index / len(self.devices), lambda d=device: self._connect(d))
+        last_misc = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                wait = min(0.05, max(0.0, self._timers[0][0] - time.monotonic())) if self._timers else 0.05
+                for key, mask in self._selector.select(wait):
+                    self._pump(key.data, mask)
+                now = time.monotonic()
+                while self._timers and self._timers[0][0] <= now:
+                    heapq.heappop(self._timers)[2]()
+                if now - last_misc >= 1.0:  # keepalive pings and paho's retries
+                    last_misc = now
+                    for device in self.devices:
+                        if device.connected and device.client.loop_misc() != 0:
+                            self._lost(device)
+        finally:
+            self._shutdown()
+            self._ended_at = time.monotonic()
+
+    def _pump(self, device: SimDevice, mask: int) -> None:
+        client = device.client
+        rc = client.loop_read() if mask & selectors.EVENT_READ else 0
+        if rc == 0 and mask & selectors.EVENT_WRITE:
+            rc = client.loop_write()
+        if rc != 0:
+            self._lost(device)
+
+    def _new_client(self, device: SimDevice) -> Any:
+        import paho.mqtt.client as paho
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"{self.settings.fleet}-{device.device_id}",
+                             protocol=paho.MQTTv5, userdata=device, reconnect_on_failure=False)
+        client.max_inflight_messages_set(50)
+        client.max_queued_messages_set(0)
+        client.will_set(device.topics.state, device.state(online=False), qos=1, retain=True)
+        client.on_connect = self._on_connect
+        client.on_publish = self._on_publish
+        client.on_message = self._on_message
+        client.on_socket_open = lambda c, d, sock: self._selector.register(sock, selectors.EVENT_READ, d)
+        client.on_socket_close = lambda c, d, sock: self._unregister(sock)
+        client.on_socket_register_write = lambda c, d, sock: self._watch(sock, d, write=True)
+        client.on_socket_unregister_write = lambda c, d, sock: self._watch(sock, d, write=False)
+        return client
+
+    def _unregister(self, sock: Any) -> None:
+        try:
+            self._selector.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+
+    def _watch(self, sock: Any, device: SimDevice, *, write: bool) -> None:
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
+        try:
+            self._selector.modify(sock, events, device)
+        except (KeyError, ValueError):
+            pass
+
+    def _connect(self, device: SimDevice) -> None:
+        if self._stop.is_set():
+            return
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        try:
+            if device.client is None:
+                device.client = self._new_client(device)
+                props = Properties(PacketTypes.CONNECT)
+                props.SessionExpiryInterval = 24 * 3600
+                device.client.connect(self.broker.host, self.broker.port, keepalive=30, clean_start=False,
+                                      properties=props)
+            else:
+                device.client.reconnect()
+        except (OSError, ValueError) as exc:
+            log.debug("%s: connect failed: %s", device.device_id, exc)
+            self._retry(device)
+
+    def _retry(self, device: SimDevice) -> None:
+        device.reconnect_attempt += 1
+        self._later(self._backoff.delay(device.reconnect_attempt, self._rng), lambda: self._connect(device))
+
+    def _lost(self, device: SimDevice) -> None:
+        if device.connected:
+            device.connected = False
+            device.reconnect_attempt = 0
+        sock = device.client.socket() if device.client is not None else None
+        if sock is not None:
+            self._unregister(sock)
+        self._retry(device)
+
+    def _on_connect(self, client: Any, device: SimDevice, flags: Any, reason: Any, properties: Any) -> None:
+        if reason.is_failure:
+            log.warning("%s: the broker refused the connection: %s", device.device_id, reason)
+            return
+        device.connected = True
+        device.reconnect_attempt = 0
+        device.counters.connects += 1
+        self.connect_times.append(time.monotonic())
+        client.subscribe(device.topics.cmd, qos=1)
+        client.publish(device.topics.state, device.state(), qos=1, retain=True)
+        if device.counters.connects == 1:
+            phase = self._rng.uniform(0, self.settings.interval_s)
+            self._later(phase, lambda: self._tick(device))
+
+    def _tick(self, device: SimDevice) -> None:
+        """One telemetry window of ``device``, then the next one ``interval_s`` later."""
+        if not self._producing or self._stop.is_set():
+            return
+        if len(device.in_flight) >= self.settings.max_pending:
+            device.counters.dropped += 1  # a full spool: the agent drops too, and says so
+        else:
+            payload = device.telemetry(self._rng, self.settings.interval_s)
+            info = device.client.publish(device.topics.telemetry, payload, qos=1)
+            device.in_flight[info.mid] = device.seq
+            device.counters.published += 1
+        self._later(self.settings.interval_s, lambda: self._tick(device))
+
+    def _on_publish(self, client: Any, device: SimDevice, mid: int, reason: Any, properties: Any) -> None:
+        seq = device.in_flight.pop(mid, None)
+        if seq is None:
+            return
+        counters = device.counters
+        counters.acked += 1
+        counters.seq_first = seq if counters.seq_first is None else min(counters.seq_first, seq)
+        counters.seq_last = seq if counters.seq_last is None else max(counters.seq_last, seq)
+
+    def _on_message(self, client: Any, device: SimDevice, message: Any) -> None:
+        try:
+            command = json.loads(message.payload)
+        except ValueError:
+            return
+        self.commands += 1
+        if not isinstance(command, dict) or command.get("cmd") != "deploy":
+            return
+        for delay, state in device.update_plan(command, self._rng, self.settings.update_delay_s):
+            self._later(delay, lambda s=state: self._report_update(device, command, s))
+
+    def _report_update(self, device: SimDevice, command: dict, state: str) -> None:
+        device.client.publish(device.topics.events, device.update_event(command, state), qos=1)
+        if state in self.updates:
+            self.updates[state] += 1
+        if state == "active":  # the agent re-publishes its birth with the new model
+            device.client.publish(device.topics.state, device.state(), qos=1, retain=True)
+
+    def _shutdown(self) -> None:
+        for device in self.devices:
+            client = device.client
+            if client is None:
+                continue
+            if self._abrupt:
+                sock = client.socket()
+                if sock is not None:
+                    sock.close()
+            elif device.connected:
+                client.disconnect()
+                client.loop_write()
+            device.connected = False
+        self._selector.close()
