@@ -50,7 +50,7 @@ class Serve:
         self.http = self.broker = ""
 
     def start(self) -> Serve:
-        with open(self.log, "ab") as log:
+        with open(self.log, "wb") as log:  # a fresh log: the address is read from it
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=log, cwd=REPO)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -79,7 +79,7 @@ class FleetDB:
     def record_state(self, fleet: str, device_id: str, state: dict) -> None:
         """A device's retained state message (birth or Last Will)."""
         with self.engine.begin() as conn:
-            writes.upsert_device(self.engine, conn, self.t, fleet, device_id, writes.state_values(state), time.time())
+            writes.upsert_devices(self.engine, conn, self.t, [(fleet, device_id, writes.state_values(state))])
 
     def prune(self, *, raw_max_age_s: float = DEFAULT_RAW_RETENTION_S,
               rollup_max_age_s: float = DEFAULT_ROLLUP_RETENTION_S, events_max_age_s: float | None = None,

@@ -56,11 +56,9 @@ def store_telemetry(sa: Any, engine: Any, t: Tables, batch: Sequence[tuple[str, 
         for row in stored or rows.values():
             if row["device_id"] not in latest or row["ts"] >= latest[row["device_id"]]["ts"]:
                 latest[row["device_id"]] = row
-        now = time.time()
-        for device_id in sorted(latest):
-            upsert_device(engine, conn, t, fleets[device_id], device_id,
-                          {"last_telemetry": latest[device_id]["payload"], "last_telemetry_ts": latest[device_id]["ts"],
-                           "online": True}, now)
+        upsert_devices(engine, conn, t, [
+            (fleets[device_id], device_id, {"last_telemetry": row["payload"], "last_telemetry_ts": row["ts"],
+                                            "online": True}) for device_id, row in latest.items()])
     return len(stored), len(batch) - len(stored)
 
 
@@ -90,25 +88,43 @@ def _roll_up(engine: Any, conn: Any, t: Tables, stored: list[dict]) -> None:
         index_elements=["device_id", "minute"],
         set_={"samples": old.samples + new.samples, "fps_sum": old.fps_sum + new.fps_sum,
               "dropped_sum": old.dropped_sum + new.dropped_sum, "latency_p95_max_ms": worst})
-    for key in sorted(sums):  # one statement per key: a key appears once, and in the same order for every writer
-        conn.execute(statement.values(**sums[key]))
+    # one statement for the batch; keys are unique in it and sorted, the same order for every writer
+    conn.execute(statement, [sums[key] for key in sorted(sums)])
 
 
-def upsert_device(engine: Any, conn: Any, t: Tables, fleet: str, device_id: str, values: dict[str, Any],
-                  now: float) -> None:
-    """Create the device or update ``values`` on it, in one statement (no select-then-insert race)."""
+def upsert_devices(engine: Any, conn: Any, t: Tables, items: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
+    """Create each ``(fleet, device_id, values)`` device or update ``values`` on it: one statement per set of
+    columns (no select-then-insert race), devices in sorted order (two PostgreSQL writers never deadlock)."""
+    now = time.time()
+    by_columns: dict[tuple[str, ...], list[dict]] = {}
+    for fleet, device_id, values in sorted(items, key=lambda item: item[1]):
+        row = {"device_id": device_id, "fleet": fleet, "first_seen": now, "last_seen": now, "groups": [],
+               "online": False, **values}
+        by_columns.setdefault(tuple(sorted(values)), []).append(row)
+    for columns, rows in by_columns.items():
+        conn.execute(_device_upsert(engine, t, columns), rows)
+
+
+_UPSERTS: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def _device_upsert(engine: Any, t: Tables, columns: tuple[str, ...]) -> Any:
+    """The device upsert that updates ``columns`` (built once per engine and set of columns)."""
+    key = (id(t.devices), engine.dialect.name, columns)
+    if key in _UPSERTS:
+        return _UPSERTS[key]
     import sqlalchemy as sa
 
-    defaults = {"groups": [], "online": False}
-    insert = _insert(engine, t.devices).values(device_id=device_id, fleet=fleet, first_seen=now, last_seen=now,
-                                               **(defaults | values))
-    updates = {"fleet": fleet, "last_seen": now, **values}
-    if "last_telemetry_ts" in values:  # an older batch (a redelivery) must not replace newer telemetry
-        old, new = t.devices.c, insert.excluded
+    insert = _insert(engine, t.devices)
+    old, new = t.devices.c, insert.excluded
+    updates: dict[str, Any] = {"fleet": new.fleet, "last_seen": new.last_seen, **{c: new[c] for c in columns}}
+    if "last_telemetry_ts" in columns:  # an older batch (a redelivery) must not replace newer telemetry
         newer = old.last_telemetry_ts.is_(None) | (new.last_telemetry_ts >= old.last_telemetry_ts)
         for column in ("last_telemetry", "last_telemetry_ts"):
             updates[column] = sa.case((newer, new[column]), else_=old[column])
-    conn.execute(insert.on_conflict_do_update(index_elements=["device_id"], set_=updates))
+    statement = insert.on_conflict_do_update(index_elements=["device_id"], set_=updates)
+    _UPSERTS[key] = statement
+    return statement
 
 
 def state_values(state: dict) -> dict[str, Any]:
@@ -138,8 +154,7 @@ def store_events(engine: Any, t: Tables, batch: Sequence[tuple[str, str, dict]])
     fleets = {device_id: fleet for fleet, device_id, _event in batch}
     with engine.begin() as conn:
         conn.execute(t.events.insert(), rows)
-        for device_id in sorted(fleets):
-            upsert_device(engine, conn, t, fleets[device_id], device_id, {}, now)
+        upsert_devices(engine, conn, t, [(fleet, device_id, {}) for device_id, fleet in fleets.items()])
     return len(rows)
 
 
