@@ -111,3 +111,18 @@ def follow_update(db: Any, device: str, event: dict) -> bool:
         return False
     deployment_id, state, detail = progress
     return bool(db.advance_target(deployment_id, device, state, detail, now=time.time()))
+
+
+def follow_state(db: Any, running: list[dict], device: str, state: dict) -> bool:
+    """A device whose state reports a running deployment's model has it active, whatever became of its
+    events (another manager's share of them may wait for that manager to come back)."""
+    if not state.get("online"):
+        return False
+    models = {str((p.get("model") or {}).get("sha256") or "") for p in state.get("pipelines") or []}
+    changed = False
+    for deployment in running:
+        if deployment.get("sha256") in models:
+            changed |= bool(db.advance_target(deployment["deployment_id"], device, "active",
+                                              "its state reports the new model", now=time.time()))
+    return changed
+

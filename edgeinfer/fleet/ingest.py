@@ -66,12 +66,14 @@ class Ingest:
     """A bounded queue and one writer thread between the MQTT link and the fleet database."""
 
     def __init__(self, db: Any, *, on_event: Callable[[str, dict], None] | None = None,
-                 queue_size: int = DEFAULT_QUEUE_SIZE, batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+                 on_state: Callable[[str, dict], None] | None = None, queue_size: int = DEFAULT_QUEUE_SIZE,
+                 batch_size: int = DEFAULT_BATCH_SIZE) -> None:
         self.db = db
         self.stats = IngestStats()
         self.queue_size = queue_size
         self.batch_size = batch_size
         self._on_event = on_event
+        self._on_state = on_state
         self._queue: queue.Queue[tuple[str, bytes, Any] | None] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="edgeinfer-fleet-ingest", daemon=True)
@@ -184,12 +186,13 @@ class Ingest:
         events = self.db.store_events(batch.events) if batch.events else 0
         for fleet, device, state in batch.states:
             self.db.record_state(fleet, device, state)
-        if self._on_event is not None:  # e.g. rollout progress, before the ack: a crash here gets a redelivery
-            for _fleet, device, event in batch.events:
+        # e.g. rollout progress, before the ack: a crash here gets a redelivery
+        for callback, items in ((self._on_event, batch.events), (self._on_state, batch.states)):
+            for _fleet, device, message in items if callback is not None else ():
                 try:
-                    self._on_event(device, event)
+                    callback(device, message)
                 except Exception:
-                    log.exception("following an event from %s failed", device)
+                    log.exception("following a %s message from %s failed", message.get("type"), device)
         for delivery in batch.deliveries:
             delivery.ack()
         self.stats.stored["telemetry"] += stored

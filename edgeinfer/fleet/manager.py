@@ -123,7 +123,8 @@ class FleetManager:
             self.broker_url = self.broker.url
         self._registry = registry_for(self)
         self._start_http()
-        self.ingest = Ingest(self.db, on_event=self._on_event, queue_size=self.settings.ingest_queue,
+        self.ingest = Ingest(self.db, on_event=self._on_event, on_state=self._on_state,
+                             queue_size=self.settings.ingest_queue,
                              batch_size=self.settings.ingest_batch).start()
         self._start_link()
         owner = f"{self.settings.client_id()}-{uuid.uuid4().hex[:6]}"  # a restarted manager is a new owner
@@ -216,6 +217,11 @@ class FleetManager:
     # ------------------------------------------------------------------------ ingest & retention
     def _on_event(self, device: str, event: dict) -> None:
         if deployments.follow_update(self.db, device, event) and self.rollouts is not None:
+            self.rollouts.poke()
+
+    def _on_state(self, device: str, state: dict) -> None:
+        running = self.rollouts.running if self.rollouts is not None else []
+        if running and deployments.follow_state(self.db, running, device, state):
             self.rollouts.poke()
 
     def _maintain(self) -> None:

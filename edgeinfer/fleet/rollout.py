@@ -156,6 +156,7 @@ class RolloutDriver:
         self.tick_s = tick_s
         self._notify = notify
         self._held: set[str] = set()  # deployments this driver has been driving
+        self.running: list[dict] = []  # every running deployment, as of the last tick
         self.takeovers = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -198,6 +199,7 @@ class RolloutDriver:
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         running = self.store.running_deployments()
+        self.running = running
         for deployment in running:
             deployment_id = deployment["deployment_id"]
             owner, until = deployment.get("lease_owner"), deployment.get("lease_until")

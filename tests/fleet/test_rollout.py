@@ -117,3 +117,17 @@ def test_a_second_driver_takes_over_when_the_lease_runs_out_and_resends(db):
     answer(db, dep["deployment_id"], ["d2", "d3"], "active")
     b.tick(now=108.0)
     assert db.get_deployment(dep["deployment_id"])["status"] == "succeeded" and not b.held
+
+
+def test_a_state_reporting_the_new_model_completes_a_device_whose_events_went_elsewhere(db):
+    from edgeinfer.fleet.deployments import follow_state
+
+    dep = deployment(db, ["d0", "d1"], canary_pct=100)
+    step(db, dep, lambda d: None)
+    running = db.running_deployments()
+    new_model = {"online": True, "pipelines": [{"name": "main", "model": {"path": "m", "sha256": "a" * 64}}]}
+    old_model = {"online": True, "pipelines": [{"name": "main", "model": {"path": "m", "sha256": "b" * 64}}]}
+    assert not follow_state(db, running, "d1", old_model)
+    assert not follow_state(db, running, "d0", new_model | {"online": False})
+    assert follow_state(db, running, "d0", new_model)
+    assert states(db, dep["deployment_id"]) == {"d0": "active", "d1": "notified"}

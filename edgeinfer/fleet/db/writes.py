@@ -49,7 +49,8 @@ def store_telemetry(sa: Any, engine: Any, t: Tables, batch: Sequence[tuple[str, 
     statement = (_insert(engine, t.telemetry).on_conflict_do_nothing(index_elements=["device_id", "boot_id", "seq"])
                  .returning(columns.device_id, columns.boot_id, columns.seq))
     with engine.begin() as conn:
-        inserted = {tuple(r) for r in conn.execute(statement, list(rows.values())).all()}
+        # in key order: two PostgreSQL writers with overlapping batches then wait for each other, never deadlock
+        inserted = {tuple(r) for r in conn.execute(statement, [rows[key] for key in sorted(rows)]).all()}
         stored = [rows[key] for key in rows if key in inserted]
         _roll_up(engine, conn, t, stored)
         latest: dict[str, dict] = {}

@@ -43,6 +43,7 @@ class SimDevice:
     groups: tuple[str, ...] = ()
     boot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     version: int = 1
+    model_sha256: str = "0" * 64
     seq: int = 0
     event_seq: int = 0
     client: Any = None
@@ -65,7 +66,8 @@ class SimDevice:
         if online:
             message.update(groups=list(self.groups), profile="simulated", started=time.time(),
                            pipelines=[{"name": "main", "status": "running", "delegate": "xnnpack",
-                                       "model": {"path": MODEL_PATH, "version": str(self.version)}}])
+                                       "model": {"path": MODEL_PATH, "version": str(self.version),
+                                                 "sha256": self.model_sha256}}])
         else:
             message["reason"] = "connection lost"
         return encode(message)
@@ -116,4 +118,5 @@ class SimDevice:
             level, message = "error", f"update to v{version}: failed (validation_failed)"
         elif state == "active":
             self.version = version
+            self.model_sha256 = str(manifest.get("sha256") or self.model_sha256)
         return self.event("update", level, message, cmd_id=command.get("id"), data=data)
