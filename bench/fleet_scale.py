@@ -44,8 +44,9 @@ class Serve:
         self.workdir = workdir / name
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log = self.workdir / "serve.log"
+        self.name = f"bench-{name}"
         self.cmd = [sys.executable, "-m", "edgeinfer", "fleet", "serve", "--http", "127.0.0.1:0",
-                    "--data-dir", str(self.workdir), "--manager-id", f"bench-{name}", *args]
+                    "--data-dir", str(self.workdir), "--manager-id", self.name, *args]
         self.proc: subprocess.Popen | None = None
         self.http = self.broker = ""
 
@@ -117,6 +118,112 @@ def stored_seqs(db_url: str) -> dict[str, set[int]]:
     return out
 
 
+def metric(serve: Serve, name: str) -> float | None:
+    text = urllib.request.urlopen(f"{serve.http}/metrics", timeout=10).read().decode()
+    found = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+    return float(found.group(1)) if found else None
+
+
+def lease_owner(db_url: str, deployment_id: str) -> str | None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(db_url)
+    with engine.connect() as conn:
+        owner = conn.execute(sa.text("SELECT lease_owner FROM deployments WHERE deployment_id = :d"),
+                             {"d": deployment_id}).scalar()
+    engine.dispose()
+    return owner
+
+
+def rollout(workdir: Path, devices: int, *, fail_rate: float, kill_leader: bool, model: Path) -> dict:
+    """Two managers, one broker, one PostgreSQL; a deployment to every device."""
+    from support.postgres import PostgresServer
+
+    from edgeinfer.fleet.broker import ManagedMosquitto, free_port
+    from edgeinfer.tools.simulate import Simulation, SimulationSettings
+
+    postgres = PostgresServer(workdir / "pg").start()
+    db_url = postgres.create_database("fleet")
+    broker = ManagedMosquitto(workdir / "broker", port=free_port()).start()
+    managers = [Serve(workdir, f"m{i}", "--broker", broker.url, "--db", db_url, "--lease-ttl", "5") for i in (0, 1)]
+    key = None
+    try:
+        managers[0].start()
+        key = (managers[0].workdir / "fleet-signing.key").read_bytes()  # both managers sign with the fleet's key
+        (managers[1].workdir / "fleet-signing.key").write_bytes(key)
+        managers[1].start()
+        settings = SimulationSettings(broker=broker.url, devices=devices, fleet="bench", fail_rate=fail_rate,
+                                      seed=seed_failing_a_fifth_of_the_canary(devices, fail_rate),
+                                      update_delay_s=(0.2, 1.5) if kill_leader else (0.05, 0.3))
+        with Simulation(settings) as sim:
+            sim.start()
+            if not wait(lambda: sim.online == devices, 120) or not wait(
+                    lambda: len(managers[0].api("/api/devices")) == devices, 60, 0.5):
+                raise SystemExit("the simulated devices did not all register")
+            sha = managers[0].upload(model)
+            started = time.monotonic()
+            created = managers[0].api("/api/deployments", {
+                "sha256": sha, "model_name": model.name, "version": 2, "all": True, "canary_pct": 5,
+                "wave_size": max(1, devices // 5), "abort_failure_rate": 10, "device_timeout_s": 120})
+            deployment_id = created["deployment_id"]
+            canary = {t["device_id"] for t in created["devices"] if t["wave"] == 0}
+            killed = takeover_s = None
+            if kill_leader:
+                # mid-wave: the second wave has been notified and is under way
+                wait(lambda: sum(t["state"] != "pending" for t in managers[0].api(
+                    f"/api/deployments/{deployment_id}")["devices"]) > len(canary) + devices // 10, 120, 0.2)
+                owner = lease_owner(db_url, deployment_id)
+                leader = next((m for m in managers if m.name in (owner or "")), None)
+                if leader is None:
+                    raise SystemExit(f"no manager holds the rollout's lease ({owner!r}): "
+                                     f"{managers[0].api(f'/api/deployments/{deployment_id}')['status']}")
+                survivor = next(m for m in managers if m is not leader)
+                killed_at = time.monotonic()
+                leader.kill()
+                killed = leader.name
+                wait(lambda: (lease_owner(db_url, deployment_id) or "").startswith(survivor.name), 60, 0.1)
+                takeover_s = round(time.monotonic() - killed_at, 1)
+                watcher = survivor
+            else:
+                watcher = managers[0]
+            wait(lambda: watcher.api(f"/api/deployments/{deployment_id}")["status"] != "running", 600, 0.5)
+            elapsed = time.monotonic() - started
+            final = watcher.api(f"/api/deployments/{deployment_id}")
+            report = sim.report()
+            notified = {d for d, info in report.per_device.items() if d in canary or sim_commands(sim, d)}
+        return {"devices": devices, "status": final["status"], "counts": final["counts"], "seconds": round(elapsed, 1),
+                "waves": 1 + max(t["wave"] for t in final["devices"]), "canary": len(canary),
+                "devices_commanded": len(notified), "commanded_outside_canary": len(notified - canary),
+                "killed_leader": killed, "takeover_s": takeover_s,
+                "takeovers": metric(watcher, "edgeinfer_fleet_rollout_takeovers_total"),
+                "updates_active": report.updates_active, "updates_failed": report.updates_failed,
+                "detail": final.get("detail")}
+    finally:
+        for m in managers:
+            m.stop()
+        broker.close()
+        postgres.stop()
+
+
+def seed_failing_a_fifth_of_the_canary(devices: int, fail_rate: float) -> int:
+    """A simulator seed under which exactly 20 % of the 5 % canary (the first device ids) fail."""
+    import math
+
+    from edgeinfer.tools.simulate.device import fails
+
+    canary = [f"sim-{i:05d}" for i in range(max(1, math.ceil(devices * 0.05)))]
+    if not fail_rate:
+        return 0
+    for seed in range(10_000):
+        if sum(fails(d, seed, fail_rate) for d in canary) == round(len(canary) * 0.2):
+            return seed
+    raise SystemExit("no seed fails a fifth of the canary")
+
+
+def sim_commands(sim, device_id: str) -> bool:
+    return any(d.deployments for d in sim.devices if d.device_id == device_id)
+
+
 def broker_crash(workdir: Path, devices: int, warmup_s: float, after_s: float) -> dict:
     from edgeinfer.tools.simulate import Simulation, SimulationSettings
 
@@ -158,7 +265,7 @@ def broker_crash(workdir: Path, devices: int, warmup_s: float, after_s: float) -
             if missing == 0 or time.monotonic() > deadline:
                 break
             time.sleep(1)
-        restarts = serve.api("/healthz") and None
+        restarts = metric(serve, "edgeinfer_fleet_broker_restarts_total")
         return {"devices": devices, "all_online_again": back, "all_online_s": round(all_online_s, 1),
                 "peak_connects_per_s": summary.get("peak_connects_per_s"), "connects": summary.get("connects"),
                 "published": summary["published"], "acked": summary["acked"], "stored_devices": len(seqs),
@@ -174,12 +281,23 @@ def main() -> None:
     parser.add_argument("--scenario", choices=("broker-crash", "rollout", "abort", "all"), default="all")
     parser.add_argument("--warmup", type=float, default=15.0)
     parser.add_argument("--after", type=float, default=15.0)
+    parser.add_argument("--model", type=Path, help="The artifact to deploy (default: a model from the shared assets).")
     args = parser.parse_args()
+    from support.assets import MODELS
+
+    model = args.model or MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
     workdir = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-scale-"))
     try:
         if args.scenario in ("broker-crash", "all"):
             result = broker_crash(workdir / "crash", args.devices, args.warmup, args.after)
             print("broker-crash:", json.dumps(result), flush=True)
+        if args.scenario in ("rollout", "all"):
+            result = rollout(workdir / "rollout", args.devices, fail_rate=0.0, kill_leader=True, model=model)
+            print("rollout (leader SIGKILLed mid-wave):", json.dumps(result), flush=True)
+        if args.scenario in ("abort", "all"):
+            # a seed under which exactly a fifth of the canary fails (the simulator's choice is fixed per seed)
+            result = rollout(workdir / "abort", args.devices, fail_rate=0.2, kill_leader=False, model=model)
+            print("abort (failing canary):", json.dumps(result), flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
