@@ -111,12 +111,13 @@ def broker_session(url: str, client_id: str, *, create: bool, count: int = 0) ->
 class Manager:
     """``edgeinfer fleet serve`` as a subprocess."""
 
-    def __init__(self, workdir: Path, name: str, broker: str, db: str) -> None:
+    def __init__(self, workdir: Path, name: str, broker: str, db: str, *options: str) -> None:
         self.workdir = workdir / name
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log = self.workdir / "serve.log"
         self.cmd = [sys.executable, "-m", "edgeinfer", "fleet", "serve", "--broker", broker, "--db", db,
-                    "--http", "127.0.0.1:0", "--data-dir", str(self.workdir), "--manager-id", f"bench-{name}"]
+                    "--http", "127.0.0.1:0", "--data-dir", str(self.workdir), "--manager-id", f"bench-{name}",
+                    *options]
         self.proc: subprocess.Popen | None = None
         self.http = ""
 
@@ -166,8 +167,9 @@ def stored_rows(engine) -> tuple[int, int]:
 def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: int, devices: int,
                         count: int) -> dict:
     names = [f"m{i}" for i in range(count)]
-    for name in names:  # their sessions (shared subscription) exist before anything is published
-        Manager(workdir, name, broker, db).start().stop()
+    shared = ("--shared-group", "bench") if count > 1 else ()
+    for name in names:  # their sessions (and subscriptions) exist before anything is published
+        Manager(workdir, name, broker, db, *shared).start().stop()
     with engine.begin() as conn:
         import sqlalchemy as sa
 
@@ -176,7 +178,7 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
     broker_session(broker, base_id, create=True)
     publish(broker, messages, devices)
     broker_s = broker_session(broker, base_id, create=False, count=messages)
-    managers = [Manager(workdir, name, broker, db) for name in names]
+    managers = [Manager(workdir, name, broker, db, *shared) for name in names]
     for m in managers:
         m.start()
     first: float | None = None

@@ -145,7 +145,8 @@ def rollout(workdir: Path, devices: int, *, fail_rate: float, kill_leader: bool,
     postgres = PostgresServer(workdir / "pg").start()
     db_url = postgres.create_database("fleet")
     broker = ManagedMosquitto(workdir / "broker", port=free_port()).start()
-    managers = [Serve(workdir, f"m{i}", "--broker", broker.url, "--db", db_url, "--lease-ttl", "5") for i in (0, 1)]
+    managers = [Serve(workdir, f"m{i}", "--broker", broker.url, "--db", db_url, "--lease-ttl", "5",
+                      "--shared-group", "bench") for i in (0, 1)]
     key = None
     try:
         managers[0].start()

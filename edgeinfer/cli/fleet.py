@@ -14,6 +14,8 @@ from .fleet_db import db
 from .fleet_simulate import simulate
 from .output import handle_errors, print_json
 
+SHARED_GROUP = "edgeinfer-fleet"
+
 _fleet_url = click.option("--fleet-url", envvar="EDGEINFER_FLEET_URL", default="http://127.0.0.1:8700",
                           show_default=True, help="The fleet manager's HTTP address.")
 
@@ -48,13 +50,16 @@ fleet.add_command(simulate)
               help="Keep raw telemetry this long.")
 @click.option("--rollup-days", default=90.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Keep per-minute telemetry roll-ups and events this long.")
+@click.option("--shared-group", help="Run as one of several managers: share telemetry and events through the MQTT 5 "
+              f"shared subscription $share/GROUP/... (every manager of the fleet gives the same GROUP, e.g. "
+              f"{SHARED_GROUP}).")
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds after which another manager takes over the rollouts of one that stopped renewing them.")
 @handle_errors
 def fleet_serve(broker: str | None, broker_port: int, ca: str | None, cert: str | None, key: str | None,
                 username: str | None, password_file: str | None, db_url: str | None, http: str,
                 public_url: str | None, data_dir: Path, manager_id: str | None, retention_days: float,
-                rollup_days: float, lease_ttl: float) -> None:
+                rollup_days: float, shared_group: str | None, lease_ttl: float) -> None:
     """Ingest every device's state, telemetry and events; serve artifacts and the API; run rollouts.
 
     Several managers may share one broker and one PostgreSQL (--db postgresql+psycopg://...): each
@@ -66,7 +71,7 @@ def fleet_serve(broker: str | None, broker_port: int, ca: str | None, cert: str 
     settings = FleetSettings(broker=broker, db_url=db_url, http=http, data_dir=data_dir, public_url=public_url,
                              broker_port=broker_port, ca=ca, cert=cert, key=key, username=username,
                              password=password, manager_id=manager_id, raw_retention_days=retention_days,
-                             rollup_retention_days=rollup_days, lease_ttl_s=lease_ttl)
+                             rollup_retention_days=rollup_days, lease_ttl_s=lease_ttl, shared_group=shared_group)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with FleetManager(settings) as manager:

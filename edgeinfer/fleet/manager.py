@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HTTP = "127.0.0.1:8700"
 DEFAULT_DATA_DIR = Path("fleet-data")
-SHARED_GROUP = "edgeinfer-fleet"
 DAY_S = 86_400.0
 RETENTION_EVERY_S = 600.0
 
@@ -54,8 +53,10 @@ class FleetSettings:
     password: str | None = field(default=None, repr=False)
     #: this manager's MQTT client id (its persistent session); default: from the host name and data dir
     manager_id: str | None = None
-    #: share telemetry and events with other managers on the same broker ($share/<group>/...)
-    shared_group: str = SHARED_GROUP
+    #: share telemetry and events with the other managers on the broker ($share/<group>/...); None: one manager.
+    #: Mosquitto (2.0.11) does not persist shared subscriptions, so only a plain subscription's session keeps
+    #: what devices send between a broker crash and the manager's return.
+    shared_group: str | None = None
     ingest_queue: int = 20_000
     ingest_batch: int = 1_000
     lease_ttl_s: float = 10.0

@@ -210,7 +210,7 @@ class MqttLink:
             return
         if not self.status.connected:
             if self._connecting_since is not None and now - self._connecting_since > self.settings.connect_timeout_s:
-                # A 3.1.1-only broker (amqtt, older appliances) may take an MQTT 5 CONNECT and never
+                # A 3.1.1-only broker (older appliances) may take an MQTT 5 CONNECT and never
                 # answer it: with mqtt_version auto, that silence counts as a refusal of version 5.
                 self._lost(f"no CONNACK from {self.broker.host}:{self.broker.port} within "
                            f"{self.settings.connect_timeout_s:g} s", answered=self._protocol == "5")

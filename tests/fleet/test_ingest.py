@@ -98,8 +98,8 @@ def test_two_managers_share_the_stream_and_store_each_message_once(tmp_path, bro
     devices = [f"cam-{i:02d}" for i in range(10)]
     boots = {d: uuid.uuid4().hex for d in devices}
     db = f"sqlite:///{tmp_path / 'shared.sqlite3'}"
-    with manager_on(broker.url, tmp_path / "a", db_url=db, manager_id="fleet-a") as a, \
-            manager_on(broker.url, tmp_path / "b", db_url=db, manager_id="fleet-b") as b:
+    with manager_on(broker.url, tmp_path / "a", db_url=db, manager_id="fleet-a", shared_group="fleet") as a, \
+            manager_on(broker.url, tmp_path / "b", db_url=db, manager_id="fleet-b", shared_group="fleet") as b:
         assert a.wait_connected(10) and b.wait_connected(10)
         time.sleep(0.5)
         published = publish_burst(broker.port, devices, 60, boots)
