@@ -122,6 +122,9 @@ def _watch_and_deploy(fleet: FleetManager, agent: subprocess.Popen, model_v2: Pa
     for line in (done.stderr + done.stdout).strip().splitlines():
         echo(f"   {line}")
     _wait(lambda: db.get_device(DEVICE)["model_version"] == 2, 20, agent)
+    # the rollout may finish on the agent's new state before its last update event is stored
+    _wait(lambda: any(e["event"] == "update" and e["data"].get("state") in ("active", "failed", "rolled_back")
+                      for e in db.device_events(DEVICE, 200)), 20, agent)
     after = db.get_device(DEVICE)
     events = [e for e in db.device_events(DEVICE, 200) if e["event"] == "update"]
     echo(f"   registry   {DEVICE}: {after['model_name']} v{after['model_version']} on {after['delegate']}")
