@@ -126,3 +126,36 @@ def test_malformed_messages_are_counted_and_acknowledged(tmp_path, broker):
     with manager_on(broker.url, tmp_path / "fleet") as manager:
         time.sleep(1.5)
         assert manager.ingest.stats.invalid == 0
+
+
+def test_a_database_outage_holds_messages_unacknowledged_then_stores_them(tmp_path, broker):
+    """PostgreSQL stopped under a running manager: batches fail and are retried, nothing is acknowledged
+    or lost; when it is back, every message is stored exactly once."""
+    from support.postgres import MISSING, PostgresServer
+
+    if MISSING:
+        pytest.skip(MISSING)
+    postgres = PostgresServer(tmp_path / "pg").start()
+    try:
+        db_url = postgres.create_database()
+        devices = ["cam-a", "cam-b", "cam-c"]
+        boots = {d: uuid.uuid4().hex for d in devices}
+        with manager_on(broker.url, tmp_path / "fleet", db_url=db_url) as manager:
+            assert manager.wait_connected(10)
+            time.sleep(0.5)
+            stats = manager.ingest.stats
+            publish_burst(broker.port, devices, 50, {d: boots[d] for d in devices})
+            assert wait(lambda: stats.stored["telemetry"] == 150, 20)
+            postgres.stop("fast")
+            second = {d: uuid.uuid4().hex for d in devices}  # a new boot of each device: 150 more
+            publish_burst(broker.port, devices, 50, second)
+            assert wait(lambda: stats.write_errors >= 2, 30)
+            assert stats.stored["telemetry"] == 150
+            postgres.start()
+            assert wait(lambda: stats.stored["telemetry"] + stats.duplicates >= 300, 60)
+            keys = stored_keys(manager, devices)
+            assert len(keys) == len(set(keys)) == 300
+            metrics = urllib.request.urlopen(f"{manager.http.url}/metrics", timeout=10).read().decode()
+            assert f"edgeinfer_fleet_ingest_write_errors_total {float(stats.write_errors)}" in metrics
+    finally:
+        postgres.stop("immediate")
