@@ -108,6 +108,13 @@ def broker_session(url: str, client_id: str, *, create: bool, count: int = 0) ->
     return time.perf_counter() - started
 
 
+def forget_session(url: str, client_id: str) -> None:
+    """End a persistent session (a clean connect): the broker stops queueing copies for it."""
+    host, port = url.removeprefix("mqtt://").split(":")
+    subprocess.run(["mosquitto_sub", "-h", host, "-p", port, "-i", client_id, "-t", "nothing", "-W", "1"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 class Manager:
     """``edgeinfer fleet serve`` as a subprocess."""
 
@@ -166,7 +173,7 @@ def stored_rows(engine) -> tuple[int, int]:
 
 def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: int, devices: int,
                         count: int) -> dict:
-    names = [f"m{i}" for i in range(count)]
+    names = [f"{workdir.name}-m{i}" for i in range(count)]  # a session per phase: a plain or a shared one
     shared = ("--shared-group", "bench") if count > 1 else ()
     for name in names:  # their sessions (and subscriptions) exist before anything is published
         Manager(workdir, name, broker, db, *shared).start().stop()
@@ -198,6 +205,8 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
     counters = [m.counters() for m in managers]
     for m in managers:
         m.stop()
+    for client_id in (base_id, *(f"bench-{name}" for name in names)):
+        forget_session(broker, client_id)
     received = sum(c.get("edgeinfer_fleet_messages_received", 0) for c in counters)
     stored = sum(c.get("edgeinfer_fleet_messages_stored", 0) for c in counters)
     duplicates = sum(c.get("edgeinfer_fleet_messages_duplicate", 0) for c in counters)
