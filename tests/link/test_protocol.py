@@ -73,10 +73,44 @@ def test_command_round_trip():
         (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
     ],
 )
-def test_bad_commands_raise_protocol_error_saying_what_is_wrong(payload, needle):
+@pytest.mark.parametrize("parser", ["orjson", "json"])
+def test_bad_commands_raise_protocol_error_saying_what_is_wrong(payload, needle, parser, monkeypatch):
+    from edgeinfer.link import protocol
+
+    if parser == "json":  # the agent without the fleet extra parses with the standard library
+        monkeypatch.setattr(protocol, "orjson", None)
+    else:
+        pytest.importorskip("orjson")
     with pytest.raises(ProtocolError) as info:
         decode("cmd", payload)
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("parser", ["orjson", "json"])
+@pytest.mark.parametrize(("key", "value", "needle"), [
+    ("seq", 2**64, "$.seq"),  # would overflow a BIGINT column: refused before the database sees it
+    ("ts", 1e300, "$.ts: must be <="),
+    ("ts", "1e400", "$.ts|not JSON"),  # overflows to inf: json parses it and the check refuses, orjson refuses
+    ("fps", 1e308, "$.pipelines[0].fps: must be <="),
+])
+def test_telemetry_numbers_the_database_could_not_store_are_refused(key, value, needle, parser, monkeypatch):
+    from edgeinfer.link import protocol
+
+    if parser == "json":
+        monkeypatch.setattr(protocol, "orjson", None)
+    else:
+        pytest.importorskip("orjson")
+    message = {"v": 1, "type": "telemetry", "fleet": "f", "device": "d", "ts": 1.0, "boot_id": "a" * 32,
+               "seq": 1, "interval_s": 1.0, "system": {"cpu_percent": 3.0, "rss_bytes": 1},
+               "pipelines": [{"name": "m", "status": "running", "frames": 3, "dropped": 0, "fps": 3.0}],
+               "spool": {"pending": 0, "dropped": 0}}
+    assert decode("telemetry", json.dumps(message)) == message
+    target = message["pipelines"][0] if key == "fps" else message
+    target[key] = value
+    payload = json.dumps(message).replace('"1e400"', "1e400")
+    with pytest.raises(ProtocolError) as info:
+        decode("telemetry", payload)
+    assert any(one in str(info.value) for one in needle.split("|"))
 
 
 def test_oversized_payload_is_refused_before_parsing():
