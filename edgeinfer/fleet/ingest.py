@@ -56,10 +56,31 @@ class IngestStats:
 
 @dataclass
 class _Batch:
-    telemetry: list[tuple[str, str, dict]] = field(default_factory=list)
-    events: list[tuple[str, str, dict]] = field(default_factory=list)
-    states: list[tuple[str, str, dict]] = field(default_factory=list)
-    deliveries: list[Any] = field(default_factory=list)
+    """Decoded messages, ``(kind, fleet, device, message, text, delivery)`` each, and the deliveries of the
+    ones not to be stored (malformed, a cleared retained state): all acknowledged once the batch commits."""
+
+    entries: list[tuple[str, str, str, dict, str, Any]] = field(default_factory=list)
+    unstored: list[Any] = field(default_factory=list)
+
+    def of_kind(self, kind: str) -> list[tuple[str, str, dict, str]]:
+        return [(fleet, device, message, text) for k, fleet, device, message, text, _ in self.entries if k == kind]
+
+    def deliveries(self) -> list[Any]:
+        return [*self.unstored, *(entry[5] for entry in self.entries)]
+
+    def halves(self) -> tuple[_Batch, _Batch]:
+        middle = len(self.entries) // 2
+        return _Batch(self.entries[:middle], self.unstored), _Batch(self.entries[middle:])
+
+
+def _refused(exc: BaseException) -> bool:
+    """The database refused the data (a value out of range, text it cannot hold), as opposed to being
+    unavailable: retrying the same rows would fail the same way for ever."""
+    import sqlalchemy as sa
+
+    if isinstance(exc, sa.exc.DBAPIError):
+        return isinstance(exc, (sa.exc.DataError, sa.exc.IntegrityError))
+    return isinstance(exc, (ValueError, TypeError, OverflowError, UnicodeError, sa.exc.StatementError))
 
 
 class Ingest:
@@ -128,13 +149,13 @@ class Ingest:
             else:
                 last = self._stop.is_set()
             try:
-                self._write(pending)
-            except Exception as exc:  # the database is down or refused the batch: keep it, retry, never ack
+                self._store(pending)
+            except Exception as exc:  # the database is down: keep the batch, retry, never ack
                 self.stats.write_errors += 1
                 failures += 1
                 delay = backoff.delay(failures)
                 log.error("fleet database write failed (%s: %s); retrying in %.1f s, %d messages held",
-                          type(exc).__name__, exc, delay, len(pending.deliveries))
+                          type(exc).__name__, exc, delay, len(pending.entries) + len(pending.unstored))
                 if self._stop.wait(delay) and failures > 3:
                     return
                 continue
@@ -163,41 +184,62 @@ class Ingest:
     def _sort(self, items: list[tuple[str, bytes, Any]]) -> _Batch:
         batch = _Batch()
         for topic, payload, delivery in items:
-            batch.deliveries.append(delivery)
             try:
                 fleet, device, kind = parse_topic(topic)
                 if kind == "state" and not payload:
-                    continue  # a cleared retained message
+                    batch.unstored.append(delivery)  # a cleared retained message
+                    continue
                 message = decode(kind, payload)
+                if kind == "cmd":
+                    raise ProtocolError("a device does not publish commands")
             except ProtocolError as exc:
                 self.stats.invalid += 1
+                batch.unstored.append(delivery)
                 self._warn(topic, exc)
                 continue
-            target = {"telemetry": batch.telemetry, "events": batch.events, "state": batch.states}.get(kind)
-            if target is None:
-                self.stats.invalid += 1  # a device does not publish commands
-                continue
-            target.append((fleet, device, message))
+            batch.entries.append((kind, fleet, device, message, payload.decode("utf-8"), delivery))
         return batch
+
+    def _store(self, batch: _Batch) -> None:
+        """Write the batch. When the database refuses its data rather than being unavailable, find the
+        messages it refuses by halves, count each invalid, acknowledge it and store the rest: one bad
+        message never holds up the fleet's ingest."""
+        try:
+            self._write(batch)
+        except Exception as exc:
+            if not _refused(exc):
+                raise
+            if len(batch.entries) > 1:
+                for half in batch.halves():
+                    self._store(half)
+                return
+            self.stats.invalid += 1
+            for delivery in batch.deliveries():
+                delivery.ack()
+            kind, _fleet, device, *_ = batch.entries[0] if batch.entries else ("?", "", "?")
+            log.warning("the fleet database refused a %s message from %s (%s: %s); it is dropped", kind, device,
+                        type(exc).__name__, str(exc).splitlines()[0][:200])
 
     def _write(self, batch: _Batch) -> None:
         started = time.perf_counter()
-        stored, duplicates = self.db.store_telemetry(batch.telemetry) if batch.telemetry else (0, 0)
-        events = self.db.store_events(batch.events) if batch.events else 0
-        for fleet, device, state in batch.states:
+        telemetry, events = batch.of_kind("telemetry"), batch.of_kind("events")
+        states = batch.of_kind("state")
+        stored, duplicates = self.db.store_telemetry(telemetry) if telemetry else (0, 0)
+        stored_events = self.db.store_events([item[:3] for item in events]) if events else 0
+        for fleet, device, state, _text in states:
             self.db.record_state(fleet, device, state)
         # e.g. rollout progress, before the ack: a crash here gets a redelivery
-        for callback, items in ((self._on_event, batch.events), (self._on_state, batch.states)):
-            for _fleet, device, message in items if callback is not None else ():
+        for callback, items in ((self._on_event, events), (self._on_state, states)):
+            for _fleet, device, message, _text in items if callback is not None else ():
                 try:
                     callback(device, message)
                 except Exception:
                     log.exception("following a %s message from %s failed", message.get("type"), device)
-        for delivery in batch.deliveries:
+        for delivery in batch.deliveries():
             delivery.ack()
         self.stats.stored["telemetry"] += stored
-        self.stats.stored["events"] += events
-        self.stats.stored["state"] += len(batch.states)
+        self.stats.stored["events"] += stored_events
+        self.stats.stored["state"] += len(states)
         self.stats.duplicates += duplicates
         self.stats.batches += 1
         self.stats.last_batch_s = time.perf_counter() - started

@@ -159,3 +159,38 @@ def test_a_database_outage_holds_messages_unacknowledged_then_stores_them(tmp_pa
             assert f"edgeinfer_fleet_ingest_write_errors_total {float(stats.write_errors)}" in metrics
     finally:
         postgres.stop("immediate")
+
+
+_REFUSE_ONE = {
+    "sqlite": ["CREATE TRIGGER refuse_one BEFORE INSERT ON telemetry WHEN NEW.device_id = 'cam-b' AND NEW.seq = 13 "
+               "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"],
+    "postgresql": ["CREATE FUNCTION refuse_one() RETURNS trigger AS $$ BEGIN IF NEW.device_id = 'cam-b' AND "
+                   "NEW.seq = 13 THEN RAISE EXCEPTION 'refused by the test' USING ERRCODE = 'check_violation'; "
+                   "END IF; RETURN NEW; END $$ LANGUAGE plpgsql",
+                   "CREATE TRIGGER refuse_one BEFORE INSERT ON telemetry FOR EACH ROW EXECUTE FUNCTION refuse_one()"],
+}
+
+
+def test_a_message_the_database_refuses_is_set_aside_and_the_rest_stored(tmp_path, broker, db_url):
+    """A row the database refuses (here a trigger; in the wild a value out of a column's range) must not
+    hold up the fleet's ingest for ever: it is found, counted invalid and acknowledged; the rest is stored."""
+    import sqlalchemy as sa
+
+    devices = ["cam-a", "cam-b", "cam-c"]
+    boots = {d: uuid.uuid4().hex for d in devices}
+    with manager_on(broker.url, tmp_path / "fleet", db_url=db_url) as manager:
+        with manager.db.engine.begin() as conn:
+            for statement in _REFUSE_ONE[manager.db.engine.dialect.name]:
+                conn.execute(sa.text(statement))
+        assert manager.wait_connected(10)
+        time.sleep(0.5)
+        stats = manager.ingest.stats
+        published = publish_burst(broker.port, devices, 30, boots)
+        assert wait(lambda: stats.stored["telemetry"] + stats.invalid >= published, 20)
+        assert (stats.stored["telemetry"], stats.invalid, stats.write_errors) == (published - 1, 1, 0)
+        keys = set(stored_keys(manager, devices))
+        assert ("cam-b", boots["cam-b"], 13) not in keys and ("cam-b", boots["cam-b"], 14) in keys
+    with manager_on(broker.url, tmp_path / "fleet", db_url=db_url) as manager:  # acknowledged: not sent again
+        assert manager.wait_connected(10)
+        time.sleep(1.0)
+        assert manager.ingest.stats.received["telemetry"] == 0

@@ -28,10 +28,12 @@ def create_engine(url: str) -> Any:
     sa = import_optional("sqlalchemy", "fleet", "the fleet database")
     try:
         if url.startswith("sqlite"):
-            engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+            engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                                      json_serializer=writes.to_json)
             sa.event.listen(engine, "connect", _sqlite_pragmas)
         else:
-            engine = sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+            engine = sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
+                                      json_serializer=writes.to_json)
         with engine.connect():
             pass
     except (sa.exc.ArgumentError, sa.exc.OperationalError, sa.exc.NoSuchModuleError, ModuleNotFoundError) as exc:
@@ -62,8 +64,9 @@ class FleetDB:
         self.engine.dispose()
 
     # -------------------------------------------------------------------------------- ingest
-    def store_telemetry(self, batch: Sequence[tuple[str, str, dict]]) -> tuple[int, int]:
-        """``(fleet, device, telemetry)`` items in one transaction; (stored, duplicates)."""
+    def store_telemetry(self, batch: Sequence[tuple]) -> tuple[int, int]:
+        """``(fleet, device, telemetry[, its JSON text as received])`` items in one transaction;
+        (stored, duplicates)."""
         return writes.store_telemetry(self._sa, self.engine, self.t, batch)
 
     def store_events(self, batch: Sequence[tuple[str, str, dict]]) -> int:

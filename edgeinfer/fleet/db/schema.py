@@ -60,7 +60,7 @@ def tables(sa: Any) -> Tables:
         sa.Column("samples", sa.Integer, nullable=False),
         sa.Column("fps_sum", sa.Float, nullable=False),
         sa.Column("latency_p95_max_ms", sa.Float),
-        sa.Column("dropped_sum", sa.Integer, nullable=False),
+        sa.Column("dropped_sum", sa.BigInteger, nullable=False),
         sa.Index("ix_telemetry_rollup_minute", "minute"),
     )
     events = sa.Table(

@@ -7,12 +7,27 @@ RETURNING); devices are written in sorted order so two PostgreSQL writers never 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .schema import Tables
+
+INT32_MAX = 2**31 - 1  # telemetry.dropped is an INTEGER column
+
+
+class RawJSON(str):
+    """JSON text already serialised — a payload as received and validated — stored as it is instead of
+    being parsed and serialised again (a third of the manager's cost per message, measured)."""
+
+    __slots__ = ()
+
+
+def to_json(value: Any) -> str:
+    """The engine's JSON serialiser: :class:`RawJSON` passes through, anything else is serialised."""
+    return value if type(value) is RawJSON else json.dumps(value)
 
 
 def _insert(engine: Any, table: Any) -> Any:
@@ -25,22 +40,25 @@ def _insert(engine: Any, table: Any) -> Any:
     return insert(table)
 
 
-def telemetry_row(device_id: str, message: dict) -> dict:
+def telemetry_row(device_id: str, message: dict, text: str | None = None) -> dict:
+    """The telemetry columns of ``message``; ``text``: its JSON as received, stored instead of re-encoding."""
     pipelines = message.get("pipelines") or []
     p95s = [((p.get("stages") or {}).get("latency") or {}).get("p95") for p in pipelines]
     p95s = [float(v) for v in p95s if v is not None]
     return {"device_id": device_id, "boot_id": str(message.get("boot_id")), "seq": int(message.get("seq", 0)),
             "ts": float(message.get("ts") or time.time()), "fps": sum(float(p.get("fps") or 0.0) for p in pipelines),
             "latency_p95_ms": max(p95s) if p95s else None,
-            "dropped": sum(int(p.get("dropped") or 0) for p in pipelines), "payload": message}
+            "dropped": min(INT32_MAX, sum(int(p.get("dropped") or 0) for p in pipelines)),
+            "payload": message if text is None else RawJSON(text)}
 
 
-def store_telemetry(sa: Any, engine: Any, t: Tables, batch: Sequence[tuple[str, str, dict]]) -> tuple[int, int]:
-    """Insert ``(fleet, device, message)`` items once each; update roll-ups and devices. (stored, duplicates)."""
+def store_telemetry(sa: Any, engine: Any, t: Tables, batch: Sequence[tuple]) -> tuple[int, int]:
+    """Insert ``(fleet, device, message[, text])`` items once each (``text``: the message's JSON as received);
+    update roll-ups and devices. (stored, duplicates)."""
     rows: dict[tuple[str, str, int], dict] = {}
     fleets: dict[str, str] = {}
-    for fleet, device_id, message in batch:
-        row = telemetry_row(device_id, message)
+    for fleet, device_id, message, *text in batch:
+        row = telemetry_row(device_id, message, *text)
         rows.setdefault((row["device_id"], row["boot_id"], row["seq"]), row)
         fleets[device_id] = fleet
     if not rows:
