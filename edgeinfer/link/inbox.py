@@ -19,10 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .paho_client import loop_once
+
 #: after a message, keep reading while more are waiting, up to this many (paho reads one per loop)
 READ_BURST = 256
 #: the network loop's wait while acknowledgements may arrive from another thread (paho's select() cannot see them)
 ACK_POLL_S = 0.002
+#: the network loop's wait otherwise (connected; while connecting it is shorter)
+LOOP_TIMEOUT_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,15 +79,6 @@ class Inbox:
             self._acks.append(delivery)
         self._wake()
 
-    def loop(self, client: Any, status: Any, timeout: float) -> int:
-        """One round of paho's network loop, then read on without a select() while messages keep arriving."""
-        rc = client.loop(timeout=ACK_POLL_S if self.outstanding and status.connected else timeout)
-        for _ in range(READ_BURST if rc == 0 else 0):
-            before = status.received
-            rc = client.loop_read()
-            if rc != 0 or status.received == before:
-                break
-        return rc
 
     def pump(self, client: Any) -> None:
         """Send the queued PUBACKs (on the link thread)."""
@@ -96,3 +91,19 @@ class Inbox:
                     continue
                 self.outstanding -= 1
             client.ack(delivery.mid, delivery.qos)
+
+
+def network_round(client: Any, status: Any, inbox: Inbox | None) -> int:
+    """One round of the link's network loop (paho's result code): wait for traffic — briefly while
+    acknowledgements may be due — and, for an inbox, read on without a select() while messages keep
+    arriving (paho reads one packet per call)."""
+    timeout = LOOP_TIMEOUT_S if status.connected else 0.05
+    if inbox is not None and inbox.outstanding and status.connected:
+        timeout = ACK_POLL_S
+    rc = loop_once(client, timeout)
+    for _ in range(READ_BURST if rc == 0 and inbox is not None else 0):
+        before = status.received
+        rc = client.loop_read()
+        if rc != 0 or status.received == before:
+            break
+    return rc

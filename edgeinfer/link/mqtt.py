@@ -37,7 +37,7 @@ from typing import Any
 from .._backoff import EQUAL_JITTER, Backoff
 from ..errors import ClosedError
 from . import paho_client
-from .inbox import DeliveryCallback, Inbox
+from .inbox import DeliveryCallback, Inbox, network_round
 from .outbox import Outbox
 from .retained import RetainedMessages
 from .settings import LinkSettings, describe_connect_error, describe_refusal, tls_context
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 #: a connection must last this long before the reconnect backoff starts again from the minimum (and
 #: before a message in flight when it dies is no longer suspected of killing it)
 STABLE_CONNECTION_S = 10.0
-_LOOP_TIMEOUT_S = 0.1
 
 MessageCallback = Callable[[str, bytes], None]
 
@@ -203,8 +202,7 @@ class MqttLink:
                 return
             self._connect()
             return
-        wait = _LOOP_TIMEOUT_S if self.status.connected else 0.05
-        rc = self._inbox.loop(self._client, self.status, wait) if self._inbox else self._client.loop(timeout=wait)
+        rc = network_round(self._client, self.status, self._inbox)
         if rc != 0:
             self._lost(self._refused or f"connection lost ({paho_client.error_string(rc)})")
             return
@@ -233,11 +231,11 @@ class MqttLink:
                 self._pump()  # the last window and events, if the broker takes them in time
                 if self.idle():
                     break
-                if client.loop(timeout=0.05) != 0:
+                if paho_client.loop_once(client, 0.05) != 0:
                     break
             try:
                 client.disconnect()
-                client.loop(timeout=0.1)
+                paho_client.loop_once(client, 0.1)
             except Exception:  # pragma: no cover - best effort on the way out
                 pass
         self.status.connected = False
