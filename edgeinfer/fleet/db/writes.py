@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import pg_copy
 from .schema import Tables
 
 INT32_MAX = 2**31 - 1  # telemetry.dropped is an INTEGER column
@@ -63,12 +64,9 @@ def store_telemetry(sa: Any, engine: Any, t: Tables, batch: Sequence[tuple]) -> 
         fleets[device_id] = fleet
     if not rows:
         return 0, len(batch)
-    columns = t.telemetry.c
-    statement = (_insert(engine, t.telemetry).on_conflict_do_nothing(index_elements=["device_id", "boot_id", "seq"])
-                 .returning(columns.device_id, columns.boot_id, columns.seq))
     with engine.begin() as conn:
         # in key order: two PostgreSQL writers with overlapping batches then wait for each other, never deadlock
-        inserted = {tuple(r) for r in conn.execute(statement, [rows[key] for key in sorted(rows)]).all()}
+        inserted = _insert_new(engine, conn, t, [rows[key] for key in sorted(rows)])
         stored = [rows[key] for key in rows if key in inserted]
         _roll_up(engine, conn, t, stored)
         latest: dict[str, dict] = {}
@@ -79,6 +77,16 @@ def store_telemetry(sa: Any, engine: Any, t: Tables, batch: Sequence[tuple]) -> 
             (fleets[device_id], device_id, {"last_telemetry": row["payload"], "last_telemetry_ts": row["ts"],
                                             "online": True}) for device_id, row in latest.items()])
     return len(stored), len(batch) - len(stored)
+
+
+def _insert_new(engine: Any, conn: Any, t: Tables, rows: list[dict]) -> set[tuple[str, str, int]]:
+    """Insert the telemetry rows not stored yet; the keys of those inserted."""
+    if engine.dialect.name == "postgresql":
+        return pg_copy.insert_new(conn, rows, to_json)
+    columns = t.telemetry.c
+    statement = (_insert(engine, t.telemetry).on_conflict_do_nothing(index_elements=["device_id", "boot_id", "seq"])
+                 .returning(columns.device_id, columns.boot_id, columns.seq))
+    return {tuple(r) for r in conn.execute(statement, rows).all()}
 
 
 def _roll_up(engine: Any, conn: Any, t: Tables, stored: list[dict]) -> None:
