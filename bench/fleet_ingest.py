@@ -151,6 +151,20 @@ class Manager:
                 out[match.group(1)] = float(match.group(3))
         return out
 
+    def cpu_s(self) -> float:
+        """CPU time (user + system, every thread) the manager process has used."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def wait_subscribed(self, timeout: float = 30) -> None:
+        """Connected, and a moment for the SUBACKs: a session stopped before it subscribed queues nothing."""
+        deadline = time.monotonic() + timeout
+        while self.counters().get("edgeinfer_fleet_mqtt_connected") != 1.0:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"fleet serve did not connect to the broker: {self.log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        time.sleep(1.0)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -161,14 +175,21 @@ class Manager:
                 self.proc.wait()
 
 
-def stored_rows(engine) -> tuple[int, int]:
+def row_count(engine) -> int:
     import sqlalchemy as sa
 
     with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT count(*) FROM telemetry")).scalar()
+        return int(conn.execute(sa.text("SELECT count(*) FROM telemetry")).scalar())
+
+
+def stored_rows(engine) -> tuple[int, int]:
+    """(rows, distinct keys): the second is a heavier query, run once a phase is over."""
+    import sqlalchemy as sa
+
+    with engine.connect() as conn:
         keys = conn.execute(sa.text(
             "SELECT count(*) FROM (SELECT DISTINCT device_id, boot_id, seq FROM telemetry) AS k")).scalar()
-    return int(rows), int(keys)
+    return row_count(engine), int(keys)
 
 
 def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: int, devices: int,
@@ -176,7 +197,9 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
     names = [f"{workdir.name}-m{i}" for i in range(count)]  # a session per phase: a plain or a shared one
     shared = ("--shared-group", "bench") if count > 1 else ()
     for name in names:  # their sessions (and subscriptions) exist before anything is published
-        Manager(workdir, name, broker, db, *shared).start().stop()
+        first_run = Manager(workdir, name, broker, db, *shared).start()
+        first_run.wait_subscribed()
+        first_run.stop()
     with engine.begin() as conn:
         import sqlalchemy as sa
 
@@ -188,19 +211,23 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
     managers = [Manager(workdir, name, broker, db, *shared) for name in names]
     for m in managers:
         m.start()
+    cpu_before = sum(m.cpu_s() for m in managers)  # start-up is done: the HTTP address is printed
     first: float | None = None
     first_rows = 0
-    deadline = time.monotonic() + 600
-    while True:
-        rows, _ = stored_rows(engine)
+    progress, progress_at = -1, time.monotonic()
+    while True:  # polled lightly: the poller shares the machine with the managers it times
+        rows = row_count(engine)
         now = time.perf_counter()
         if rows and first is None:
             first, first_rows = now, rows
-        if rows >= messages or time.monotonic() > deadline:
+        if rows != progress:
+            progress, progress_at = rows, time.monotonic()
+        if rows >= messages or time.monotonic() - progress_at > 60:  # stalled: report what was lost
             break
-        time.sleep(0.05)
+        time.sleep(0.1)
     last = time.perf_counter()
     time.sleep(1.0)  # anything more (a duplicate would show here)
+    cpu_s = sum(m.cpu_s() for m in managers) - cpu_before
     rows, keys = stored_rows(engine)
     counters = [m.counters() for m in managers]
     for m in managers:
@@ -215,7 +242,8 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
     return {"managers": count, "published": messages, "rows": rows, "distinct": keys, "lost": messages - keys,
             "received": received, "stored": stored, "duplicates": duplicates, "invalid": invalid,
             "per_manager_received": [c.get("edgeinfer_fleet_messages_received", 0) for c in counters],
-            "manager_msg_s": rate, "broker_msg_s": messages / broker_s}
+            "manager_msg_s": rate, "broker_msg_s": messages / broker_s,
+            "manager_cpu_us_per_msg": 1e6 * cpu_s / max(1, rows)}
 
 
 def main() -> None:
@@ -253,7 +281,8 @@ def main() -> None:
                                                      args.messages, args.devices, count)
                         results.setdefault(f"{backend}/{count}", []).append(result)
                         print(f"{backend:8s} managers={count} rep={rep}: stored {result['manager_msg_s']:8.0f} msg/s,"
-                              f" broker {result['broker_msg_s']:8.0f} msg/s, lost {result['lost']}, rows "
+                              f" broker {result['broker_msg_s']:8.0f} msg/s, manager CPU "
+                              f"{result['manager_cpu_us_per_msg']:.0f} us/msg, lost {result['lost']}, rows "
                               f"{result['rows']}/{result['published']}, duplicates {result['duplicates']:.0f}",
                               flush=True)
                 engine.dispose()
@@ -266,10 +295,12 @@ def main() -> None:
     for key, runs in results.items():
         rate = statistics.median(r["manager_msg_s"] for r in runs)
         ceiling = statistics.median(r["broker_msg_s"] for r in runs)
+        cpu = statistics.median(r["manager_cpu_us_per_msg"] for r in runs)
         one.setdefault(key.split("/")[0], rate)
         scale = f", x{rate / one[key.split('/')[0]]:.2f} of one manager" if key.endswith("/2") else ""
         print(f"  {key:11s} {rate:8.0f} msg/s stored = {rate / ceiling:.2f} of the broker's {ceiling:.0f} msg/s"
-              f"{scale}; lost {sum(r['lost'] for r in runs)} of {sum(r['published'] for r in runs)}")
+              f"{scale}; manager CPU {cpu:.0f} us/msg (all its processes' threads); "
+              f"lost {sum(r['lost'] for r in runs)} of {sum(r['published'] for r in runs)}")
 
 
 if __name__ == "__main__":
