@@ -56,6 +56,18 @@ def test_command_round_trip():
     assert decode("cmd", encode(message)) == message
 
 
+@pytest.fixture(params=["orjson", "json"])
+def parser(request, monkeypatch) -> str:
+    """decode() with orjson (the fleet extra) and with the standard library (an agent without it)."""
+    from edgeinfer.link import protocol
+
+    if request.param == "json":
+        monkeypatch.setattr(protocol, "orjson", None)
+    else:
+        pytest.importorskip("orjson")
+    return request.param
+
+
 @pytest.mark.parametrize(
     ("payload", "needle"),
     [
@@ -73,33 +85,19 @@ def test_command_round_trip():
         (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
     ],
 )
-@pytest.mark.parametrize("parser", ["orjson", "json"])
-def test_bad_commands_raise_protocol_error_saying_what_is_wrong(payload, needle, parser, monkeypatch):
-    from edgeinfer.link import protocol
-
-    if parser == "json":  # the agent without the fleet extra parses with the standard library
-        monkeypatch.setattr(protocol, "orjson", None)
-    else:
-        pytest.importorskip("orjson")
+def test_bad_commands_raise_protocol_error_saying_what_is_wrong(payload, needle, parser):
     with pytest.raises(ProtocolError) as info:
         decode("cmd", payload)
     assert needle in str(info.value)
 
 
-@pytest.mark.parametrize("parser", ["orjson", "json"])
 @pytest.mark.parametrize(("key", "value", "needle"), [
     ("seq", 2**64, "$.seq"),  # would overflow a BIGINT column: refused before the database sees it
     ("ts", 1e300, "$.ts: must be <="),
     ("ts", "1e400", "$.ts|not JSON"),  # overflows to inf: json parses it and the check refuses, orjson refuses
     ("fps", 1e308, "$.pipelines[0].fps: must be <="),
 ])
-def test_telemetry_numbers_the_database_could_not_store_are_refused(key, value, needle, parser, monkeypatch):
-    from edgeinfer.link import protocol
-
-    if parser == "json":
-        monkeypatch.setattr(protocol, "orjson", None)
-    else:
-        pytest.importorskip("orjson")
+def test_telemetry_numbers_the_database_could_not_store_are_refused(key, value, needle, parser):
     message = {"v": 1, "type": "telemetry", "fleet": "f", "device": "d", "ts": 1.0, "boot_id": "a" * 32,
                "seq": 1, "interval_s": 1.0, "system": {"cpu_percent": 3.0, "rss_bytes": 1},
                "pipelines": [{"name": "m", "status": "running", "frames": 3, "dropped": 0, "fps": 3.0}],
