@@ -78,9 +78,10 @@ def fleet(tmp_path, broker):
         yield manager
 
 
-def start_agents(tmp_path, broker, fleet, clip, count: int) -> list[AgentThread]:
+def start_agents(tmp_path, broker, fleet, clip, count: int, **extra) -> list[AgentThread]:
     key = fleet.key.public_key_b64()
-    agents = [AgentThread(agent_settings(tmp_path, broker.url, f"cam-{i:02d}", key, clip)) for i in range(count)]
+    agents = [AgentThread(agent_settings(tmp_path, broker.url, f"cam-{i:02d}", key, clip, **extra))
+              for i in range(count)]
     for agent in agents:
         agent.thread.start()
     assert wait(lambda: sum(d["online"] for d in fleet.db.list_devices()) == count, 60), fleet.db.list_devices()
@@ -94,7 +95,9 @@ def deploy_cli(fleet: FleetManager, model: Path, *args: str) -> subprocess.Compl
 
 
 def test_rollout_to_twenty_agents_in_waves(tmp_path, broker, fleet, clip):
-    agents = start_agents(tmp_path, broker, fleet, clip, 20)
+    # twenty agents on two cores: the health gate's latency check would judge the machine's load (seen
+    # once: 49 ms against a 16 ms baseline), and this test is about waves, not that gate
+    agents = start_agents(tmp_path, broker, fleet, clip, 20, update_max_latency_factor=100.0)
     try:
         result = deploy_cli(fleet, BIRDS, "--version", "2", "--all", "--canary", "10", "--wave-size", "6",
                             "--json")

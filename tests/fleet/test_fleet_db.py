@@ -71,8 +71,13 @@ def test_deployment_bookkeeping(db):
     assert db.advance_target("d1", "cam-1", "active")
     assert db.advance_target("d1", "cam-2", "failed", "validation_failed")
     assert not db.advance_target("d1", "cam-2", "active")  # finished is final
+    assert not db.advance_target("d1", "cam-1", "failed")
+    assert db.advance_target("d1", "cam-1", "rolled_back", "latency_regression")  # after a trial seen as active
+    assert db.advance_target("d1", "cam-1", "active") is False
+    assert not db.advance_target("d1", "cam-1", "notified")  # nothing moves it back
+    assert db.advance_target("d1", "cam-3", "notified", now=100.0) and db.advance_target("d1", "cam-3", "active")
     deployment = db.get_deployment("d1")
-    assert deployment["counts"] == {"active": 1, "failed": 1, "pending": 1}
+    assert deployment["counts"] == {"rolled_back": 1, "failed": 1, "active": 1}
     assert [(d["device_id"], d["wave"]) for d in deployment["devices"]] == [("cam-1", 0), ("cam-2", 1), ("cam-3", 1)]
     assert deployment["devices"][1]["detail"] == "validation_failed" and deployment["devices"][1]["notified_at"] == 100
     assert [d["deployment_id"] for d in db.running_deployments()] == ["d1"]

@@ -18,6 +18,11 @@ def predecessors(state: str) -> tuple[str, ...]:
         return tuple(s for s in PROGRESS_STATES[:PROGRESS_STATES.index(state)] if s in WAITING_STATES)
     if state == "rejected":
         return ("pending", *WAITING_STATES)
+    if state == "rolled_back":
+        # The device's own verdict outranks what its state implied: its state shows the new model as
+        # soon as the trial swaps it in (follow_state counts that as active), before the health gate
+        # decides.
+        return (*WAITING_STATES, "active")
     if state in FAILED_STATES:
         return WAITING_STATES
     raise ValueError(f"unknown target state {state!r}")
