@@ -24,7 +24,7 @@ from typing import Any
 
 from .._backoff import Backoff
 from ..errors import ProtocolError
-from ..link.protocol import decode, parse_topic
+from ..link.protocol import decode, parse_topic, payload_text
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,8 @@ class Ingest:
                 if kind == "state" and not payload:
                     batch.unstored.append(delivery)  # a cleared retained message
                     continue
-                message = decode(kind, payload)
+                text = payload_text(kind, payload)
+                message = decode(kind, text)
                 if kind == "cmd":
                     raise ProtocolError("a device does not publish commands")
             except ProtocolError as exc:
@@ -197,7 +198,7 @@ class Ingest:
                 batch.unstored.append(delivery)
                 self._warn(topic, exc)
                 continue
-            batch.entries.append((kind, fleet, device, message, payload.decode("utf-8"), delivery))
+            batch.entries.append((kind, fleet, device, message, text, delivery))
         return batch
 
     def _store(self, batch: _Batch) -> None:

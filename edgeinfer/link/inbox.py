@@ -79,7 +79,6 @@ class Inbox:
             self._acks.append(delivery)
         self._wake()
 
-
     def pump(self, client: Any) -> None:
         """Send the queued PUBACKs (on the link thread)."""
         while self._acks:

@@ -6,6 +6,7 @@ paho is imported here on first use, never at ``import edgeinfer``.
 
 from __future__ import annotations
 
+import functools
 import select
 import ssl
 from typing import Any
@@ -36,10 +37,11 @@ class BufferedSocket:
     manager's receive cost, measured. ``pending()`` is paho's own hook (made for TLS, which buffers
     too): while it is non-zero paho reads on instead of waiting in ``select()``."""
 
-    __slots__ = ("_buffer", "_pos", "_sock")
+    __slots__ = ("_buffer", "_inner_pending", "_pos", "_sock")
 
     def __init__(self, sock: Any) -> None:
         self._sock = sock
+        self._inner_pending = getattr(sock, "pending", None)  # a TLS socket's own buffer
         self._buffer = b""
         self._pos = 0
 
@@ -55,7 +57,7 @@ class BufferedSocket:
         return data[:size]
 
     def pending(self) -> int:
-        inner = self._sock.pending() if hasattr(self._sock, "pending") else 0
+        inner = self._inner_pending() if self._inner_pending is not None else 0
         return len(self._buffer) - self._pos + inner
 
     def send(self, data: bytes | bytearray) -> int:
@@ -65,6 +67,7 @@ class BufferedSocket:
         return getattr(self._sock, name)
 
 
+@functools.cache
 def _client_class() -> type:
     import paho.mqtt.client as paho
 

@@ -425,13 +425,9 @@ def _compile(schema: Mapping[str, Any]) -> Check:
         kinds = [_TYPE_CHECKS[name] for name in names]
         first, *others = kinds
         checks.append(first if not others else lambda v: first(v) or any(kind(v) for kind in others))
-    low, high, above = schema.get("minimum"), schema.get("maximum"), schema.get("exclusiveMinimum")
-    if (low, high, above) != (None, None, None):
-        def in_bounds(v: Any) -> bool:
-            if not isinstance(v, (int, float)) or isinstance(v, bool):
-                return True
-            return (low is None or v >= low) and (high is None or v <= high) and (above is None or v > above)
-        checks.append(in_bounds)
+    within = _bounds(schema)
+    if within is not None:
+        checks.append(lambda v: not isinstance(v, (int, float)) or isinstance(v, bool) or within(v))
     if any(key in schema for key in ("minLength", "maxLength", "pattern")):
         shortest, longest = schema.get("minLength", 0), schema.get("maxLength")
         pattern = re.compile(schema["pattern"]).search if "pattern" in schema else None
@@ -451,6 +447,14 @@ _NUMBER_KEYWORDS = frozenset({"type", "minimum", "maximum", "exclusiveMinimum", 
 _OBJECT_KEYWORDS = frozenset({"type", "required", "properties", "additionalProperties", "description"})
 
 
+def _bounds(schema: Mapping[str, Any]) -> Check | None:
+    """The schema's numeric bounds as one predicate on a number; None when it has none."""
+    low, high, above = schema.get("minimum"), schema.get("maximum"), schema.get("exclusiveMinimum")
+    if (low, high, above) == (None, None, None):
+        return None
+    return lambda v: (low is None or v >= low) and (high is None or v <= high) and (above is None or v > above)
+
+
 def _is_number_leaf(schema: Mapping[str, Any]) -> bool:
     return schema.get("type") in ("number", "integer") and not set(schema) - _NUMBER_KEYWORDS
 
@@ -459,7 +463,7 @@ def _compile_number(schema: Mapping[str, Any]) -> Check:
     """The commonest leaf, ``{"type": "number"|"integer", bounds}``, as one function (most of a telemetry
     message's values); exact int and float take the short way, anything else the general rules."""
     integer = schema["type"] == "integer"
-    low, high, above = schema.get("minimum"), schema.get("maximum"), schema.get("exclusiveMinimum")
+    within = _bounds(schema) or (lambda v: True)
     is_type = _TYPE_CHECKS[schema["type"]]
 
     def check(v: Any) -> bool:
@@ -469,7 +473,7 @@ def _compile_number(schema: Mapping[str, Any]) -> Check:
                 return False
         elif kind is not int and not is_type(v):
             return False
-        return (low is None or v >= low) and (high is None or v <= high) and (above is None or v > above)
+        return within(v)
 
     return check
 
@@ -520,16 +524,24 @@ def validate(kind: str, message: Any) -> dict[str, Any]:
 _CHECKS: dict[str, Check] = {kind: _compile(schema) for kind, schema in SCHEMAS.items()}
 
 
-def decode(kind: str, payload: bytes | bytearray | str) -> dict[str, Any]:
-    """Parse a received payload (UTF-8 JSON) and validate it; ProtocolError says what is wrong."""
+def payload_text(kind: str, payload: bytes | bytearray | str) -> str:
+    """A received payload as text: ProtocolError when it is too large or not UTF-8."""
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise ProtocolError(f"{kind} payload of {len(payload)} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
+    if not isinstance(payload, (bytes, bytearray)):
+        return payload
     try:
-        text = payload.decode("utf-8") if isinstance(payload, (bytes, bytearray)) else payload
-        # orjson, like the parse_constant hook, refuses NaN and Infinity: they are not JSON
-        message = json.loads(text, parse_constant=_reject_constant) if orjson is None else orjson.loads(text)
+        return payload.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"{kind} payload is not UTF-8: {exc}") from exc
+
+
+def decode(kind: str, payload: bytes | bytearray | str) -> dict[str, Any]:
+    """Parse a received payload (UTF-8 JSON) and validate it; ProtocolError says what is wrong."""
+    text = payload_text(kind, payload)
+    try:
+        # orjson, like the parse_constant hook, refuses NaN and Infinity: they are not JSON
+        message = json.loads(text, parse_constant=_reject_constant) if orjson is None else orjson.loads(text)
     except (json.JSONDecodeError, ValueError, RecursionError) as exc:  # orjson's error is a JSONDecodeError
         raise ProtocolError(f"{kind} payload is not JSON: {exc}") from exc
     return validate(kind, message)

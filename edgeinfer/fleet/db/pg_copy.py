@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-COLUMNS = ("device_id", "boot_id", "seq", "ts", "fps", "latency_p95_ms", "dropped", "payload")
+_COLUMNS = ("device_id", "boot_id", "seq", "ts", "fps", "latency_p95_ms", "dropped", "payload")
 _STAGING = "edgeinfer_telemetry_incoming"
 _CREATE = (f"CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGING} (device_id varchar(128), boot_id varchar(64), "
            "seq bigint, ts double precision, fps double precision, latency_p95_ms double precision, "
            "dropped integer, payload json) ON COMMIT DELETE ROWS")
-_NAMES = ", ".join(COLUMNS)
+_NAMES = ", ".join(_COLUMNS)
 _COPY = f"COPY {_STAGING} ({_NAMES}) FROM STDIN"
 # in key order: two managers with overlapping batches then wait for each other, never deadlock
 _INSERT = (f"INSERT INTO telemetry ({_NAMES}) SELECT {_NAMES} FROM {_STAGING} ORDER BY device_id, boot_id, seq "
