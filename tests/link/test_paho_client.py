@@ -1,15 +1,24 @@
-"""The buffered socket under paho: whole packets from one recv(), nothing held back from select()."""
+"""What edgeinfer changes under paho: the buffered socket (whole packets from one recv(), nothing held back
+from select()) and the PUBLISH without properties decoded without paho's ``Properties``."""
 
 from __future__ import annotations
 
 import socket
+import struct
+import time
 
+import paho.mqtt.client as paho
 import pytest
+from paho.mqtt import _packet
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from support.broker import running_broker
 from support.processes import wait_until
 
+from edgeinfer.link import paho_client
 from edgeinfer.link.mqtt import MqttLink
-from edgeinfer.link.paho_client import BufferedSocket
+from edgeinfer.link.paho_client import BufferedSocket, plain_publish
 from edgeinfer.link.settings import LinkSettings
 
 
@@ -55,3 +64,62 @@ def test_the_link_reads_through_the_buffer(tmp_path):
     with running_broker(tmp_path) as broker, MqttLink(LinkSettings(url=broker.url, client_id="buffered")) as link:
         assert wait_until(lambda: link.status.connected, 10)
         assert isinstance(link._client.socket(), BufferedSocket)
+
+
+def publish_packet(topic: bytes, qos: int, mid: int, properties: bytes, payload: bytes, *, dup: bool = False,
+                   retain: bool = False) -> tuple[int, bytes]:
+    """(fixed header's first byte, the rest after the remaining length) of an MQTT 5 PUBLISH."""
+    header = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
+    body = struct.pack("!H", len(topic)) + topic + (struct.pack("!H", mid) if qos else b"") + properties + payload
+    return header, body
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+@pytest.mark.parametrize("payload", [b"", b"{}", bytes(range(256)) * 40])
+@pytest.mark.parametrize("topic", [b"t", "edgeinfer/v1/f/d\u00e9v/telemetry".encode()])
+def test_a_publish_without_properties_decodes_as_paho_decodes_it(qos, payload, topic):
+    header, body = publish_packet(topic, qos, 4242 if qos else 0, b"\x00", payload, dup=bool(qos), retain=True)
+    paho_says = _packet.decode_publish(header, bytearray(body), paho.MQTTv5)
+    assert plain_publish(header, bytearray(body)) == (paho_says.topic, paho_says.mid, paho_says.payload)
+    assert type(plain_publish(header, bytearray(body))[2]) is bytes  # not a view of paho's reused buffer
+
+
+def test_anything_else_is_left_to_paho():
+    with_properties = b"\x02" + b"\x01\x01"  # Payload Format Indicator = 1
+    assert plain_publish(*publish_packet(b"t", 1, 7, with_properties, b"x")) is None
+    assert plain_publish(*publish_packet(b"t", 2, 7, b"\x00", b"x")) is None  # QoS 2: paho's PUBREC dance
+    assert plain_publish(*publish_packet(b"", 0, 0, b"\x00", b"x")) is None  # an empty topic needs an alias
+    header, body = publish_packet(b"topic", 1, 7, b"\x00", b"")
+    for cut in range(len(body)):  # truncated anywhere: paho raises its MalformedPacket
+        assert plain_publish(header, body[:cut]) is None
+
+
+@pytest.mark.parametrize("qos", [0, 1])  # the link subscribes at QoS 1: the broker sends nothing at QoS 2
+def test_the_link_receives_publishes_with_and_without_properties(tmp_path, monkeypatch, qos):
+    decoded_here = []
+
+    def counting(header, packet):
+        found = plain_publish(header, packet)
+        decoded_here.append(found is not None)
+        return found
+
+    monkeypatch.setattr(paho_client, "plain_publish", counting)
+    got: list[tuple[str, bytes]] = []
+    with running_broker(tmp_path) as broker:
+        link = MqttLink(LinkSettings(url=broker.url, client_id="receiver", mqtt_version="5"), subscriptions=["in/#"],
+                        on_message=lambda topic, payload: got.append((topic, payload)))
+        sender = paho.Client(CallbackAPIVersion.VERSION2, client_id="sender", protocol=paho.MQTTv5)
+        with link:
+            assert wait_until(lambda: link.status.connected, 10)
+            time.sleep(0.3)  # the SUBACK
+            sender.connect("127.0.0.1", broker.port)
+            sender.loop_start()
+            properties = Properties(PacketTypes.PUBLISH)
+            properties.ContentType = "application/json"
+            sender.publish("in/plain", b"one", qos=qos).wait_for_publish(5)
+            sender.publish("in/with-properties", b"two", qos=qos, properties=properties).wait_for_publish(5)
+            assert wait_until(lambda: len(got) == 2, 10)
+            sender.disconnect()
+            sender.loop_stop()
+    assert got == [("in/plain", b"one"), ("in/with-properties", b"two")]
+    assert decoded_here == [True, False]  # the first decoded here, the second by paho
