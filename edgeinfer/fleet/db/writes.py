@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import pg_copy
+from . import staging
 from .schema import Tables
 
 INT32_MAX = 2**31 - 1  # telemetry.dropped is an INTEGER column
@@ -81,12 +81,7 @@ def store_telemetry(sa: Any, engine: Any, t: Tables, batch: Sequence[tuple]) -> 
 
 def _insert_new(engine: Any, conn: Any, t: Tables, rows: list[dict]) -> set[tuple[str, str, int]]:
     """Insert the telemetry rows not stored yet; the keys of those inserted."""
-    if engine.dialect.name == "postgresql":
-        return pg_copy.insert_new(conn, rows, to_json)
-    columns = t.telemetry.c
-    statement = (_insert(engine, t.telemetry).on_conflict_do_nothing(index_elements=["device_id", "boot_id", "seq"])
-                 .returning(columns.device_id, columns.boot_id, columns.seq))
-    return {tuple(r) for r in conn.execute(statement, rows).all()}
+    return staging.insert_new(conn, rows, to_json)
 
 
 def _roll_up(engine: Any, conn: Any, t: Tables, stored: list[dict]) -> None:
