@@ -56,15 +56,21 @@ def test_command_round_trip():
     assert decode("cmd", encode(message)) == message
 
 
-@pytest.fixture(params=["orjson", "json"])
+@pytest.fixture(params=["orjson+msgspec", "orjson", "json"])
 def parser(request, monkeypatch) -> str:
-    """decode() with orjson (the fleet extra) and with the standard library (an agent without it)."""
-    from edgeinfer.link import protocol
+    """decode() as the fleet extra has it (orjson parses, msgspec accepts), with orjson alone, and with the
+    standard library alone (an agent without either)."""
+    from edgeinfer.link import protocol, schema_fast
 
+    monkeypatch.setattr(schema_fast, "_DECODERS", {})
     if request.param == "json":
         monkeypatch.setattr(protocol, "orjson", None)
     else:
         pytest.importorskip("orjson")
+    if request.param == "orjson+msgspec":
+        pytest.importorskip("msgspec")
+    else:
+        monkeypatch.setattr(schema_fast, "msgspec", None)
     return request.param
 
 
@@ -162,9 +168,12 @@ def _mutations(value, rng):
 
 
 def test_the_compiled_check_agrees_with_the_explaining_validator():
-    """validate() accepts through a compiled predicate and explains through schema_errors: they must agree."""
+    """validate() accepts through a compiled predicate and explains through schema_errors: they must agree;
+    and msgspec's decoder (decode()'s first judge in the fleet extra) never accepts what they refuse."""
     import random
 
+    pytest.importorskip("msgspec")
+    from edgeinfer.link import schema_fast
     from edgeinfer.link.protocol import _CHECKS
 
     rng = random.Random(7)
@@ -176,10 +185,15 @@ def test_the_compiled_check_agrees_with_the_explaining_validator():
                                      "stages": stages}], "spool": {"pending": 0, "dropped": 0}},
         "cmd": make_command("c1", "deploy", {"x": 1}),
     }
-    checked = 0
+    checked = fast_accepted = 0
     for kind, sample in samples.items():
         assert _CHECKS[kind](sample) and not schema_errors(sample, SCHEMAS[kind])
+        assert schema_fast.accepts(kind, SCHEMAS[kind], json.dumps(sample))  # the manager's path is taken
         for mutated in _mutations(sample, rng):
-            assert _CHECKS[kind](mutated) == (not schema_errors(mutated, SCHEMAS[kind])), (kind, mutated)
+            valid = not schema_errors(mutated, SCHEMAS[kind])
+            assert _CHECKS[kind](mutated) == valid, (kind, mutated)
+            if schema_fast.accepts(kind, SCHEMAS[kind], json.dumps(mutated)):  # msgspec only ever accepts
+                assert valid, (kind, mutated)
+                fast_accepted += 1
             checked += 1
-    assert checked > 100
+    assert checked > 100 and fast_accepted > 10
