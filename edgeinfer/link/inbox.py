@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .paho_client import loop_once
+from .paho_client import corked, loop_once
 
 #: after a message, keep reading while more are waiting, up to this many (paho reads one per loop)
 READ_BURST = 256
@@ -80,16 +80,16 @@ class Inbox:
         self._wake()
 
     def pump(self, client: Any) -> None:
-        """Send the queued PUBACKs (on the link thread)."""
-        while self._acks:
-            with self._lock:
-                if not self._acks:
-                    return
-                delivery = self._acks.popleft()
-                if delivery.connection != self._connection:
-                    continue
-                self.outstanding -= 1
-            client.ack(delivery.mid, delivery.qos)
+        """Send the queued PUBACKs (on the link thread), in one system call."""
+        if not self._acks:
+            return
+        with self._lock:
+            due = [delivery for delivery in self._acks if delivery.connection == self._connection]
+            self._acks.clear()
+            self.outstanding -= len(due)
+        with corked(client):
+            for delivery in due:
+                client.ack(delivery.mid, delivery.qos)
 
 
 def network_round(client: Any, status: Any, inbox: Inbox | None) -> int:

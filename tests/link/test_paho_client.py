@@ -59,6 +59,33 @@ def test_a_packet_split_across_system_reads_is_whole(pair):
     assert buffered.fileno() == buffered._sock.fileno()  # select() sees the real socket
 
 
+def test_what_is_sent_while_corked_leaves_in_one_piece(pair):
+    buffered, peer = pair
+    peer.setblocking(False)
+    buffered.cork()
+    assert buffered.send(b"\x40\x02\x00\x01") == 4 and buffered.send(b"\x40\x02\x00\x02") == 4
+    with pytest.raises(BlockingIOError):  # held back
+        peer.recv(100)
+    buffered.uncork()
+    assert peer.recv(100) == b"\x40\x02\x00\x01\x40\x02\x00\x02" and buffered.unsent() == 0
+
+
+def test_what_the_socket_does_not_take_stays_in_order_before_later_sends(pair):
+    buffered, peer = pair
+    buffered._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    big = bytes(range(256)) * 4096  # far more than the socket buffers
+    buffered.cork()
+    buffered.send(big)
+    buffered.uncork()
+    assert 0 < buffered.unsent() < len(big)  # partly sent; the rest held, in order
+    assert buffered.send(b"after") == 5  # taken, queued behind what is still held
+    received = bytearray()
+    while len(received) < len(big) + 5:
+        received += peer.recv(65536)
+        buffered.flush()  # what loop_once() does when select() says the socket is writable
+    assert bytes(received) == big + b"after" and buffered.unsent() == 0
+
+
 def test_the_link_reads_through_the_buffer(tmp_path):
     """paho 2 calls the ``_create_socket`` we override: a paho that stops doing so fails here, not silently."""
     with running_broker(tmp_path) as broker, MqttLink(LinkSettings(url=broker.url, client_id="buffered")) as link:
