@@ -175,6 +175,27 @@ class Manager:
                 self.proc.wait()
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` and all its descendants now alive (PostgreSQL's backends)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += times.get(current, 0.0)
+        todo.extend(child for child, parent in parents.items() if parent == current)
+    return total
+
+
 def row_count(engine) -> int:
     import sqlalchemy as sa
 
@@ -193,7 +214,9 @@ def stored_rows(engine) -> tuple[int, int]:
 
 
 def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: int, devices: int,
-                        count: int) -> dict:
+                        count: int, others: dict[str, int]) -> dict:
+    """``others``: name -> pid of the processes that share the machine with the managers (the broker, the
+    database server), whose CPU per message is reported too."""
     names = [f"{workdir.name}-m{i}" for i in range(count)]  # a session per phase: a plain or a shared one
     shared = ("--shared-group", "bench") if count > 1 else ()
     for name in names:  # their sessions (and subscriptions) exist before anything is published
@@ -212,6 +235,7 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
     for m in managers:
         m.start()
     cpu_before = sum(m.cpu_s() for m in managers)  # start-up is done: the HTTP address is printed
+    others_before = {name: tree_cpu_s(pid) for name, pid in others.items()}
     first: float | None = None
     first_rows = 0
     progress, progress_at = -1, time.monotonic()
@@ -228,6 +252,7 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
     last = time.perf_counter()
     time.sleep(1.0)  # anything more (a duplicate would show here)
     cpu_s = sum(m.cpu_s() for m in managers) - cpu_before
+    others_s = {name: tree_cpu_s(pid) - others_before[name] for name, pid in others.items()}
     rows, keys = stored_rows(engine)
     counters = [m.counters() for m in managers]
     for m in managers:
@@ -243,7 +268,8 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
             "received": received, "stored": stored, "duplicates": duplicates, "invalid": invalid,
             "per_manager_received": [c.get("edgeinfer_fleet_messages_received", 0) for c in counters],
             "manager_msg_s": rate, "broker_msg_s": messages / broker_s,
-            "manager_cpu_us_per_msg": 1e6 * cpu_s / max(1, rows)}
+            "manager_cpu_us_per_msg": 1e6 * cpu_s / max(1, rows),
+            **{f"{name}_cpu_us_per_msg": 1e6 * spent / max(1, rows) for name, spent in others_s.items()}}
 
 
 def main() -> None:
@@ -274,16 +300,19 @@ def main() -> None:
                 from edgeinfer.fleet.db import FleetDB
 
                 FleetDB(url).close()  # migrated once, before anything is timed
+                others = {"broker": broker.pid}
+                if postgres is not None and backend == "postgres":
+                    others["database"] = int((postgres.data / "postmaster.pid").read_text().split()[0])
                 engine = sa.create_engine(url)
                 for count in ((1, 2) if backend == "postgres" else (1,)):
                     for rep in range(args.reps):
                         result = drain_into_managers(workdir / f"{backend}-{count}-{rep}", broker.url, url, engine,
-                                                     args.messages, args.devices, count)
+                                                     args.messages, args.devices, count, others)
                         results.setdefault(f"{backend}/{count}", []).append(result)
                         print(f"{backend:8s} managers={count} rep={rep}: stored {result['manager_msg_s']:8.0f} msg/s,"
                               f" broker {result['broker_msg_s']:8.0f} msg/s, manager CPU "
-                              f"{result['manager_cpu_us_per_msg']:.0f} us/msg, lost {result['lost']}, rows "
-                              f"{result['rows']}/{result['published']}, duplicates {result['duplicates']:.0f}",
+                              f"{result['manager_cpu_us_per_msg']:.0f} us/msg{_others(result)}, lost {result['lost']}, "
+                              f"rows {result['rows']}/{result['published']}, duplicates {result['duplicates']:.0f}",
                               flush=True)
                 engine.dispose()
     finally:
@@ -296,11 +325,19 @@ def main() -> None:
         rate = statistics.median(r["manager_msg_s"] for r in runs)
         ceiling = statistics.median(r["broker_msg_s"] for r in runs)
         cpu = statistics.median(r["manager_cpu_us_per_msg"] for r in runs)
+        spent = {name: statistics.median(r[name] for r in runs) for name in runs[0] if name.endswith("_cpu_us_per_msg")}
+        busy = rate * sum(spent.values()) / 1e6  # cores kept busy by the managers, the broker and the database
         one.setdefault(key.split("/")[0], rate)
         scale = f", x{rate / one[key.split('/')[0]]:.2f} of one manager" if key.endswith("/2") else ""
         print(f"  {key:11s} {rate:8.0f} msg/s stored = {rate / ceiling:.2f} of the broker's {ceiling:.0f} msg/s"
-              f"{scale}; manager CPU {cpu:.0f} us/msg (all its processes' threads); "
+              f"{scale}; manager CPU {cpu:.0f} us/msg (all its processes' threads){_others(spent)}; "
+              f"{busy:.1f} of {os.cpu_count()} cores busy; "
               f"lost {sum(r['lost'] for r in runs)} of {sum(r['published'] for r in runs)}")
+
+
+def _others(result: dict) -> str:
+    return "".join(f", {key.removesuffix('_cpu_us_per_msg')} {value:.0f}" for key, value in result.items()
+                   if key.endswith("_cpu_us_per_msg") and not key.startswith("manager"))
 
 
 if __name__ == "__main__":

@@ -43,14 +43,16 @@ def _insert(engine: Any, table: Any) -> Any:
 
 def telemetry_row(device_id: str, message: dict, text: str | None = None) -> dict:
     """The telemetry columns of ``message``; ``text``: its JSON as received, stored instead of re-encoding."""
-    pipelines = message.get("pipelines") or []
-    p95s = [((p.get("stages") or {}).get("latency") or {}).get("p95") for p in pipelines]
-    p95s = [float(v) for v in p95s if v is not None]
+    fps, dropped, worst_p95 = 0.0, 0, None
+    for pipeline in message.get("pipelines") or ():  # one loop: this runs for every message the fleet sends
+        fps += float(pipeline.get("fps") or 0.0)
+        dropped += int(pipeline.get("dropped") or 0)
+        p95 = ((pipeline.get("stages") or {}).get("latency") or {}).get("p95")
+        if p95 is not None and (worst_p95 is None or float(p95) > worst_p95):
+            worst_p95 = float(p95)
     return {"device_id": device_id, "boot_id": str(message.get("boot_id")), "seq": int(message.get("seq", 0)),
-            "ts": float(message.get("ts") or time.time()), "fps": sum(float(p.get("fps") or 0.0) for p in pipelines),
-            "latency_p95_ms": max(p95s) if p95s else None,
-            "dropped": min(INT32_MAX, sum(int(p.get("dropped") or 0) for p in pipelines)),
-            "payload": message if text is None else RawJSON(text)}
+            "ts": float(message.get("ts") or time.time()), "fps": fps, "latency_p95_ms": worst_p95,
+            "dropped": min(INT32_MAX, dropped), "payload": message if text is None else RawJSON(text)}
 
 
 def store_telemetry(sa: Any, engine: Any, t: Tables, batch: Sequence[tuple]) -> tuple[int, int]:
