@@ -267,6 +267,7 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
     return {"managers": count, "published": messages, "rows": rows, "distinct": keys, "lost": messages - keys,
             "received": received, "stored": stored, "duplicates": duplicates, "invalid": invalid,
             "per_manager_received": [c.get("edgeinfer_fleet_messages_received", 0) for c in counters],
+            "mean_batch": received / max(1, sum(c.get("edgeinfer_fleet_ingest_batches", 0) for c in counters)),
             "manager_msg_s": rate, "broker_msg_s": messages / broker_s,
             "manager_cpu_us_per_msg": 1e6 * cpu_s / max(1, rows),
             **{f"{name}_cpu_us_per_msg": 1e6 * spent / max(1, rows) for name, spent in others_s.items()}}
@@ -312,7 +313,8 @@ def main() -> None:
                         print(f"{backend:8s} managers={count} rep={rep}: stored {result['manager_msg_s']:8.0f} msg/s,"
                               f" broker {result['broker_msg_s']:8.0f} msg/s, manager CPU "
                               f"{result['manager_cpu_us_per_msg']:.0f} us/msg{_others(result)}, lost {result['lost']}, "
-                              f"rows {result['rows']}/{result['published']}, duplicates {result['duplicates']:.0f}",
+                              f"rows {result['rows']}/{result['published']}, duplicates {result['duplicates']:.0f}, "
+                              f"mean batch {result['mean_batch']:.0f}",
                               flush=True)
                 engine.dispose()
     finally:
