@@ -159,12 +159,14 @@ def _client_class() -> type:
             if plain is None:
                 return super()._handle_publish()
             topic, mid, payload = plain
-            message = paho.MQTTMessage(mid=mid, topic=topic)  # .properties stays None: there are none
-            message.dup = bool(self._in_packet["command"] & 0x08)
-            message.qos = (self._in_packet["command"] >> 1) & 0x03
-            message.retain = bool(self._in_packet["command"] & 0x01)
-            message.payload = payload
-            message.timestamp = paho.time_func()
+            header = self._in_packet["command"]
+            # paho's __init__ would also give it an MQTTMessageInfo with a threading.Condition, which only
+            # an outgoing message uses: every slot is set here instead (.properties None: there are none)
+            message = paho.MQTTMessage.__new__(paho.MQTTMessage)
+            message.timestamp, message.state = paho.time_func(), paho.mqtt_ms_invalid
+            message.info = message.properties = None
+            message.mid, message._topic, message.payload = mid, topic, payload
+            message.dup, message.qos, message.retain = bool(header & 0x08), (header >> 1) & 0x03, bool(header & 0x01)
             self._handle_on_message(message)
             if message.qos and not self._manual_ack:
                 return self._send_puback(mid)

@@ -111,6 +111,24 @@ def test_a_publish_without_properties_decodes_as_paho_decodes_it(qos, payload, t
     assert type(plain_publish(header, bytearray(body))[2]) is bytes  # not a view of paho's reused buffer
 
 
+@pytest.mark.parametrize(("qos", "dup", "retain"), [(0, False, False), (1, True, True), (1, False, True)])
+def test_the_message_built_here_is_the_one_paho_builds(qos, dup, retain):
+    """Our subclass's ``_handle_publish`` against paho's own, on the same packet, with manual acks."""
+    client = paho_client._client_class()(CallbackAPIVersion.VERSION2, client_id="x", protocol=paho.MQTTv5,
+                                         manual_ack=True)
+    seen: list = []
+    client.on_message = lambda _client, _userdata, message: seen.append(message)
+    header, body = publish_packet(b"edgeinfer/v1/f/d/telemetry", qos, 77 if qos else 0, b"\x00", b'{"v":1}',
+                                  dup=dup, retain=retain)
+    for handle in (client._handle_publish, lambda: paho.Client._handle_publish(client)):
+        client._in_packet = {"command": header, "packet": bytearray(body)}
+        assert handle() == 0
+    ours, pahos = seen
+    for name in ("topic", "mid", "payload", "qos", "dup", "retain", "state"):
+        assert getattr(ours, name) == getattr(pahos, name), name
+    assert ours.timestamp <= pahos.timestamp
+
+
 def test_anything_else_is_left_to_paho():
     with_properties = b"\x02" + b"\x01\x01"  # Payload Format Indicator = 1
     assert plain_publish(*publish_packet(b"t", 1, 7, with_properties, b"x")) is None
