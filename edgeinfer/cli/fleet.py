@@ -65,6 +65,7 @@ def fleet_serve(broker: str | None, broker_port: int, ca: str | None, cert: str 
     Several managers may share one broker and one PostgreSQL (--db postgresql+psycopg://...): each
     message is stored once, and one manager drives each rollout at a time.
     """
+    from ..fleet.ingest import tune_garbage_collector
     from ..fleet.manager import FleetManager, FleetSettings
 
     password = Path(password_file).read_text().rstrip("\r\n") if password_file else None
@@ -79,6 +80,7 @@ def fleet_serve(broker: str | None, broker_port: int, ca: str | None, cert: str 
         click.echo(f"fleet manager: {where} {manager.broker_url}, HTTP {manager.http.url}, data {data_dir}",
                    err=True)
         click.echo(f"agents pin: update_public_key: {manager.key.public_key_b64()}", err=True)
+        tune_garbage_collector()  # this process is the manager: its heap from now on is mostly messages
         try:
             while not stop.wait(0.5):
                 pass

@@ -65,6 +65,10 @@ def registry_for(manager: Any) -> Any:
 
     registry = prometheus.CollectorRegistry()
     registry.register(FleetCollector())
+    # the process's CPU, memory and the garbage collector's work (python_gc_*): what an operator watches
+    # after ``fleet serve`` has tuned the collector (fleet/ingest.py, tune_garbage_collector)
+    prometheus.ProcessCollector(registry=registry)
+    prometheus.GCCollector(registry=registry)
     return registry
 
 

@@ -4,6 +4,8 @@ counters add up on /metrics, a manager restart loses nothing, and two managers s
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -77,6 +79,16 @@ def test_a_burst_past_the_queue_bound_is_held_back_not_dropped(tmp_path, broker)
         assert 'edgeinfer_fleet_messages_stored_total{kind="telemetry"} 2000.0' in metrics
         assert "edgeinfer_fleet_ingest_queue_capacity 20.0" in metrics
         assert "edgeinfer_fleet_messages_invalid_total 0.0" in metrics
+        assert 'python_gc_collections_total{generation="0"}' in metrics and "process_resident_memory_bytes" in metrics
+
+
+def test_the_serving_process_tunes_its_garbage_collector():
+    """What ``fleet serve`` calls once started (in a child: the collector is the whole process's)."""
+    code = ("import gc\nfrom edgeinfer.fleet.ingest import GC_YOUNG_THRESHOLD, tune_garbage_collector\n"
+            "before = gc.get_threshold()\ntune_garbage_collector()\n"
+            "print(gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:]), gc.get_freeze_count() > 1000)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "True"], done.stderr
 
 
 def test_what_arrives_while_the_manager_is_down_is_stored_when_it_is_back(tmp_path, broker):
