@@ -156,6 +156,13 @@ class Manager:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def peak_rss_mib(self) -> float:
+        """The most memory the manager process has held (VmHWM)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
     def wait_subscribed(self, timeout: float = 30) -> None:
         """Connected, and a moment for the SUBACKs: a session stopped before it subscribed queues nothing."""
         deadline = time.monotonic() + timeout
@@ -255,6 +262,7 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
     others_s = {name: tree_cpu_s(pid) - others_before[name] for name, pid in others.items()}
     rows, keys = stored_rows(engine)
     counters = [m.counters() for m in managers]
+    peak_rss = max(m.peak_rss_mib() for m in managers)
     for m in managers:
         m.stop()
     for client_id in (base_id, *(f"bench-{name}" for name in names)):
@@ -267,6 +275,7 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
     return {"managers": count, "published": messages, "rows": rows, "distinct": keys, "lost": messages - keys,
             "received": received, "stored": stored, "duplicates": duplicates, "invalid": invalid,
             "per_manager_received": [c.get("edgeinfer_fleet_messages_received", 0) for c in counters],
+            "peak_rss_mib": peak_rss,
             "mean_batch": received / max(1, sum(c.get("edgeinfer_fleet_ingest_batches", 0) for c in counters)),
             "manager_msg_s": rate, "broker_msg_s": messages / broker_s,
             "manager_cpu_us_per_msg": 1e6 * cpu_s / max(1, rows),
@@ -314,7 +323,7 @@ def main() -> None:
                               f" broker {result['broker_msg_s']:8.0f} msg/s, manager CPU "
                               f"{result['manager_cpu_us_per_msg']:.0f} us/msg{_others(result)}, lost {result['lost']}, "
                               f"rows {result['rows']}/{result['published']}, duplicates {result['duplicates']:.0f}, "
-                              f"mean batch {result['mean_batch']:.0f}",
+                              f"mean batch {result['mean_batch']:.0f}, peak RSS {result['peak_rss_mib']:.0f} MiB",
                               flush=True)
                 engine.dispose()
     finally:
