@@ -129,8 +129,14 @@ class Manager:
         self.http = ""
 
     def start(self) -> Manager:
+        return self.launch().wait_ready()
+
+    def launch(self) -> Manager:
         with open(self.log, "wb") as log:  # a fresh log: the address is read from it
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=log, cwd=REPO)
+        return self
+
+    def wait_ready(self) -> Manager:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             found = re.search(r"HTTP (http://[^,]+),", self.log.read_text(errors="replace"))
@@ -239,8 +245,10 @@ def drain_into_managers(workdir: Path, broker: str, db: str, engine, messages: i
     publish(broker, messages, devices)
     broker_s = broker_session(broker, base_id, create=False, count=messages)
     managers = [Manager(workdir, name, broker, db, *shared) for name in names]
+    for m in managers:  # all at once: one that started later would find its share of the backlog taken
+        m.launch()
     for m in managers:
-        m.start()
+        m.wait_ready()
     cpu_before = sum(m.cpu_s() for m in managers)  # start-up is done: the HTTP address is printed
     others_before = {name: tree_cpu_s(pid) for name, pid in others.items()}
     first: float | None = None
