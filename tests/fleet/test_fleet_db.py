@@ -44,6 +44,18 @@ def test_telemetry_is_deduplicated_and_rolled_up(db):
     assert rollup["latency_p95_max_ms"] == 30.0
 
 
+def test_a_sqlite_commit_is_on_disk_before_it_returns(tmp_path):
+    """Ingest acknowledges a batch once its commit returns: WAL with synchronous=FULL (2), not NORMAL (1),
+    on every pooled connection."""
+    database = FleetDB(f"sqlite:///{tmp_path / 'fleet.db'}")
+    try:
+        with database.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        database.close()
+
+
 def test_state_birth_and_will(db):
     db.record_state("f", "cam-1", {"online": True, "groups": ["lobby"], "pipelines": [
         {"name": "main", "delegate": "xnnpack", "model": {"path": "/m/mobilenet.tflite", "version": "1",
