@@ -154,12 +154,11 @@ def _client_class() -> type:
             return BufferedSocket(super()._create_socket())
 
         def _handle_publish(self) -> Any:
-            plain = plain_publish(self._in_packet["command"], self._in_packet["packet"]) \
-                if self._protocol == paho.MQTTv5 else None
+            header = self._in_packet["command"]
+            plain = plain_publish(header, self._in_packet["packet"]) if self._protocol == paho.MQTTv5 else None
             if plain is None:
                 return super()._handle_publish()
             topic, mid, payload = plain
-            header = self._in_packet["command"]
             # paho's __init__ would also give it an MQTTMessageInfo with a threading.Condition, which only
             # an outgoing message uses: every slot is set here instead (.properties None: there are none)
             message = paho.MQTTMessage.__new__(paho.MQTTMessage)
@@ -230,7 +229,7 @@ def loop_once(client: Any, timeout: float) -> int:
     if sock is None:
         return MQTTErrorCode.MQTT_ERR_NO_CONN
     pending = sock.pending()  # bytes paho has not read yet from our buffer (or TLS's): do not wait
-    unsent = sock.unsent() if isinstance(sock, BufferedSocket) else 0
+    unsent = sock.unsent()  # what a corked send left for when the socket is writable
     try:
         readable, writable, _ = select.select([sock], [sock] if unsent or client.want_write() else [], [],
                                               0.0 if pending else timeout)

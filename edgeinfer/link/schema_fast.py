@@ -15,10 +15,21 @@ import keyword
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
-try:
-    import msgspec
-except ImportError:  # pragma: no cover - the agent's installs do without it
-    msgspec = None
+#: the msgspec module once :func:`_load` has imported it (on the first decoder built, not at import time:
+#: an agent that imports the protocol does not pay for it)
+msgspec: Any = None
+
+
+def _load() -> bool:
+    """Import msgspec on first use; False when it is not installed (the agent's installs do without it)."""
+    global msgspec
+    if msgspec is None:
+        try:
+            import msgspec as module
+        except ImportError:
+            return False
+        msgspec = module
+    return True
 
 #: keywords that only document
 _NOTES = frozenset({"$schema", "title", "description"})
@@ -38,7 +49,7 @@ def accepts(kind: str, schema: Mapping[str, Any], text: str | bytes) -> bool:
         return False
     try:
         fast.decode(text)
-    except msgspec.MsgspecError:
+    except msgspec.MsgspecError:  # imported: a decoder was built
         return False
     return True
 
@@ -55,7 +66,7 @@ def _decoder_of_kind(kind: str, schema: Mapping[str, Any]) -> Any | None:
 def decoder(schema: Mapping[str, Any]) -> Any | None:
     """A ``msgspec.json.Decoder`` that accepts exactly the payloads valid under ``schema`` or fewer; None
     when msgspec is not installed or the schema cannot be expressed."""
-    if msgspec is None:
+    if not _load():
         return None
     try:
         return msgspec.json.Decoder(_type(schema, "Message"))
