@@ -29,15 +29,15 @@ Device → fleet messages allow extra properties (a v1 reader must ignore what i
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ProtocolError
 from ..pipeline.stats import PERCENTILES, STAGES
 from . import schema_fast
+from .schema_check import Check, compile_schema, nesting, schema_errors
 
 try:  # the fleet extra
     import orjson
@@ -49,6 +49,9 @@ TOPIC_PREFIX = f"edgeinfer/v{PROTOCOL_VERSION}"
 KINDS = ("state", "telemetry", "events", "cmd")
 #: an inbound message larger than this is refused before it is parsed
 MAX_PAYLOAD_BYTES = 256 * 1024
+#: objects and arrays nested deeper than this are refused: hostile input that would exhaust a
+#: recursive serialiser or validator (the protocol's own messages nest 6 deep at most)
+MAX_NESTING = 32
 
 #: fleet and device ids: one MQTT topic level, no wildcards, printable, short
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -59,7 +62,7 @@ COMMAND_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 
 def check_id(value: str, what: str = "id") -> str:
     """Return ``value`` if it is a valid fleet/device id (one topic level), else raise ValueError."""
-    if not isinstance(value, str) or not _ID_RE.match(value):
+    if not isinstance(value, str) or not _ID_RE.fullmatch(value):
         raise ValueError(f"{what} {value!r} is not valid: use 1-64 of A-Z a-z 0-9 . _ - (starting with a letter "
                          "or digit); it becomes an MQTT topic level")
     return value
@@ -115,7 +118,7 @@ def parse_topic(topic: str) -> tuple[str, str, str]:
     parts = topic.split("/")
     if len(parts) != 5 or "/".join(parts[:2]) != TOPIC_PREFIX or parts[4] not in KINDS:
         raise ProtocolError(f"topic {topic!r} is not {TOPIC_PREFIX}/<fleet>/<device>/<{'|'.join(KINDS)}>")
-    if not (_ID_RE.match(parts[2]) and _ID_RE.match(parts[3])):
+    if not (_ID_RE.fullmatch(parts[2]) and _ID_RE.fullmatch(parts[3])):
         raise ProtocolError(f"topic {topic!r} has an invalid fleet or device id")
     return parts[2], parts[3], parts[4]
 
@@ -290,7 +293,9 @@ CMD_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "cmd",
     "description": "A command to one device. The device answers on events with cmd_result or "
-                   "cmd_rejected carrying the same id; a command id seen before is not run again.",
+                   "cmd_rejected carrying the same id; a command id seen before is not run again. "
+                   "A state-changing command is signed: sig is the fleet key's Ed25519 signature "
+                   "(base64) over the canonical JSON of every other field, device and expires included.",
     "type": "object",
     "required": ["v", "type", "id", "cmd"],
     "additionalProperties": False,
@@ -302,6 +307,8 @@ CMD_SCHEMA: dict[str, Any] = {
         "ts": _TS,
         "expires": {"type": "number", "minimum": 0, "description": "UNIX time after which it must not run"},
         "args": {"type": "object"},
+        "device": {**_ID, "description": "the device the signature is for"},
+        "sig": {"type": "string", "maxLength": 512, "description": "base64 Ed25519 signature by the fleet key"},
     },
 }
 
@@ -313,202 +320,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
-# ----------------------------------------------------------------------------------- validator
-
-_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
-    "integer": (int,), "number": (int, float), "null": (type(None),),
-}
-
-
-def _is_type(value: Any, name: str) -> bool:
-    if name in ("integer", "number") and isinstance(value, bool):
-        return False
-    if name == "number" and isinstance(value, float) and not math.isfinite(value):
-        return False
-    return isinstance(value, _TYPES[name])
-
-
-def _errors(value: Any, schema: Mapping[str, Any], where: str) -> list[str]:
-    """Every way ``value`` breaks ``schema`` (the subset of JSON Schema used in this module)."""
-    out: list[str] = []
-    if "const" in schema and value != schema["const"]:
-        return [f"{where}: must be {schema['const']!r}, got {value!r}"]
-    if "enum" in schema and value not in schema["enum"]:
-        return [f"{where}: must be one of {', '.join(map(repr, schema['enum']))}, got {value!r}"]
-    if "type" in schema:
-        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        if not any(_is_type(value, n) for n in names):
-            return [f"{where}: must be {' or '.join(names)}, got {type(value).__name__}"]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            out.append(f"{where}: must be >= {schema['minimum']}, got {value}")
-        if "maximum" in schema and value > schema["maximum"]:
-            out.append(f"{where}: must be <= {schema['maximum']}, got {value}")
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            out.append(f"{where}: must be > {schema['exclusiveMinimum']}, got {value}")
-    if isinstance(value, str):
-        if "minLength" in schema and len(value) < schema["minLength"]:
-            out.append(f"{where}: must have at least {schema['minLength']} characters")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            out.append(f"{where}: must have at most {schema['maxLength']} characters")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            out.append(f"{where}: {value[:80]!r} does not match {schema['pattern']}")
-    if isinstance(value, list):
-        if "minItems" in schema and len(value) < schema["minItems"]:
-            out.append(f"{where}: needs at least {schema['minItems']} items")
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            out.append(f"{where}: allows at most {schema['maxItems']} items")
-        if "items" in schema:
-            for index, item in enumerate(value):
-                out.extend(_errors(item, schema["items"], f"{where}[{index}]"))
-    if isinstance(value, dict):
-        for key in schema.get("required", ()):
-            if key not in value:
-                out.append(f"{where}: missing required key {key!r}")
-        props = schema.get("properties", {})
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            path = f"{where}.{key}"
-            if not isinstance(key, str):
-                out.append(f"{where}: keys must be strings")
-            elif key in props:
-                out.extend(_errors(item, props[key], path))
-            elif extra is False:
-                out.append(f"{where}: unknown key {key!r}")
-            elif isinstance(extra, Mapping):
-                out.extend(_errors(item, extra, path))
-    return out
-
-
-Check = Callable[[Any], bool]
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and (not isinstance(v, float) or math.isfinite(v))
-
-
-_TYPE_CHECKS: dict[str, Check] = {
-    "object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool), "number": _is_number,
-    "null": lambda v: v is None,
-}
-
-
-def _all_of(checks: list[Check]) -> Check:
-    if len(checks) == 1:
-        return checks[0]
-
-    def check(v: Any) -> bool:
-        for one in checks:  # noqa: SIM110 - a plain loop: all() over a generator costs a third more here
-            if not one(v):
-                return False
-        return True
-
-    return check
-
-
-def _compile(schema: Mapping[str, Any]) -> Check:
-    """A predicate with exactly :func:`_errors`' rules (``check(v)`` iff ``not _errors(v, ...)``), the schema's
-    keywords looked up once: the fleet manager validates thousands of messages a second."""
-    if _is_number_leaf(schema):
-        return _compile_number(schema)
-    if schema.get("type") == "object" and not set(schema) - _OBJECT_KEYWORDS:
-        return _compile_object(schema, strict=True)
-    checks: list[Check] = []
-    if "const" in schema:
-        const = schema["const"]
-        checks.append(lambda v: v == const)
-    if "enum" in schema:
-        enum = schema["enum"]
-        checks.append(lambda v: v in enum)
-    if "type" in schema:
-        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        kinds = [_TYPE_CHECKS[name] for name in names]
-        first, *others = kinds
-        checks.append(first if not others else lambda v: first(v) or any(kind(v) for kind in others))
-    within = _bounds(schema)
-    if within is not None:
-        checks.append(lambda v: not isinstance(v, (int, float)) or isinstance(v, bool) or within(v))
-    if any(key in schema for key in ("minLength", "maxLength", "pattern")):
-        shortest, longest = schema.get("minLength", 0), schema.get("maxLength")
-        pattern = re.compile(schema["pattern"]).search if "pattern" in schema else None
-        checks.append(lambda v: not isinstance(v, str) or (
-            len(v) >= shortest and (longest is None or len(v) <= longest) and (pattern is None or bool(pattern(v)))))
-    if any(key in schema for key in ("minItems", "maxItems", "items")):
-        fewest, most = schema.get("minItems", 0), schema.get("maxItems")
-        item = _compile(schema["items"]) if "items" in schema else None
-        checks.append(lambda v: not isinstance(v, list) or (
-            len(v) >= fewest and (most is None or len(v) <= most) and (item is None or all(map(item, v)))))
-    if any(key in schema for key in ("required", "properties", "additionalProperties")):
-        checks.append(_compile_object(schema))
-    return _all_of(checks) if checks else (lambda v: True)
-
-
-_NUMBER_KEYWORDS = frozenset({"type", "minimum", "maximum", "exclusiveMinimum", "description"})
-_OBJECT_KEYWORDS = frozenset({"type", "required", "properties", "additionalProperties", "description"})
-
-
-def _bounds(schema: Mapping[str, Any]) -> Check | None:
-    """The schema's numeric bounds as one predicate on a number; None when it has none."""
-    low, high, above = schema.get("minimum"), schema.get("maximum"), schema.get("exclusiveMinimum")
-    if (low, high, above) == (None, None, None):
-        return None
-    return lambda v: (low is None or v >= low) and (high is None or v <= high) and (above is None or v > above)
-
-
-def _is_number_leaf(schema: Mapping[str, Any]) -> bool:
-    return schema.get("type") in ("number", "integer") and not set(schema) - _NUMBER_KEYWORDS
-
-
-def _compile_number(schema: Mapping[str, Any]) -> Check:
-    """The commonest leaf, ``{"type": "number"|"integer", bounds}``, as one function (most of a telemetry
-    message's values); exact int and float take the short way, anything else the general rules."""
-    integer = schema["type"] == "integer"
-    within = _bounds(schema) or (lambda v: True)
-    is_type = _TYPE_CHECKS[schema["type"]]
-
-    def check(v: Any) -> bool:
-        kind = type(v)
-        if kind is float:
-            if integer or v - v != 0:  # v - v is nan for inf and nan: not a JSON number
-                return False
-        elif kind is not int and not is_type(v):
-            return False
-        return within(v)
-
-    return check
-
-
-def _compile_object(schema: Mapping[str, Any], strict: bool = False) -> Check:
-    """The object keywords; ``strict``: the schema's type is object, so anything else fails here too."""
-    required = tuple(schema.get("required", ()))
-    props = {key: _compile(sub) for key, sub in schema.get("properties", {}).items()}
-    extra = schema.get("additionalProperties", True)
-    extra_check = _compile(extra) if isinstance(extra, Mapping) else None
-
-    def check(v: Any) -> bool:
-        if not isinstance(v, dict):
-            return not strict
-        for key in required:
-            if key not in v:
-                return False
-        for key, item in v.items():
-            sub = props.get(key)
-            if sub is not None:
-                if not sub(item):
-                    return False
-            elif not isinstance(key, str) or extra is False or (extra_check is not None and not extra_check(item)):
-                return False
-        return True
-
-    return check
-
-
-def schema_errors(value: Any, schema: Mapping[str, Any]) -> list[str]:
-    """All violations of ``schema`` by ``value``, as readable strings (empty when valid)."""
-    return _errors(value, schema, "$")
 
 
 def validate(kind: str, message: Any) -> dict[str, Any]:
@@ -524,7 +335,7 @@ def validate(kind: str, message: Any) -> dict[str, Any]:
     return message
 
 
-_CHECKS: dict[str, Check] = {kind: _compile(schema) for kind, schema in SCHEMAS.items()}
+_CHECKS: dict[str, Check] = {kind: compile_schema(schema) for kind, schema in SCHEMAS.items()}
 
 
 def payload_text(kind: str, payload: bytes | bytearray | str) -> str:
@@ -547,6 +358,9 @@ def decode(kind: str, payload: bytes | bytearray | str) -> dict[str, Any]:
         message = json.loads(text, parse_constant=_reject_constant) if orjson is None else orjson.loads(text)
     except (json.JSONDecodeError, ValueError, RecursionError) as exc:  # orjson's error is a JSONDecodeError
         raise ProtocolError(f"{kind} payload is not JSON: {exc}") from exc
+    # brackets bound the depth from above: only a payload with many is walked (none of ours nests past 6)
+    if text.count("{") + text.count("[") > MAX_NESTING and nesting(message, MAX_NESTING) > MAX_NESTING:
+        raise ProtocolError(f"{kind} payload nests deeper than {MAX_NESTING} levels")
     if kind in SCHEMAS and schema_fast.accepts(kind, SCHEMAS[kind], text):
         return message
     return validate(kind, message)  # the exact rules decide, and explain
@@ -571,7 +385,8 @@ def _default(value: Any) -> Any:
 
 def make_command(command_id: str, cmd: str, args: Mapping[str, Any] | None = None, *, ts: float | None = None,
                  expires: float | None = None) -> dict[str, Any]:
-    """Build a valid ``cmd`` message (for the fleet side and tests)."""
+    """Build a valid, unsigned ``cmd`` message (for the fleet side and tests); the fleet signs it afterwards
+    with :func:`edgeinfer.updates.signing.sign_command`."""
     message: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": "cmd", "id": command_id, "cmd": cmd,
                                "args": dict(args or {})}
     if ts is not None:

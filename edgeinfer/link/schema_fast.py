@@ -12,6 +12,7 @@ expressed that way gets no decoder.
 from __future__ import annotations
 
 import keyword
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
@@ -49,7 +50,7 @@ def accepts(kind: str, schema: Mapping[str, Any], text: str | bytes) -> bool:
         return False
     try:
         fast.decode(text)
-    except msgspec.MsgspecError:  # imported: a decoder was built
+    except (msgspec.MsgspecError, RecursionError):  # imported: a decoder was built; deep nesting: not here
         return False
     return True
 
@@ -110,7 +111,7 @@ def _branch(schema: Mapping[str, Any], kind: str, name: str) -> Any:
         base: Any = int if kind == "integer" else float  # a float field takes JSON integers, as "number" does
     elif kind == "string":
         meta = {"min_length": schema.get("minLength"), "max_length": schema.get("maxLength"),
-                "pattern": schema.get("pattern")}  # msgspec matches with re.search, as JSON Schema does
+                "pattern": pattern(schema["pattern"]).pattern if "pattern" in schema else None}
         base = str
     elif kind == "array":
         meta = {"min_length": schema.get("minItems"), "max_length": schema.get("maxItems")}
@@ -147,3 +148,13 @@ def _object(schema: Mapping[str, Any], name: str) -> Any:
         fields.append((key, field) if key in required else (key, Union[field, msgspec.UnsetType], msgspec.UNSET))  # noqa: UP007
     fields.sort(key=len)  # required (no default) first, as a Struct needs; stable: the schema's order
     return msgspec.defstruct(name, fields, forbid_unknown_fields=extra is False)
+
+
+def pattern(text: str) -> re.Pattern[str]:
+    """A JSON Schema pattern for Python's ``re.search`` (what msgspec uses too): a final ``$`` becomes ``\\Z``,
+    since Python's ``$`` also matches before a trailing newline and ECMA-262's does not (``"cam\\n"`` is no id)."""
+    return _PATTERNS.get(text) or _PATTERNS.setdefault(text, re.compile(text[:-1] + r"\Z" if text.endswith("$")
+                                                                      and not text.endswith(r"\$") else text))
+
+
+_PATTERNS: dict[str, re.Pattern[str]] = {}

@@ -205,3 +205,15 @@ def test_the_compiled_check_agrees_with_the_explaining_validator():
                 fast_accepted += 1
             checked += 1
     assert checked > 200 and fast_accepted > 20
+
+
+def test_json_true_is_not_the_number_one_and_a_trailing_newline_is_no_id():
+    """Found by the ingest fuzz: Python's ``True == 1`` let ``"v": true`` pass as protocol version 1, and
+    Python's ``$`` matched before a trailing newline, so ``"cam\\n"`` passed as an id (ECMA-262's does not)."""
+    message = {"v": 1, "type": "cmd", "id": "c1", "cmd": "ping"}
+    assert decode("cmd", json.dumps(message))["v"] == 1
+    for broken in ({**message, "v": True}, {**message, "id": "c1\n"}, {**message, "cmd": "ping\n"}):
+        with pytest.raises(ProtocolError):
+            decode("cmd", json.dumps(broken))
+    with pytest.raises(ProtocolError, match="invalid fleet or device id"):
+        parse_topic("edgeinfer/v1/f/cam\n/telemetry")

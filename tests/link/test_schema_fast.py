@@ -69,3 +69,16 @@ def test_a_payload_the_fast_path_refuses_is_judged_by_the_exact_rules():
     assert decode("cmd", payload) == command
     with pytest.raises(ProtocolError, match=r"\$\.cmd"):
         decode("cmd", json.dumps({**command, "cmd": "Ping!"}))
+
+
+def test_deep_nesting_is_refused_not_raised():
+    """A payload nested deeper than Python's recursion limit (orjson takes 1024 levels) is not the fast
+    path's to judge: it returns False instead of a RecursionError escaping; decode() refuses anything
+    nested past MAX_NESTING, whatever the schema allows there (a free-form ``args``)."""
+    depth = 1020
+    payload = '{"v": 1, "type": "cmd", "id": "c1", "cmd": "ping", "args": {"x": ' + "[" * depth + "]" * depth + "}}"
+    assert schema_fast.accepts("cmd", SCHEMAS["cmd"], payload) is False
+    with pytest.raises(ProtocolError, match="nests deeper than 32"):
+        decode("cmd", payload)
+    within = '{"v": 1, "type": "cmd", "id": "c1", "cmd": "ping", "args": {"x": ' + "[" * 30 + "]" * 30 + "}}"
+    assert json.dumps(decode("cmd", within)["args"]["x"]) == "[" * 30 + "]" * 30

@@ -177,7 +177,7 @@ class Collector:
     def _on_message(self, client, userdata, message) -> None:
         try:
             body: Any = json.loads(message.payload)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep (hostile commands the tests send)
             body = bytes(message.payload)
         with self._lock:
             self.messages.append((message.topic, body, bool(message.retain)))
