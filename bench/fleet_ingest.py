@@ -305,7 +305,7 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     postgres = None
     try:
-        with ManagedMosquitto(workdir / "broker", port=free_port()) as broker:
+        with ManagedMosquitto(workdir / "broker", port=free_port(), allow_anonymous=True) as broker:
             backends = ["sqlite", "postgres"] if args.db == "both" else [args.db]
             for backend in backends:
                 if backend == "sqlite":

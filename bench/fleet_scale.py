@@ -48,7 +48,7 @@ class Serve:
         self.cmd = [sys.executable, "-m", "edgeinfer", "fleet", "serve", "--http", "127.0.0.1:0",
                     "--data-dir", str(self.workdir), "--manager-id", self.name, *args]
         self.proc: subprocess.Popen | None = None
-        self.http = self.broker = ""
+        self.http = self.broker = self.token = ""
 
     def start(self) -> Serve:
         with open(self.log, "wb") as log:  # a fresh log: the address is read from it
@@ -59,6 +59,8 @@ class Serve:
                               self.log.read_text(errors="replace"), re.M)
             if found:
                 self.broker, self.http = found.groups()
+                token = self.workdir / "admin.token"  # only the first manager of a shared database writes one
+                self.token = token.read_text().strip() if token.exists() else ""
                 return self
             if self.proc.poll() is not None:
                 raise SystemExit(f"fleet serve exited: {self.log.read_text()[-3000:]}")
@@ -68,11 +70,15 @@ class Serve:
     def api(self, path: str, body: dict | None = None) -> object:
         request = urllib.request.Request(f"{self.http}{path}", method="POST" if body is not None else "GET",
                                          data=json.dumps(body).encode() if body is not None else None,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", **self.auth()})
         return json.loads(urllib.request.urlopen(request, timeout=30).read())
 
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
     def upload(self, path: Path) -> str:
-        request = urllib.request.Request(f"{self.http}/api/artifacts", data=path.read_bytes(), method="PUT")
+        request = urllib.request.Request(f"{self.http}/api/artifacts", data=path.read_bytes(), method="PUT",
+                                         headers=self.auth())
         return json.loads(urllib.request.urlopen(request, timeout=60).read())["sha256"]
 
     def kill(self) -> None:
@@ -119,7 +125,8 @@ def stored_seqs(db_url: str) -> dict[str, set[int]]:
 
 
 def metric(serve: Serve, name: str) -> float | None:
-    text = urllib.request.urlopen(f"{serve.http}/metrics", timeout=10).read().decode()
+    request = urllib.request.Request(f"{serve.http}/metrics", headers=serve.auth())
+    text = urllib.request.urlopen(request, timeout=10).read().decode()
     found = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
     return float(found.group(1)) if found else None
 
@@ -144,7 +151,7 @@ def rollout(workdir: Path, devices: int, *, fail_rate: float, kill_leader: bool,
 
     postgres = PostgresServer(workdir / "pg").start()
     db_url = postgres.create_database("fleet")
-    broker = ManagedMosquitto(workdir / "broker", port=free_port()).start()
+    broker = ManagedMosquitto(workdir / "broker", port=free_port(), allow_anonymous=True).start()
     managers = [Serve(workdir, f"m{i}", "--broker", broker.url, "--db", db_url, "--lease-ttl", "5",
                       "--shared-group", "bench") for i in (0, 1)]
     key = None
@@ -153,6 +160,7 @@ def rollout(workdir: Path, devices: int, *, fail_rate: float, kill_leader: bool,
         key = (managers[0].workdir / "fleet-signing.key").read_bytes()  # both managers sign with the fleet's key
         (managers[1].workdir / "fleet-signing.key").write_bytes(key)
         managers[1].start()
+        managers[1].token = managers[1].token or managers[0].token  # one database: one set of tokens
         settings = SimulationSettings(broker=broker.url, devices=devices, fleet="bench", fail_rate=fail_rate,
                                       seed=seed_failing_a_fifth_of_the_canary(devices, fail_rate),
                                       update_delay_s=(0.2, 1.5) if kill_leader else (0.05, 0.3))
@@ -231,7 +239,11 @@ def broker_crash(workdir: Path, devices: int, warmup_s: float, after_s: float) -
     db_url = f"sqlite:///{workdir / 'fleet.sqlite3'}"
     serve = Serve(workdir, "m0", "--broker-port", "0", "--db", db_url).start()
     try:
-        with Simulation(SimulationSettings(broker=serve.broker, devices=devices, fleet="bench")) as sim:
+        # the managed Mosquitto admits enrolled devices only: enrol them all (one broker reload)
+        issued = serve.api("/api/enrollments", {"fleet": "bench", "devices": [f"sim-{i:05d}" for i in range(devices)]})
+        credentials = {e["device_id"]: (e["username"], e["password"]) for e in issued}
+        with Simulation(SimulationSettings(broker=serve.broker, devices=devices, fleet="bench",
+                                           credentials=credentials)) as sim:
             sim.start()
             if not wait(lambda: sim.online == devices, 120):
                 raise SystemExit(f"only {sim.online} of {devices} devices came online")

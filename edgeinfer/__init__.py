@@ -48,8 +48,8 @@ _ERRORS = (
     "EdgeInferError", "ModelError", "ModelNotFound", "ModelFormatError", "ModelLoadError",
     "UnsupportedOperator", "DelegateError", "DelegateUnavailable", "NoDelegateAvailable",
     "InferenceError", "InputMismatch", "ImageError", "LabelsError", "ProfileError", "CaptureError",
-    "ConfigError", "ProtocolError", "UpdateRejected", "OutputError", "OptimizeError", "AccuracyRejected",
-    "BenchmarkError", "MissingDependency", "DownloadError", "ClosedError",
+    "ConfigError", "ProtocolError", "UpdateRejected", "CommandRejected", "OutputError", "OptimizeError",
+    "AccuracyRejected", "BenchmarkError", "MissingDependency", "DownloadError", "ClosedError",
 )
 _LAZY.update({name: "edgeinfer.errors" for name in _ERRORS})
 

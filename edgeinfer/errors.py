@@ -26,6 +26,9 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── ProtocolError                 an MQTT message does not match its schema
     ├── DownloadError                 an artifact download kept failing (network, server)
     ├── UpdateRejected                a model update was refused; ``.reason`` says why
+    ├── CommandRejected               a command's signature, device or expiry is not acceptable; ``.reason``
+    ├── AuthError                     a fleet API request without a usable token (401) or role (403); ``.status``
+    ├── FleetRequestError             the fleet manager refused a request; ``.status`` is its HTTP status
     ├── OutputError                   a result file cannot be written (path, permissions, disk)
     ├── OptimizeError                 a model cannot be optimised (no calibration images, ...)
     │   └── AccuracyRejected          the optimised model disagrees with the original too often
@@ -143,6 +146,36 @@ class UpdateRejected(EdgeInferError):
         super().__init__(f"update rejected ({reason}){': ' + detail if detail else ''}")
         self.reason = reason
         self.detail = detail
+
+
+class CommandRejected(EdgeInferError):
+    """A signed command was refused before it ran; ``reason`` is a short machine-readable code.
+
+    The codes: ``unsigned``, ``bad_signature``, ``wrong_device``, ``no_expiry``, ``expired``,
+    ``expiry_too_far`` (from :meth:`~edgeinfer.updates.signing.VerifyKey.verify_command`) and
+    ``no_fleet_key`` (the agent pins no key to check with).
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"command rejected ({reason}){': ' + detail if detail else ''}")
+        self.reason = reason
+        self.detail = detail
+
+
+class AuthError(EdgeInferError):
+    """A fleet API request without a usable token (``status`` 401) or with too little role (403)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class FleetRequestError(EdgeInferError):
+    """The fleet manager answered with an error; ``status`` is its HTTP status (401, 403, 404, 409...)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class OutputError(EdgeInferError):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A whole fleet on one machine: a signing key, the fleet manager with the Mosquitto it manages,
-# a few agents running a real classifier, and a signed canary rollout of a new model to them.
+# A whole fleet on one machine: a signing key, the fleet manager with the Mosquitto it manages
+# (no anonymous client: each agent is enrolled with its own account), a few agents running a real
+# classifier, and a signed canary rollout of a new model to them, with an API token.
 #
 #   examples/fleet_demo.sh            # 3 agents
 #   examples/fleet_demo.sh --quick    # 2 agents, lighter pipelines (what the test suite runs)
@@ -156,21 +157,21 @@ wait_for "the fleet manager to start" manager_up
 BROKER=$(sed -n 's/^fleet manager: [^,]* \(mqtts\{0,1\}:[^,]*\),.*/\1/p' "$WORK/fleet.log")
 FLEET_URL=$(sed -n 's/^fleet manager: .* HTTP \([^,]*\),.*/\1/p' "$WORK/fleet.log")
 export EDGEINFER_FLEET_URL=$FLEET_URL  # read by `edgeinfer fleet ...` and `edgeinfer deploy`
-echo "broker $BROKER, API $FLEET_URL"
+# the first start wrote an admin token (mode 0600); the API answers 401 without a token
+export EDGEINFER_FLEET_TOKEN_FILE=$WORK/fleet-data/admin.token
+echo "broker $BROKER, API $FLEET_URL, admin token in $EDGEINFER_FLEET_TOKEN_FILE"
 
-step "3. $AGENTS agents, each running MobileNet v2 (version 1) on the sample photos"
+step "3. $AGENTS agents, each enrolled (its own MQTT account) and running MobileNet v2 (version 1) on the sample photos"
 for i in $(seq 1 "$AGENTS"); do
     device=$(printf 'cam-%02d' "$i")
-    cat > "$WORK/$device.yaml" <<EOF
-device_id: $device
-fleet: demo
-broker: $BROKER
+    # enroll prints the device's agent.yaml keys: device_id, fleet, broker, username, password, update key
+    (umask 077; ei fleet enroll "$device" --fleet demo > "$WORK/$device.yaml")
+    cat >> "$WORK/$device.yaml" <<EOF
 data_dir: '$WORK/$device'
 telemetry_interval_s: 1.0
 reconnect_min_s: 0.2
 profile: auto
 groups: [demo]
-update_public_key: '$WORK/fleet-data/fleet-signing.pub'
 update_health_frames: 5        # frames the new model must run well before it is committed
 pipelines:
   - name: main
@@ -203,4 +204,6 @@ all_v2() { [[ $(count_devices 2) -eq $AGENTS ]]; }
 wait_for "every device to report version 2" all_v2
 ei fleet deployments
 ei fleet devices
+step "6. who did what (the audit log)"
+ei fleet audit
 step "done: $AGENTS devices active on v2"

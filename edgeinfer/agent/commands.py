@@ -1,11 +1,16 @@
-"""Inbound commands: validated, de-duplicated by id, dispatched to registered handlers, answered.
+"""Inbound commands: validated, signature-checked, de-duplicated by id, dispatched, answered.
 
-Inbound ``cmd`` messages go to :class:`CommandRouter` in its own thread (``edgeinfer-commands``):
-each is validated, de-duplicated by id (the :class:`CommandLog` survives restarts), dispatched to a
-handler, and answered with a ``cmd_result`` or ``cmd_rejected`` event. Handlers register with
-:meth:`CommandRouter.register`; the agent ships ``ping`` and ``restart_pipeline``
-(:func:`register_builtin_commands`), and model updates plug in the same way. A handler gets the
-agent's :class:`~.services.AgentServices` as ``ctx.agent``.
+Inbound ``cmd`` messages go to :class:`CommandRouter` in its own thread (``edgeinfer-commands``).
+Each one passes, in this order: decode (the ``cmd`` schema) → the command is known → signature
+(a command registered ``signed=True``, which is the default, must be signed by the pinned fleet
+key, for this device, with an expiry: :meth:`~edgeinfer.updates.signing.VerifyKey.verify_command`)
+→ duplicate id (the :class:`CommandLog` survives restarts) → expiry → argument schema → handler;
+it is answered with a ``cmd_result`` or ``cmd_rejected`` event. A refused command changes nothing
+and is not recorded, so a forged message cannot fill the command log or claim an id a real
+command will use. Handlers register with :meth:`CommandRouter.register`; the agent ships ``ping``
+(unsigned: it changes nothing) and ``restart_pipeline`` (:func:`register_builtin_commands`), and
+model updates plug in the same way. A handler gets the agent's :class:`~.services.AgentServices`
+as ``ctx.agent``.
 """
 
 from __future__ import annotations
@@ -21,14 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import EdgeInferError, ProtocolError
+from ..errors import CommandRejected, EdgeInferError, ProtocolError
 from ..link.protocol import decode, schema_errors
+from ..updates.signing import MAX_COMMAND_TTL_S, SIGNATURE_FIELD, VerifyKey, check_command_expiry
 from .services import AgentServices
 
 log = logging.getLogger(__name__)
 
-#: how many command ids the command log remembers (for de-duplication across restarts)
+#: how many unsigned (or expired) command ids the command log remembers; a signed command's id is kept
+#: until its expiry has passed, however many others arrive (then the expiry check refuses it anyway)
 COMMAND_LOG_SIZE = 1000
+#: the log's key prefix for a command that ran without a verified signature (``ping``): such an id lives
+#: apart from the signed ones, so an unsigned message cannot claim the id of a signed command to come
+#: (``~`` cannot start a command id)
+UNVERIFIED_PREFIX = "~"
 
 
 @dataclass(frozen=True)
@@ -48,10 +59,16 @@ class _Registered:
     handler: Handler
     args_schema: Mapping[str, Any]
     description: str
+    signed: bool
 
 
 class CommandLog:
-    """Command ids already handled, with their outcome, in SQLite (survives restarts, bounded)."""
+    """Command ids already handled, with their outcome, in SQLite (survives restarts, bounded).
+
+    A signed command's row keeps its ``expires`` and stays until that time has passed, so a replay is
+    recognised however many commands came in between; the others (unsigned, expired) are capped at
+    ``size`` rows, newest kept.
+    """
 
     def __init__(self, path: Path, size: int = COMMAND_LOG_SIZE) -> None:
         try:
@@ -73,33 +90,56 @@ class CommandLog:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("CREATE TABLE IF NOT EXISTS commands (id TEXT PRIMARY KEY, cmd TEXT NOT NULL, "
-                         "received REAL NOT NULL, outcome TEXT)")
+                         "received REAL NOT NULL, outcome TEXT, expires REAL)")
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(commands)")}
+            if "expires" not in columns:  # a log written before commands were signed: its rows stay capped
+                conn.execute("ALTER TABLE commands ADD COLUMN expires REAL")
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def outcome(self, command_id: str) -> tuple[bool, Any]:
-        """(seen before?, its recorded outcome or None while it has not finished)."""
+    @staticmethod
+    def _key(command_id: str, verified: bool) -> str:
+        return command_id if verified else UNVERIFIED_PREFIX + command_id
+
+    def outcome(self, command_id: str, *, verified: bool = True) -> tuple[bool, Any]:
+        """(seen before?, its recorded outcome or None while it has not finished).
+
+        ``verified``: look among the commands whose signature was verified (else among the unsigned).
+        """
         with self._lock:
-            row = self._conn.execute("SELECT outcome FROM commands WHERE id = ?", (command_id,)).fetchone()
+            row = self._conn.execute("SELECT outcome FROM commands WHERE id = ?",
+                                     (self._key(command_id, verified),)).fetchone()
         if row is None:
             return False, None
         return True, (json.loads(row[0]) if row[0] else None)
 
-    def begin(self, command_id: str, cmd: str) -> None:
-        """Record the id before the handler runs, so a crash mid-way never runs it twice."""
-        with self._lock:
-            self._conn.execute("INSERT OR IGNORE INTO commands (id, cmd, received) VALUES (?, ?, ?)",
-                               (command_id, cmd, time.time()))
-            self._conn.execute("DELETE FROM commands WHERE rowid NOT IN "
-                               "(SELECT rowid FROM commands ORDER BY received DESC LIMIT ?)", (self._size,))
+    def begin(self, command_id: str, cmd: str, *, verified: bool = True, expires: float | None = None) -> None:
+        """Record the id before the handler runs, so a crash mid-way never runs it twice.
 
-    def finish(self, command_id: str, outcome: Mapping[str, Any]) -> None:
+        ``expires``: the signed expiry of a verified command; its row is kept until then. An unverified
+        command's expiry is not kept (anybody can send one: its rows must stay capped).
+        """
+        now = time.time()
+        with self._lock:
+            self._conn.execute("INSERT OR IGNORE INTO commands (id, cmd, received, expires) VALUES (?, ?, ?, ?)",
+                               (self._key(command_id, verified), cmd, now, expires if verified else None))
+            self._conn.execute(
+                "DELETE FROM commands WHERE (expires IS NULL OR expires < :now) AND rowid NOT IN "
+                "(SELECT rowid FROM commands WHERE expires IS NULL OR expires < :now ORDER BY received DESC "
+                "LIMIT :size)", {"now": now, "size": self._size})
+
+    def finish(self, command_id: str, outcome: Mapping[str, Any], *, verified: bool = True) -> None:
         """Record how the command ended (what a repeated id is answered with)."""
         with self._lock:
             self._conn.execute("UPDATE commands SET outcome = ? WHERE id = ?",
-                               (json.dumps(outcome, default=str), command_id))
+                               (json.dumps(outcome, default=str), self._key(command_id, verified)))
+
+    def __len__(self) -> int:
+        """How many ids the log holds now."""
+        with self._lock:
+            return self._conn.execute("SELECT COUNT(*) FROM commands").fetchone()[0]
 
     def close(self) -> None:
         """Close the database."""
@@ -108,19 +148,37 @@ class CommandLog:
 
 
 class CommandRouter:
-    """Validates inbound ``cmd`` messages and dispatches them to registered handlers, one at a time."""
+    """Validates inbound ``cmd`` messages and dispatches them to registered handlers, one at a time.
 
-    def __init__(self, agent: AgentServices, log_path: Path) -> None:
+    ``key`` is the pinned fleet key (None: no key, so every signed-only command is refused with
+    ``no_fleet_key``); ``device_id`` is whom a signed command must name (default: the agent's device).
+    """
+
+    def __init__(self, agent: AgentServices, log_path: Path, *, key: VerifyKey | None = None,
+                 device_id: str | None = None, max_ttl_s: float = MAX_COMMAND_TTL_S) -> None:
         self._agent = agent
+        self._key = key
+        self._device_id = device_id if device_id is not None else agent.topics.device
+        self._max_ttl_s = max_ttl_s
         self._handlers: dict[str, _Registered] = {}
         self._queue: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=256)
         self._log = CommandLog(log_path)
         self._thread: threading.Thread | None = None
 
     def register(self, name: str, handler: Handler, *, args_schema: Mapping[str, Any] | None = None,
-                 description: str = "") -> None:
-        """Add a command: ``handler(args, ctx)`` returns a JSON-able result or raises an EdgeInferError."""
-        self._handlers[name] = _Registered(handler, args_schema or {"type": "object"}, description)
+                 description: str = "", signed: bool = True) -> None:
+        """Add a command: ``handler(args, ctx)`` returns a JSON-able result or raises an EdgeInferError.
+
+        ``signed``: the command changes the device's state, so it runs only when signed by the fleet key
+        (the default: a new command is safe unless it says otherwise). ``signed=False`` is for commands
+        that change nothing (``ping``).
+        """
+        self._handlers[name] = _Registered(handler, args_schema or {"type": "object"}, description, signed)
+
+    @property
+    def log(self) -> CommandLog:
+        """The command log (ids handled, their outcomes)."""
+        return self._log
 
     @property
     def names(self) -> list[str]:
@@ -158,17 +216,20 @@ class CommandRouter:
                 log.exception("command handling failed")
 
     def handle(self, topic: str, payload: bytes) -> None:
-        """Validate, de-duplicate, dispatch and answer one command message."""
+        """Validate, verify, de-duplicate, dispatch and answer one command message."""
         admitted = self._admit(payload)
         if admitted is None:
             return
-        message, registered = admitted
-        self._log.begin(message["id"], message["cmd"])
+        message, registered, verified = admitted
+        command_id = message["id"]
+        self._log.begin(command_id, message["cmd"], verified=verified,
+                        expires=message.get("expires") if verified else None)
         outcome = self._dispatch(message, registered)
-        self._log.finish(message["id"], outcome)
+        self._log.finish(command_id, outcome, verified=verified)
 
-    def _admit(self, payload: bytes) -> tuple[Mapping[str, Any], _Registered] | None:
-        """The decoded message and its handler; None (after answering why) when it must not run."""
+    def _admit(self, payload: bytes) -> tuple[Mapping[str, Any], _Registered, bool] | None:
+        """The decoded message, its handler and whether its signature was verified; None (after answering
+        why) when it must not run. Nothing is recorded here: a refused message leaves no trace in the log."""
         agent = self._agent
         command_id = _best_effort_id(payload)
         try:
@@ -177,27 +238,45 @@ class CommandRouter:
             agent.emit("cmd_rejected", "error", str(exc), cmd_id=command_id, data={"reason": "invalid"})
             return None
         command_id, name = message["id"], message["cmd"]
-        seen, outcome = self._log.outcome(command_id)
-        if seen:
+
+        def reject(reason: str, text: str) -> None:
+            agent.emit("cmd_rejected", "error", f"command {command_id} ({name}): {text}", cmd_id=command_id,
+                       data={"cmd": name, "reason": reason})
+
+        registered = self._handlers.get(name)
+        if registered is None:
+            reject("unknown_command", f"unknown command {name!r} (known: {', '.join(self.names)})")
+            return None
+        # a command that must be signed is checked with the key; one that need not be is checked when it
+        # carries a signature anyway and a key is pinned (a bad signature is never ignored)
+        must_verify = registered.signed or (SIGNATURE_FIELD in message and self._key is not None)
+        if must_verify:
+            try:
+                if self._key is None:
+                    raise CommandRejected("no_fleet_key", "this agent pins no update_public_key to check "
+                                                          "the command's signature with")
+                self._key.verify_command_signature(message, device_id=self._device_id)
+            except CommandRejected as exc:
+                reject(exc.reason, exc.detail or exc.reason)
+                return None
+        seen, outcome = self._log.outcome(command_id, verified=must_verify)
+        if seen:  # a replay or a redelivery: answered with the first outcome, never run again
             agent.emit("cmd_result", "info", f"command {command_id} ({name}) was already handled; not run again",
                        cmd_id=command_id, data={"cmd": name, "duplicate": True, "outcome": outcome})
             return None
-        expires = message.get("expires")
-        if expires is not None and expires < time.time():
-            agent.emit("cmd_rejected", "error", f"command {command_id} ({name}) expired at {expires}",
-                       cmd_id=command_id, data={"cmd": name, "reason": "expired"})
-            return None
-        registered = self._handlers.get(name)
-        if registered is None:
-            agent.emit("cmd_rejected", "error", f"unknown command {name!r} (known: {', '.join(self.names)})",
-                       cmd_id=command_id, data={"cmd": name, "reason": "unknown_command"})
+        try:
+            if must_verify:
+                check_command_expiry(message, max_ttl_s=self._max_ttl_s)
+            elif message.get("expires") is not None and message["expires"] < time.time():
+                raise CommandRejected("expired", f"expired at {message['expires']}")
+        except CommandRejected as exc:
+            reject(exc.reason, exc.detail or exc.reason)
             return None
         problems = schema_errors(message.get("args", {}), registered.args_schema)
         if problems:
-            agent.emit("cmd_rejected", "error", f"command {command_id} ({name}): bad args: {'; '.join(problems[:3])}",
-                       cmd_id=command_id, data={"cmd": name, "reason": "invalid_args"})
+            reject("invalid_args", f"bad args: {'; '.join(problems[:3])}")
             return None
-        return message, registered
+        return message, registered, must_verify
 
     def _dispatch(self, message: Mapping[str, Any], registered: _Registered) -> dict[str, Any]:
         """Run the handler, answer with ``cmd_result`` or ``cmd_rejected``; the outcome the log keeps."""
@@ -251,7 +330,7 @@ RESTART_PIPELINE_ARGS_SCHEMA = {
 
 
 def register_builtin_commands(router: CommandRouter) -> None:
-    """The commands every agent answers: ``ping`` and ``restart_pipeline``."""
-    router.register("ping", _cmd_ping, description="answer with the boot id and uptime")
+    """The commands every agent answers: ``ping`` (unsigned: it changes nothing) and ``restart_pipeline``."""
+    router.register("ping", _cmd_ping, description="answer with the boot id and uptime", signed=False)
     router.register("restart_pipeline", _cmd_restart_pipeline, args_schema=RESTART_PIPELINE_ARGS_SCHEMA,
                     description="restart one pipeline now")

@@ -219,7 +219,9 @@ class Agent:
         self._spool = Spool(config.data_dir / "spool.sqlite3", max_bytes=config.spool_max_bytes)
         self._versions = software_versions()
         self._delegates = delegate_report(self.profile, config.sensors.root)
-        self.commands = CommandRouter(self, config.data_dir / "commands.sqlite3")
+        # state-changing commands must be signed by the same pinned fleet key as model updates
+        self.commands = CommandRouter(self, config.data_dir / "commands.sqlite3", key=self.updates.key,
+                                      device_id=config.device_id)
         register_builtin_commands(self.commands)
         self.updates.register(self.commands)
         offline = encode(self._state_message(online=False, reason="connection lost"))

@@ -37,7 +37,9 @@ UPDATE_EVENT = "update"
 DEPLOY_ARGS_SCHEMA = {
     "type": "object", "required": ["manifest", "signature"], "additionalProperties": False,
     "properties": {"manifest": {"type": "object"}, "signature": {"type": "string", "maxLength": 512},
-                   "pipeline": {"type": "string", "minLength": 1, "maxLength": 64}},
+                   "pipeline": {"type": "string", "minLength": 1, "maxLength": 64},
+                   # a short-lived download grant for the artifact (fleet/auth.py issue_grant)
+                   "grant": {"type": "string", "maxLength": 512, "pattern": "^[A-Za-z0-9._-]+$"}},
 }
 ROLLBACK_ARGS_SCHEMA = {
     "type": "object", "additionalProperties": False,
@@ -94,8 +96,11 @@ class UpdateService:
             raise UpdateRejected("updates_disabled", "this agent pins no update_public_key")
         agent = ctx.agent
         runner = self._runner(agent, args.get("pipeline"))
+        mqtt = self.config.mqtt  # the device's credential and CA also open the fleet manager's artifacts
         updater = Updater(self.slots, self.key, delegate=runner.config.delegate,
-                          validate_timeout_s=self.config.update_validate_timeout_s)
+                          validate_timeout_s=self.config.update_validate_timeout_s,
+                          credentials=(mqtt.username, mqtt.password or "") if mqtt.username else None,
+                          cafile=mqtt.ca, grant=args.get("grant"))
         with self._lock:
             manifest = updater.check(dict(args["manifest"]), str(args["signature"]))
             self.slots.remember(manifest.deployment_id)  # a replay is refused from here on

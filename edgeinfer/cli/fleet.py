@@ -1,4 +1,4 @@
-"""``edgeinfer fleet serve|devices|deployments`` and ``edgeinfer deploy``."""
+"""``edgeinfer fleet serve|devices|deployments|abort|rollback|restart`` and ``edgeinfer deploy``."""
 
 from __future__ import annotations
 
@@ -7,17 +7,16 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
+from .fleet_access import audit, client_options, enroll, revoke, table, token
 from .fleet_db import db
 from .fleet_simulate import simulate
 from .output import handle_errors, print_json
 
 SHARED_GROUP = "edgeinfer-fleet"
-
-_fleet_url = click.option("--fleet-url", envvar="EDGEINFER_FLEET_URL", default="http://127.0.0.1:8700",
-                          show_default=True, help="The fleet manager's HTTP address.")
 
 
 @click.group()
@@ -25,14 +24,22 @@ def fleet() -> None:
     """Run the fleet manager, or ask it about devices and deployments."""
 
 
-fleet.add_command(db)
-fleet.add_command(simulate)
+for _command in (db, simulate, token, enroll, revoke, audit):
+    fleet.add_command(_command)
 
 
 @fleet.command("serve")
 @click.option("--broker", help="An existing MQTT 5 broker (mqtt[s]://host:port: Mosquitto, EMQX, HiveMQ). "
               "Default: start and supervise Mosquitto on --broker-port, its data in --data-dir.")
 @click.option("--broker-port", default=1883, show_default=True, help="Port of the managed Mosquitto.")
+@click.option("--broker-host", default="127.0.0.1", show_default=True,
+              help="Where the managed Mosquitto listens (0.0.0.0: every interface; it admits enrolled devices only).")
+@click.option("--device-broker-url", help="The broker URL `fleet enroll` tells devices (default: the managed "
+              "broker's, e.g. mqtts://fleet.example:8883 when devices reach it by another name).")
+@click.option("--tls", is_flag=True, help="Serve the managed broker as mqtts:// and the API as https://, with "
+              "certificates from the fleet's own CA (DATA_DIR/tls/ca.crt: give it to devices and the CLI).")
+@click.option("--tls-host", "tls_hosts", multiple=True, help="A name or address devices use to reach this "
+              "machine, added to the certificates (repeatable; localhost, 127.0.0.1 and the host name are in).")
 @click.option("--ca", type=click.Path(exists=True, dir_okay=False), help="mqtts://: the CA that signed the broker.")
 @click.option("--cert", type=click.Path(exists=True, dir_okay=False), help="mqtts://: client certificate.")
 @click.option("--key", type=click.Path(exists=True, dir_okay=False), help="mqtts://: client key (unencrypted).")
@@ -56,7 +63,8 @@ fleet.add_command(simulate)
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds after which another manager takes over the rollouts of one that stopped renewing them.")
 @handle_errors
-def fleet_serve(broker: str | None, broker_port: int, ca: str | None, cert: str | None, key: str | None,
+def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_broker_url: str | None, tls: bool,
+                tls_hosts: tuple[str, ...], ca: str | None, cert: str | None, key: str | None,
                 username: str | None, password_file: str | None, db_url: str | None, http: str,
                 public_url: str | None, data_dir: Path, manager_id: str | None, retention_days: float,
                 rollup_days: float, shared_group: str | None, lease_ttl: float) -> None:
@@ -70,7 +78,8 @@ def fleet_serve(broker: str | None, broker_port: int, ca: str | None, cert: str 
 
     password = Path(password_file).read_text().rstrip("\r\n") if password_file else None
     settings = FleetSettings(broker=broker, db_url=db_url, http=http, data_dir=data_dir, public_url=public_url,
-                             broker_port=broker_port, ca=ca, cert=cert, key=key, username=username,
+                             broker_port=broker_port, broker_host=broker_host, device_broker_url=device_broker_url,
+                             tls=tls, tls_hosts=tls_hosts, ca=ca, cert=cert, key=key, username=username,
                              password=password, manager_id=manager_id, raw_retention_days=retention_days,
                              rollup_retention_days=rollup_days, lease_ttl_s=lease_ttl, shared_group=shared_group)
     stop = threading.Event()
@@ -80,6 +89,12 @@ def fleet_serve(broker: str | None, broker_port: int, ca: str | None, cert: str 
         click.echo(f"fleet manager: {where} {manager.broker_url}, HTTP {manager.http.url}, data {data_dir}",
                    err=True)
         click.echo(f"agents pin: update_public_key: {manager.key.public_key_b64()}", err=True)
+        if manager.access.admin_token_file is not None:
+            click.echo(f"admin token: {manager.access.admin_token_file} (mode 0600; first start) — use it with "
+                       f"--token-file, and create less powerful ones: edgeinfer fleet token create", err=True)
+        if manager.access.ca is not None:
+            click.echo(f"fleet CA: {manager.access.ca.ca_file} (devices and the CLI verify the broker and the API "
+                       "with it)", err=True)
         tune_garbage_collector()  # this process is the manager: its heap from now on is mostly messages
         try:
             while not stop.wait(0.5):
@@ -88,21 +103,13 @@ def fleet_serve(broker: str | None, broker_port: int, ca: str | None, cert: str 
             pass
 
 
-def _table(rows: list[list[str]], headers: list[str]) -> None:
-    widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows)]
-    for row in [headers, *rows]:
-        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
-
-
 @fleet.command("devices")
-@_fleet_url
 @click.option("--json", "as_json", is_flag=True)
+@client_options
 @handle_errors
-def fleet_devices(fleet_url: str, as_json: bool) -> None:
+def fleet_devices(client: Any, as_json: bool) -> None:
     """List devices: online, model version, delegate, last telemetry."""
-    from ..fleet.client import FleetClient
-
-    devices = FleetClient(fleet_url).devices()
+    devices = client.devices()
     if as_json:
         print_json(devices)
         return
@@ -113,24 +120,22 @@ def fleet_devices(fleet_url: str, as_json: bool) -> None:
         age = f"{time.time() - d['last_seen']:.0f}s ago" if d.get("last_seen") else "-"
         rows.append([d["device_id"], "online" if d["online"] else "offline", d.get("model_name") or "-",
                      str(d.get("model_version") or "-"), d.get("delegate") or "-", f"{fps:.1f}", age])
-    _table(rows, ["DEVICE", "STATUS", "MODEL", "VERSION", "DELEGATE", "FPS", "SEEN"])
+    table(rows, ["DEVICE", "STATUS", "MODEL", "VERSION", "DELEGATE", "FPS", "SEEN"])
 
 
 @fleet.command("deployments")
-@_fleet_url
 @click.option("--json", "as_json", is_flag=True)
+@client_options
 @handle_errors
-def fleet_deployments(fleet_url: str, as_json: bool) -> None:
+def fleet_deployments(client: Any, as_json: bool) -> None:
     """List deployments with their per-state device counts."""
-    from ..fleet.client import FleetClient
-
-    deployments = FleetClient(fleet_url).deployments()
+    deployments = client.deployments()
     if as_json:
         print_json(deployments)
         return
     rows = [[d["deployment_id"][:12], d["model_name"], str(d["version"]), d["status"],
              " ".join(f"{k}={v}" for k, v in sorted(d["counts"].items()))] for d in deployments]
-    _table(rows, ["DEPLOYMENT", "MODEL", "VERSION", "STATUS", "DEVICES"])
+    table(rows, ["DEPLOYMENT", "MODEL", "VERSION", "STATUS", "DEVICES"])
 
 
 @click.command()
@@ -148,21 +153,22 @@ def fleet_deployments(fleet_url: str, as_json: bool) -> None:
 @click.option("--rollback", is_flag=True, help="Allow going back to an older version.")
 @click.option("--pipeline", help="Which of the agent's pipelines to update (default: its first).")
 @click.option("--no-wait", is_flag=True, help="Start the rollout and return.")
-@_fleet_url
 @click.option("--json", "as_json", is_flag=True)
+@client_options
 @handle_errors
-def deploy(model: Path, version: int, devices: tuple[str, ...], group: str | None, all_devices: bool,
+def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], group: str | None, all_devices: bool,
            canary_pct: float, wave_size: int | None, abort_failure_rate: float, device_timeout: float,
-           rollback: bool, pipeline: str | None, no_wait: bool, fleet_url: str, as_json: bool) -> None:
-    """Roll MODEL out as VERSION: signed, in waves, canary first; exit 0 only if every target is active."""
-    from ..fleet.client import FleetClient
+           rollback: bool, pipeline: str | None, no_wait: bool, as_json: bool) -> None:
+    """Roll MODEL out as VERSION: signed, in waves, canary first; exit 0 only if every target is active.
+
+    Needs an operator token (--token-file / $EDGEINFER_FLEET_TOKEN).
+    """
     from ..fleet.manager import wait_for_deployment
     from ..runtime.model import inspect_model
 
     if sum(bool(x) for x in (devices, group, all_devices)) != 1:
         raise click.UsageError("give exactly one of --device, --group or --all")
     inspect_model(model)  # refuse a file that is not a model before anything is sent
-    client = FleetClient(fleet_url)
     artifact = client.upload(model)
     spec = {"sha256": artifact["sha256"], "model_name": model.name, "version": version, "canary_pct": canary_pct,
             "wave_size": wave_size, "abort_failure_rate": abort_failure_rate, "device_timeout_s": device_timeout,
@@ -195,3 +201,39 @@ def deploy(model: Path, version: int, devices: tuple[str, ...], group: str | Non
                                                                        else ""))
     all_active = final["devices"] and all(t["state"] == "active" for t in final["devices"])
     sys.exit(0 if all_active else 1)
+
+
+@fleet.command("abort")
+@click.argument("deployment_id")
+@click.option("--json", "as_json", is_flag=True)
+@client_options
+@handle_errors
+def fleet_abort(client: Any, deployment_id: str, as_json: bool) -> None:
+    """Stop a running rollout: devices not yet notified are left alone (operator)."""
+    result = client.abort(deployment_id)
+    print_json(result) if as_json else click.echo(f"deployment {deployment_id}: {result['status']}")
+
+
+@fleet.command("rollback")
+@click.argument("device_id")
+@click.option("--pipeline", help="Which pipeline (default: the agent's updatable one).")
+@click.option("--json", "as_json", is_flag=True)
+@client_options
+@handle_errors
+def fleet_rollback(client: Any, device_id: str, pipeline: str | None, as_json: bool) -> None:
+    """Send DEVICE_ID a signed rollback to its previous model (operator)."""
+    result = client.rollback(device_id, pipeline)
+    print_json(result) if as_json else click.echo(f"rollback sent to {device_id} (command {result['command_id']})")
+
+
+@fleet.command("restart")
+@click.argument("device_id")
+@click.option("--pipeline", required=True, help="The pipeline to restart.")
+@click.option("--json", "as_json", is_flag=True)
+@client_options
+@handle_errors
+def fleet_restart(client: Any, device_id: str, pipeline: str, as_json: bool) -> None:
+    """Send DEVICE_ID a signed restart of one pipeline (operator)."""
+    result = client.restart(device_id, pipeline)
+    print_json(result) if as_json else click.echo(f"restart of {pipeline} sent to {device_id} "
+                                                  f"(command {result['command_id']})")

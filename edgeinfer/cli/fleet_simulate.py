@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import signal
+from pathlib import Path
 
 import click
 
@@ -21,17 +23,21 @@ from .output import handle_errors, print_json
               help="Share of devices whose updates fail validation (the same devices for the same --seed).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--group", "groups", multiple=True, help="A group every device reports (repeatable).")
+@click.option("--credentials", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="For a broker with accounts (the managed Mosquitto): the JSON list `edgeinfer fleet enroll "
+                   "PREFIX-00000 PREFIX-00001 ... --json` printed for these devices.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 @handle_errors
 def simulate(count: int, broker: str, fleet_name: str, prefix: str, interval: float, duration: float | None,
-             fail_rate: float, seed: int, groups: tuple[str, ...], as_json: bool) -> None:
+             fail_rate: float, seed: int, groups: tuple[str, ...], credentials: Path | None, as_json: bool) -> None:
     """Run simulated agents on one thread: real protocol, telemetry, births and Last Wills, deploy answers."""
     from ..tools.simulate import Simulation, SimulationSettings
 
+    accounts = _credentials(credentials) if credentials else None
     try:
         settings = SimulationSettings(broker=broker, devices=count, fleet=fleet_name, prefix=prefix,
                                       interval_s=interval, duration_s=duration, fail_rate=fail_rate, seed=seed,
-                                      groups=groups)
+                                      groups=groups, credentials=accounts)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     simulation = Simulation(settings)
@@ -55,3 +61,13 @@ def simulate(count: int, broker: str, fleet_name: str, prefix: str, interval: fl
         click.echo(f"{report.devices} devices: published {report.published}, acked {report.acked}, dropped "
                    f"{report.dropped}, connects {report.connects} (peak {report.peak_connects_per_s}/s), "
                    f"updates active {report.updates_active}, failed {report.updates_failed}")
+
+
+def _credentials(path: Path) -> dict[str, tuple[str, str]]:
+    """device id -> (user name, password) from `fleet enroll --json` output (one object or a list)."""
+    try:
+        entries = json.loads(path.read_text())
+        entries = [entries] if isinstance(entries, dict) else entries
+        return {e["device_id"]: (e["username"], e["password"]) for e in entries}
+    except (ValueError, TypeError, KeyError) as exc:
+        raise click.BadParameter(f"{path} is not the JSON of `fleet enroll --json` ({exc})") from None

@@ -16,6 +16,15 @@ Why these settings:
 - persistence with ``autosave_interval``: sessions and queued messages survive a broker crash up to
   the last save; :meth:`ManagedMosquitto.save` (SIGUSR1) writes one now (the manager calls it once
   its subscriptions exist, so its session survives even an early crash).
+- no anonymous clients: ``auth`` (see :mod:`.broker_auth`) gives ``password_file`` and ``acl_file``
+  and turns on ``use_username_as_clientid`` (a device cannot take another's client id and kick it off;
+  a session is named after the username, so a device's username should be its agent's client id,
+  :func:`.broker_auth.device_username`, for the session to keep its name); without ``auth``,
+  :meth:`ManagedMosquitto.start` refuses unless ``allow_anonymous=True`` says so explicitly.
+  :meth:`ManagedMosquitto.reload` (SIGHUP) makes Mosquitto re-read those files (and the TLS
+  certificate) after an enroll or revoke; a restart after a crash reads the same, current, files.
+- ``tls``: the one listener serves TLS 1.2 or newer (``mqtts://``) with a certificate from the
+  fleet's CA; there is no plain port next to it, so passwords never cross the network in clear.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from pathlib import Path
 
 from .._backoff import Backoff
 from ..errors import ConfigError
+from .broker_auth import AuthFiles, TLSFiles
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +79,12 @@ class ManagedMosquitto:
     """One Mosquitto process for the fleet manager: config, persistence, supervision."""
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", port: int = 1883, executable: str | None = None,
-                 max_queued_messages: int = 1_000_000, extra_config: Sequence[str] = ()) -> None:
+                 max_queued_messages: int = 1_000_000, extra_config: Sequence[str] = (),
+                 auth: AuthFiles | None = None, tls: TLSFiles | None = None, allow_anonymous: bool = False) -> None:
         self.folder = Path(data_dir) / "mosquitto"
+        self.auth = auth
+        self.tls = tls
+        self.allow_anonymous = allow_anonymous
         self.host = host
         self.port = port or free_port(host)
         self.executable = executable
@@ -88,7 +102,7 @@ class ManagedMosquitto:
 
     @property
     def url(self) -> str:
-        return f"mqtt://{self.host}:{self.port}"
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -101,7 +115,8 @@ class ManagedMosquitto:
             f"user {getpass.getuser()}",
             f"listener {self.port} {self.host}",
             "protocol mqtt",
-            "allow_anonymous true",
+            *self._tls_lines(),
+            *self._auth_lines(),
             "persistence true",
             f"persistence_location {self.folder}/",
             f"persistence_file {self.persistence_file.name}",
@@ -116,9 +131,33 @@ class ManagedMosquitto:
         ]
         return "\n".join(lines) + "\n"
 
+    def _tls_lines(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [f"cafile {self.tls.cafile}", f"certfile {self.tls.certfile}", f"keyfile {self.tls.keyfile}",
+                "tls_version tlsv1.2"]  # the minimum (Mosquitto 2): 1.3 is served too
+
+    def _auth_lines(self) -> list[str]:
+        lines = [f"allow_anonymous {'true' if self.allow_anonymous else 'false'}"]
+        if self.auth is not None:
+            lines += [f"password_file {self.auth.password_file}", f"acl_file {self.auth.acl_file}"]
+            if not self.allow_anonymous:  # it would disconnect every anonymous client anyway
+                lines.append("use_username_as_clientid true")
+        return lines
+
+    def _check_files(self) -> None:
+        if self.auth is None and not self.allow_anonymous:
+            raise ConfigError("the managed Mosquitto needs accounts (auth=AuthFiles) — or allow_anonymous=True "
+                              "for an open broker")
+        paths = [*(vars(self.auth).values() if self.auth else ()), *(vars(self.tls).values() if self.tls else ())]
+        for path in paths:
+            if not os.access(path, os.R_OK):
+                raise ConfigError(f"Mosquitto (running as {getpass.getuser()}) cannot read {path}")
+
     # ------------------------------------------------------------------------------ lifecycle
     def start(self, timeout: float = 10.0) -> ManagedMosquitto:
         """Start Mosquitto and its supervisor; returns once the port accepts connections and a save landed."""
+        self._check_files()
         executable = self.executable or find_mosquitto()
         self._prepare_folder()
         self.config_file.write_text(self.config_text())
@@ -177,6 +216,38 @@ class ManagedMosquitto:
             time.sleep(0.02)
         raise ConfigError(f"Mosquitto is not writing its persistence file {self.persistence_file}: "
                           f"{self._log_tail()}")
+
+    def reload(self, timeout: float = 5.0) -> None:
+        """Make Mosquitto re-read its password, ACL and certificate files (SIGHUP) and wait until it has.
+
+        Mosquitto logs "Reloading config." as it starts reloading, within one turn of its main loop;
+        the save asked for after that line runs in a later turn, so once it lands the reload is done.
+        """
+        self._check_files()
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise ConfigError(f"Mosquitto is not running: {self._log_tail()}")
+        offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while "Reloading config." not in self._log_since(offset):
+            if proc.poll() is not None:
+                raise ConfigError(f"Mosquitto died reloading its config: {self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise ConfigError(f"Mosquitto did not reload its config within {timeout} s: {self._log_tail()}")
+            time.sleep(0.02)
+        self.save(max(deadline - time.monotonic(), 1.0))
+        errors = [line for line in self._log_since(offset).splitlines() if ": Error: " in line]
+        if errors:
+            raise ConfigError(f"Mosquitto reloaded with errors: {' | '.join(errors[-3:])}")
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _supervise(self, executable: str) -> None:
         backoff = Backoff(initial_s=0.2, max_s=10.0)

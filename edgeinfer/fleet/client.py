@@ -1,32 +1,48 @@
-"""A small HTTP client for the fleet manager's API (what the CLI uses)."""
+"""A small HTTP client for the fleet manager's API (what the CLI uses).
+
+It sends ``Authorization: Bearer <token>``: the token given, else read from ``--token-file`` /
+``$EDGEINFER_FLEET_TOKEN_FILE``, else ``$EDGEINFER_FLEET_TOKEN``. For an https manager whose
+certificate comes from the fleet's own CA, pass that CA (``--ca`` / ``$EDGEINFER_FLEET_CA``).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..errors import EdgeInferError
+from ..errors import EdgeInferError, FleetRequestError
+from .auth import read_token
 
 DEFAULT_FLEET_URL = "http://127.0.0.1:8700"
 FLEET_URL_ENV = "EDGEINFER_FLEET_URL"
+FLEET_CA_ENV = "EDGEINFER_FLEET_CA"
 
 
 class FleetClient:
-    """Talks to ``edgeinfer fleet serve`` over HTTP."""
+    """Talks to ``edgeinfer fleet serve`` over HTTP(S)."""
 
-    def __init__(self, url: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, url: str | None = None, timeout: float = 30.0, *, token: str | None = None,
+                 token_file: str | os.PathLike | None = None, ca: str | os.PathLike | None = None) -> None:
         self.url = (url or os.environ.get(FLEET_URL_ENV) or DEFAULT_FLEET_URL).rstrip("/")
         self.timeout = timeout
+        self.token = read_token(token, token_file)
+        ca = ca or os.environ.get(FLEET_CA_ENV)
+        self._context = ssl.create_default_context(cafile=str(ca)) if ca else None
 
     def _request(self, method: str, path: str, body: Any = None,
                  headers: dict[str, str] | None = None) -> Any:
-        request = urllib.request.Request(f"{self.url}{path}", data=body, method=method, headers=headers or {})
+        headers = dict(headers or {})
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(f"{self.url}{path}", data=body, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self._context) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             try:
@@ -35,11 +51,22 @@ class FleetClient:
                 message = exc.reason
             if exc.code == 404 and method == "GET":
                 return None
-            raise EdgeInferError(f"fleet manager refused {method} {path}: {message}") from None
+            hint = ""
+            if exc.code == 401 and not self.token:
+                hint = " — give a token: --token-file FILE or $EDGEINFER_FLEET_TOKEN"
+            raise FleetRequestError(exc.code, f"fleet manager refused {method} {path} ({exc.code}): {message}"
+                                    + hint) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise EdgeInferError(f"cannot reach the fleet manager at {self.url} ({reason}) — is "
                                  "`edgeinfer fleet serve` running? (--fleet-url / $EDGEINFER_FLEET_URL)") from None
+
+    def _post(self, path: str, body: dict | None = None, method: str = "POST") -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        return self._request(method, path, data, {"Content-Type": "application/json"} if data else None)
+
+    def whoami(self) -> dict:
+        return self._request("GET", "/api/whoami")
 
     def devices(self) -> list[dict]:
         return self._request("GET", "/api/devices")
@@ -48,15 +75,58 @@ class FleetClient:
         return self._request("GET", "/api/deployments")
 
     def deployment(self, deployment_id: str) -> dict | None:
-        return self._request("GET", f"/api/deployments/{deployment_id}")
+        return self._request("GET", f"/api/deployments/{_quote(deployment_id)}")
 
     def upload(self, path: str | os.PathLike) -> dict:
-        """PUT a model file, streamed from disk (never read whole into memory); returns {"sha256", "size"}."""
+        """PUT a model file, streamed from disk (never read whole into memory); returns {"sha256", "size"}.
+
+        The token's role is checked first: a server refusing an upload closes the connection while the
+        body is still being sent, and the client would only see the reset, not why.
+        """
         size = Path(path).stat().st_size
+        who = self.whoami()
+        if who["role"] == "viewer":
+            raise FleetRequestError(403, f"the token {who['name']!r} is a viewer; uploading a model needs operator")
         with open(path, "rb") as body:
             return self._request("PUT", "/api/artifacts", body, {"Content-Length": str(size),
                                                                   "Content-Type": "application/octet-stream"})
 
     def create_deployment(self, spec: dict) -> dict:
-        body = json.dumps(spec).encode()
-        return self._request("POST", "/api/deployments", body, {"Content-Type": "application/json"})
+        return self._post("/api/deployments", spec)
+
+    def abort(self, deployment_id: str) -> dict:
+        return self._post(f"/api/deployments/{_quote(deployment_id)}/abort")
+
+    def rollback(self, device_id: str, pipeline: str | None = None) -> dict:
+        return self._post(f"/api/devices/{_quote(device_id)}/rollback", {"pipeline": pipeline} if pipeline else {})
+
+    def restart(self, device_id: str, pipeline: str) -> dict:
+        return self._post(f"/api/devices/{_quote(device_id)}/restart", {"pipeline": pipeline})
+
+    def tokens(self) -> list[dict]:
+        return self._request("GET", "/api/tokens")
+
+    def create_token(self, name: str, role: str, expires_s: float | None = None) -> dict:
+        return self._post("/api/tokens", {"name": name, "role": role, "expires_s": expires_s})
+
+    def revoke_token(self, token_id: str) -> dict:
+        return self._post(f"/api/tokens/{_quote(token_id)}", method="DELETE")
+
+    def enroll(self, device_id: str, fleet: str | None = None) -> dict:
+        return self._post(f"/api/devices/{_quote(device_id)}/enroll", {"fleet": fleet} if fleet else {})
+
+    def enroll_many(self, device_ids: list[str], fleet: str | None = None) -> list[dict]:
+        return self._post("/api/enrollments", {"devices": list(device_ids), **({"fleet": fleet} if fleet else {})})
+
+    def revoke_device(self, device_id: str) -> dict:
+        return self._post(f"/api/devices/{_quote(device_id)}/revoke")
+
+    def enrollments(self) -> list[dict]:
+        return self._request("GET", "/api/enrollments")
+
+    def audit(self, limit: int = 100) -> list[dict]:
+        return self._request("GET", f"/api/audit?limit={int(limit)}")
+
+
+def _quote(part: str) -> str:
+    return urllib.parse.quote(part, safe="")

@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from .._optional import import_optional
-from .api import MAX_UPLOAD_BYTES, FleetAPI, build_app
+from .api import MAX_UPLOAD_BYTES, Authenticator, FleetAPI, build_app
 from .artifacts import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -29,10 +29,14 @@ class FleetHTTPServer:
     """Serves ``/artifacts/<sha256>``, ``/api/...``, ``/metrics`` and ``/openapi.json``."""
 
     def __init__(self, store: ArtifactStore, api: Any = None, host: str = "127.0.0.1", port: int = 0, *,
-                 max_upload_bytes: int = MAX_UPLOAD_BYTES) -> None:
+                 auth: Authenticator, access: Any = None, max_upload_bytes: int = MAX_UPLOAD_BYTES,
+                 tls: tuple[str, str] | None = None) -> None:
+        """``auth`` checks every request's token; ``access`` serves the admin routes (``FleetAccess``);
+        ``tls``: (certificate, key) files to serve https."""
         self.store = store
         self.api = api
-        self.app = build_app(store, api, max_upload_bytes=max_upload_bytes)
+        self.tls = tls
+        self.app = build_app(store, api, auth=auth, access=access, max_upload_bytes=max_upload_bytes)
         self._sock = socket.create_server((host, port), reuse_port=False)  # OSError when taken: the caller says so
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -45,7 +49,9 @@ class FleetHTTPServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self._sock.getsockname()[0]}:{self.port}"
+        host = self._sock.getsockname()[0]
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def artifact_url(self, sha256: str) -> str:
         return f"{self.url}/artifacts/{sha256}"
@@ -59,8 +65,10 @@ class FleetHTTPServer:
             def install_signal_handlers(self) -> None:  # the CLI owns the signals
                 pass
 
+        certfile, keyfile = self.tls or (None, None)
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=30)
+                                timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=30,
+                                ssl_certfile=certfile, ssl_keyfile=keyfile)
         self._server = _Server(config)
 
         def serve() -> None:

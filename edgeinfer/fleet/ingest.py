@@ -234,7 +234,7 @@ class Ingest:
                 delivery.ack()
             kind, _fleet, device, *_ = batch.entries[0] if batch.entries else ("?", "", "?")
             log.warning("the fleet database refused a %s message from %s (%s: %s); it is dropped", kind, device,
-                        type(exc).__name__, str(exc).splitlines()[0][:200])
+                        type(exc).__name__, _first_line(exc))
 
     def _write(self, batch: _Batch) -> None:
         started = time.perf_counter()
@@ -266,3 +266,11 @@ class Ingest:
             self._last_warning = now
             log.warning("ignoring a malformed message on %s: %s (%d malformed so far)", topic, exc,
                         self.stats.invalid)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error's text, never an error of its own (a hostile value in it may be odd)."""
+    try:
+        return str(exc).splitlines()[0][:200]
+    except Exception:
+        return "(no text)"

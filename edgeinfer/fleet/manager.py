@@ -25,11 +25,13 @@ from ..errors import ConfigError, EdgeInferError
 from ..link.protocol import Topics, encode, make_command, subscription
 from ..updates.signing import PRIVATE_KEY_FILE, SigningKey
 from . import deployments
+from .access import MANAGER_USER
 from .artifacts import ArtifactStore
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HTTP = "127.0.0.1:8700"
+
 DEFAULT_DATA_DIR = Path("fleet-data")
 DAY_S = 86_400.0
 RETENTION_EVERY_S = 600.0
@@ -45,6 +47,14 @@ class FleetSettings:
     data_dir: Path = DEFAULT_DATA_DIR
     public_url: str | None = None  # how devices reach the HTTP server (default: http://<http>)
     broker_port: int = 1883
+    #: where the managed Mosquitto listens (0.0.0.0: every interface; it takes no anonymous client)
+    broker_host: str = "127.0.0.1"
+    #: the broker URL enrolled devices are told to use (default: the managed broker's own URL)
+    device_broker_url: str | None = None
+    #: serve the managed broker as mqtts:// and the API as https://, with certificates of the fleet's own CA
+    tls: bool = False
+    #: more names or addresses for those certificates (devices reach the manager by them)
+    tls_hosts: tuple[str, ...] = ()
     #: for an mqtts:// broker: CA, client certificate and key; username/password for either
     ca: str | None = None
     cert: str | None = None
@@ -88,6 +98,7 @@ class FleetManager:
         self.key: SigningKey | None = None
         self.http: Any = None
         self.broker: Any = None  # the managed Mosquitto, if we started one
+        self.access: Any = None  # tokens, enrolment, the broker's accounts (access.py)
         self.link: Any = None
         self.ingest: Any = None
         self.rollouts: Any = None
@@ -107,6 +118,7 @@ class FleetManager:
         return self
 
     def _start(self) -> None:
+        from .access import FleetAccess
         from .db import FleetDB
         from .ingest import Ingest
         from .metrics import registry_for
@@ -116,12 +128,13 @@ class FleetManager:
         self.db = FleetDB(self.settings.db_url or f"sqlite:///{self.data_dir / 'fleet.sqlite3'}")
         self.store = ArtifactStore(self.data_dir / "artifacts")
         self.key = self._load_or_create_key()
+        s = self.settings
+        self.access = FleetAccess(self.db, self.key, self.data_dir, tls=s.tls, tls_hosts=s.tls_hosts,
+                                  device_broker_url=s.device_broker_url)
         if self.broker_url is None:
-            from .broker import ManagedMosquitto, free_port
-
-            port = self.settings.broker_port or free_port()
-            self.broker = ManagedMosquitto(self.data_dir, port=port).start()
-            self.broker_url = self.broker.url
+            self.broker = self.access.start_broker(s.broker_host, s.broker_port)
+            self.broker_url = self.access.broker_url
+        self.access.broker_url = self.access.broker_url or self.broker_url
         self._registry = registry_for(self)
         self._start_http()
         self.ingest = Ingest(self.db, on_event=self._on_event, on_state=self._on_state,
@@ -139,7 +152,8 @@ class FleetManager:
 
         host, port = self.settings.http_address()
         try:
-            self.http = FleetHTTPServer(self.store, self, host=host, port=port).start()
+            self.http = FleetHTTPServer(self.store, self, host=host, port=port, auth=self.access.tokens,
+                                        access=self.access, tls=self.access.https_files(host)).start()
         except OSError as exc:
             raise ConfigError(f"cannot listen on {self.settings.http}: {exc.strerror or exc}") from None
 
@@ -152,8 +166,12 @@ class FleetManager:
         self._spool = Spool(self.data_dir / "commands-out.sqlite3")
         try:
             # the receive maximum keeps what the broker sends us within the ingest queue's bound
-            link_settings = LinkSettings(url=self.broker_url, client_id=s.client_id(), mqtt_version="5", ca=s.ca,
-                                         cert=s.cert, key=s.key, username=s.username, password=s.password,
+            managed, ca = self.broker is not None, self.access.ca
+            link_settings = LinkSettings(url=self.broker_url, client_id=MANAGER_USER if managed else s.client_id(),
+                                         mqtt_version="5", ca=str(ca.ca_file) if managed and ca else s.ca,
+                                         cert=s.cert, key=s.key,
+                                         username=MANAGER_USER if managed else s.username,
+                                         password=self.access.manager_password if managed else s.password,
                                          receive_maximum=min(65535, s.ingest_queue), manual_ack=True,
                                          inflight_window=1000)
         except ValueError as exc:
@@ -187,6 +205,14 @@ class FleetManager:
     @property
     def public_url(self) -> str:
         return self.settings.public_url or self.http.url
+
+    @property
+    def admin_token(self) -> str | None:
+        """The admin token in ``<data_dir>/admin.token``, if that file is still there."""
+        from .auth import ADMIN_TOKEN_FILE
+
+        path = self.data_dir / ADMIN_TOKEN_FILE
+        return path.read_text().strip() if path.exists() else None
 
     @property
     def rejected_messages(self) -> int:
@@ -243,17 +269,39 @@ class FleetManager:
 
     # ---------------------------------------------------------------------------- commands
     def send_command(self, device: str, cmd: str, args: dict, *, command_id: str | None = None) -> str:
-        """Queue a command for ``device`` (spooled, QoS 1); returns its id."""
+        """Queue a command for ``device`` (spooled, QoS 1), signed with the fleet key for that device only;
+        returns its id. It expires with its manifest (deploy) or COMMAND_TTL_S from now: agents refuse
+        unsigned state-changing commands, and a signed one cannot be replayed on another device or later."""
+        from ..updates.signing import COMMAND_TTL_S, sign_command
+
         record = self.db.get_device(device)
         if record is None:
             raise ValueError(f"unknown device {device!r}")
+        if self.key is None:
+            raise ConfigError("the fleet signing key is not loaded: start() the manager before sending commands")
         command_id = command_id or uuid.uuid4().hex
-        self._spool.append(Topics(record["fleet"], device).cmd, encode(make_command(command_id, cmd, args)))
+        manifest = args.get("manifest") if cmd == deployments.DEPLOY_COMMAND else None
+        expires = manifest.get("expires_at") if isinstance(manifest, dict) else None
+        if not isinstance(expires, (int, float)) or isinstance(expires, bool):
+            expires = time.time() + COMMAND_TTL_S
+        if isinstance(manifest, dict) and "grant" not in args and isinstance(manifest.get("sha256"), str):
+            args = {**args, "grant": self._download_grant(manifest["sha256"], device, None)}
+        message = sign_command(self.key, make_command(command_id, cmd, args), device_id=device, expires=expires)
+        self._spool.append(Topics(record["fleet"], device).cmd, encode(message))
         self.link.notify()
         return command_id
 
+    def _download_grant(self, sha256: str, device: str, device_timeout_s: float | None) -> str:
+        """A short-lived signed URL grant: valid as long as a rollout waits for the device, an hour at least."""
+        from .auth import issue_grant
+
+        return issue_grant(self.key, sha256, device, time.time() + max(3600.0, 2 * (device_timeout_s or 0)))
+
     def _send_deploy(self, deployment: dict, device: str) -> None:
-        self.send_command(device, deployments.DEPLOY_COMMAND, deployments.deploy_args(deployment),
+        args = deployments.deploy_args(deployment)
+        timeout = float((deployment.get("options") or {}).get("device_timeout_s") or 0)
+        args["grant"] = self._download_grant(deployment["sha256"], device, timeout)
+        self.send_command(device, deployments.DEPLOY_COMMAND, args,
                           command_id=deployments.command_id(deployment["deployment_id"]))
 
     # --------------------------------------------------------------------------- deployments
@@ -291,6 +339,22 @@ class FleetManager:
 
     def device_telemetry(self, device_id: str, limit: int) -> list[dict]:
         return self.db.device_telemetry(device_id, limit)
+
+    # ----------------------------------------------------------------- FleetAPI (operators)
+    def abort_deployment(self, deployment_id: str, detail: str) -> dict:
+        """Stop a running rollout (no later wave); LookupError / ValueError when there is none running."""
+        found = self.db.get_deployment(deployment_id)
+        if found is None:
+            raise LookupError(f"no deployment {deployment_id}")
+        if not self.db.abort_deployment(deployment_id, detail):
+            raise ValueError(f"deployment {deployment_id} is {found['status']}, not running")
+        return self.db.get_deployment(deployment_id)
+
+    def device_command(self, device_id: str, cmd: str, args: dict) -> str:
+        """Send a signed command to a known device; its id (LookupError for an unknown device)."""
+        if self.db.get_device(device_id) is None:
+            raise LookupError(f"no device {device_id}")
+        return self.send_command(device_id, cmd, args)
 
 
 def wait_for_deployment(fetch, deployment_id: str, *, timeout_s: float, on_progress=None,

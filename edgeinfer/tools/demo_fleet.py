@@ -59,6 +59,7 @@ def run_fleet_demo(clip: Path, model_v1: Path, model_v2: Path, workdir: Path,
                    echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Fleet manager + agent on ``clip``; show the telemetry, deploy ``model_v2`` as version 2."""
     from ..fleet.broker import free_port
+    from ..fleet.client import FleetClient
     from ..fleet.manager import FleetManager, FleetSettings
 
     workdir = workdir.resolve()
@@ -69,14 +70,19 @@ def run_fleet_demo(clip: Path, model_v1: Path, model_v2: Path, workdir: Path,
     summary: dict[str, Any] = {}
     echo("== 3. fleet manager (with the Mosquitto it manages) and a device agent on the clip")
     with FleetManager(settings) as fleet:
-        echo(f"   $ edgeinfer fleet serve   → broker {fleet.broker_url}, HTTP {fleet.http.url}")
+        echo(f"   $ edgeinfer fleet serve   → broker {fleet.broker_url} (no anonymous client), HTTP {fleet.http.url}")
+        echo(f"   admin API token in {fleet.access.admin_token_file}")
+        # what `edgeinfer fleet enroll demo-cam --fleet demo --json` does: the device's own MQTT account
+        enrolled = FleetClient(fleet.http.url, token=fleet.admin_token).enroll(DEVICE, "demo")
+        echo(f"   $ edgeinfer fleet enroll {DEVICE} --fleet demo   → MQTT user {enrolled['username']}, "
+             "its own topics only")
         config = workdir / "agent.yaml"
         config.write_text(yaml.safe_dump({
-            "device_id": DEVICE, "fleet": "demo", "broker": fleet.broker_url, "data_dir": str(agent_dir),
-            "telemetry_interval_s": 1.0, "groups": ["demo"], "update_public_key": fleet.key.public_key_b64(),
+            **enrolled, "data_dir": str(agent_dir), "telemetry_interval_s": 1.0, "groups": ["demo"],
             "pipelines": [{"name": "main", "model": str(model_v1), "source": str(clip), "loop": True,
                            "max_fps": 15, "version": "1"}],
         }, sort_keys=False))
+        config.chmod(0o600)  # it holds the device's password
         echo(f"   $ edgeinfer agent --config {config}")
         with open(workdir / "agent.log", "wb") as log:
             agent = subprocess.Popen([sys.executable, "-m", "edgeinfer", "agent", "--config", str(config)],
@@ -116,8 +122,8 @@ def _watch_and_deploy(fleet: FleetManager, agent: subprocess.Popen, model_v2: Pa
     telemetry = db.device_telemetry(DEVICE, 1000)
     echo("== 4. a signed rollout: the bird model as version 2 to the running agent")
     command = [sys.executable, "-m", "edgeinfer", "deploy", str(model_v2), "--version", "2", "--device", DEVICE,
-               "--fleet-url", fleet.http.url]
-    echo(f"   $ edgeinfer deploy {model_v2.name} --version 2 --device {DEVICE}")
+               "--fleet-url", fleet.http.url, "--token-file", str(fleet.data_dir / "admin.token")]
+    echo(f"   $ edgeinfer deploy {model_v2.name} --version 2 --device {DEVICE} --token-file fleet-data/admin.token")
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     for line in (done.stderr + done.stdout).strip().splitlines():
         echo(f"   {line}")
@@ -128,10 +134,13 @@ def _watch_and_deploy(fleet: FleetManager, agent: subprocess.Popen, model_v2: Pa
     after = db.get_device(DEVICE)
     events = [e for e in db.device_events(DEVICE, 200) if e["event"] == "update"]
     echo(f"   registry   {DEVICE}: {after['model_name']} v{after['model_version']} on {after['delegate']}")
+    audit = [f"{e['actor']} {e['action']} {e['target']}" for e in db.list_audit(20)]
+    echo(f"   audit      {'; '.join(audit[-3:])}")
     return {
         "telemetry": len(telemetry), "seqs": [m["seq"] for m in telemetry],
         "fps": next((p["fps"] for m in reversed(telemetry) for p in m["pipelines"] if p["frames"]), 0.0),
         "delegate": next((p["delegate"] for m in telemetry for p in m["pipelines"] if p.get("delegate")), None),
         "deploy_exit_code": done.returncode,
         "version_after": after["model_version"], "update_states": [e["data"]["state"] for e in events],
+        "audit": [e["action"] for e in db.list_audit(20)],
     }

@@ -6,9 +6,11 @@ matches is renamed to ``dest``.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import logging
 import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +27,18 @@ DEFAULT_ATTEMPTS = 8
 DEFAULT_TIMEOUT_S = 20.0
 #: the longest wait between two tries that made no progress
 MAX_RETRY_WAIT_S = 5.0
+#: answers that end a download at once, with what they usually mean
+REFUSALS = {
+    401: " — the device's credential was refused (enrolled? revoked? see `edgeinfer fleet enroll`)",
+    403: " — the device's credential may not read artifacts",
+    404: " — the fleet manager does not have this artifact",
+}
+
+
+def basic_auth(username: str, password: str) -> dict[str, str]:
+    """The Authorization header of HTTP Basic (how a device shows its MQTT credential to the fleet manager)."""
+    token = base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
+    return {"Authorization": f"Basic {token}"}
 
 
 def _announced_total(response, have: int) -> int | None:
@@ -37,11 +51,18 @@ def _announced_total(response, have: int) -> int | None:
 
 
 def _fetch_into(url: str, part: Path, have: int, size: int, timeout: float,
-                progress: Callable[[int], None] | None) -> None:
+                progress: Callable[[int], None] | None, headers: dict[str, str],
+                context: ssl.SSLContext | None) -> None:
     """Append the bytes from ``have`` on to ``part``; restart from 0 if the server ignores Range."""
-    headers = {"Range": f"bytes={have}-"} if have else {}
-    request = urllib.request.Request(url, headers=headers)
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    request = urllib.request.Request(url, headers=headers | ({"Range": f"bytes={have}-"} if have else {}))
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout, context=context)
+    except urllib.error.HTTPError as exc:
+        if exc.code in REFUSALS:  # asking again will not change the answer
+            raise DownloadError(f"the server refused the download of {url}: HTTP {exc.code} {exc.reason}"
+                                + REFUSALS[exc.code]) from None
+        raise
+    with response:
         total = _announced_total(response, have)
         if total is not None and total != size:
             raise UpdateRejected("size_mismatch", f"the server's artifact is {total} bytes, the manifest says {size}")
@@ -73,11 +94,14 @@ def _size(path: Path) -> int:
 
 def download(url: str, dest: str | os.PathLike, *, sha256: str, size: int, attempts: int = DEFAULT_ATTEMPTS,
              timeout: float = DEFAULT_TIMEOUT_S, backoff_s: float = 0.2,
-             progress: Callable[[int], None] | None = None) -> Path:
+             progress: Callable[[int], None] | None = None, headers: dict[str, str] | None = None,
+             context: ssl.SSLContext | None = None) -> Path:
     """Download ``url`` to ``dest``, resuming a partial ``dest.part``; verify size and sha256.
 
     ``attempts`` counts consecutive tries that made no progress, so a connection cut many times
-    still completes as long as each try moves forward. On a verification failure the partial file
+    still completes as long as each try moves forward; a refusal (401, 403, 404) ends it at once.
+    ``headers`` go with every request (credentials: :func:`basic_auth`); ``context`` verifies an
+    https server (the fleet's CA). On a verification failure the partial file
     is removed and UpdateRejected ('size_mismatch' / 'sha256_mismatch') is raised; ``dest`` only
     ever appears complete and verified (atomic rename).
     """
@@ -94,7 +118,7 @@ def download(url: str, dest: str | os.PathLike, *, sha256: str, size: int, attem
         if have == size:
             break
         try:
-            _fetch_into(url, part, have, size, timeout, progress)
+            _fetch_into(url, part, have, size, timeout, progress, headers or {}, context)
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             last_error = f"{type(exc).__name__}: {exc}"
             log.info("download of %s interrupted at %d bytes: %s", url, have, last_error)

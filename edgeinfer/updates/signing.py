@@ -1,8 +1,13 @@
-"""Ed25519 keys and signed update manifests.
+"""Ed25519 keys, signed update manifests and signed commands.
 
 The fleet manager holds the private key (``edgeinfer keys init``); every agent pins the public key
 in its config. A manifest is canonical JSON (sorted keys, no whitespace) so the signature covers
 exactly the bytes both sides compute, whatever JSON library produced the message.
+
+A ``cmd`` message that changes a device's state is signed too (:func:`sign_command`): the signature
+covers the whole message but ``sig`` — id, command, arguments, the target ``device`` and the
+``expires`` time — so it cannot be replayed on another device, altered, or kept for later than its
+expiry (at most :data:`MAX_COMMAND_TTL_S` ahead); the agent's command log refuses the same id twice.
 """
 
 from __future__ import annotations
@@ -12,17 +17,25 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .._fs import atomic_path, atomic_write_text
 from .._optional import import_optional
-from ..errors import ConfigError, UpdateRejected
+from ..errors import CommandRejected, ConfigError, UpdateRejected
 
 PRIVATE_KEY_FILE = "fleet-signing.key"
 PUBLIC_KEY_FILE = "fleet-signing.pub"
 MANIFEST_VERSION = 1
 DEFAULT_MANIFEST_TTL_S = 7 * 24 * 3600
+#: how far ahead a signed command may expire: a deploy lives as long as its manifest (7 days), plus a margin
+MAX_COMMAND_TTL_S = 8 * 24 * 3600
+#: the expiry the fleet gives a command that has no manifest to follow (rollback, restart_pipeline, ping)
+COMMAND_TTL_S = 24 * 3600
+#: the field of a ``cmd`` message that holds its signature (everything else in the message is signed)
+SIGNATURE_FIELD = "sig"
 
 
 def canonical_json(data: dict) -> bytes:
@@ -161,7 +174,11 @@ class SigningKey:
 
     def sign(self, manifest: Manifest) -> str:
         """Base64 Ed25519 signature over the manifest's canonical JSON."""
-        return base64.b64encode(self._key.sign(canonical_json(manifest.to_dict()))).decode("ascii")
+        return self.sign_bytes(canonical_json(manifest.to_dict()))
+
+    def sign_bytes(self, data: bytes) -> str:
+        """Base64 Ed25519 signature over ``data`` (what :meth:`VerifyKey.verify_bytes` checks)."""
+        return base64.b64encode(self._key.sign(data)).decode("ascii")
 
 
 class VerifyKey:
@@ -198,3 +215,78 @@ class VerifyKey:
         if (time.time() if now is None else now) > manifest.expires_at:
             raise UpdateRejected("expired", f"the manifest expired at {manifest.expires_at:.0f}")
         return manifest
+
+    def verify_bytes(self, data: bytes, signature_b64: Any) -> bool:
+        """True when ``signature_b64`` is this key's base64 Ed25519 signature of ``data``; never raises on bad input."""
+        from cryptography.exceptions import InvalidSignature
+
+        if not isinstance(signature_b64, str):
+            return False
+        try:
+            raw = base64.b64decode(signature_b64, validate=True)
+            # one spelling per signature: base64 ignores a final character's unused bits, and a second
+            # spelling of a valid signature must not pass for a different message
+            if base64.b64encode(raw).decode("ascii") != signature_b64:
+                return False
+            self._key.verify(raw, data)
+        except (InvalidSignature, ValueError, TypeError):  # binascii.Error is a ValueError
+            return False
+        return True
+
+    def verify_command(self, message: Mapping[str, Any], *, device_id: str, now: float | None = None,
+                       max_ttl_s: float = MAX_COMMAND_TTL_S) -> None:
+        """Check a ``cmd`` message's signature, target device and expiry; CommandRejected says which failed.
+
+        The agent calls the two halves separately (:meth:`verify_command_signature`, then its duplicate
+        check, then :func:`check_command_expiry`), so that a late copy of a command it already ran is
+        answered as a duplicate rather than as expired.
+        """
+        self.verify_command_signature(message, device_id=device_id)
+        check_command_expiry(message, now=now, max_ttl_s=max_ttl_s)
+
+    def verify_command_signature(self, message: Mapping[str, Any], *, device_id: str) -> None:
+        """The signature is this key's over the message (less ``sig``), for ``device_id``, with an expiry.
+
+        Reasons: ``unsigned``, ``bad_signature``, ``wrong_device``, ``no_expiry``.
+        """
+        signature = message.get(SIGNATURE_FIELD)
+        if signature is None:
+            raise CommandRejected("unsigned", "a state-changing command must be signed by the fleet key")
+        try:
+            data = canonical_json({k: v for k, v in message.items() if k != SIGNATURE_FIELD})
+        except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError (a lone surrogate) is a ValueError
+            raise CommandRejected("bad_signature", f"the command cannot be put in canonical form: {exc}") from None
+        if not self.verify_bytes(data, signature):
+            raise CommandRejected("bad_signature", "the command is not signed by the pinned fleet key")
+        if message.get("device") != device_id:
+            raise CommandRejected("wrong_device", f"the command is signed for device {message.get('device')!r}, "
+                                                  f"not {device_id!r}")
+        if message.get("expires") is None:
+            raise CommandRejected("no_expiry", "a signed command must carry an expiry")
+
+
+def check_command_expiry(message: Mapping[str, Any], *, now: float | None = None,
+                         max_ttl_s: float = MAX_COMMAND_TTL_S) -> None:
+    """The command's ``expires`` is present, not past, and at most ``max_ttl_s`` ahead (a signature that
+    would stay good for months is as dangerous as none). Reasons: ``no_expiry``, ``expired``, ``expiry_too_far``."""
+    expires = message.get("expires")
+    if isinstance(expires, bool) or not isinstance(expires, (int, float)):
+        raise CommandRejected("no_expiry", "a signed command must carry an expiry (UNIX time)")
+    current = time.time() if now is None else now
+    if not expires >= current:  # also NaN
+        raise CommandRejected("expired", f"the command expired at {expires:.0f}")
+    if expires > current + max_ttl_s:
+        raise CommandRejected("expiry_too_far", f"the command expires at {expires:.0f}, more than "
+                                                f"{max_ttl_s:.0f} s from now")
+
+
+def sign_command(key: SigningKey, message: Mapping[str, Any], *, device_id: str, expires: float) -> dict[str, Any]:
+    """A copy of the ``cmd`` message bound to ``device_id`` until ``expires``, signed by ``key``.
+
+    Any ``sig`` already there is replaced; the fleet calls this after :func:`~edgeinfer.link.protocol.make_command`.
+    """
+    signed = {k: v for k, v in message.items() if k != SIGNATURE_FIELD}
+    signed["device"] = device_id
+    signed["expires"] = expires
+    signed[SIGNATURE_FIELD] = key.sign_bytes(canonical_json(signed))
+    return signed

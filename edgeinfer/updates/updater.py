@@ -8,12 +8,14 @@
 from __future__ import annotations
 
 import logging
+import ssl
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import UpdateRejected
-from .download import download
+from .download import basic_auth, download
 from .signing import Manifest, VerifyKey
 from .slots import InstalledModel, ModelSlots
 from .validate import DEFAULT_VALIDATE_TIMEOUT_S, validate_in_subprocess
@@ -25,11 +27,19 @@ class Updater:
     """The agent's update steps up to the trial; the agent swaps the engine and runs the gate."""
 
     def __init__(self, slots: ModelSlots, verify_key: VerifyKey, *, delegate: str | None = None,
-                 validate_timeout_s: float = DEFAULT_VALIDATE_TIMEOUT_S) -> None:
+                 validate_timeout_s: float = DEFAULT_VALIDATE_TIMEOUT_S,
+                 credentials: tuple[str, str] | None = None, cafile: str | None = None,
+                 grant: str | None = None) -> None:
+        """``credentials``: the device's MQTT user name and password, shown to the fleet manager (Basic)
+        when downloading; ``grant``: a download grant from the deploy command (``?grant=``);
+        ``cafile``: the CA that signed an https fleet manager (the fleet's CA)."""
         self.slots = slots
         self.verify_key = verify_key
         self.delegate = delegate
         self.validate_timeout_s = validate_timeout_s
+        self.headers = basic_auth(*credentials) if credentials else {}
+        self.context = ssl.create_default_context(cafile=cafile) if cafile else None
+        self.grant = grant
 
     def check(self, manifest_data: dict, signature: str) -> Manifest:
         """Signature, expiry, replay and downgrade checks; raises UpdateRejected with its reason."""
@@ -63,7 +73,11 @@ class Updater:
         for stale in folder.iterdir():  # the inactive slot holds only the model being staged
             if stale != partial:
                 stale.unlink()
-        download(manifest.url, target, sha256=manifest.sha256, size=manifest.size, progress=progress)
+        url = manifest.url
+        if self.grant:
+            url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"grant": self.grant})
+        download(url, target, sha256=manifest.sha256, size=manifest.size, progress=progress,
+                 headers=self.headers, context=self.context)
         return InstalledModel(slot, str(target), manifest.model_name, manifest.version, manifest.sha256,
                               manifest.deployment_id)
 

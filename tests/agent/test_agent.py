@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from support.agent import AgentProcess, fake_sysfs, write_config
+from support.agent import AgentProcess, fake_sysfs, fleet_key, signed_command, write_config
 from support.assets import IMAGES, LABELS, MODELS
 from support.broker import Broker, Collector, free_port, make_tls_files, running_broker, seqs
 from support.profiles import fake_root
@@ -328,17 +328,17 @@ def test_agent_over_tls_with_client_certificate(tmp_path):
 # ---------------------------------------------------------------------------------- commands
 
 def test_malformed_commands_get_error_events_and_change_nothing(tmp_path, broker):
-    config = agent_config(tmp_path, broker.url, telemetry_interval_s=0.2)
+    config = agent_config(tmp_path, broker.url, telemetry_interval_s=0.2,
+                          update_public_key=fleet_key().public_key_b64())
     cmd_topic = "edgeinfer/v1/test/cam-01/cmd"
     bad = [
         b"\xff\xfe not utf-8",
         b"{not json",
         b'{"v": 1, "type": "cmd", "cmd": "ping"}',                                   # no id
         json.dumps({"v": 1, "type": "cmd", "id": "c-unknown", "cmd": "format_disk"}).encode(),
-        json.dumps({"v": 1, "type": "cmd", "id": "c-args", "cmd": "restart_pipeline",
-                    "args": {"pipeline": "main", "now": True}}).encode(),
-        json.dumps({"v": 1, "type": "cmd", "id": "c-nopipe", "cmd": "restart_pipeline",
-                    "args": {"pipeline": "nope"}}).encode(),
+        # signed by the fleet (a state-changing command must be), and still wrong
+        signed_command("c-args", "restart_pipeline", {"pipeline": "main", "now": True}),
+        signed_command("c-nopipe", "restart_pipeline", {"pipeline": "nope"}),
         json.dumps({"v": 1, "type": "cmd", "id": "c-old", "cmd": "ping", "expires": 1000.0}).encode(),
         json.dumps({"v": 1, "type": "cmd", "id": "c-extra", "cmd": "ping", "admin": True}).encode(),
     ]
@@ -417,7 +417,8 @@ def test_failing_pipeline_is_restarted_with_backoff_while_reporting_goes_on(tmp_
 
 def test_agent_runs_real_pipelines_and_reports_what_they_do(tmp_path, broker):
     model = MODELS / "mobilenet_v1_0.25_128_quant.tflite"
-    config = agent_config(tmp_path, broker.url, telemetry_interval_s=0.25, pipelines=[
+    config = agent_config(tmp_path, broker.url, telemetry_interval_s=0.25,
+                          update_public_key=fleet_key().public_key_b64(), pipelines=[
         {"name": "main", "model": str(model), "source": str(IMAGES / "*.jpg"), "loop": True, "max_fps": 20,
          "labels": str(LABELS / "imagenet_labels.txt"), "delegate": "xnnpack", "threads": 1, "version": "1"},
         {"name": "once", "model": str(model), "source": str(IMAGES / "parrot.jpg"), "threads": 1},
@@ -464,8 +465,8 @@ def test_agent_runs_real_pipelines_and_reports_what_they_do(tmp_path, broker):
         assert described["tpu"]["delegate"] == "xnnpack" and "libedgetpu" in described["tpu"]["fallback_reason"]
 
         # a restart command restarts just that pipeline; it comes back on its own
-        collector.publish("edgeinfer/v1/test/cam-01/cmd", json.dumps(
-            make_command("c-restart-1", "restart_pipeline", {"pipeline": "main"})).encode())
+        collector.publish("edgeinfer/v1/test/cam-01/cmd",
+                          signed_command("c-restart-1", "restart_pipeline", {"pipeline": "main"}))
         assert collector.wait_until(lambda c: len([e for e in events(c, "pipeline_started")
                                                    if e["pipeline"] == "main"]) == 2, 20), agent.output()
         assert events(collector, "cmd_result")[0]["data"]["result"] == {"pipeline": "main"}

@@ -46,7 +46,7 @@ def stop(*clients) -> None:
 def test_persistence_lands_in_a_root_only_folder_and_a_crash_keeps_sessions(tmp_path):
     data = tmp_path / "fleet-data"
     data.mkdir(mode=0o700)  # as root: the folder Mosquitto's own user could not write
-    with ManagedMosquitto(data, port=0) as broker:
+    with ManagedMosquitto(data, port=0, allow_anonymous=True) as broker:
         config = broker.config_file.read_text()
         assert f"user {getpass.getuser()}" in config and "max_queued_messages 1000000" in config
         assert broker.persistence_file.exists(), "start() proves the persistence file is written"
@@ -76,7 +76,7 @@ def test_persistence_lands_in_a_root_only_folder_and_a_crash_keeps_sessions(tmp_
 
 
 def test_shared_subscriptions_deliver_each_message_once(tmp_path):
-    with ManagedMosquitto(tmp_path, port=0) as broker:
+    with ManagedMosquitto(tmp_path, port=0, allow_anonymous=True) as broker:
         got_a: list = []
         got_b: list = []
         a = client(broker, "manager-a", got=got_a)
@@ -100,13 +100,13 @@ def test_a_taken_port_a_missing_mosquitto_and_an_unwritable_folder_are_config_er
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError, match=r"could not start.*Address already in use"):
-            ManagedMosquitto(tmp_path / "a", port=port).start()
+            ManagedMosquitto(tmp_path / "a", port=port, allow_anonymous=True).start()
     monkeypatch.setenv("PATH", str(tmp_path))  # no mosquitto anywhere edgeinfer looks
     monkeypatch.setattr("edgeinfer.fleet.broker.FALLBACK_PATHS", ())
     with pytest.raises(ConfigError, match=r"apt-get install mosquitto.*--broker"):
-        ManagedMosquitto(tmp_path / "b", port=free_port()).start()
+        ManagedMosquitto(tmp_path / "b", port=free_port(), allow_anonymous=True).start()
     monkeypatch.undo()
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "mosquitto").write_text("a file where the folder should be")
     with pytest.raises(ConfigError, match="not writable"):
-        ManagedMosquitto(tmp_path / "c", port=free_port()).start()
+        ManagedMosquitto(tmp_path / "c", port=free_port(), allow_anonymous=True).start()

@@ -17,13 +17,14 @@ import pytest
 from support.agent import AgentProcess, write_config
 from support.assets import IMAGES, MODELS
 from support.broker import running_broker
-from support.fleet import CuttingProxy, running_fleet
+from support.fleet import CuttingProxy, admin_token_file, running_fleet
 from support.processes import edgeinfer_cmd
 from support.processes import wait_until as wait
 
 from edgeinfer.agent.config import parse_config
 from edgeinfer.agent.daemon import Agent
 from edgeinfer.capture import make_test_clip
+from edgeinfer.fleet.auth import issue_grant
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.updates.signing import SigningKey, new_manifest
 from edgeinfer.updates.slots import ModelSlots
@@ -90,7 +91,8 @@ def start_agents(tmp_path, broker, fleet, clip, count: int, **extra) -> list[Age
 
 
 def deploy_cli(fleet: FleetManager, model: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(edgeinfer_cmd("deploy", str(model), "--fleet-url", fleet.http.url, *args),
+    return subprocess.run(edgeinfer_cmd("deploy", str(model), "--fleet-url", fleet.http.url,
+                                        "--token-file", admin_token_file(fleet), *args),
                           capture_output=True, text=True, timeout=300)
 
 
@@ -107,7 +109,8 @@ def test_rollout_to_twenty_agents_in_waves(tmp_path, broker, fleet, clip):
         assert [sum(t["wave"] == w for t in final["devices"]) for w in range(4)] == [2, 6, 6, 6]
         assert all(a.version() == "2" for a in agents)
         assert wait(lambda: all(d["model_version"] == 2 for d in fleet.db.list_devices()), 20)
-        listed = subprocess.run(edgeinfer_cmd("fleet", "devices", "--fleet-url", fleet.http.url),
+        listed = subprocess.run(edgeinfer_cmd("fleet", "devices", "--fleet-url", fleet.http.url,
+                                              "--token-file", admin_token_file(fleet)),
                                 capture_output=True, text=True, timeout=60)
         assert listed.stdout.count("mobilenet_v2_1.0_224_inat_bird_quant.tflite") == 20
         for agent in agents[:3]:  # the bird model really runs: its outputs have 965 classes
@@ -142,7 +145,9 @@ def signed_command(fleet: FleetManager, model: Path, version: int, *, key: Signi
     manifest = new_manifest(model_name=model.name, version=version, sha256=sha256 or digest, size=size,
                             url=f"{fleet.public_url}/artifacts/{digest}", target="device:cam-00",
                             deployment_id=deployment_id)
-    return {"manifest": manifest.to_dict(), "signature": (key or fleet.key).sign(manifest)}
+    # a download grant for the file the URL names (what the manager's rollouts add to every deploy command)
+    grant = issue_grant(fleet.key, digest, "cam-00", time.time() + 600)
+    return {"manifest": manifest.to_dict(), "signature": (key or fleet.key).sign(manifest), "grant": grant}
 
 
 def outcome(fleet: FleetManager, command_id: str, timeout: float = 60) -> dict:

@@ -14,6 +14,7 @@ from support.processes import run_without
 
 from edgeinfer.errors import ConfigError
 from edgeinfer.fleet.artifacts import ArtifactStore
+from edgeinfer.fleet.auth import TokenStore
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.http import FleetHTTPServer
 
@@ -213,13 +214,19 @@ def test_retention_deletes_by_age(db):
 
 def test_http_api_reads_the_database(db, tmp_path):
     db.record_telemetry("f", "cam-1", telemetry(1))
-    with FleetHTTPServer(ArtifactStore(tmp_path / "store"), db) as server:
-        with urllib.request.urlopen(f"{server.url}/api/devices") as response:
+    tokens = TokenStore(db)
+    viewer = {"Authorization": f"Bearer {tokens.create(name='dashboard', role='viewer')['token']}"}
+
+    def get(path: str):
+        return urllib.request.urlopen(urllib.request.Request(f"{server.url}{path}", headers=viewer))
+
+    with FleetHTTPServer(ArtifactStore(tmp_path / "store"), db, auth=tokens) as server:
+        with get("/api/devices") as response:
             devices = json.loads(response.read())
-        with urllib.request.urlopen(f"{server.url}/api/devices/cam-1/telemetry?limit=5") as response:
+        with get("/api/devices/cam-1/telemetry?limit=5") as response:
             rows = json.loads(response.read())
         with pytest.raises(urllib.error.HTTPError) as info:
-            urllib.request.urlopen(f"{server.url}/api/deployments/nope")
+            get("/api/deployments/nope")
     assert [d["device_id"] for d in devices] == ["cam-1"]
     assert rows[0]["seq"] == 1
     assert info.value.code == 404

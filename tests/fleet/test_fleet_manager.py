@@ -12,7 +12,7 @@ import uuid
 import pytest
 from support.assets import MODELS
 from support.broker import Collector, running_broker
-from support.fleet import running_fleet
+from support.fleet import admin_client, running_fleet
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.client import FleetClient
@@ -63,7 +63,7 @@ def test_ingest_deduplicates_and_ignores_malformed(manager, broker):
         device.publish(topics.telemetry, json.dumps({"v": 1, "type": "telemetry"}))
         device.publish("edgeinfer/v1/f/cam-1/bogus", b"{}")
         assert wait(lambda: len(manager.db.device_telemetry("cam-1")) == 3 and manager.rejected_messages >= 2)
-    client = FleetClient(manager.http.url)
+    client = admin_client(manager)
     (listed,) = client.devices()
     assert listed["device_id"] == "cam-1" and listed["online"] and listed["model_version"] == 1
     assert [m["seq"] for m in manager.db.device_telemetry("cam-1")] == [1, 2, 3]
@@ -101,7 +101,7 @@ def test_canary_failure_stops_the_rollout(manager, broker):
 
 
 def test_deploy_api_errors(manager):
-    client = FleetClient(manager.http.url)
+    client = admin_client(manager)
     with pytest.raises(Exception, match="no artifact"):
         client.create_deployment({"sha256": "0" * 64, "version": 2, "all": True})
     artifact = client.upload(MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite")

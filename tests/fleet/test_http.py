@@ -1,5 +1,6 @@
 """The fleet manager's HTTP server (FastAPI on uvicorn) on a real socket: Range downloads, streamed uploads,
-the JSON API and its errors, OpenAPI, graceful shutdown."""
+the JSON API and its errors, OpenAPI, graceful shutdown. Requests carry a real admin token (tokens and
+roles themselves: test_auth.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import urllib.request
 import pytest
 
 from edgeinfer.fleet.artifacts import ArtifactStore
+from edgeinfer.fleet.auth import TokenStore
 from edgeinfer.fleet.client import FleetClient
+from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.http import FleetHTTPServer
 
 
@@ -63,15 +66,33 @@ def artifact(tmp_path):
 
 
 @pytest.fixture
-def server(artifact):
+def tokens(tmp_path):
+    """Real tokens in a real (SQLite) fleet database; ADMIN set to an admin token for ``get``."""
+    db = FleetDB(f"sqlite:///{tmp_path / 'fleet.sqlite3'}")
+    store = TokenStore(db)
+    global ADMIN
+    ADMIN = store.create(name="test-admin", role="admin")["token"]
+    yield store
+    db.close()
+
+
+@pytest.fixture
+def server(artifact, tokens):
     store, _, _ = artifact
-    with FleetHTTPServer(store, Api()) as srv:
+    with FleetHTTPServer(store, Api(), auth=tokens) as srv:
         yield srv
 
 
+ADMIN = ""
+
+
+def bearer(extra: dict | None = None) -> dict:
+    return {"Authorization": f"Bearer {ADMIN}", **(extra or {})}
+
+
 def get(url: str, headers: dict | None = None, method: str = "GET") -> tuple[int, object, bytes]:
-    """(status, headers — case-insensitive —, body)."""
-    request = urllib.request.Request(url, headers=headers or {}, method=method)
+    """(status, headers — case-insensitive —, body), as the admin."""
+    request = urllib.request.Request(url, headers=bearer(headers), method=method)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.headers, response.read()
@@ -99,7 +120,8 @@ def test_artifact_ranges(server, artifact, header, status, content_range, span):
 
 def test_an_interrupted_download_resumes_with_range(server, artifact):
     _, sha, data = artifact
-    with urllib.request.urlopen(server.artifact_url(sha), timeout=10) as response:
+    with urllib.request.urlopen(urllib.request.Request(server.artifact_url(sha), headers=bearer()),
+                                timeout=10) as response:
         first = response.read(300_000)  # then the connection is dropped
     code, _, rest = get(server.artifact_url(sha), {"Range": f"bytes={len(first)}-"})
     assert code == 206 and hashlib.sha256(first + rest).hexdigest() == sha
@@ -114,7 +136,7 @@ def test_uploads_stream_to_disk(tmp_path, server):
             out.write(os.urandom(1 << 20))
     tracemalloc.start()
     try:
-        answer = FleetClient(server.url).upload(big)
+        answer = FleetClient(server.url, token=ADMIN).upload(big)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -127,17 +149,19 @@ def leftovers(store: ArtifactStore) -> list[str]:
     return [p.name for p in store.root.rglob("*") if p.is_file()]
 
 
-def test_refused_and_broken_uploads_keep_nothing(tmp_path):
+def test_refused_and_broken_uploads_keep_nothing(tmp_path, tokens):
     store = ArtifactStore(tmp_path / "store")
-    with FleetHTTPServer(store, Api(), max_upload_bytes=1000) as server:
+    with FleetHTTPServer(store, Api(), auth=tokens, max_upload_bytes=1000) as server:
         code, _, body = get(f"{server.url}/api/artifacts", method="PUT")
         assert code == 411 and "Content-Length" in json.loads(body)["error"]
-        request = urllib.request.Request(f"{server.url}/api/artifacts", data=b"x" * 2000, method="PUT")
+        request = urllib.request.Request(f"{server.url}/api/artifacts", data=b"x" * 2000, method="PUT",
+                                         headers=bearer())
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(request, timeout=10)
         assert info.value.code == 413
         with socket.create_connection(("127.0.0.1", server.port)) as sock:  # promises 900 bytes, sends 100, leaves
-            sock.sendall(b"PUT /api/artifacts HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n" + b"y" * 100)
+            sock.sendall(b"PUT /api/artifacts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + ADMIN.encode()
+                         + b"\r\nContent-Length: 900\r\n\r\n" + b"y" * 100)
         time.sleep(0.5)
         assert get(f"{server.url}/healthz")[0] == 200  # still serving
     assert leftovers(store) == []
@@ -159,11 +183,12 @@ def test_json_api_routes_and_hostile_requests(server):
         assert code == 404 and "error" in json.loads(body)
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     for payload in (b"{not json", b"[1, 2]", b'"text"', b"{}"):
-        connection.request("POST", "/api/deployments", body=payload, headers={"Content-Type": "application/json"})
+        connection.request("POST", "/api/deployments", body=payload,
+                           headers=bearer({"Content-Type": "application/json"}))
         response = connection.getresponse()
         assert response.status == 400 and json.loads(response.read())["error"]
     connection.request("POST", "/api/deployments", body=b'{"version": 2, "all": true}',
-                       headers={"Content-Type": "application/json"})
+                       headers=bearer({"Content-Type": "application/json"}))
     response = connection.getresponse()
     assert response.status == 201 and json.loads(response.read())["deployment_id"] == "d1"
     assert get(f"{base}/metrics")[2] == b"edgeinfer_fleet_messages_invalid_total 0.0\n"
@@ -178,14 +203,14 @@ def test_openapi_describes_the_api(server):
         assert path in schema["paths"], path
 
 
-def test_close_lets_a_download_in_flight_finish_then_refuses(tmp_path):
+def test_close_lets_a_download_in_flight_finish_then_refuses(tmp_path, tokens):
     store = ArtifactStore(tmp_path / "store")
     source = tmp_path / "m.bin"
     source.write_bytes(os.urandom(32 << 20))
     sha, _ = store.put(source)
-    server = FleetHTTPServer(store).start()
+    server = FleetHTTPServer(store, auth=tokens).start()
     received = bytearray()
-    response = urllib.request.urlopen(server.artifact_url(sha), timeout=30)
+    response = urllib.request.urlopen(urllib.request.Request(server.artifact_url(sha), headers=bearer()), timeout=30)
     received += response.read(1 << 20)
     closer = threading.Thread(target=server.close)
     closer.start()
@@ -201,4 +226,4 @@ def test_close_lets_a_download_in_flight_finish_then_refuses(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         with pytest.raises(OSError):
-            FleetHTTPServer(store, port=taken.getsockname()[1])
+            FleetHTTPServer(store, port=taken.getsockname()[1], auth=tokens)

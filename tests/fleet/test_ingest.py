@@ -7,11 +7,11 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 
 import pytest
 from support.broker import Collector
+from support.fleet import api_get
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.broker import ManagedMosquitto
@@ -22,7 +22,7 @@ from edgeinfer.link.protocol import Topics
 @pytest.fixture
 def broker(tmp_path):
     """The broker as `fleet serve` runs it (Mosquitto's default 1000-message queue per client would drop a burst)."""
-    with ManagedMosquitto(tmp_path / "broker", port=0) as b:
+    with ManagedMosquitto(tmp_path / "broker", port=0, allow_anonymous=True) as b:
         yield b
 
 
@@ -75,7 +75,7 @@ def test_a_burst_past_the_queue_bound_is_held_back_not_dropped(tmp_path, broker)
         stats = manager.ingest.stats
         assert stats.received["telemetry"] == stats.stored["telemetry"] + stats.duplicates
         assert stats.invalid == 0 and stats.write_errors == 0
-        metrics = urllib.request.urlopen(f"{manager.http.url}/metrics", timeout=10).read().decode()
+        metrics = api_get(manager, "/metrics").decode()
         assert 'edgeinfer_fleet_messages_stored_total{kind="telemetry"} 2000.0' in metrics
         assert "edgeinfer_fleet_ingest_queue_capacity 20.0" in metrics
         assert "edgeinfer_fleet_messages_invalid_total 0.0" in metrics
@@ -167,7 +167,7 @@ def test_a_database_outage_holds_messages_unacknowledged_then_stores_them(tmp_pa
             assert wait(lambda: stats.stored["telemetry"] + stats.duplicates >= 300, 60)
             keys = stored_keys(manager, devices)
             assert len(keys) == len(set(keys)) == 300
-            metrics = urllib.request.urlopen(f"{manager.http.url}/metrics", timeout=10).read().decode()
+            metrics = api_get(manager, "/metrics").decode()
             assert f"edgeinfer_fleet_ingest_write_errors_total {float(stats.write_errors)}" in metrics
     finally:
         postgres.stop("immediate")

@@ -109,3 +109,50 @@ def fake_sysfs(root: Path, zones: dict[str, float], throttled: int | None = None
         firmware.mkdir(parents=True, exist_ok=True)
         (firmware / "get_throttled").write_text(f"{throttled:x}\n")
     return root
+
+
+# ------------------------------------------------------------------------------ signed commands
+
+_FLEET_KEY: list = []
+
+
+def fleet_key():
+    """The test session's fleet signing key (an Ed25519 SigningKey; agents pin its public half)."""
+    from edgeinfer.updates.signing import SigningKey
+
+    if not _FLEET_KEY:
+        _FLEET_KEY.append(SigningKey.generate())
+    return _FLEET_KEY[0]
+
+
+def signed_command(command_id: str, cmd: str, args: dict | None = None, *, device: str = "cam-01",
+                   key: Any = None, expires: float | None = None, ttl_s: float = 3600.0) -> bytes:
+    """A ``cmd`` payload signed as the fleet manager signs it (by ``key``, default :func:`fleet_key`)."""
+    from edgeinfer.link.protocol import encode, make_command
+    from edgeinfer.updates.signing import sign_command
+
+    message = sign_command(key or fleet_key(), make_command(command_id, cmd, args), device_id=device,
+                           expires=time.time() + ttl_s if expires is None else expires)
+    return encode(message)
+
+
+def seed_update_history(data_dir: Path, configured: Path, updated: Path) -> None:
+    """Model slots as after one committed update: ``updated`` (v2) active, ``configured`` (v1) the rollback target."""
+    import shutil
+
+    from edgeinfer.runtime.model import inspect_model
+    from edgeinfer.updates.slots import InstalledModel, ModelSlots
+
+    slots = ModelSlots(data_dir)
+    slots.reset_to(configured, name=configured.name, version=1, sha256=inspect_model(configured).sha256)
+    target = slots.slot_dir("b") / updated.name
+    shutil.copyfile(updated, target)
+    slots.begin_trial(InstalledModel("b", str(target), updated.name, 2, inspect_model(updated).sha256, "dep-1"))
+    slots.commit()
+
+
+def active_model(data_dir: Path) -> dict | None:
+    """The committed model, read from the agent's slot state the way an investigator would (no locking)."""
+    import json
+
+    return json.loads((data_dir / "models" / "slots.json").read_text())["active"]

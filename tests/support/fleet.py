@@ -5,9 +5,16 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from edgeinfer.fleet.artifacts import ArtifactStore
+from edgeinfer.fleet.auth import ADMIN_TOKEN_FILE, TokenStore
+from edgeinfer.fleet.broker_auth import hash_password
+from edgeinfer.fleet.client import FleetClient
+from edgeinfer.fleet.db import FleetDB
+from edgeinfer.fleet.http import FleetHTTPServer
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 
 
@@ -81,3 +88,37 @@ def running_fleet(data_dir: Path, broker_url: str) -> Iterator[FleetManager]:
     with FleetManager(settings) as manager:
         assert manager.wait_connected(10), "the fleet manager did not connect to the test broker"
         yield manager
+
+
+def admin_token_file(manager: FleetManager) -> str:
+    """The admin token ``fleet serve`` wrote on its first start (what --token-file takes)."""
+    return str(manager.data_dir / ADMIN_TOKEN_FILE)
+
+
+def admin_client(manager: FleetManager) -> FleetClient:
+    return FleetClient(manager.http.url, token=manager.admin_token)
+
+
+def api_get(manager: FleetManager, path: str, timeout: float = 10) -> bytes:
+    """GET a path of the manager's API as its admin."""
+    request = urllib.request.Request(f"{manager.http.url}{path}",
+                                     headers={"Authorization": f"Bearer {manager.admin_token}"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read()
+
+
+DEVICE_LOGIN = ("edgeinfer-test-cam-1", "a-device-password")
+
+
+@contextlib.contextmanager
+def artifact_server(store: ArtifactStore, folder: Path) -> Iterator[FleetHTTPServer]:
+    """The fleet manager's HTTP server on ``store`` with real access checks: one device enrolled in a
+    real (SQLite) fleet database, whose login is DEVICE_LOGIN (what an agent shows when it downloads)."""
+    db = FleetDB(f"sqlite:///{folder / 'artifact-server.sqlite3'}")
+    db.put_credential({"device_id": "cam-1", "fleet": "test", "username": DEVICE_LOGIN[0],
+                       "password_hash": hash_password(DEVICE_LOGIN[1]), "created_at": 0.0, "revoked_at": None})
+    try:
+        with FleetHTTPServer(store, auth=TokenStore(db)) as server:
+            yield server
+    finally:
+        db.close()

@@ -28,3 +28,5 @@ def test_demo_runs_end_to_end(tmp_path):
     assert fleet["seqs"] == list(range(1, len(fleet["seqs"]) + 1))
     assert fleet["deploy_exit_code"] == 0 and fleet["version_after"] == 2
     assert fleet["update_states"][-1] == "active" and fleet["agent_exit_code"] == 0
+    # the agent was enrolled (the managed Mosquitto admits no anonymous client) and the deploy used a token
+    assert {"token.create", "device.enroll", "artifact.upload", "deployment.create"} <= set(fleet["audit"])

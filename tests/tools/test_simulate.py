@@ -21,7 +21,7 @@ from edgeinfer.tools.simulate import Simulation, SimulationSettings, peak_per_se
 
 @pytest.fixture
 def broker(tmp_path):
-    with ManagedMosquitto(tmp_path / "broker", port=0) as b:
+    with ManagedMosquitto(tmp_path / "broker", port=0, allow_anonymous=True) as b:
         yield b
 
 

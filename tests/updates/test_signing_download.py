@@ -7,13 +7,12 @@ import urllib.request
 
 import pytest
 from support.assets import MODELS
-from support.fleet import CuttingProxy
+from support.fleet import DEVICE_LOGIN, CuttingProxy, artifact_server
 from support.processes import run_without
 
 from edgeinfer.errors import ConfigError, DownloadError, UpdateRejected
 from edgeinfer.fleet.artifacts import ArtifactStore
-from edgeinfer.fleet.http import FleetHTTPServer
-from edgeinfer.updates.download import download
+from edgeinfer.updates.download import basic_auth, download
 from edgeinfer.updates.signing import Manifest, SigningKey, VerifyKey, new_manifest
 
 MODEL = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
@@ -25,8 +24,11 @@ SIZE = MODEL.stat().st_size
 def server(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     assert store.put(MODEL) == (SHA, SIZE)
-    with FleetHTTPServer(store) as srv:
+    with artifact_server(store, tmp_path) as srv:
         yield srv
+
+
+AS_DEVICE = basic_auth(*DEVICE_LOGIN)  # what an enrolled agent sends
 
 
 def manifest(**overrides) -> Manifest:
@@ -88,7 +90,7 @@ def test_expired_and_malformed_manifests(tmp_path):
 
 
 def test_server_honours_range(server):
-    request = urllib.request.Request(server.artifact_url(SHA), headers={"Range": "bytes=100-199"})
+    request = urllib.request.Request(server.artifact_url(SHA), headers={"Range": "bytes=100-199", **AS_DEVICE})
     with urllib.request.urlopen(request) as response:
         assert response.status == 206
         assert response.headers["Content-Range"] == f"bytes 100-199/{SIZE}"
@@ -97,7 +99,8 @@ def test_server_honours_range(server):
 
 def test_download_completes_and_verifies(server, tmp_path):
     seen = []
-    path = download(server.artifact_url(SHA), tmp_path / "m.tflite", sha256=SHA, size=SIZE, progress=seen.append)
+    path = download(server.artifact_url(SHA), tmp_path / "m.tflite", sha256=SHA, size=SIZE, progress=seen.append,
+                    headers=AS_DEVICE)
     assert path.read_bytes() == MODEL.read_bytes()
     assert seen[-1] == SIZE and not (tmp_path / "m.tflite.part").exists()
 
@@ -106,7 +109,7 @@ def test_download_cut_several_times_resumes(server, tmp_path):
     proxy = CuttingProxy(server.port, cut_after=700_000, cuts=4)
     try:
         url = f"http://127.0.0.1:{proxy.port}/artifacts/{SHA}"
-        path = download(url, tmp_path / "m.tflite", sha256=SHA, size=SIZE, backoff_s=0.01)
+        path = download(url, tmp_path / "m.tflite", sha256=SHA, size=SIZE, backoff_s=0.01, headers=AS_DEVICE)
     finally:
         proxy.close()
     assert path.read_bytes() == MODEL.read_bytes()
@@ -120,15 +123,19 @@ def test_tampered_artifact_is_rejected_and_removed(tmp_path):
     data = bytearray(stored.read_bytes())
     data[1000] ^= 0xFF  # flip a byte on the server's disk
     stored.write_bytes(bytes(data))
-    with FleetHTTPServer(store) as srv, pytest.raises(UpdateRejected) as info:
-        download(srv.artifact_url(sha), tmp_path / "m.tflite", sha256=sha, size=size)
+    with artifact_server(store, tmp_path) as srv, pytest.raises(UpdateRejected) as info:
+        download(srv.artifact_url(sha), tmp_path / "m.tflite", sha256=sha, size=size, headers=AS_DEVICE)
     assert info.value.reason == "sha256_mismatch"
     assert not (tmp_path / "m.tflite").exists() and not (tmp_path / "m.tflite.part").exists()
 
 
-def test_size_mismatch_and_missing_artifact(server, tmp_path):
+def test_size_mismatch_missing_artifact_and_refused_credentials(server, tmp_path):
     with pytest.raises(UpdateRejected, match="size_mismatch"):
-        download(server.artifact_url(SHA), tmp_path / "m", sha256=SHA, size=SIZE - 1)
-    with pytest.raises(DownloadError, match="stalled"):
-        download(server.artifact_url("a" * 64), tmp_path / "n", sha256="a" * 64, size=10, attempts=2,
-                 backoff_s=0.01)
+        download(server.artifact_url(SHA), tmp_path / "m", sha256=SHA, size=SIZE - 1, headers=AS_DEVICE)
+    # a refusal ends the download at once (no retries), saying what it means
+    with pytest.raises(DownloadError, match=r"HTTP 404.*does not have this artifact"):
+        download(server.artifact_url("a" * 64), tmp_path / "n", sha256="a" * 64, size=10, headers=AS_DEVICE)
+    for headers in ({}, basic_auth(DEVICE_LOGIN[0], "wrong")):
+        with pytest.raises(DownloadError, match=r"HTTP 401.*credential was refused"):
+            download(server.artifact_url(SHA), tmp_path / "o", sha256=SHA, size=SIZE, headers=headers)
+    assert not (tmp_path / "o").exists()

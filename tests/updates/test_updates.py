@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from support.assets import MODELS
+from support.fleet import DEVICE_LOGIN, artifact_server
 from support.processes import env_with_repo, wait_until
 
 from edgeinfer.errors import UpdateRejected
 from edgeinfer.fleet.artifacts import ArtifactStore
-from edgeinfer.fleet.http import FleetHTTPServer
 from edgeinfer.updates.health import HealthGate, result_is_finite
 from edgeinfer.updates.signing import SigningKey, VerifyKey, new_manifest
 from edgeinfer.updates.slots import ModelSlots
@@ -35,7 +35,7 @@ def sha(path) -> str:
 def fleet(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     key = SigningKey.generate()
-    with FleetHTTPServer(store) as server:
+    with artifact_server(store, tmp_path) as server:
         yield store, key, server
 
 
@@ -49,7 +49,7 @@ def signed(store, key, server, model, version, **extra):
 def make_updater(tmp_path, key) -> Updater:
     slots = ModelSlots(tmp_path / "data")
     slots.install_initial(V1, name=V1.name, version=1, sha256=sha(V1))
-    return Updater(slots, VerifyKey(key.public_key_b64()), validate_timeout_s=60)
+    return Updater(slots, VerifyKey(key.public_key_b64()), validate_timeout_s=60, credentials=DEVICE_LOGIN)
 
 
 def test_update_goes_through_trial_and_commit(tmp_path, fleet):

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..._optional import import_optional
 from ...errors import ConfigError
-from . import rollouts, writes
+from . import rollouts, security, writes
 from .schema import tables
 
 DEFAULT_DB_URL = "sqlite:///fleet.db"
@@ -107,6 +107,10 @@ class FleetDB:
     def set_deployment_status(self, deployment_id: str, status: str, detail: str | None = None) -> None:
         rollouts.set_status(self.engine, self.t, deployment_id, status, detail)
 
+    def abort_deployment(self, deployment_id: str, detail: str) -> bool:
+        """Mark a running deployment aborted, atomically; False when it was not running."""
+        return rollouts.abort(self.engine, self.t, deployment_id, detail)
+
     def try_lease(self, deployment_id: str, owner: str, ttl_s: float, *, now: float | None = None) -> bool:
         """Take or renew the right to drive a running deployment until now + ttl_s."""
         return rollouts.try_lease(self.engine, self.t, deployment_id, owner, ttl_s,
@@ -120,6 +124,46 @@ class FleetDB:
 
     def deployment_targets(self, deployment_id: str) -> list[dict]:
         return rollouts.targets(self._sa, self.engine, self.t, deployment_id)
+
+    # ------------------------------------------------------------------- tokens, audit, credentials
+    def insert_token(self, row: dict) -> None:
+        security.insert_token(self.engine, self.t, row)
+
+    def list_tokens(self) -> list[dict]:
+        return security.list_tokens(self._sa, self.engine, self.t)
+
+    def get_token(self, token_id: str) -> dict | None:
+        return security.get_token(self._sa, self.engine, self.t, token_id)
+
+    def revoke_token(self, token_id: str, now: float) -> dict | None:
+        """Mark a token revoked (once); its row, or None when there is no such token."""
+        return security.revoke_token(self._sa, self.engine, self.t, token_id, now)
+
+    def touch_token(self, token_id: str, now: float) -> None:
+        security.touch_token(self.engine, self.t, token_id, now)
+
+    def audit(self, *, actor: str, role: str | None, action: str, target: str | None, remote: str | None,
+              detail: dict | None = None, now: float | None = None) -> None:
+        """Append to the audit log: who (a token's name), what, on what, from where."""
+        security.audit(self.engine, self.t, {"ts": time.time() if now is None else now, "actor": actor, "role": role,
+                                             "action": action, "target": target, "remote": remote,
+                                             "detail": detail or {}})
+
+    def list_audit(self, limit: int = 100) -> list[dict]:
+        """The newest ``limit`` audit entries, oldest first."""
+        return security.list_audit(self._sa, self.engine, self.t, limit)
+
+    def put_credential(self, row: dict) -> None:
+        security.put_credential(self._sa, self.engine, self.t, row)
+
+    def revoke_credential(self, device_id: str, now: float) -> bool:
+        return security.revoke_credential(self.engine, self.t, device_id, now)
+
+    def list_credentials(self) -> list[dict]:
+        return security.list_credentials(self._sa, self.engine, self.t)
+
+    def credential_for(self, username: str) -> dict | None:
+        return security.get_credential_by_username(self._sa, self.engine, self.t, username)
 
     # ------------------------------------------------------------------------------ reading (the API)
     def list_devices(self, *, fleet: str | None = None, group: str | None = None) -> list[dict]:

@@ -64,6 +64,16 @@ def set_status(engine: Any, t: Tables, deployment_id: str, status: str, detail: 
         conn.execute(t.deployments.update().where(t.deployments.c.deployment_id == deployment_id).values(**values))
 
 
+def abort(engine: Any, t: Tables, deployment_id: str, detail: str) -> bool:
+    """Stop a running deployment (no later wave is notified); False when it was not running."""
+    c = t.deployments.c
+    with engine.begin() as conn:
+        result = conn.execute(t.deployments.update().where((c.deployment_id == deployment_id) & (c.status == "running"))
+                              .values(status="aborted", detail=detail, updated_at=time.time(), lease_owner=None,
+                                      lease_until=None))
+    return result.rowcount == 1
+
+
 def try_lease(engine: Any, t: Tables, deployment_id: str, owner: str, ttl_s: float, now: float) -> bool:
     c = t.deployments.c
     free = c.lease_owner.is_(None) | (c.lease_owner == owner) | (c.lease_until < now)

@@ -20,6 +20,9 @@ class Tables:
     events: Any
     deployments: Any
     targets: Any
+    tokens: Any
+    audit: Any
+    credentials: Any
 
 
 def tables(sa: Any) -> Tables:
@@ -99,4 +102,36 @@ def tables(sa: Any) -> Tables:
         sa.Column("updated_at", sa.Float, nullable=False),
         sa.Column("notified_at", sa.Float),
     )
-    return Tables(metadata, devices, telemetry, rollups, events, deployments, targets)
+    tokens = sa.Table(
+        "api_tokens", metadata,
+        sa.Column("token_id", sa.String(32), primary_key=True),
+        sa.Column("name", sa.String(128), nullable=False),
+        sa.Column("role", sa.String(16), nullable=False),
+        sa.Column("token_hash", sa.String(64), nullable=False),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("created_by", sa.String(128)),
+        sa.Column("expires_at", sa.Float),
+        sa.Column("revoked_at", sa.Float),
+        sa.Column("last_used_at", sa.Float),
+    )
+    audit = sa.Table(
+        "audit_log", metadata,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("ts", sa.Float, nullable=False, index=True),
+        sa.Column("actor", sa.String(128), nullable=False),
+        sa.Column("role", sa.String(16)),
+        sa.Column("action", sa.String(64), nullable=False),
+        sa.Column("target", sa.String(256)),
+        sa.Column("remote", sa.String(128)),
+        sa.Column("detail", sa.JSON, nullable=False),
+    )
+    credentials = sa.Table(
+        "device_credentials", metadata,
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("fleet", sa.String(128), nullable=False),
+        sa.Column("username", sa.String(128), nullable=False, unique=True),
+        sa.Column("password_hash", sa.String(256), nullable=False),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("revoked_at", sa.Float),
+    )
+    return Tables(metadata, devices, telemetry, rollups, events, deployments, targets, tokens, audit, credentials)

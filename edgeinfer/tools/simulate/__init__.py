@@ -22,7 +22,7 @@ import random
 import selectors
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,8 @@ class SimulationSettings:
     max_pending: int = 10_000  # unacknowledged telemetry kept per device
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
+    #: device id -> (MQTT user name, password), from `edgeinfer fleet enroll --json` (a broker with accounts)
+    credentials: Mapping[str, tuple[str, str]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         parse_broker_url(self.broker)  # ValueError with the shape of a good URL
@@ -61,6 +63,10 @@ class SimulationSettings:
             raise ValueError(f"fail rate must be within 0..1, not {self.fail_rate}")
         if self.interval_s <= 0:
             raise ValueError(f"interval must be > 0 s, not {self.interval_s}")
+        if self.credentials is not None:
+            missing = [d for d in (f"{self.prefix}-{i:05d}" for i in range(self.devices)) if d not in self.credentials]
+            if missing:
+                raise ValueError(f"no credentials for {len(missing)} device(s), e.g. {missing[0]}")
 
 
 @dataclass
@@ -233,6 +239,9 @@ class Simulation:
 
         client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"{self.settings.fleet}-{device.device_id}",
                              protocol=paho.MQTTv5, userdata=device, reconnect_on_failure=False)
+        if self.settings.credentials:
+            username, password = self.settings.credentials[device.device_id]
+            client.username_pw_set(username, password)
         client.max_inflight_messages_set(50)
         client.max_queued_messages_set(0)
         client.will_set(device.topics.state, device.state(online=False), qos=1, retain=True)

@@ -1,0 +1,155 @@
+"""Who may do what: ``edgeinfer fleet token|enroll|revoke|audit``, and the options every API command shares."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from .output import handle_errors, print_json
+
+
+def client_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--fleet-url``, ``--token-file`` and ``--ca``; the command gets ``client`` (a FleetClient) instead."""
+
+    @click.option("--fleet-url", envvar="EDGEINFER_FLEET_URL", default="http://127.0.0.1:8700", show_default=True,
+                  help="The fleet manager's address ($EDGEINFER_FLEET_URL).")
+    @click.option("--token-file", envvar="EDGEINFER_FLEET_TOKEN_FILE", type=click.Path(dir_okay=False),
+                  help="File holding the API token ($EDGEINFER_FLEET_TOKEN_FILE; or the token itself in "
+                       "$EDGEINFER_FLEET_TOKEN). `fleet serve` writes an admin token to DATA_DIR/admin.token.")
+    @click.option("--ca", "fleet_ca", envvar="EDGEINFER_FLEET_CA", type=click.Path(exists=True, dir_okay=False),
+                  help="For an https manager: the CA that signed it (DATA_DIR/tls/ca.crt with --tls).")
+    @functools.wraps(func)
+    @handle_errors  # an unreadable token file is one error line too
+    def wrapper(*args: Any, fleet_url: str, token_file: str | None, fleet_ca: str | None, **kwargs: Any) -> Any:
+        from ..fleet.client import FleetClient
+
+        return func(*args, client=FleetClient(fleet_url, token_file=token_file, ca=fleet_ca), **kwargs)
+
+    return wrapper
+
+
+def _when(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def table(rows: list[list[str]], headers: list[str]) -> None:
+    widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows)]
+    for row in [headers, *rows]:
+        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+@click.group("token")
+def token() -> None:
+    """API tokens: viewer (read), operator (deploy, rollback, restart, abort), admin (tokens, enrolment)."""
+
+
+@token.command("create")
+@click.option("--role", required=True, type=click.Choice(["viewer", "operator", "admin"]))
+@click.option("--name", required=True, help="Who or what uses it (shown in the audit log).")
+@click.option("--expires", help="Lifetime: 90d, 12h, 30m... (default: until revoked).")
+@click.option("--json", "as_json", is_flag=True)
+@client_options
+@handle_errors
+def token_create(client: Any, role: str, name: str, expires: str | None, as_json: bool) -> None:
+    """Create a token and print it — the only time it is shown; the manager keeps a hash."""
+    from ..fleet.auth import parse_duration
+
+    created = client.create_token(name, role, parse_duration(expires) if expires else None)
+    if as_json:
+        print_json(created)
+        return
+    click.echo(f"token {created['token_id']} ({created['role']}, {created['name']}, expires "
+               f"{_when(created['expires_at']) if created['expires_at'] else 'never'}) — store it now, "
+               "it is not shown again:", err=True)
+    click.echo(created["token"])
+
+
+@token.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@client_options
+@handle_errors
+def token_list(client: Any, as_json: bool) -> None:
+    """Every token: id, name, role, created, expires, revoked, last used (never the token)."""
+    tokens = client.tokens()
+    if as_json:
+        print_json(tokens)
+        return
+    table([[t["token_id"], t["name"], t["role"], _when(t["created_at"]), _when(t["expires_at"]),
+            _when(t["revoked_at"]), _when(t["last_used_at"])] for t in tokens],
+          ["ID", "NAME", "ROLE", "CREATED", "EXPIRES", "REVOKED", "LAST USED"])
+
+
+@token.command("revoke")
+@click.argument("token_id")
+@click.option("--json", "as_json", is_flag=True)
+@client_options
+@handle_errors
+def token_revoke(client: Any, token_id: str, as_json: bool) -> None:
+    """Revoke a token (by the id `token list` shows): refused from the next request on."""
+    revoked = client.revoke_token(token_id)
+    print_json(revoked) if as_json else click.echo(f"revoked token {revoked['token_id']} ({revoked['name']})")
+
+
+@click.command("enroll")
+@click.argument("device_ids", metavar="DEVICE_ID...", nargs=-1, required=True)
+@click.option("--fleet", "fleet_name", help="The devices' fleet (default: default).")
+@click.option("--json", "as_json", is_flag=True, help="Print the agent.yaml keys as JSON (a list for several).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write them to this YAML file (mode 0600), to merge into the device's agent.yaml.")
+@client_options
+@handle_errors
+def enroll(client: Any, device_ids: tuple[str, ...], fleet_name: str | None, as_json: bool, out: Path | None) -> None:
+    """Issue each DEVICE_ID its MQTT credential and open its topics on the managed broker.
+
+    Prints what goes into the device's agent.yaml (broker, username, password, the fleet's update
+    key); the password is shown only now. Enrolling again issues a new password. Several devices
+    are enrolled with one broker reload (a list of YAML documents, or of JSON objects).
+    """
+    from ..fleet.auth import write_secret
+
+    if len(device_ids) == 1:
+        issued: Any = client.enroll(device_ids[0], fleet_name)
+        text = yaml.safe_dump(issued, sort_keys=False)
+    else:
+        issued = client.enroll_many(list(device_ids), fleet_name)
+        text = yaml.safe_dump_all(issued, sort_keys=False)
+    if out is not None:
+        write_secret(out, text)
+    if as_json:
+        print_json(issued)
+    else:
+        click.echo(f"# {', '.join(device_ids)} enrolled: put these keys into its agent.yaml (the password is not "
+                   "shown again)", err=True)
+        click.echo(text, nl=False)
+
+
+@click.command("revoke")
+@click.argument("device_id")
+@click.option("--json", "as_json", is_flag=True)
+@client_options
+@handle_errors
+def revoke(client: Any, device_id: str, as_json: bool) -> None:
+    """Revoke DEVICE_ID's credential: the broker drops and refuses it, artifact downloads answer 401."""
+    result = client.revoke_device(device_id)
+    print_json(result) if as_json else click.echo(f"revoked {device_id}: it can no longer connect")
+
+
+@click.command("audit")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True)
+@client_options
+@handle_errors
+def audit(client: Any, limit: int, as_json: bool) -> None:
+    """Who (token name) did what, to what, when and from where: deploys, aborts, rollbacks, tokens, enrolment."""
+    entries = client.audit(limit)
+    if as_json:
+        print_json(entries)
+        return
+    table([[_when(e["ts"]), e["actor"], e.get("role") or "-", e["action"], e.get("target") or "-",
+            e.get("remote") or "-"] for e in entries], ["WHEN", "WHO", "ROLE", "ACTION", "TARGET", "FROM"])

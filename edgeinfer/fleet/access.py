@@ -1,0 +1,160 @@
+"""Who may reach the fleet: the API's tokens, the audit log, devices' MQTT accounts on the managed
+Mosquitto, and the fleet's CA (``fleet serve --tls``). The manager owns one :class:`FleetAccess`;
+the API's admin routes call it (``api.py``)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..link.protocol import ID_PATTERN
+from ..updates.signing import SigningKey, VerifyKey
+from .auth import TokenStore
+
+log = logging.getLogger(__name__)
+
+#: the fleet manager's own account on the Mosquitto it manages
+MANAGER_USER = "edgeinfer-manager"
+#: the fleet an enrolled device belongs to unless told (the agent's default too)
+DEFAULT_FLEET = "default"
+
+
+class FleetAccess:
+    """Tokens (``TokenStore``), enrolment and the managed broker's password and ACL files."""
+
+    def __init__(self, db: Any, key: SigningKey, data_dir: Path, *, tls: bool, tls_hosts: tuple[str, ...] = (),
+                 device_broker_url: str | None = None) -> None:
+        self.db = db
+        self.key = key
+        self.data_dir = Path(data_dir)
+        self.tokens = TokenStore(db, grant_key=VerifyKey(key.public_key_b64()))
+        self.tls_hosts = tls_hosts
+        self.device_broker_url = device_broker_url
+        self.broker: Any = None  # the managed Mosquitto, once started
+        self.broker_url: str | None = None
+        self.manager_password: str | None = None
+        self._lock = threading.Lock()
+        #: the admin token file written at this start (a first start), else None
+        self.admin_token_file = self.tokens.ensure_admin_token(self.data_dir)
+        if self.admin_token_file is not None:
+            log.warning("created an admin API token in %s (mode 0600): pass it as --token-file, or create "
+                        "tokens with less power: edgeinfer fleet token create", self.admin_token_file)
+        self.ca: Any = None
+        if tls:
+            from .broker_auth import FleetCA
+
+            self.ca = FleetCA(self.data_dir / "tls").ensure()
+
+    # ------------------------------------------------------------------------- the managed broker
+    def start_broker(self, host: str, port: int) -> Any:
+        """The managed Mosquitto: accounts for the manager and every enrolled device, no anonymous client."""
+        from .broker import ManagedMosquitto, free_port
+        from .broker_auth import TLSFiles, new_password
+
+        self.manager_password = new_password()  # a new one at every start: only this process needs it
+        tls = None
+        if self.ca is not None:
+            cert, key = self.ca.server_cert(self.certificate_hosts(host))
+            tls = TLSFiles(cafile=self.ca.ca_file, certfile=cert, keyfile=key)
+        self.broker = ManagedMosquitto(self.data_dir, host=host, port=port or free_port(),
+                                       auth=self._write_accounts(), tls=tls).start()
+        self.broker_url = f"{'mqtts' if tls else 'mqtt'}://{local_host(host)}:{self.broker.port}"
+        return self.broker
+
+    def certificate_hosts(self, listen_host: str) -> list[str]:
+        hosts = ["127.0.0.1", "localhost", socket.gethostname(), *self.tls_hosts]
+        if listen_host not in ("0.0.0.0", "::", ""):
+            hosts.append(listen_host)
+        return list(dict.fromkeys(hosts))
+
+    def https_files(self, listen_host: str) -> tuple[str, str] | None:
+        if self.ca is None:
+            return None
+        cert, key = self.ca.server_cert(self.certificate_hosts(listen_host))
+        return str(cert), str(key)
+
+    def _write_accounts(self) -> Any:
+        """Mosquitto's password and ACL files from the enrolled devices (revoked ones left out)."""
+        from .broker_auth import DeviceAccount, ManagerAccount, hash_password, write_auth_files
+
+        devices = [DeviceAccount(username=c["username"], fleet=c["fleet"], device_id=c["device_id"],
+                                 password_hash=c["password_hash"])
+                   for c in self.db.list_credentials() if c["revoked_at"] is None]
+        manager = ManagerAccount(username=MANAGER_USER, password_hash=hash_password(self.manager_password or ""))
+        return write_auth_files(self.data_dir / "mosquitto", manager, devices)
+
+    def _sync_broker(self) -> None:
+        """Rewrite the managed Mosquitto's accounts and make it re-read them (no restart)."""
+        if self.broker is None:
+            return
+        with self._lock:
+            self._write_accounts()
+            try:
+                self.broker.reload()
+            except ConfigError as exc:  # down or restarting: the supervisor's restart reads the new files
+                log.warning("Mosquitto did not reload its accounts (%s); it reads them when it restarts", exc)
+
+    # ----------------------------------------------------------------------------- enrolment
+    def enroll_device(self, device_id: str, fleet: str = DEFAULT_FLEET) -> dict:
+        """Issue ``device_id`` a new MQTT password (replacing any earlier one); what its agent.yaml needs."""
+        return self.enroll_devices([device_id], fleet)[0]
+
+    def enroll_devices(self, device_ids: list[str], fleet: str = DEFAULT_FLEET) -> list[dict]:
+        """:meth:`enroll_device` for many devices with one broker reload (provisioning a batch)."""
+        from .broker_auth import device_username, hash_password, new_password
+
+        for what, value in (("fleet", fleet), *(("device id", d) for d in device_ids)):
+            if not isinstance(value, str) or not re.fullmatch(ID_PATTERN, value):
+                raise ValueError(f"{what} must be 1-64 of A-Z a-z 0-9 . _ - (got {value!r})")
+        if len(set(device_ids)) != len(device_ids):
+            raise ValueError("a device id appears twice")
+        issued = []
+        for device_id in device_ids:
+            username, password = device_username(fleet, device_id), new_password()
+            self.db.put_credential({"device_id": device_id, "fleet": fleet, "username": username,
+                                    "password_hash": hash_password(password), "created_at": time.time(),
+                                    "revoked_at": None})
+            config = {"device_id": device_id, "fleet": fleet, "broker": self.device_broker_url or self.broker_url,
+                      "username": username, "password": password, "update_public_key": self.key.public_key_b64()}
+            if self.ca is not None:
+                config["ca"] = str(self.ca.ca_file)
+            issued.append(config)
+        self._sync_broker()
+        return issued
+
+    def revoke_device(self, device_id: str) -> dict:
+        """The device's credential stops working: the broker refuses (and drops) it, downloads answer 401."""
+        if not self.db.revoke_credential(device_id, time.time()):
+            raise LookupError(f"device {device_id} is not enrolled (or already revoked)")
+        self._sync_broker()
+        return {"device_id": device_id, "revoked": True}
+
+    def list_enrollments(self) -> list[dict]:
+        return [{k: v for k, v in c.items() if k != "password_hash"} for c in self.db.list_credentials()]
+
+    # ------------------------------------------------------------------------- tokens, audit
+    def list_tokens(self) -> list[dict]:
+        return self.tokens.list()
+
+    def create_token(self, **spec: Any) -> dict:
+        return self.tokens.create(**spec)
+
+    def revoke_token(self, token_id: str) -> dict:
+        return self.tokens.revoke(token_id)
+
+    def record_audit(self, **entry: Any) -> None:
+        self.db.audit(**entry)
+
+    def list_audit(self, limit: int) -> list[dict]:
+        return self.db.list_audit(limit)
+
+
+def local_host(listen_host: str) -> str:
+    """The address this machine reaches a listener on (not the wildcard it was bound to)."""
+    return "127.0.0.1" if listen_host in ("0.0.0.0", "::", "") else listen_host

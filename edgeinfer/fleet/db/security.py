@@ -1,0 +1,74 @@
+"""API tokens (hashes only), the audit log and devices' MQTT credentials in the fleet database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .schema import Tables
+
+
+def insert_token(engine: Any, t: Tables, row: dict) -> None:
+    with engine.begin() as conn:
+        conn.execute(t.tokens.insert().values(**row))
+
+
+def list_tokens(sa: Any, engine: Any, t: Tables) -> list[dict]:
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.select(t.tokens).order_by(t.tokens.c.created_at)).mappings()]
+
+
+def get_token(sa: Any, engine: Any, t: Tables, token_id: str) -> dict | None:
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(t.tokens).where(t.tokens.c.token_id == token_id)).mappings().first()
+    return dict(row) if row else None
+
+
+def revoke_token(sa: Any, engine: Any, t: Tables, token_id: str, now: float) -> dict | None:
+    c = t.tokens.c
+    with engine.begin() as conn:
+        conn.execute(t.tokens.update().where((c.token_id == token_id) & c.revoked_at.is_(None)).values(revoked_at=now))
+        row = conn.execute(sa.select(t.tokens).where(c.token_id == token_id)).mappings().first()
+    return dict(row) if row else None
+
+
+def touch_token(engine: Any, t: Tables, token_id: str, now: float) -> None:
+    with engine.begin() as conn:
+        conn.execute(t.tokens.update().where(t.tokens.c.token_id == token_id).values(last_used_at=now))
+
+
+def audit(engine: Any, t: Tables, row: dict) -> None:
+    with engine.begin() as conn:
+        conn.execute(t.audit.insert().values(**row))
+
+
+def list_audit(sa: Any, engine: Any, t: Tables, limit: int) -> list[dict]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(t.audit).order_by(t.audit.c.id.desc()).limit(limit)).mappings()
+        return [dict(r) for r in rows][::-1]
+
+
+def put_credential(sa: Any, engine: Any, t: Tables, row: dict) -> None:
+    """Insert or replace a device's credential (a re-enrolment issues a new password)."""
+    with engine.begin() as conn:
+        conn.execute(t.credentials.delete().where(t.credentials.c.device_id == row["device_id"]))
+        conn.execute(t.credentials.insert().values(**row))
+
+
+def revoke_credential(engine: Any, t: Tables, device_id: str, now: float) -> bool:
+    c = t.credentials.c
+    with engine.begin() as conn:
+        result = conn.execute(t.credentials.update().where((c.device_id == device_id) & c.revoked_at.is_(None))
+                              .values(revoked_at=now))
+    return result.rowcount == 1
+
+
+def list_credentials(sa: Any, engine: Any, t: Tables) -> list[dict]:
+    with engine.connect() as conn:
+        query = sa.select(t.credentials).order_by(t.credentials.c.device_id)
+        return [dict(r) for r in conn.execute(query).mappings()]
+
+
+def get_credential_by_username(sa: Any, engine: Any, t: Tables, username: str) -> dict | None:
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(t.credentials).where(t.credentials.c.username == username)).mappings().first()
+    return dict(row) if row else None
