@@ -140,6 +140,20 @@ def revoke(client: Any, device_id: str, as_json: bool) -> None:
     print_json(result) if as_json else click.echo(f"revoked {device_id}: it can no longer connect")
 
 
+@click.command("enrollments")
+@click.option("--json", "as_json", is_flag=True)
+@client_options
+@handle_errors
+def enrollments(client: Any, as_json: bool) -> None:
+    """Every enrolled device: its MQTT user name, fleet, when enrolled, whether revoked (never a password)."""
+    entries = client.enrollments()
+    if as_json:
+        print_json(entries)
+        return
+    table([[e["device_id"], e["fleet"], e["username"], _when(e["created_at"]), _when(e["revoked_at"])]
+           for e in entries], ["DEVICE", "FLEET", "USER", "ENROLLED", "REVOKED"])
+
+
 @click.command("audit")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True)

@@ -306,6 +306,9 @@ def test_fleet_serve_writes_an_admin_token_once_and_the_cli_manages_tokens(tmp_p
         assert cli("devices", token_file=str(tmp_path / "viewer.token")).returncode == 1
         enrolled = cli("enroll", "cam-9", "--json", token_file=str(token_file))
         assert json.loads(enrolled.stdout)["username"] == "edgeinfer-default-cam-9"
+        listed = cli("enrollments", token_file=str(token_file))
+        password = json.loads(enrolled.stdout)["password"]
+        assert "edgeinfer-default-cam-9" in listed.stdout and password not in listed.stdout
         audit = json.loads(cli("audit", "--json", token_file=str(token_file)).stdout)
         assert [e["action"] for e in audit] == ["token.create", "token.create", "token.revoke", "device.enroll"]
         missing = cli("devices", token_file=str(tmp_path / "nope.token"))
