@@ -25,7 +25,7 @@ from edgeinfer.agent.config import parse_config
 from edgeinfer.agent.daemon import Agent
 from edgeinfer.capture import make_test_clip
 from edgeinfer.fleet.auth import issue_grant
-from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.fleet.manager import FleetManager, FleetSettings, wait_for_deployment
 from edgeinfer.updates.signing import SigningKey, new_manifest
 from edgeinfer.updates.slots import ModelSlots
 
@@ -231,3 +231,32 @@ def test_agent_killed_mid_update_comes_back_on_one_version(tmp_path, broker, fle
         sha = fleet.db.get_device("cam-00")["model_sha256"]
         expected = {1: V1, 2: BIRDS}[reported]
         assert sha == hashlib.sha256(expected.read_bytes()).hexdigest()
+
+
+def test_tls_end_to_end_an_enrolled_agent_takes_a_rollout_over_mqtts_and_https(tmp_path, clip):
+    """`fleet serve --tls`: a real agent, enrolled (its own account), verifies the managed broker (mqtts only)
+    and the API (https only) against the fleet's CA, takes a signed deploy and downloads the model with its
+    credential over https — TLS end to end, as docs/security.md describes."""
+    from edgeinfer.fleet.broker import free_port
+    from edgeinfer.fleet.client import FleetClient
+
+    settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", data_dir=tmp_path / "fleet",
+                             tls=True)
+    with FleetManager(settings) as fleet:
+        assert fleet.wait_connected(10)
+        admin = FleetClient(fleet.http.url, token=fleet.admin_token, ca=fleet.access.ca.ca_file)
+        enrolled = admin.enroll("cam-tls", "lab")
+        config = agent_settings(tmp_path, "unused", "cam-tls", "unused", clip) | enrolled
+        agent = AgentThread(config)
+        agent.thread.start()
+        try:
+            assert wait(lambda: (d := fleet.db.get_device("cam-tls")) is not None and d["online"], 60)
+            sha = admin.upload(BIRDS)["sha256"]
+            created = admin.create_deployment({"sha256": sha, "model_name": BIRDS.name, "version": 2,
+                                               "devices": ["cam-tls"]})
+            assert created["devices"][0]["device_id"] == "cam-tls"
+            final = wait_for_deployment(admin.deployment, created["deployment_id"], timeout_s=120)
+            assert final["status"] == "succeeded", final
+            assert agent.version() == "2" and fleet.public_url.startswith("https://")
+        finally:
+            agent.stop()
