@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .fleet_access import audit, client_options, enroll, enrollments, revoke, table, token
+from .fleet_access import audit, broker_auth, client_options, enroll, enrollments, revoke, table, token
 from .fleet_db import db
 from .fleet_simulate import simulate
 from .output import handle_errors, print_json
@@ -24,7 +24,7 @@ def fleet() -> None:
     """Run the fleet manager, or ask it about devices and deployments."""
 
 
-for _command in (db, simulate, token, enroll, enrollments, revoke, audit):
+for _command in (db, simulate, token, enroll, enrollments, revoke, audit, broker_auth):
     fleet.add_command(_command)
 
 

@@ -167,3 +167,54 @@ def audit(client: Any, limit: int, as_json: bool) -> None:
         return
     table([[_when(e["ts"]), e["actor"], e.get("role") or "-", e["action"], e.get("target") or "-",
             e.get("remote") or "-"] for e in entries], ["WHEN", "WHO", "ROLE", "ACTION", "TARGET", "FROM"])
+
+
+@click.command("broker-auth")
+@click.option("--db", "db_url", help="SQLAlchemy URL of the fleet database (default: sqlite in --data-dir).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("fleet-data"),
+              show_default=True, help="The fleet manager's data dir (for the default SQLite file).")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for `passwd` and `acl` (point Mosquitto's password_file and acl_file at them).")
+@click.option("--manager", "managers", multiple=True, required=True, metavar="USER:PASSWORD_FILE",
+              help="A fleet manager's account: its user name (= its --manager-id under use_username_as_clientid) "
+                   "and the file holding its password (repeatable: one per manager).")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def broker_auth(db_url: str | None, data_dir: Path, out: Path, managers: tuple[str, ...], as_json: bool) -> None:
+    """Write Mosquitto's password and ACL files for a broker you run (`fleet serve --broker`).
+
+    The same files the managed Mosquitto gets: every enrolled, not revoked device with its own
+    topics only, and the managers' accounts. Run it after `fleet enroll` / `fleet revoke`, then
+    make Mosquitto re-read them: kill -HUP <mosquitto's pid>. Needs allow_anonymous false and
+    use_username_as_clientid true in mosquitto.conf (docs/security.md).
+    """
+    from ..fleet.broker_auth import DeviceAccount, ManagerAccount, hash_password, write_auth_files
+    from ..fleet.db import FleetDB
+    from .fleet_db import _url
+
+    accounts = []
+    for spec in managers:
+        user, sep, password_file = spec.partition(":")
+        if not sep or not user or not password_file:
+            raise click.BadParameter(f"{spec!r}: give USER:PASSWORD_FILE", param_hint="--manager")
+        try:
+            password = Path(password_file).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {password_file}: {exc.strerror or exc}",
+                                     param_hint="--manager") from None
+        accounts.append(ManagerAccount(username=user, password_hash=hash_password(password)))
+    database = FleetDB(_url(db_url, data_dir))
+    try:
+        devices = [DeviceAccount(username=c["username"], fleet=c["fleet"], device_id=c["device_id"],
+                                 password_hash=c["password_hash"])
+                   for c in database.list_credentials() if c["revoked_at"] is None]
+    finally:
+        database.close()
+    files = write_auth_files(out, accounts, devices)
+    summary = {"password_file": str(files.password_file), "acl_file": str(files.acl_file),
+               "devices": len(devices), "managers": [a.username for a in accounts]}
+    if as_json:
+        print_json(summary)
+    else:
+        click.echo(f"wrote {files.password_file} and {files.acl_file}: {len(devices)} device(s), "
+                   f"{len(accounts)} manager account(s) — now: kill -HUP <mosquitto's pid>")

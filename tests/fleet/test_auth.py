@@ -399,3 +399,48 @@ def test_a_batch_of_simulated_devices_enrolled_at_once_reports_through_the_manag
     status, body = call(f"{fleet.http.url}/api/enrollments", "POST", fleet.admin_token,
                         json.dumps({"devices": ["a", "a"]}).encode())
     assert status == 400 and "twice" in body["error"]
+
+
+def test_your_own_mosquitto_gets_the_same_accounts_from_fleet_broker_auth(tmp_path):
+    """`fleet serve --broker` on a Mosquitto the operator runs: `fleet broker-auth` writes its password and ACL
+    files from the fleet database (the managers' accounts, every enrolled device); after a SIGHUP an enrolled
+    device gets in and reaches its own topics, as on the managed broker."""
+    from edgeinfer.fleet.broker import ManagedMosquitto
+    from edgeinfer.fleet.broker_auth import AuthFiles
+
+    db_url = f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
+    secret = tmp_path / "manager.password"
+    secret.write_text("manager-secret\n")
+    auth_dir = tmp_path / "mosquitto-auth"
+
+    def broker_auth() -> dict:
+        done = subprocess.run(edgeinfer_cmd("fleet", "broker-auth", "--db", db_url, "--out", str(auth_dir),
+                                            "--manager", f"fleet-a:{secret}", "--json"),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    assert broker_auth()["devices"] == 0
+    files = AuthFiles(auth_dir / "passwd", auth_dir / "acl")
+    with ManagedMosquitto(tmp_path / "own-broker", port=0, auth=files) as own:  # stands for the operator's broker
+        settings = FleetSettings(broker=own.url, db_url=db_url, http="127.0.0.1:0", data_dir=tmp_path / "fleet",
+                                 username="fleet-a", password="manager-secret", manager_id="fleet-a")
+        with FleetManager(settings) as fleet:
+            assert fleet.wait_connected(10)
+            issued = FleetClient(fleet.http.url, token=fleet.admin_token).enroll("cam-own", "f")
+            early = Device(fleet, issued["username"], issued["password"])
+            assert not early.accepted()  # the broker has not been told yet
+            early.close()
+            assert broker_auth()["devices"] == 1
+            own.reload()
+            device = Device(fleet, issued["username"], issued["password"])
+            try:
+                assert device.accepted()
+                device.client.publish(Topics("f", "cam-own").state,
+                                      json.dumps(device_state("f", "cam-own", "4" * 32)), qos=1)
+                assert wait(lambda: fleet.db.get_device("cam-own") is not None)
+            finally:
+                device.close()
+    bad = subprocess.run(edgeinfer_cmd("fleet", "broker-auth", "--db", db_url, "--out", str(auth_dir),
+                                       "--manager", "no-colon"), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "USER:PASSWORD_FILE" in bad.stderr
