@@ -92,6 +92,10 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
         if manager.access.admin_token_file is not None:
             click.echo(f"admin token: {manager.access.admin_token_file} (mode 0600; first start) — use it with "
                        f"--token-file, and create less powerful ones: edgeinfer fleet token create", err=True)
+        if not tls and _exposed(http, broker_host if broker is None else None, public_url):
+            click.echo("warning: the API or the broker listens beyond this machine without TLS: tokens and device "
+                       "passwords cross the network in clear — use --tls, or a TLS reverse proxy with an https "
+                       "--public-url (docs/security.md)", err=True)
         if manager.access.ca is not None:
             click.echo(f"fleet CA: {manager.access.ca.ca_file} (devices and the CLI verify the broker and the API "
                        "with it)", err=True)
@@ -101,6 +105,14 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
                 pass
         except KeyboardInterrupt:
             pass
+
+
+def _exposed(http: str, broker_host: str | None, public_url: str | None) -> bool:
+    """Whether a listener of ours takes connections from other machines with no TLS in front of it."""
+    loopback = ("127.", "localhost", "::1")
+    http_host = http.rpartition(":")[0].strip("[]")
+    http_open = not http_host.startswith(loopback) and not (public_url or "").startswith("https://")
+    return http_open or (broker_host is not None and not broker_host.startswith(loopback))
 
 
 @fleet.command("devices")

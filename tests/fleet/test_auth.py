@@ -287,6 +287,7 @@ def test_fleet_serve_writes_an_admin_token_once_and_the_cli_manages_tokens(tmp_p
     try:
         token_file = data / "admin.token"
         assert f"admin token: {token_file}" in text
+        assert "in clear" not in text  # everything on loopback: no warning
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         refused = cli("devices")
         assert refused.returncode == 1 and "401" in refused.stderr and "--token-file" in refused.stderr
@@ -444,3 +445,13 @@ def test_your_own_mosquitto_gets_the_same_accounts_from_fleet_broker_auth(tmp_pa
     bad = subprocess.run(edgeinfer_cmd("fleet", "broker-auth", "--db", db_url, "--out", str(auth_dir),
                                        "--manager", "no-colon"), capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "USER:PASSWORD_FILE" in bad.stderr
+
+
+def test_serve_warns_when_it_listens_beyond_this_machine_without_tls():
+    from edgeinfer.cli.fleet import _exposed
+
+    assert not _exposed("127.0.0.1:8700", "127.0.0.1", None)
+    assert _exposed("0.0.0.0:8700", "127.0.0.1", None)  # the API on the network, in clear
+    assert not _exposed("0.0.0.0:8700", "127.0.0.1", "https://fleet.example")  # a TLS proxy in front
+    assert _exposed("127.0.0.1:8700", "0.0.0.0", None)  # the managed broker on the network, in clear
+    assert not _exposed("127.0.0.1:8700", None, None)  # --broker: the operator's broker, its own TLS
