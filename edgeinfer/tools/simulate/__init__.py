@@ -121,6 +121,7 @@ class Simulation:
         self._order = itertools.count()
         self._stop = threading.Event()
         self._producing = True
+        self._turns = 0  # turns of the network thread's loop (stop() waits for one after it stops producing)
         self._abrupt = False
         self._thread: threading.Thread | None = None
         self._started_at: float | None = None
@@ -169,6 +170,11 @@ class Simulation:
             return
         self._producing = False
         deadline = time.monotonic() + drain_s
+        # the network thread may be inside a publish that checked _producing just before: wait until it
+        # has begun a new turn of its loop (so that publish is in flight) before waiting for the PUBACKs
+        turn = self._turns
+        while time.monotonic() < deadline and self._turns < turn + 2 and self._thread.is_alive():
+            time.sleep(0.005)
         while time.monotonic() < deadline and any(d.in_flight for d in self.devices if d.connected):
             time.sleep(0.05)
         self._stop.set()
@@ -210,6 +216,7 @@ class Simulation:
         last_misc = time.monotonic()
         try:
             while not self._stop.is_set():
+                self._turns += 1
                 wait = min(0.05, max(0.0, self._timers[0][0] - time.monotonic())) if self._timers else 0.05
                 for key, mask in self._selector.select(wait):
                     self._pump(key.data, mask)
