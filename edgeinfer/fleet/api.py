@@ -14,6 +14,7 @@ to the audit log with the token's name and the caller's address.
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations at run time, and the
 # types they name (Request) are imported inside build_app, where only real annotations can see them
 import logging
+from pathlib import Path
 from typing import Any, Protocol
 
 from .._version import __version__
@@ -36,6 +37,7 @@ class FleetAPI(Protocol):
     def list_deployments(self) -> list[dict]: ...
     def get_deployment(self, deployment_id: str) -> dict | None: ...
     def device_telemetry(self, device_id: str, limit: int) -> list[dict]: ...
+    def overview(self) -> dict: ...
 
 
 class Authenticator(Protocol):
@@ -112,6 +114,24 @@ def build_app(store: ArtifactStore, api: Any = None, *, auth: Authenticator, acc
                 status: int = 200, **detail: Any) -> JSONResponse:
         audit(principal, request, action, target, **detail)
         return JSONResponse(_jsonable(result), status_code=status)
+
+    _dashboard(app, error)
+
+    @app.get("/api/overview", summary="The fleet at a glance: online/offline/degraded, versions, delegates and "
+             "fallbacks, throttling/hot/backlogged/silent devices, the last events")
+    def fleet_overview(_who: Principal = viewer) -> Any:
+        return _json(needs("overview")())
+
+    @app.get("/api/stream", summary="Live updates (Server-Sent Events): overview, devices, deployments, "
+             "deployment, events — what changed, about once a second")
+    def stream(_who: Principal = viewer) -> Any:
+        from fastapi.responses import StreamingResponse
+
+        feed = getattr(api, "live", None)
+        if feed is None:
+            return error(404, "not found")
+        return StreamingResponse(feed.stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/healthz", summary="Liveness (no token needed; says nothing about the fleet)")
     def healthz() -> dict:
@@ -313,6 +333,56 @@ def build_app(store: ArtifactStore, api: Any = None, *, auth: Authenticator, acc
         return Response(needs("metrics")(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+#: the dashboard's static files (``fleet/web``): public — every figure they show comes from the token-checked API
+WEB = Path(__file__).parent / "web"
+#: no script or style from anywhere but here, no framing, no referrer leaving the page
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; frame-ancestors 'none'; "
+                               "base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+}
+
+
+class SecurityHeaders:
+    """Pure ASGI middleware adding SECURITY_HEADERS to every response (Starlette's BaseHTTPMiddleware would
+    buffer the live stream's frames behind its own task)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                present = {name for name, _ in message.get("headers", [])}
+                message["headers"] = [*message.get("headers", []), *(h for h in self.headers if h[0] not in present)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _dashboard(app: Any, error: Any) -> None:
+    """``/`` (the page) and ``/static/...`` (its scripts, styles, the vendored chart library)."""
+    from fastapi.responses import FileResponse
+    from fastapi.staticfiles import StaticFiles
+
+    app.add_middleware(SecurityHeaders)
+
+    @app.get("/", include_in_schema=False)
+    def index() -> Any:
+        page = WEB / "index.html"
+        if not page.is_file():
+            return error(404, "the dashboard is not installed (edgeinfer/fleet/web)")
+        return FileResponse(page, media_type="text/html", headers={"Cache-Control": "no-cache"})
+
+    if (WEB / "static").is_dir():
+        app.mount("/static", StaticFiles(directory=WEB / "static"), name="static")
 
 
 def _basic_credentials(encoded: str) -> tuple[str | None, str]:

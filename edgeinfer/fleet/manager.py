@@ -99,6 +99,7 @@ class FleetManager:
         self.http: Any = None
         self.broker: Any = None  # the managed Mosquitto, if we started one
         self.access: Any = None  # tokens, enrolment, the broker's accounts (access.py)
+        self.live: Any = None  # the dashboard's live updates (live.py)
         self.link: Any = None
         self.ingest: Any = None
         self.rollouts: Any = None
@@ -121,6 +122,7 @@ class FleetManager:
         from .access import FleetAccess
         from .db import FleetDB
         from .ingest import Ingest
+        from .live import LiveFeed
         from .metrics import registry_for
         from .rollout import RolloutDriver
 
@@ -136,6 +138,7 @@ class FleetManager:
             self.broker_url = self.access.broker_url
         self.access.broker_url = self.access.broker_url or self.broker_url
         self._registry = registry_for(self)
+        self.live = LiveFeed(self.db).start()
         self._start_http()
         self.ingest = Ingest(self.db, on_event=self._on_event, on_state=self._on_state,
                              queue_size=self.settings.ingest_queue,
@@ -226,7 +229,7 @@ class FleetManager:
             return
         self._closed = True
         self._stop.set()
-        for part in (self.rollouts, self.link, self.ingest, self.http, self._spool, self.broker):
+        for part in (self.live, self.rollouts, self.link, self.ingest, self.http, self._spool, self.broker):
             if part is not None:
                 try:
                     part.close()
@@ -339,6 +342,11 @@ class FleetManager:
 
     def device_telemetry(self, device_id: str, limit: int) -> list[dict]:
         return self.db.device_telemetry(device_id, limit)
+
+    def overview(self) -> dict:
+        from .overview import EVENTS_SHOWN, overview
+
+        return overview(self.db.list_devices(), self.db.events_after(None, EVENTS_SHOWN)[1])
 
     # ----------------------------------------------------------------- FleetAPI (operators)
     def abort_deployment(self, deployment_id: str, detail: str) -> dict:

@@ -181,6 +181,33 @@ class FleetDB:
             row = conn.execute(sa.select(t.devices).where(t.devices.c.device_id == device_id)).mappings().first()
         return dict(row) if row else None
 
+    def device_marks(self) -> dict[str, tuple]:
+        """Per device, the columns that change when anything about it does (cheap: no JSON decoded)."""
+        sa, c = self._sa, self.t.devices.c
+        query = sa.select(c.device_id, c.last_seen, c.online, c.model_version, c.delegate, c.last_telemetry_ts)
+        with self.engine.connect() as conn:
+            return {row[0]: tuple(row[1:]) for row in conn.execute(query)}
+
+    def devices_by_id(self, device_ids: Sequence[str]) -> list[dict]:
+        sa, t = self._sa, self.t
+        query = sa.select(t.devices).where(t.devices.c.device_id.in_(list(device_ids))).order_by(t.devices.c.device_id)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def events_after(self, after_id: int | None, limit: int = 100) -> tuple[int, list[dict]]:
+        """Events stored after id ``after_id`` (None: the newest ``limit``), oldest first, each with its
+        ``device_id``; and the newest id seen (to ask for what comes next)."""
+        sa, t = self._sa, self.t
+        query = sa.select(t.events.c.id, t.events.c.device_id, t.events.c.payload)
+        if after_id is None:
+            query = query.order_by(t.events.c.id.desc()).limit(limit)
+        else:
+            query = query.where(t.events.c.id > after_id).order_by(t.events.c.id).limit(limit)
+        with self.engine.connect() as conn:
+            rows = sorted(conn.execute(query).all(), key=lambda row: row[0])
+        newest = rows[-1][0] if rows else (after_id or 0)
+        return newest, [{"device_id": device_id, **(payload or {})} for _id, device_id, payload in rows]
+
     def device_telemetry(self, device_id: str, limit: int = 100) -> list[dict]:
         sa, t = self._sa, self.t
         query = (sa.select(t.telemetry.c.payload).where(t.telemetry.c.device_id == device_id)
