@@ -34,8 +34,9 @@ bench-live: venv
 
 # Debian packages the demo and the tests use (a real Mosquitto broker, PostgreSQL that the fleet tests start
 # in a temporary directory, mosquitto-clients for the ingest benchmark's baseline, shellcheck for the
-# provisioning scripts, Prometheus to run the Grafana dashboard's queries). Installed only when
-# missing; needs root, as on CI.
+# provisioning scripts, Prometheus to run the Grafana dashboard's queries, Chromium and its chromedriver for
+# the fleet dashboard's browser tests, driven by Selenium at /usr/bin/chromium and /usr/bin/chromedriver).
+# Installed only when missing; needs root, as on CI.
 system-deps:
 	@missing=""; \
 	command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
@@ -43,6 +44,8 @@ system-deps:
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v mosquitto_sub >/dev/null 2>&1 || missing="$$missing mosquitto-clients"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	[ -x /usr/bin/chromedriver ] || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \

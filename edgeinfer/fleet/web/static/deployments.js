@@ -1,0 +1,285 @@
+// Deployments: the list (+ create form for operators) and one deployment's live wave view.
+import { api } from "./api.js";
+import { h, clear, setText, emptyState, fmtTime, canOperate, confirmDialog, deviceLink, fact, shortId, DASH } from "./dom.js";
+
+const DEVICE_STATES = ["pending", "notified", "downloading", "validating", "active", "failed", "rolled_back", "rejected", "timeout"];
+
+function countsText(counts) {
+  const entries = Object.entries(counts || {}).filter(([, n]) => n);
+  entries.sort((a, b) => DEVICE_STATES.indexOf(a[0]) - DEVICE_STATES.indexOf(b[0]));
+  return entries;
+}
+
+function countChips(counts) {
+  const entries = countsText(counts);
+  if (!entries.length) return DASH;
+  return h("ul", { class: "chips" }, entries.map(([s, n]) => h("li", { class: `state-${s}` }, `${s} ${n}`)));
+}
+
+// ---- list -----------------------------------------------------------------
+
+export async function deploymentsPage(root, ctx) {
+  const list = await api("deployments");
+  const rows = new Map();
+  const tbody = h("tbody");
+  const empty = h("p", { class: "empty" }, "no deployments yet");
+
+  function fill(r, dep) {
+    r.tr.dataset.status = dep.status;
+    setText(r.cells.status, dep.status || DASH);
+    r.cells.status.className = `status-${dep.status}`;
+    r.cells.model.replaceChildren(shortId(dep.model_name || DASH));
+    setText(r.cells.version, dep.version ?? DASH);
+    r.cells.counts.replaceChildren(countChips(dep.counts));
+    setText(r.cells.created, fmtTime(dep.created_at));
+    setText(r.cells.detail, dep.detail || "");
+  }
+  function upsert(dep, top) {
+    if (!dep || dep.deployment_id === undefined) return;
+    let r = rows.get(String(dep.deployment_id));
+    if (!r) {
+      const cells = {};
+      const td = (k, cls) => (cells[k] = h("td", { dataset: { col: k }, class: cls || "" }));
+      const tr = h("tr", { dataset: { deploymentId: dep.deployment_id } },
+        h("td", { dataset: { col: "id" } }, h("a", { href: `#/deployments/${encodeURIComponent(dep.deployment_id)}` }, shortId(dep.deployment_id))),
+        td("status"), td("model"), td("version"), td("counts"), td("created"), td("detail", "muted"));
+      r = { tr, cells };
+      rows.set(String(dep.deployment_id), r);
+      if (top) tbody.prepend(tr); else tbody.append(tr);
+    }
+    fill(r, dep);
+    empty.hidden = rows.size > 0;
+  }
+
+  root.replaceChildren(h("div", { "data-testid": "deployments" },
+    h("h1", {}, "Deployments"),
+    canOperate(ctx.me.role) ? deployForm() : null,
+    h("section", { class: "card" },
+      h("h2", {}, "All deployments"),
+      h("div", { class: "table-wrap" }, h("table", { class: "data" },
+        h("thead", {}, h("tr", {}, ["ID", "Status", "Model", "Version", "Devices by state", "Created", "Detail"]
+          .map((t) => h("th", { scope: "col" }, t)))),
+        tbody)),
+      empty)));
+
+  // Newest first, as live-created ones are added at the top.
+  const byNewest = (a, b) => (b.created_at || 0) - (a.created_at || 0);
+  for (const dep of (list || []).slice().sort(byNewest)) upsert(dep, false);
+  empty.hidden = rows.size > 0;
+
+  return {
+    async refresh() { for (const dep of (await api("deployments")) || []) upsert(dep, false); },
+    onEvent(name, payload) {
+      if (name === "deployments" && Array.isArray(payload)) for (const dep of payload) upsert(dep, true);
+      else if (name === "deployment" && payload) upsert(payload, true);
+    },
+  };
+}
+
+function deployForm() {
+  const field = (id, label, input, hint) => h("div", { class: "field" },
+    h("label", { for: id }, label), input, hint ? h("small", { class: "muted", id: `${id}-hint` }, hint) : null);
+  const file = h("input", { id: "deploy-file", type: "file", "data-testid": "deploy-file", required: true });
+  const name = h("input", { id: "deploy-name", type: "text", "data-testid": "deploy-model-name", autocomplete: "off",
+    placeholder: "the file's name" });
+  const version = h("input", { id: "deploy-version", type: "text", inputmode: "numeric", pattern: "[0-9]+",
+    "data-testid": "deploy-version", required: true, autocomplete: "off" });
+  const target = h("select", { id: "deploy-target", "data-testid": "deploy-target" },
+    h("option", { value: "all" }, "All devices"), h("option", { value: "group" }, "A group"),
+    h("option", { value: "devices" }, "Device ids"));
+  const targetValue = h("input", { id: "deploy-target-value", type: "text", "data-testid": "deploy-target-value",
+    autocomplete: "off", placeholder: "group name, or ids separated by commas/spaces" });
+  const canary = h("input", { id: "deploy-canary", type: "number", min: 0, max: 100, step: "any", "data-testid": "deploy-canary", placeholder: "server default" });
+  const wave = h("input", { id: "deploy-wave-size", type: "number", min: 1, step: 1, "data-testid": "deploy-wave-size", placeholder: "server default" });
+  const abortRate = h("input", { id: "deploy-abort-rate", type: "number", min: 0, max: 1, step: "any", "data-testid": "deploy-abort-rate", placeholder: "server default" });
+  const timeout = h("input", { id: "deploy-timeout", type: "number", min: 1, step: 1, "data-testid": "deploy-timeout", placeholder: "server default" });
+  const submit = h("button", { type: "submit", class: "primary", "data-testid": "deploy-submit" }, "Upload and deploy");
+  const error = h("p", { class: "error", "data-testid": "deploy-error", role: "alert", "aria-live": "assertive" });
+  const progress = h("p", { class: "muted", role: "status", "aria-live": "polite" });
+  const targetField = field("deploy-target-value", "Group / device ids", targetValue);
+
+  const syncTarget = () => { targetField.hidden = target.value === "all"; };
+  target.addEventListener("change", syncTarget);
+  syncTarget();
+
+  const form = h("form", { class: "card deploy-form", "data-testid": "deploy-form", novalidate: true },
+    h("h2", {}, "New deployment"),
+    h("div", { class: "form-grid" },
+      field("deploy-file", "Model file", file),
+      field("deploy-name", "Model name", name),
+      field("deploy-version", "Version", version),
+      field("deploy-target", "Target", target),
+      targetField,
+      field("deploy-canary", "Canary %", canary, "0–100"),
+      field("deploy-wave-size", "Wave size", wave, "devices per wave"),
+      field("deploy-abort-rate", "Abort failure rate", abortRate, "0–1, e.g. 0.2"),
+      field("deploy-timeout", "Device timeout (s)", timeout)),
+    h("div", { class: "row" }, submit), progress, error);
+
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    setText(error, "");
+    const f = file.files && file.files[0];
+    const body = {
+      model_name: name.value.trim() || (f ? f.name : ""), // like the CLI: the file's name by default
+    };
+    // Validate here so the operator gets a clear message before a large upload starts.
+    if (!f) return setText(error, "Choose a model file.");
+    // The manager requires an integer version (it compares versions numerically).
+    if (!/^\d+$/.test(version.value.trim())) return setText(error, "Enter the version as a whole number, e.g. 3.");
+    body.version = Number(version.value.trim());
+    const tv = targetValue.value.trim();
+    if (target.value === "all") body.all = true;
+    else if (target.value === "group") {
+      if (!tv) return setText(error, "Enter a group name.");
+      body.group = tv;
+    } else {
+      const ids = tv.split(/[\s,]+/).filter(Boolean);
+      if (!ids.length) return setText(error, "Enter at least one device id.");
+      body.devices = ids;
+    }
+    const num = (input, key, lo, hi) => {
+      if (input.value.trim() === "") return true;
+      const v = Number(input.value);
+      if (!Number.isFinite(v) || v < lo || v > hi) { setText(error, `${input.labels[0].textContent} must be between ${lo} and ${hi}.`); return false; }
+      body[key] = v;
+      return true;
+    };
+    if (!num(canary, "canary_pct", 0, 100) || !num(wave, "wave_size", 1, 1e9)
+      || !num(abortRate, "abort_failure_rate", 0, 1) || !num(timeout, "device_timeout_s", 1, 1e9)) return;
+
+    submit.disabled = true;
+    try {
+      setText(progress, `Uploading ${f.name}…`);
+      const art = await api("artifacts", { method: "PUT", body: f });
+      body.sha256 = art.sha256;
+      setText(progress, "Creating the deployment…");
+      const dep = await api("deployments", { method: "POST", body });
+      setText(progress, "");
+      location.hash = `#/deployments/${encodeURIComponent(dep.deployment_id)}`;
+    } catch (e) {
+      setText(progress, "");
+      setText(error, e.message);
+    } finally {
+      submit.disabled = false;
+    }
+  });
+  return form;
+}
+
+// ---- one deployment --------------------------------------------------------
+
+export async function deploymentPage(root, ctx, id) {
+  let dep = await api(`deployments/${encodeURIComponent(id)}`);
+  const status = h("span", { "data-testid": "deployment-status", class: "badge" });
+  const summary = h("dl", { class: "facts" });
+  const counts = h("div");
+  const wavesEl = h("div", { class: "waves" });
+  const result = h("p", { class: "result", "data-testid": "action-result", role: "status", "aria-live": "polite" });
+  const waves = new Map(); // wave number -> {section, list, progress}
+  const devs = new Map(); // device id -> li
+
+  let abortBtn = null;
+  if (canOperate(ctx.me.role)) {
+    abortBtn = h("button", { type: "button", class: "danger", "data-testid": "action-abort" }, "Abort deployment");
+    abortBtn.addEventListener("click", async () => {
+      if (!(await confirmDialog(`Abort deployment #${dep.deployment_id}? Devices not yet updated stay on their current model.`, "Abort"))) return;
+      abortBtn.disabled = true;
+      try {
+        const r = await api(`deployments/${encodeURIComponent(id)}/abort`, { method: "POST", body: {} });
+        result.className = "result ok";
+        setText(result, "Abort requested.");
+        if (r && r.status) apply({ ...dep, ...r });
+      } catch (e) {
+        result.className = "result error";
+        setText(result, `Failed: ${e.message}`);
+        abortBtn.disabled = false;
+      }
+    });
+  }
+  const actions = h("div", { class: "row" });
+
+  root.replaceChildren(h("div", { "data-testid": "deployment", dataset: { deploymentId: id } },
+    h("p", { class: "crumbs" }, h("a", { href: "#/deployments" }, "Deployments"), " / "),
+    h("div", { class: "page-head" }, h("h1", {}, "Deployment ", shortId(dep.deployment_id ?? id)), status),
+    summary, counts, actions, result,
+    h("section", { class: "card" }, h("h2", {}, "Waves"), wavesEl)));
+
+  function waveFor(n) {
+    let w = waves.get(n);
+    if (w) return w;
+    const list = h("ul", { class: "wave-devices" });
+    const progress = h("span", { "data-testid": "wave-progress", class: "muted" });
+    const section = h("section", { "data-testid": "wave", dataset: { wave: n }, class: "wave" },
+      h("h3", {}, n === 0 ? "Wave 0 (canary)" : `Wave ${n}`, " ", progress), list);
+    w = { section, list, progress };
+    waves.set(n, w);
+    // Keep waves in numeric order even when a later one appears first.
+    const after = [...waves.keys()].filter((k) => k > n).sort((a, b) => a - b)[0];
+    if (after !== undefined) wavesEl.insertBefore(section, waves.get(after).section);
+    else wavesEl.append(section);
+    return w;
+  }
+
+  function apply(next) {
+    dep = next;
+    setText(status, dep.status || DASH);
+    status.className = `badge status-${dep.status}`;
+    const opt = dep.options || {};
+    clear(summary).append(...[
+      fact("ID", h("code", { class: "wrap" }, String(dep.deployment_id ?? id))),
+      fact("Model", [shortId(dep.model_name || "?"), ` v${dep.version ?? "?"}`]),
+      fact("Created", fmtTime(dep.created_at)),
+      dep.detail ? fact("Detail", dep.detail) : null,
+      ...Object.entries(opt).filter(([, v]) => v !== null && v !== undefined)
+        .map(([k, v]) => fact(k.replace(/_/g, " "), typeof v === "object" ? JSON.stringify(v) : String(v))),
+    ].filter(Boolean));
+    counts.replaceChildren(countChips(dep.counts));
+
+    if (Array.isArray(dep.devices)) {
+      for (const dv of dep.devices) {
+        const n = Number(dv.wave) || 0;
+        let li = devs.get(dv.device_id);
+        const w = waveFor(n);
+        if (!li) {
+          li = h("li", { dataset: { deviceId: dv.device_id } }, deviceLink(dv.device_id), " ",
+            h("span", { class: "badge dev-state" }), h("span", { class: "muted dev-detail" }));
+          devs.set(dv.device_id, li);
+        }
+        if (li.parentNode !== w.list) w.list.append(li);
+        li.dataset.state = dv.state;
+        const badge = li.querySelector(".dev-state");
+        setText(badge, dv.state);
+        badge.className = `badge dev-state state-${dv.state}`;
+        setText(li.querySelector(".dev-detail"), dv.detail ? ` ${dv.detail}` : "");
+        li.title = dv.updated_at ? `updated ${fmtTime(dv.updated_at)}` : "";
+      }
+      for (const w of waves.values()) {
+        const items = [...w.list.children];
+        const active = items.filter((li) => li.dataset.state === "active").length;
+        setText(w.progress, `${active}/${items.length} active`);
+      }
+    }
+    if (!waves.size && !wavesEl.querySelector(".empty")) wavesEl.append(emptyState("no devices in this deployment"));
+    if (waves.size) { const e = wavesEl.querySelector(".empty"); if (e) e.remove(); }
+
+    // The abort button exists only while the deployment runs.
+    if (abortBtn) {
+      if (dep.status === "running") { if (!abortBtn.isConnected) { abortBtn.disabled = false; actions.append(abortBtn); } }
+      else abortBtn.remove();
+    }
+  }
+
+  apply(dep);
+  return {
+    async refresh() { apply(await api(`deployments/${encodeURIComponent(id)}`)); },
+    onEvent(name, payload) {
+      if (name === "deployment" && payload && String(payload.deployment_id) === String(dep.deployment_id)) {
+        apply({ ...dep, ...payload });
+      } else if (name === "deployments" && Array.isArray(payload)) {
+        const s = payload.find((x) => x && String(x.deployment_id) === String(dep.deployment_id));
+        if (s) apply({ ...dep, ...s, devices: dep.devices }); // a summary has no device rows: keep ours
+      }
+    },
+  };
+}
