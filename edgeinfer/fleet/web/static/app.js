@@ -13,6 +13,12 @@ const header = $("header.top");
 
 const ctx = { me: null }; // shared with pages: ctx.me = {token_id, name, role}
 let stopStream = null;
+// What bench/dashboard.py reads: when the current page finished its first render, and how long each
+// live update took to apply (ms, the newest APPLY_KEPT), by event name.
+const APPLY_KEPT = 500;
+const timings = { readyAt: null, readyPage: null, apply: [] };
+window.edgeinferTimings = timings;
+
 let current = null; // {page, ready, queue, seq}
 let routeSeq = 0;
 let liveCount = 0;
@@ -110,11 +116,14 @@ function onStreamEvent(name, data) {
 }
 
 function dispatch(page, name, data) {
+  const started = performance.now();
   try {
     if (page.onEvent) page.onEvent(name, data);
   } catch (e) {
     console.warn("live update failed", name, e); // one bad message must not kill the stream
   }
+  timings.apply.push([name, Array.isArray(data) ? data.length : 1, performance.now() - started]);
+  if (timings.apply.length > APPLY_KEPT) timings.apply.splice(0, timings.apply.length - APPLY_KEPT);
 }
 
 // ---- router ----------------------------------------------------------------
@@ -169,6 +178,8 @@ async function route() {
     return;
   }
   entry.ready = true;
+  timings.readyAt = performance.now();
+  timings.readyPage = match[2];
   for (const [name, data] of entry.queue.splice(0)) dispatch(entry.page, name, data);
 }
 
