@@ -372,6 +372,8 @@ class Agent:
         self._state_dirty.set()
         self._wake.set()
 
+    state_changed = _state_changed  # AgentServices: plug-ins say their part of the state changed
+
     def _state_message(self, *, online: bool, reason: str | None = None) -> dict[str, Any]:
         message: dict[str, Any] = {
             "v": PROTOCOL_VERSION, "type": "state", "fleet": self.topics.fleet, "device": self.topics.device,
@@ -384,6 +386,8 @@ class Agent:
         if online or reason == "shutdown":
             message.update({"versions": self._versions, "delegates": self._delegates,
                             "pipelines": [runner.describe() for runner in self._runners]})
+            if self.updates is not None and self.config.pipelines:
+                message["slots"] = self.updates.describe(self.config.pipelines[0].name)
         return message
 
     def _on_connected(self, offline_s: float | None) -> None:

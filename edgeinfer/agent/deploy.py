@@ -82,6 +82,16 @@ class UpdateService:
         log.info("pipeline %s runs the updated model v%s (%s)", first.name, active.version, active.path)
         return dataclasses.replace(config, pipelines=(updated, *config.pipelines[1:]))
 
+    def describe(self, pipeline: str | None) -> dict[str, Any]:
+        """The ``slots`` of the state message: what runs and what a rollback would go back to."""
+
+        def model(installed: InstalledModel | None) -> dict[str, Any] | None:
+            if installed is None:
+                return None
+            return {"name": installed.name, "version": installed.version, "sha256": installed.sha256}
+
+        return {"pipeline": pipeline, "active": model(self.slots.active), "previous": model(self.slots.previous)}
+
     def register(self, router: CommandRouter) -> None:
         """Add the ``deploy`` and ``rollback`` commands to the agent's router."""
         router.register("deploy", self.handle_deploy, args_schema=DEPLOY_ARGS_SCHEMA,
@@ -140,6 +150,7 @@ class UpdateService:
             old = runner.swap_engine(engine, version=str(previous.version))
             self.slots.roll_back()
             old.close()
+        ctx.agent.state_changed()  # its slots: what runs, what a rollback would go back to
         ctx.agent.emit(UPDATE_EVENT, "warning", f"rolled back to v{previous.version}", pipeline=runner.name,
                        cmd_id=ctx.command_id, data={"state": "rolled_back", "version": previous.version})
         return {"state": "active", "version": previous.version}
@@ -190,6 +201,7 @@ class UpdateService:
         if verdict and verdict[0]:
             self.slots.commit()
             old_engine.close()
+            agent.state_changed()  # the slots moved: the state says so
             return True, None
         runner.swap_engine(old_engine, version=old_version)
         engine.close()

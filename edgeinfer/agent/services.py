@@ -69,3 +69,6 @@ class AgentServices(Protocol):
     def emit(self, event: str, level: str, message: str, *, pipeline: str | None = None,
              cmd_id: str | None = None, data: Mapping[str, Any] | None = None) -> None:
         """Log an event and spool it for the ``events`` topic."""
+
+    def state_changed(self) -> None:
+        """Publish the retained ``state`` again soon: something it reports (the model slots) changed."""

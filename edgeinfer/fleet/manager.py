@@ -331,6 +331,7 @@ class FleetManager:
         device = self.db.get_device(device_id)
         if device is not None:
             device["events"] = self.db.device_events(device_id, limit=50)
+            device["slots"] = (device.get("state") or {}).get("slots")  # as the agent reports them
             device["rollups"] = self.db.device_rollups(device_id)[-60:]
         return device
 

@@ -200,6 +200,9 @@ STATE_SCHEMA: dict[str, Any] = {
             },
         },
         "spool": {"type": "object"},
+        "slots": {"type": ["object", "null"],
+                  "description": "the updatable pipeline's model slots: pipeline, and active / previous as "
+                                 "{name, version, sha256} or null"},
     },
 }
 

@@ -199,6 +199,7 @@ class RecordingAgent:
         self.spool = None
         self.link = None
         self.emitted: list[tuple[str, str | None, dict]] = []
+        self.state_changes = 0
 
     def runner(self, name: str) -> Any:
         raise ValueError(f"no pipeline named {name!r} (have: none)")
@@ -207,6 +208,9 @@ class RecordingAgent:
              cmd_id: str | None = None, data: Mapping[str, Any] | None = None) -> None:
         json.dumps(data)  # what the agent would spool: must be serialisable
         self.emitted.append((event, cmd_id, dict(data or {})))
+
+    def state_changed(self) -> None:
+        self.state_changes += 1  # a handler that changed something: none may run here
 
 
 class RecordingRouter(CommandRouter):
@@ -292,6 +296,7 @@ def test_100k_hostile_messages_crash_nothing_change_nothing_and_each_is_answered
     assert counted["messages"] >= EXAMPLES * BATCH
     assert not caught.records, [r.getMessage() for r in caught.records[:5]]
     assert not set(router.ran) - {"ping"}  # no state-changing handler ran
+    assert agent.state_changes == 0
     verified = [row[0] for row in router.log._conn.execute("SELECT id FROM commands")
                 if not row[0].startswith(UNVERIFIED_PREFIX)]
     assert verified == [], verified[:5]  # no forged id in the log

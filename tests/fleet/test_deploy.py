@@ -258,5 +258,14 @@ def test_tls_end_to_end_an_enrolled_agent_takes_a_rollout_over_mqtts_and_https(t
             final = wait_for_deployment(admin.deployment, created["deployment_id"], timeout_s=120)
             assert final["status"] == "succeeded", final
             assert agent.version() == "2" and fleet.public_url.startswith("https://")
+            # the agent's state says what runs and what a rollback would go back to (the dashboard shows it)
+            def slots() -> dict:
+                return (fleet.get_device("cam-tls") or {}).get("slots") or {}
+
+            assert wait(lambda: (slots().get("active") or {}).get("version") == 2, 30), \
+                json.dumps(fleet.get_device("cam-tls")["state"])[:3000]
+            slots = slots()
+            assert (slots["pipeline"], slots["previous"]["version"], slots["previous"]["sha256"]) == (
+                "main", 1, hashlib.sha256(V1.read_bytes()).hexdigest())
         finally:
             agent.stop()
