@@ -21,7 +21,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .overview import overview
+from .overview import EVENTS_SHOWN, overview
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class LiveFeed:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._marks: dict[str, tuple] = {}
+        self._rows: dict[str, dict] = {}  # every device's row as last read (what the overview is made from)
         self._deployments: dict[str, str] = {}
         self._overview: str | None = None
         self._last_event: int | None = None
@@ -123,13 +124,17 @@ class LiveFeed:
         changed = [device_id for device_id, mark in marks.items() if self._marks.get(device_id) != mark]
         first = not self._marks and self._last_event is None
         self._marks = marks
-        if changed and not first:
-            frames.append(frame("devices", _jsonable(self.db.devices_by_id(changed))))
+        rows = self.db.devices_by_id(changed) if changed else []
+        self._rows = {**{d: r for d, r in self._rows.items() if d in marks}, **{r["device_id"]: r for r in rows}}
+        if rows and not first:
+            frames.append(frame("devices", _jsonable(rows)))
         self._last_event, events = self.db.events_after(self._last_event, EVENTS_PER_POLL)
         if events and not first:
             frames.append(frame("events", events))
-        if changed or events or self._overview is None:
-            summary = json.dumps(overview(self.db.list_devices(), self.db.events_after(None, 20)[1]), default=str)
+        if changed or events or self._overview is None:  # from the rows kept: no second read of every device
+            newest = self.db.events_after(None, EVENTS_SHOWN)[1]
+            summary = json.dumps(overview(sorted(self._rows.values(), key=lambda r: r["device_id"]), newest),
+                                 default=str)
             if summary != self._overview:
                 self._overview = summary
                 frames.append(f"event: overview\ndata: {summary}\n\n".encode())
