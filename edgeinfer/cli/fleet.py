@@ -85,9 +85,6 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with FleetManager(settings) as manager:
-        where = "managed Mosquitto" if manager.broker is not None else "broker"
-        click.echo(f"fleet manager: {where} {manager.broker_url}, HTTP {manager.http.url}, data {data_dir}",
-                   err=True)
         click.echo(f"agents pin: update_public_key: {manager.key.public_key_b64()}", err=True)
         if manager.access.admin_token_file is not None:
             click.echo(f"admin token: {manager.access.admin_token_file} (mode 0600; first start) — use it with "
@@ -99,6 +96,10 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
         if manager.access.ca is not None:
             click.echo(f"fleet CA: {manager.access.ca.ca_file} (devices and the CLI verify the broker and the API "
                        "with it)", err=True)
+        # the "fleet manager:" line last: scripts wait for it, and then every line above is there too
+        where = "managed Mosquitto" if manager.broker is not None else "broker"
+        click.echo(f"fleet manager: {where} {manager.broker_url}, HTTP {manager.http.url}, data {data_dir}",
+                   err=True)
         tune_garbage_collector()  # this process is the manager: its heap from now on is mostly messages
         try:
             while not stop.wait(0.5):
