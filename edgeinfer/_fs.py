@@ -67,10 +67,16 @@ def atomic_path(final: str | os.PathLike, *, temp: str | os.PathLike | None = No
         raise
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically and durably."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` atomically and durably; ``mode`` (e.g. 0o600 for a secret) is the file's
+    from its creation, so its content is never readable by others, not even half-written."""
     with atomic_path(path) as temp:
-        temp.write_bytes(data)
+        if mode is None:
+            temp.write_bytes(data)
+            return
+        with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as out:
+            out.write(data)
+        os.chmod(temp, mode)  # the umask may have taken bits off what os.open was asked for
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

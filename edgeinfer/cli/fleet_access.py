@@ -11,6 +11,7 @@ from typing import Any
 import click
 import yaml
 
+from .fleet_db import data_dir_option, database_url, db_option
 from .output import handle_errors, print_json
 
 
@@ -111,7 +112,7 @@ def enroll(client: Any, device_ids: tuple[str, ...], fleet_name: str | None, as_
     key); the password is shown only now. Enrolling again issues a new password. Several devices
     are enrolled with one broker reload (a list of YAML documents, or of JSON objects).
     """
-    from ..fleet.auth import write_secret
+    from .._fs import atomic_write_bytes
 
     if len(device_ids) == 1:
         issued: Any = client.enroll(device_ids[0], fleet_name)
@@ -120,7 +121,7 @@ def enroll(client: Any, device_ids: tuple[str, ...], fleet_name: str | None, as_
         issued = client.enroll_many(list(device_ids), fleet_name)
         text = yaml.safe_dump_all(issued, sort_keys=False)
     if out is not None:
-        write_secret(out, text)
+        atomic_write_bytes(out, text.encode(), mode=0o600)
     if as_json:
         print_json(issued)
     else:
@@ -170,9 +171,8 @@ def audit(client: Any, limit: int, as_json: bool) -> None:
 
 
 @click.command("broker-auth")
-@click.option("--db", "db_url", help="SQLAlchemy URL of the fleet database (default: sqlite in --data-dir).")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("fleet-data"),
-              show_default=True, help="The fleet manager's data dir (for the default SQLite file).")
+@db_option
+@data_dir_option
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for `passwd` and `acl` (point Mosquitto's password_file and acl_file at them).")
 @click.option("--manager", "managers", multiple=True, required=True, metavar="USER:PASSWORD_FILE",
@@ -188,9 +188,8 @@ def broker_auth(db_url: str | None, data_dir: Path, out: Path, managers: tuple[s
     make Mosquitto re-read them: kill -HUP <mosquitto's pid>. Needs allow_anonymous false and
     use_username_as_clientid true in mosquitto.conf (docs/security.md).
     """
-    from ..fleet.broker_auth import DeviceAccount, ManagerAccount, hash_password, write_auth_files
+    from ..fleet.broker_auth import ManagerAccount, device_accounts, hash_password, write_auth_files
     from ..fleet.db import FleetDB
-    from .fleet_db import _url
 
     accounts = []
     for spec in managers:
@@ -203,11 +202,9 @@ def broker_auth(db_url: str | None, data_dir: Path, out: Path, managers: tuple[s
             raise click.BadParameter(f"cannot read {password_file}: {exc.strerror or exc}",
                                      param_hint="--manager") from None
         accounts.append(ManagerAccount(username=user, password_hash=hash_password(password)))
-    database = FleetDB(_url(db_url, data_dir))
+    database = FleetDB(database_url(db_url, data_dir))
     try:
-        devices = [DeviceAccount(username=c["username"], fleet=c["fleet"], device_id=c["device_id"],
-                                 password_hash=c["password_hash"])
-                   for c in database.list_credentials() if c["revoked_at"] is None]
+        devices = device_accounts(database.list_credentials())
     finally:
         database.close()
     files = write_auth_files(out, accounts, devices)

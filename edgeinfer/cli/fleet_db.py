@@ -8,12 +8,14 @@ import click
 
 from .output import handle_errors, print_json
 
-_db = click.option("--db", "db_url", help="SQLAlchemy URL (default: sqlite in --data-dir, as `fleet serve` uses).")
-_data_dir = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("fleet-data"),
-                         show_default=True, help="The fleet manager's data dir (for the default SQLite file).")
+db_option = click.option("--db", "db_url",
+                         help="SQLAlchemy URL (default: sqlite in --data-dir, as `fleet serve` uses).")
+data_dir_option = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+                               default=Path("fleet-data"), show_default=True,
+                               help="The fleet manager's data dir (for the default SQLite file).")
 
 
-def _url(db_url: str | None, data_dir: Path) -> str:
+def database_url(db_url: str | None, data_dir: Path) -> str:
     if db_url:
         return db_url
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -26,8 +28,8 @@ def db() -> None:
 
 
 @db.command("upgrade")
-@_db
-@_data_dir
+@db_option
+@data_dir_option
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def db_upgrade(db_url: str | None, data_dir: Path, as_json: bool) -> None:
@@ -35,7 +37,7 @@ def db_upgrade(db_url: str | None, data_dir: Path, as_json: bool) -> None:
     from ..fleet.db import create_engine
     from ..fleet.db.migrate import upgrade
 
-    engine = create_engine(_url(db_url, data_dir))
+    engine = create_engine(database_url(db_url, data_dir))
     try:
         before, after = upgrade(engine)
     finally:
@@ -48,8 +50,8 @@ def db_upgrade(db_url: str | None, data_dir: Path, as_json: bool) -> None:
 
 
 @db.command("current")
-@_db
-@_data_dir
+@db_option
+@data_dir_option
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def db_current(db_url: str | None, data_dir: Path, as_json: bool) -> None:
@@ -57,7 +59,7 @@ def db_current(db_url: str | None, data_dir: Path, as_json: bool) -> None:
     from ..fleet.db import create_engine
     from ..fleet.db.migrate import current, head
 
-    engine = create_engine(_url(db_url, data_dir))
+    engine = create_engine(database_url(db_url, data_dir))
     try:
         with engine.connect() as conn:
             revision = current(conn)

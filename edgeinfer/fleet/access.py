@@ -9,6 +9,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +29,21 @@ DEFAULT_FLEET = "default"
 class FleetAccess:
     """Tokens (``TokenStore``), enrolment and the managed broker's password and ACL files."""
 
-    def __init__(self, db: Any, key: SigningKey, data_dir: Path, *, tls: bool, tls_hosts: tuple[str, ...] = (),
+    def __init__(self, db: Any, key: SigningKey, data_dir: Path, *, tls: bool, tls_hosts: Sequence[str] = (),
+                 listen_hosts: Sequence[str] = (), broker_url: str | None = None,
                  device_broker_url: str | None = None) -> None:
+        """``listen_hosts``: where the broker and the API listen; with ``tls`` one server certificate names
+        them all, with ``tls_hosts``, this host's name, localhost and 127.0.0.1. ``broker_url``: a broker
+        the operator runs (None: :meth:`start_broker`); enrolled devices are told ``device_broker_url``,
+        or that."""
         self.db = db
         self.key = key
         self.data_dir = Path(data_dir)
         self.tokens = TokenStore(db, grant_key=VerifyKey(key.public_key_b64()))
-        self.tls_hosts = tls_hosts
+        self.certificate_hosts = _certificate_hosts(listen_hosts, tls_hosts)
         self.device_broker_url = device_broker_url
         self.broker: Any = None  # the managed Mosquitto, once started
-        self.broker_url: str | None = None
+        self.broker_url = broker_url
         self.manager_password: str | None = None
         self._lock = threading.Lock()
         #: the admin token file written at this start (a first start), else None
@@ -55,39 +61,28 @@ class FleetAccess:
     def start_broker(self, host: str, port: int) -> Any:
         """The managed Mosquitto: accounts for the manager and every enrolled device, no anonymous client."""
         from .broker import ManagedMosquitto, free_port
-        from .broker_auth import TLSFiles, new_password
+        from .broker_auth import new_password
 
         self.manager_password = new_password()  # a new one at every start: only this process needs it
-        tls = None
-        if self.ca is not None:
-            cert, key = self.ca.server_cert(self.certificate_hosts(host))
-            tls = TLSFiles(cafile=self.ca.ca_file, certfile=cert, keyfile=key)
+        tls = self.ca.tls_files(self.certificate_hosts) if self.ca is not None else None
         self.broker = ManagedMosquitto(self.data_dir, host=host, port=port or free_port(),
                                        auth=self._write_accounts(), tls=tls).start()
         self.broker_url = f"{'mqtts' if tls else 'mqtt'}://{local_host(host)}:{self.broker.port}"
         return self.broker
 
-    def certificate_hosts(self, listen_host: str) -> list[str]:
-        hosts = ["127.0.0.1", "localhost", socket.gethostname(), *self.tls_hosts]
-        if listen_host not in ("0.0.0.0", "::", ""):
-            hosts.append(listen_host)
-        return list(dict.fromkeys(hosts))
-
-    def https_files(self, listen_host: str) -> tuple[str, str] | None:
+    def https_files(self) -> tuple[str, str] | None:
+        """The API's certificate and key with ``tls`` (the broker's: one certificate for both), else None."""
         if self.ca is None:
             return None
-        cert, key = self.ca.server_cert(self.certificate_hosts(listen_host))
+        cert, key = self.ca.server_cert(self.certificate_hosts)
         return str(cert), str(key)
 
     def _write_accounts(self) -> Any:
         """Mosquitto's password and ACL files from the enrolled devices (revoked ones left out)."""
-        from .broker_auth import DeviceAccount, ManagerAccount, hash_password, write_auth_files
+        from .broker_auth import ManagerAccount, device_accounts, hash_password, write_auth_files
 
-        devices = [DeviceAccount(username=c["username"], fleet=c["fleet"], device_id=c["device_id"],
-                                 password_hash=c["password_hash"])
-                   for c in self.db.list_credentials() if c["revoked_at"] is None]
         manager = ManagerAccount(username=MANAGER_USER, password_hash=hash_password(self.manager_password or ""))
-        return write_auth_files(self.data_dir / "mosquitto", manager, devices)
+        return write_auth_files(self.data_dir / "mosquitto", manager, device_accounts(self.db.list_credentials()))
 
     def _sync_broker(self) -> None:
         """Rewrite the managed Mosquitto's accounts and make it re-read them (no restart)."""
@@ -153,6 +148,14 @@ class FleetAccess:
 
     def list_audit(self, limit: int) -> list[dict]:
         return self.db.list_audit(limit)
+
+
+def _certificate_hosts(listen_hosts: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """The names a server certificate must carry: loopback, this host, the given ones, and every listen
+    address that is not a wildcard."""
+    hosts = ["127.0.0.1", "localhost", socket.gethostname(), *extra]
+    hosts += [h for h in listen_hosts if h not in ("0.0.0.0", "::", "")]
+    return list(dict.fromkeys(hosts))
 
 
 def local_host(listen_host: str) -> str:

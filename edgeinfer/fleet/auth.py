@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._fs import atomic_write_bytes
 from ..errors import AuthError
 
 log = logging.getLogger(__name__)
@@ -180,21 +181,10 @@ class TokenStore:
             return None
         created = self.create(name="admin", role="admin", created_by="fleet serve")
         path = Path(data_dir) / ADMIN_TOKEN_FILE
-        write_secret(path, created["token"] + "\n")
+        atomic_write_bytes(path, (created["token"] + "\n").encode(), mode=0o600)
         self.db.audit(actor="fleet serve", role=None, action="token.create", target=created["token_id"],
                       remote=None, detail={"name": "admin", "role": "admin", "file": str(path)})
         return path
-
-
-def write_secret(path: Path, text: str) -> None:
-    """Write ``text`` to a file readable by its owner only (0600 from its creation, replaced atomically)."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(temp, path)
 
 
 def _public(row: dict) -> dict:

@@ -55,10 +55,8 @@ import fcntl
 import hashlib
 import hmac
 import ipaddress
-import os
 import re
 import secrets
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +66,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from .._fs import atomic_write_bytes
 
 #: what mosquitto_passwd (2.0) writes
 DEFAULT_ITERATIONS = 101
@@ -143,6 +143,13 @@ class DeviceAccount:
         return f"{TOPIC_ROOT}/{self.fleet}/{self.device_id}/{kind}"
 
 
+def device_accounts(credentials: Iterable[dict]) -> list[DeviceAccount]:
+    """The accounts of enrolled devices from their credential rows (``FleetDB.list_credentials``), revoked
+    ones left out: what the password and ACL files hold."""
+    return [DeviceAccount(username=c["username"], fleet=c["fleet"], device_id=c["device_id"],
+                          password_hash=c["password_hash"]) for c in credentials if c["revoked_at"] is None]
+
+
 @dataclass(frozen=True)
 class ManagerAccount:
     username: str
@@ -184,21 +191,6 @@ def acl_text(managers: Sequence[ManagerAccount], devices: Sequence[DeviceAccount
     return "\n".join(lines) + "\n"
 
 
-def _write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def write_auth_files(folder: Path, manager: ManagerAccount | Iterable[ManagerAccount],
                      devices: Iterable[DeviceAccount]) -> AuthFiles:
     """Write ``<folder>/passwd`` and ``<folder>/acl`` for these accounts (each file replaced atomically)."""
@@ -211,8 +203,8 @@ def write_auth_files(folder: Path, manager: ManagerAccount | Iterable[ManagerAcc
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     files = AuthFiles(folder / "passwd", folder / "acl")
     passwd = "".join(f"{a.username}:{a.password_hash}\n" for a in [*managers, *devices])
-    _write_atomically(files.password_file, passwd.encode("ascii"))
-    _write_atomically(files.acl_file, acl_text(managers, devices).encode("ascii"))
+    atomic_write_bytes(files.password_file, passwd.encode("ascii"), mode=0o600)
+    atomic_write_bytes(files.acl_file, acl_text(managers, devices).encode("ascii"), mode=0o600)
     return files
 
 
@@ -302,8 +294,8 @@ class FleetCA:
                                              decipher_only=False), critical=True)
                 .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
                 .sign(key, hashes.SHA256()))
-        _write_atomically(self.key_file, _key_pem(key))
-        _write_atomically(self.cert_file, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+        atomic_write_bytes(self.key_file, _key_pem(key), mode=0o600)
+        atomic_write_bytes(self.cert_file, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
 
     def _ca(self) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
         if self._key is None or self._cert is None:
@@ -354,8 +346,8 @@ class FleetCA:
             if not self._server_cert_current(san):
                 cert, key = self._issue(str(next(iter(hosts), "localhost")), ExtendedKeyUsageOID.SERVER_AUTH, san,
                                         LEAF_DAYS)
-                _write_atomically(self.server_key_file, _key_pem(key))
-                _write_atomically(self.server_cert_file, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+                atomic_write_bytes(self.server_key_file, _key_pem(key), mode=0o600)
+                atomic_write_bytes(self.server_cert_file, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
         return self.server_cert_file, self.server_key_file
 
     def tls_files(self, hosts: Sequence[str] = ()) -> TLSFiles:

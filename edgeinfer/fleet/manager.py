@@ -132,11 +132,11 @@ class FleetManager:
         self.key = self._load_or_create_key()
         s = self.settings
         self.access = FleetAccess(self.db, self.key, self.data_dir, tls=s.tls, tls_hosts=s.tls_hosts,
-                                  device_broker_url=s.device_broker_url)
+                                  listen_hosts=(s.broker_host, s.http_address()[0]),
+                                  broker_url=s.broker, device_broker_url=s.device_broker_url)
         if self.broker_url is None:
             self.broker = self.access.start_broker(s.broker_host, s.broker_port)
             self.broker_url = self.access.broker_url
-        self.access.broker_url = self.access.broker_url or self.broker_url
         self._registry = registry_for(self)
         self.live = LiveFeed(self.db).start()
         self._start_http()
@@ -156,7 +156,7 @@ class FleetManager:
         host, port = self.settings.http_address()
         try:
             self.http = FleetHTTPServer(self.store, self, host=host, port=port, auth=self.access.tokens,
-                                        access=self.access, tls=self.access.https_files(host)).start()
+                                        access=self.access, tls=self.access.https_files()).start()
         except OSError as exc:
             raise ConfigError(f"cannot listen on {self.settings.http}: {exc.strerror or exc}") from None
 

@@ -58,6 +58,7 @@ def _wait(predicate: Callable[[], Any], timeout: float, agent: subprocess.Popen)
 def run_fleet_demo(clip: Path, model_v1: Path, model_v2: Path, workdir: Path,
                    echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Fleet manager + agent on ``clip``; show the telemetry, deploy ``model_v2`` as version 2."""
+    from .._fs import atomic_write_bytes
     from ..fleet.broker import free_port
     from ..fleet.client import FleetClient
     from ..fleet.manager import FleetManager, FleetSettings
@@ -77,12 +78,11 @@ def run_fleet_demo(clip: Path, model_v1: Path, model_v2: Path, workdir: Path,
         echo(f"   $ edgeinfer fleet enroll {DEVICE} --fleet demo   → MQTT user {enrolled['username']}, "
              "its own topics only")
         config = workdir / "agent.yaml"
-        config.write_text(yaml.safe_dump({
+        atomic_write_bytes(config, yaml.safe_dump({  # 0600: it holds the device's password
             **enrolled, "data_dir": str(agent_dir), "telemetry_interval_s": 1.0, "groups": ["demo"],
             "pipelines": [{"name": "main", "model": str(model_v1), "source": str(clip), "loop": True,
                            "max_fps": 15, "version": "1"}],
-        }, sort_keys=False))
-        config.chmod(0o600)  # it holds the device's password
+        }, sort_keys=False).encode(), mode=0o600)
         echo(f"   $ edgeinfer agent --config {config}")
         with open(workdir / "agent.log", "wb") as log:
             agent = subprocess.Popen([sys.executable, "-m", "edgeinfer", "agent", "--config", str(config)],

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._fs import atomic_path, atomic_write_text
+from .._fs import atomic_write_bytes, atomic_write_text
 from .._optional import import_optional
 from ..errors import CommandRejected, ConfigError, UpdateRejected
 
@@ -110,12 +110,6 @@ def _require_cryptography() -> None:
     import_optional("cryptography", "fleet", "signed model updates")
 
 
-def _write_owner_only(path: Path, data: bytes) -> None:
-    """Create ``path`` with mode 0600 from the start (a key is never readable by others, not even half-written)."""
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
-        fh.write(data)
-
-
 class SigningKey:
     """The fleet's Ed25519 private key."""
 
@@ -160,8 +154,7 @@ class SigningKey:
         pem = self._key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
-        with atomic_path(private_path) as temp:
-            _write_owner_only(temp, pem)
+        atomic_write_bytes(private_path, pem, mode=0o600)
         atomic_write_text(public_path, self.public_key_b64() + "\n")
         return private_path, public_path
 

@@ -455,3 +455,14 @@ def test_serve_warns_when_it_listens_beyond_this_machine_without_tls():
     assert not _exposed("0.0.0.0:8700", "127.0.0.1", "https://fleet.example")  # a TLS proxy in front
     assert _exposed("127.0.0.1:8700", "0.0.0.0", None)  # the managed broker on the network, in clear
     assert not _exposed("127.0.0.1:8700", None, None)  # --broker: the operator's broker, its own TLS
+
+
+def test_one_server_certificate_names_every_listener():
+    """The broker and the API share one certificate: it names both listen addresses (a second, per-listener
+    issue would overwrite the first's file without its name — the broker would lose it at its next restart)."""
+    import socket
+
+    from edgeinfer.fleet.access import _certificate_hosts
+
+    hosts = _certificate_hosts(("10.0.0.5", "0.0.0.0"), ("fleet.example",))
+    assert hosts == ["127.0.0.1", "localhost", socket.gethostname(), "fleet.example", "10.0.0.5"]
