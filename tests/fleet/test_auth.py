@@ -465,4 +465,5 @@ def test_one_server_certificate_names_every_listener():
     from edgeinfer.fleet.access import _certificate_hosts
 
     hosts = _certificate_hosts(("10.0.0.5", "0.0.0.0"), ("fleet.example",))
-    assert hosts == ["127.0.0.1", "localhost", socket.gethostname(), "fleet.example", "10.0.0.5"]
+    assert set(hosts) == {"127.0.0.1", "localhost", socket.gethostname(), "fleet.example", "10.0.0.5"}
+    assert len(hosts) == len(set(hosts)) and "0.0.0.0" not in hosts
