@@ -109,17 +109,17 @@ class FleetAccess:
                 raise ValueError(f"{what} must be 1-64 of A-Z a-z 0-9 . _ - (got {value!r})")
         if len(set(device_ids)) != len(device_ids):
             raise ValueError("a device id appears twice")
-        issued = []
+        issued, rows, now = [], [], time.time()
         for device_id in device_ids:
             username, password = device_username(fleet, device_id), new_password()
-            self.db.put_credential({"device_id": device_id, "fleet": fleet, "username": username,
-                                    "password_hash": hash_password(password), "created_at": time.time(),
-                                    "revoked_at": None})
+            rows.append({"device_id": device_id, "fleet": fleet, "username": username,
+                         "password_hash": hash_password(password), "created_at": now, "revoked_at": None})
             config = {"device_id": device_id, "fleet": fleet, "broker": self.device_broker_url or self.broker_url,
                       "username": username, "password": password, "update_public_key": self.key.public_key_b64()}
             if self.ca is not None:
                 config["ca"] = str(self.ca.ca_file)
             issued.append(config)
+        self.db.put_credentials(rows)
         self._sync_broker()
         return issued
 
@@ -143,8 +143,9 @@ class FleetAccess:
     def revoke_token(self, token_id: str) -> dict:
         return self.tokens.revoke(token_id)
 
-    def record_audit(self, **entry: Any) -> None:
-        self.db.audit(**entry)
+    def record_audit(self, *entries: dict) -> None:
+        """Audit entries (actor, role, action, target, remote, detail), in one transaction."""
+        self.db.audit_many(list(entries))
 
     def list_audit(self, limit: int) -> list[dict]:
         return self.db.list_audit(limit)

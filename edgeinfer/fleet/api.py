@@ -103,12 +103,15 @@ def build_app(store: ArtifactStore, api: Any = None, *, auth: Authenticator, acc
     def admin_needs(name: str) -> Any:
         return needs(name, access)
 
+    def entry(principal: Principal, request: Request, action: str, target: str | None, **detail: Any) -> dict:
+        remote = request.client.host if request.client else None
+        return {"actor": principal.name, "role": principal.role, "action": action, "target": target,
+                "remote": remote, "detail": detail}
+
     def audit(principal: Principal, request: Request, action: str, target: str | None, **detail: Any) -> None:
         record = getattr(access, "record_audit", None)
         if record is not None:
-            remote = request.client.host if request.client else None
-            record(actor=principal.name, role=principal.role, action=action, target=target, remote=remote,
-                   detail=detail)
+            record(entry(principal, request, action, target, **detail))
 
     def changed(principal: Principal, request: Request, action: str, target: str | None, result: Any,
                 status: int = 200, **detail: Any) -> JSONResponse:
@@ -309,8 +312,8 @@ def build_app(store: ArtifactStore, api: Any = None, *, auth: Authenticator, acc
             issued = admin_needs("enroll_devices")(devices, **({"fleet": body["fleet"]} if "fleet" in body else {}))
         except ValueError as exc:
             return error(400, str(exc))
-        for entry in issued:
-            audit(who, request, "device.enroll", entry["device_id"], fleet=entry["fleet"])
+        admin_needs("record_audit")(*(entry(who, request, "device.enroll", e["device_id"], fleet=e["fleet"])
+                                      for e in issued))
         return JSONResponse(_jsonable(issued), status_code=201)
 
     @app.post("/api/devices/{device_id}/revoke", summary="Revoke a device's MQTT credential: it can no longer "

@@ -115,8 +115,8 @@ def artifact_server(store: ArtifactStore, folder: Path) -> Iterator[FleetHTTPSer
     """The fleet manager's HTTP server on ``store`` with real access checks: one device enrolled in a
     real (SQLite) fleet database, whose login is DEVICE_LOGIN (what an agent shows when it downloads)."""
     db = FleetDB(f"sqlite:///{folder / 'artifact-server.sqlite3'}")
-    db.put_credential({"device_id": "cam-1", "fleet": "test", "username": DEVICE_LOGIN[0],
-                       "password_hash": hash_password(DEVICE_LOGIN[1]), "created_at": 0.0, "revoked_at": None})
+    db.put_credentials([{"device_id": "cam-1", "fleet": "test", "username": DEVICE_LOGIN[0],
+                         "password_hash": hash_password(DEVICE_LOGIN[1]), "created_at": 0.0, "revoked_at": None}])
     try:
         with FleetHTTPServer(store, auth=TokenStore(db)) as server:
             yield server

@@ -145,16 +145,22 @@ class FleetDB:
     def audit(self, *, actor: str, role: str | None, action: str, target: str | None, remote: str | None,
               detail: dict | None = None, now: float | None = None) -> None:
         """Append to the audit log: who (a token's name), what, on what, from where."""
-        security.audit(self.engine, self.t, {"ts": time.time() if now is None else now, "actor": actor, "role": role,
-                                             "action": action, "target": target, "remote": remote,
-                                             "detail": detail or {}})
+        self.audit_many([{"actor": actor, "role": role, "action": action, "target": target, "remote": remote,
+                          "detail": detail}], now=now)
+
+    def audit_many(self, entries: list[dict], *, now: float | None = None) -> None:
+        """:meth:`audit` for several entries (keys as its arguments), in one transaction."""
+        ts = time.time() if now is None else now
+        security.audit(self.engine, self.t, [{**entry, "ts": ts, "detail": entry.get("detail") or {}}
+                                             for entry in entries])
 
     def list_audit(self, limit: int = 100) -> list[dict]:
         """The newest ``limit`` audit entries, oldest first."""
         return security.list_audit(self._sa, self.engine, self.t, limit)
 
-    def put_credential(self, row: dict) -> None:
-        security.put_credential(self._sa, self.engine, self.t, row)
+    def put_credentials(self, rows: list[dict]) -> None:
+        """Store devices' credentials (replacing earlier ones) in one transaction."""
+        security.put_credentials(self.engine, self.t, rows)
 
     def revoke_credential(self, device_id: str, now: float) -> bool:
         return security.revoke_credential(self.engine, self.t, device_id, now)

@@ -36,9 +36,10 @@ def touch_token(engine: Any, t: Tables, token_id: str, now: float) -> None:
         conn.execute(t.tokens.update().where(t.tokens.c.token_id == token_id).values(last_used_at=now))
 
 
-def audit(engine: Any, t: Tables, row: dict) -> None:
+def audit(engine: Any, t: Tables, rows: list[dict]) -> None:
+    """Append entries in one transaction (a batch enrolment is one commit, not one per device)."""
     with engine.begin() as conn:
-        conn.execute(t.audit.insert().values(**row))
+        conn.execute(t.audit.insert(), rows)
 
 
 def list_audit(sa: Any, engine: Any, t: Tables, limit: int) -> list[dict]:
@@ -47,11 +48,11 @@ def list_audit(sa: Any, engine: Any, t: Tables, limit: int) -> list[dict]:
         return [dict(r) for r in rows][::-1]
 
 
-def put_credential(sa: Any, engine: Any, t: Tables, row: dict) -> None:
-    """Insert or replace a device's credential (a re-enrolment issues a new password)."""
+def put_credentials(engine: Any, t: Tables, rows: list[dict]) -> None:
+    """Insert or replace devices' credentials in one transaction (a re-enrolment issues a new password)."""
     with engine.begin() as conn:
-        conn.execute(t.credentials.delete().where(t.credentials.c.device_id == row["device_id"]))
-        conn.execute(t.credentials.insert().values(**row))
+        conn.execute(t.credentials.delete().where(t.credentials.c.device_id.in_([r["device_id"] for r in rows])))
+        conn.execute(t.credentials.insert(), rows)
 
 
 def revoke_credential(engine: Any, t: Tables, device_id: str, now: float) -> bool:
