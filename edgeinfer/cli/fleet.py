@@ -119,7 +119,6 @@ def _exposed(http: str, broker_host: str | None, public_url: str | None) -> bool
 @fleet.command("devices")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def fleet_devices(client: Any, as_json: bool) -> None:
     """List devices: online, model version, delegate, last telemetry."""
     devices = client.devices()
@@ -139,7 +138,6 @@ def fleet_devices(client: Any, as_json: bool) -> None:
 @fleet.command("deployments")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def fleet_deployments(client: Any, as_json: bool) -> None:
     """List deployments with their per-state device counts."""
     deployments = client.deployments()
@@ -168,7 +166,6 @@ def fleet_deployments(client: Any, as_json: bool) -> None:
 @click.option("--no-wait", is_flag=True, help="Start the rollout and return.")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], group: str | None, all_devices: bool,
            canary_pct: float, wave_size: int | None, abort_failure_rate: float, device_timeout: float,
            rollback: bool, pipeline: str | None, no_wait: bool, as_json: bool) -> None:
@@ -220,7 +217,6 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
 @click.argument("deployment_id")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def fleet_abort(client: Any, deployment_id: str, as_json: bool) -> None:
     """Stop a running rollout: devices not yet notified are left alone (operator)."""
     result = client.abort(deployment_id)
@@ -232,7 +228,6 @@ def fleet_abort(client: Any, deployment_id: str, as_json: bool) -> None:
 @click.option("--pipeline", help="Which pipeline (default: the agent's updatable one).")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def fleet_rollback(client: Any, device_id: str, pipeline: str | None, as_json: bool) -> None:
     """Send DEVICE_ID a signed rollback to its previous model (operator)."""
     result = client.rollback(device_id, pipeline)
@@ -244,7 +239,6 @@ def fleet_rollback(client: Any, device_id: str, pipeline: str | None, as_json: b
 @click.option("--pipeline", required=True, help="The pipeline to restart.")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def fleet_restart(client: Any, device_id: str, pipeline: str, as_json: bool) -> None:
     """Send DEVICE_ID a signed restart of one pipeline (operator)."""
     result = client.restart(device_id, pipeline)

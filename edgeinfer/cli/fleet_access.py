@@ -16,7 +16,8 @@ from .output import handle_errors, print_json
 
 
 def client_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``--fleet-url``, ``--token-file`` and ``--ca``; the command gets ``client`` (a FleetClient) instead."""
+    """``--fleet-url``, ``--token-file`` and ``--ca``; the command gets ``client`` (a FleetClient) instead,
+    and its EdgeInferErrors become one line and exit 1 (:func:`handle_errors`, applied here)."""
 
     @click.option("--fleet-url", envvar="EDGEINFER_FLEET_URL", default="http://127.0.0.1:8700", show_default=True,
                   help="The fleet manager's address ($EDGEINFER_FLEET_URL).")
@@ -26,7 +27,7 @@ def client_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--ca", "fleet_ca", envvar="EDGEINFER_FLEET_CA", type=click.Path(exists=True, dir_okay=False),
                   help="For an https manager: the CA that signed it (DATA_DIR/tls/ca.crt with --tls).")
     @functools.wraps(func)
-    @handle_errors  # an unreadable token file is one error line too
+    @handle_errors  # the command's errors, and an unreadable token file, as one line
     def wrapper(*args: Any, fleet_url: str, token_file: str | None, fleet_ca: str | None, **kwargs: Any) -> Any:
         from ..fleet.client import FleetClient
 
@@ -56,7 +57,6 @@ def token() -> None:
 @click.option("--expires", help="Lifetime: 90d, 12h, 30m... (default: until revoked).")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def token_create(client: Any, role: str, name: str, expires: str | None, as_json: bool) -> None:
     """Create a token and print it — the only time it is shown; the manager keeps a hash."""
     from ..fleet.auth import parse_duration
@@ -74,7 +74,6 @@ def token_create(client: Any, role: str, name: str, expires: str | None, as_json
 @token.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def token_list(client: Any, as_json: bool) -> None:
     """Every token: id, name, role, created, expires, revoked, last used (never the token)."""
     tokens = client.tokens()
@@ -90,7 +89,6 @@ def token_list(client: Any, as_json: bool) -> None:
 @click.argument("token_id")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def token_revoke(client: Any, token_id: str, as_json: bool) -> None:
     """Revoke a token (by the id `token list` shows): refused from the next request on."""
     revoked = client.revoke_token(token_id)
@@ -104,7 +102,6 @@ def token_revoke(client: Any, token_id: str, as_json: bool) -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write them to this YAML file (mode 0600), to merge into the device's agent.yaml.")
 @client_options
-@handle_errors
 def enroll(client: Any, device_ids: tuple[str, ...], fleet_name: str | None, as_json: bool, out: Path | None) -> None:
     """Issue each DEVICE_ID its MQTT credential and open its topics on the managed broker.
 
@@ -134,7 +131,6 @@ def enroll(client: Any, device_ids: tuple[str, ...], fleet_name: str | None, as_
 @click.argument("device_id")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def revoke(client: Any, device_id: str, as_json: bool) -> None:
     """Revoke DEVICE_ID's credential: the broker drops and refuses it, artifact downloads answer 401."""
     result = client.revoke_device(device_id)
@@ -144,7 +140,6 @@ def revoke(client: Any, device_id: str, as_json: bool) -> None:
 @click.command("enrollments")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def enrollments(client: Any, as_json: bool) -> None:
     """Every enrolled device: its MQTT user name, fleet, when enrolled, whether revoked (never a password)."""
     entries = client.enrollments()
@@ -159,7 +154,6 @@ def enrollments(client: Any, as_json: bool) -> None:
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-@handle_errors
 def audit(client: Any, limit: int, as_json: bool) -> None:
     """Who (token name) did what, to what, when and from where: deploys, aborts, rollbacks, tokens, enrolment."""
     entries = client.audit(limit)
