@@ -18,6 +18,7 @@ import uuid
 import paho.mqtt.client as mqtt
 import pytest
 from support.assets import MODELS
+from support.fleet import state_message
 from support.processes import edgeinfer_cmd
 from support.processes import wait_until as wait
 
@@ -184,13 +185,6 @@ class Device:
         self.client.disconnect()
 
 
-def device_state(fleet_name: str, device: str, boot: str) -> dict:
-    return {"v": 1, "type": "state", "fleet": fleet_name, "device": device, "ts": time.time(), "online": True,
-            "boot_id": boot, "groups": ["lobby"],
-            "pipelines": [{"name": "main", "status": "running", "delegate": "xnnpack",
-                           "model": {"path": "/m/a.tflite", "sha256": "a" * 64, "version": "1"}}]}
-
-
 def test_enrolled_devices_reach_only_their_own_topics_and_a_revoked_one_is_out(fleet, admin):
     a, b = admin.enroll("cam-a", "f"), admin.enroll("cam-b", "f")
     assert a["username"] == "edgeinfer-f-cam-a" and a["broker"] == fleet.broker_url
@@ -200,11 +194,11 @@ def test_enrolled_devices_reach_only_their_own_topics_and_a_revoked_one_is_out(f
     device_a = Device(fleet, a["username"], a["password"])
     assert device_a.accepted()
     try:
-        device_a.client.publish(Topics("f", "cam-a").state, json.dumps(device_state("f", "cam-a", "1" * 32)), qos=1,
+        device_a.client.publish(Topics("f", "cam-a").state, json.dumps(state_message("cam-a", "1" * 32)), qos=1,
                                 retain=True)
         assert wait(lambda: fleet.db.get_device("cam-a") is not None)
         # A speaks for B: the broker drops it, B is never recorded
-        device_a.client.publish(Topics("f", "cam-b").state, json.dumps(device_state("f", "cam-b", "2" * 32)), qos=1)
+        device_a.client.publish(Topics("f", "cam-b").state, json.dumps(state_message("cam-b", "2" * 32)), qos=1)
         impostor = Device(fleet, a["username"], b["password"])  # A's name, B's password
         assert not impostor.accepted()
         time.sleep(1.0)
@@ -236,7 +230,7 @@ def test_the_audit_log_says_who_did_what_from_where(fleet, admin):
     device = Device(fleet, enrolled["username"], enrolled["password"])
     try:
         assert device.accepted()
-        device.client.publish(Topics("f", "cam-audit").state, json.dumps(device_state("f", "cam-audit", boot)),
+        device.client.publish(Topics("f", "cam-audit").state, json.dumps(state_message("cam-audit", boot)),
                               qos=1)
         assert wait(lambda: fleet.db.get_device("cam-audit") is not None)
         sha = operator.upload(BIRDS)["sha256"]
@@ -363,7 +357,7 @@ def test_tls_end_to_end_broker_and_api_from_the_fleet_ca(tmp_path):
         device.loop_start()
         try:
             assert wait(device.is_connected, 10)
-            device.publish(Topics("f", "cam-tls").state, json.dumps(device_state("f", "cam-tls", "3" * 32)), qos=1)
+            device.publish(Topics("f", "cam-tls").state, json.dumps(state_message("cam-tls", "3" * 32)), qos=1)
             assert wait(lambda: fleet.db.get_device("cam-tls") is not None)
         finally:
             device.loop_stop()
@@ -438,7 +432,7 @@ def test_your_own_mosquitto_gets_the_same_accounts_from_fleet_broker_auth(tmp_pa
             try:
                 assert device.accepted()
                 device.client.publish(Topics("f", "cam-own").state,
-                                      json.dumps(device_state("f", "cam-own", "4" * 32)), qos=1)
+                                      json.dumps(state_message("cam-own", "4" * 32)), qos=1)
                 assert wait(lambda: fleet.db.get_device("cam-own") is not None)
             finally:
                 device.close()

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from support.assets import MODELS
 from support.broker import Collector, running_broker
-from support.fleet import admin_client, running_fleet
+from support.fleet import admin_client, running_fleet, state_message, telemetry_message
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.overview import device_summary, overview
@@ -68,20 +68,6 @@ def manager(tmp_path, broker):
         yield m
 
 
-def state(device: str, boot: str) -> dict:
-    return {"v": 1, "type": "state", "fleet": "f", "device": device, "ts": time.time(), "online": True,
-            "boot_id": boot, "groups": ["lobby"],
-            "pipelines": [{"name": "main", "status": "running", "delegate": "xnnpack",
-                           "model": {"path": "/m/mobilenet.tflite", "sha256": "a" * 64, "version": "1"}}]}
-
-
-def telemetry(device: str, boot: str, seq: int, fps: float) -> dict:
-    return {"v": 1, "type": "telemetry", "fleet": "f", "device": device, "ts": time.time(), "boot_id": boot,
-            "seq": seq, "interval_s": 1.0,
-            "pipelines": [{"name": "main", "status": "running", "frames": 30, "dropped": 0, "fps": fps}],
-            "system": {"cpu_percent": 20.0, "rss_bytes": 1000}, "spool": {"pending": 0, "dropped": 0}}
-
-
 class Stream:
     """GET /api/stream, read frame by frame (what the page's fetch() reader does)."""
 
@@ -120,7 +106,7 @@ def test_the_live_stream_pushes_what_changed_to_a_viewer(manager, broker):
     boot = uuid.uuid4().hex
     with Collector(broker.port) as device:
         assert device.wait_subscribed()
-        device.publish(Topics("f", "cam-1").state, json.dumps(state("cam-1", boot)))
+        device.publish(Topics("f", "cam-1").state, json.dumps(state_message("cam-1", boot)))
         assert wait(lambda: manager.db.get_device("cam-1") is not None)
         stream = Stream(manager.http.url, viewer)
         try:
@@ -128,7 +114,7 @@ def test_the_live_stream_pushes_what_changed_to_a_viewer(manager, broker):
             assert stream.response.getheader("Content-Type").startswith("text/event-stream")
             assert wait(lambda: manager.live.listeners == 1)
             time.sleep(1.5)  # the feed has taken stock of what the page loaded
-            device.publish(Topics("f", "cam-1").telemetry, json.dumps(telemetry("cam-1", boot, 1, 12.5)))
+            device.publish(Topics("f", "cam-1").telemetry, json.dumps(telemetry_message("cam-1", boot, 1, fps=12.5)))
 
             def has_device(frames):
                 return any(e == "devices" and any(d["device_id"] == "cam-1" and d["last_telemetry"] for d in data)

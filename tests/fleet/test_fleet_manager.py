@@ -12,7 +12,7 @@ import uuid
 import pytest
 from support.assets import MODELS
 from support.broker import Collector, running_broker
-from support.fleet import admin_client, running_fleet
+from support.fleet import admin_client, running_fleet, state_message, telemetry_message
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.client import FleetClient
@@ -31,21 +31,6 @@ def manager(tmp_path, broker):
         yield m
 
 
-def state(device: str, boot: str, version: str = "1", groups=("lobby",)) -> dict:
-    return {"v": 1, "type": "state", "fleet": "f", "device": device, "ts": time.time(), "online": True,
-            "boot_id": boot, "groups": list(groups),
-            "pipelines": [{"name": "main", "status": "running", "delegate": "xnnpack",
-                           "model": {"path": "/m/mobilenet.tflite", "sha256": "a" * 64, "version": version}}]}
-
-
-def telemetry(device: str, boot: str, seq: int) -> dict:
-    return {"v": 1, "type": "telemetry", "fleet": "f", "device": device, "ts": time.time(), "boot_id": boot,
-            "seq": seq, "interval_s": 1.0,
-            "pipelines": [{"name": "main", "status": "running", "frames": 30, "dropped": 0, "fps": 30.0,
-                           "stages": {"latency": {"p50": 5.0, "p95": 9.0, "p99": 12.0}}}],
-            "system": {"cpu_percent": 20.0, "rss_bytes": 1000}, "spool": {"pending": 0, "dropped": 0}}
-
-
 def event(device: str, boot: str, seq: int, name: str, cmd_id: str, data: dict) -> dict:
     return {"v": 1, "type": "event", "fleet": "f", "device": device, "ts": time.time(), "boot_id": boot,
             "seq": seq, "event": name, "level": "info", "message": name, "cmd_id": cmd_id, "data": data}
@@ -56,9 +41,9 @@ def test_ingest_deduplicates_and_ignores_malformed(manager, broker):
     topics = Topics("f", "cam-1")
     with Collector(broker.port) as device:
         assert device.wait_subscribed()
-        device.publish(topics.state, json.dumps(state("cam-1", boot)))
+        device.publish(topics.state, json.dumps(state_message("cam-1", boot)))
         for seq in (1, 2, 2, 3):  # 2 arrives twice, as a QoS 1 redelivery would
-            device.publish(topics.telemetry, json.dumps(telemetry("cam-1", boot, seq)))
+            device.publish(topics.telemetry, json.dumps(telemetry_message("cam-1", boot, seq)))
         device.publish(topics.telemetry, b"{not json")
         device.publish(topics.telemetry, json.dumps({"v": 1, "type": "telemetry"}))
         device.publish("edgeinfer/v1/f/cam-1/bogus", b"{}")
@@ -77,7 +62,7 @@ def test_canary_failure_stops_the_rollout(manager, broker):
     with Collector(broker.port) as fleet_side:
         assert fleet_side.wait_subscribed()
         for d in devices:
-            fleet_side.publish(Topics("f", d).state, json.dumps(state(d, boots[d])))
+            fleet_side.publish(Topics("f", d).state, json.dumps(state_message(d, boots[d])))
         assert wait(lambda: len(manager.db.list_devices()) == 10)
         sha, _ = manager.put_artifact(MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite")
         created = manager.create_deployment({"sha256": sha, "model_name": "birds.tflite", "version": 2,

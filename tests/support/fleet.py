@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,3 +123,20 @@ def artifact_server(store: ArtifactStore, folder: Path) -> Iterator[FleetHTTPSer
             yield server
     finally:
         db.close()
+
+
+def state_message(device: str, boot: str, *, fleet: str = "f", version: str = "1", groups=("lobby",)) -> dict:
+    """A device's retained birth message: online, one pipeline running mobilenet.tflite ``version`` on xnnpack."""
+    return {"v": 1, "type": "state", "fleet": fleet, "device": device, "ts": time.time(), "online": True,
+            "boot_id": boot, "groups": list(groups),
+            "pipelines": [{"name": "main", "status": "running", "delegate": "xnnpack",
+                           "model": {"path": "/m/mobilenet.tflite", "sha256": "a" * 64, "version": version}}]}
+
+
+def telemetry_message(device: str, boot: str, seq: int, *, fleet: str = "f", fps: float = 30.0) -> dict:
+    """One window of telemetry: pipeline main at ``fps``, latency p95 9 ms."""
+    return {"v": 1, "type": "telemetry", "fleet": fleet, "device": device, "ts": time.time(), "boot_id": boot,
+            "seq": seq, "interval_s": 1.0,
+            "pipelines": [{"name": "main", "status": "running", "frames": 30, "dropped": 0, "fps": fps,
+                           "stages": {"latency": {"p50": 5.0, "p95": 9.0, "p99": 12.0}}}],
+            "system": {"cpu_percent": 20.0, "rss_bytes": 1000}, "spool": {"pending": 0, "dropped": 0}}
