@@ -32,7 +32,7 @@ EVENTS_PER_POLL = 200
 
 
 def frame(event: str, data: Any) -> bytes:
-    """One Server-Sent Events frame."""
+    """One Server-Sent Events frame (``default=str``: what JSON lacks, such as a Decimal, as text)."""
     return f"event: {event}\ndata: {json.dumps(data, default=str, separators=(',', ':'))}\n\n".encode()
 
 
@@ -127,7 +127,7 @@ class LiveFeed:
         rows = self.db.devices_by_id(changed) if changed else []
         self._rows = {**{d: r for d, r in self._rows.items() if d in marks}, **{r["device_id"]: r for r in rows}}
         if rows and not first:
-            frames.append(frame("devices", _jsonable(rows)))
+            frames.append(frame("devices", rows))
         self._last_event, events = self.db.events_after(self._last_event, EVENTS_PER_POLL)
         if events and not first:
             frames.append(frame("events", events))
@@ -152,11 +152,11 @@ class LiveFeed:
                 self._deployments[summary["deployment_id"]] = key
                 moved.append(summary)
         if moved and not quiet:
-            frames.append(frame("deployments", _jsonable(moved)))
+            frames.append(frame("deployments", moved))
             for summary in moved:
                 full = self.db.get_deployment(summary["deployment_id"])
                 if full is not None:
-                    frames.append(frame("deployment", _jsonable(full)))
+                    frames.append(frame("deployment", full))
         return frames
 
 
@@ -168,7 +168,3 @@ def _offer(queue: asyncio.Queue, item: bytes | None) -> None:
         while not queue.empty():
             queue.get_nowait()
         queue.put_nowait(None)
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
