@@ -52,6 +52,8 @@ class LiveFeed:
         self._deployments: dict[str, str] = {}
         self._overview: str | None = None
         self._last_event: int | None = None
+        #: looks at the database done so far (the first only takes stock: it sends no devices or events)
+        self.polls = 0
 
     def start(self) -> LiveFeed:
         self._thread = threading.Thread(target=self._run, name="edgeinfer-fleet-live", daemon=True)
@@ -139,6 +141,7 @@ class LiveFeed:
                 self._overview = summary
                 frames.append(f"event: overview\ndata: {summary}\n\n".encode())
         frames += self._deployment_frames(quiet=first)
+        self.polls += 1
         return frames
 
     def _deployment_frames(self, *, quiet: bool) -> list[bytes]:

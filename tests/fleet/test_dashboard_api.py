@@ -113,7 +113,7 @@ def test_the_live_stream_pushes_what_changed_to_a_viewer(manager, broker):
             assert stream.response.status == 200
             assert stream.response.getheader("Content-Type").startswith("text/event-stream")
             assert wait(lambda: manager.live.listeners == 1)
-            time.sleep(1.5)  # the feed has taken stock of what the page loaded
+            assert wait(lambda: manager.live.polls >= 1)  # the feed has taken stock of what the page loaded
             device.publish(Topics("f", "cam-1").telemetry, json.dumps(telemetry_message("cam-1", boot, 1, fps=12.5)))
 
             def has_device(frames):
