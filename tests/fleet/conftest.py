@@ -1,8 +1,11 @@
-"""Fixtures of the fleet tests: a real PostgreSQL for the whole session, a fresh database per test."""
+"""Fixtures of the fleet tests: a real PostgreSQL for the whole session, a fresh database per test; a real
+Mosquitto per test (``broker``; modules that need the managed one define their own) and a fleet manager on it."""
 
 from __future__ import annotations
 
 import pytest
+from support.broker import running_broker
+from support.fleet import running_fleet
 from support.postgres import MISSING, PostgresServer
 
 
@@ -26,3 +29,15 @@ def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'fleet.sqlite3'}"
     return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with running_broker(tmp_path) as b:
+        yield b
+
+
+@pytest.fixture
+def manager(tmp_path, broker):
+    with running_fleet(tmp_path / "fleet", broker.url) as m:
+        yield m

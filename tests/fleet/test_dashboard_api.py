@@ -9,10 +9,9 @@ import json
 import time
 import uuid
 
-import pytest
 from support.assets import MODELS
-from support.broker import Collector, running_broker
-from support.fleet import admin_client, running_fleet, state_message, telemetry_message
+from support.broker import Collector
+from support.fleet import admin_client, state_message, telemetry_message
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.overview import device_summary, overview
@@ -54,18 +53,6 @@ def test_the_overview_counts_and_lists_what_an_operator_looks_for():
     two = device_summary(row("two", fps=(10.0, 2.5), p95=(20.0, 31.0)))
     assert (two["fps"], two["latency_p95_ms"], two["degraded"]) == (12.5, 31.0, False)
     assert overview([], [])["devices"] == {"total": 0, "online": 0, "offline": 0, "degraded": 0}
-
-
-@pytest.fixture
-def broker(tmp_path):
-    with running_broker(tmp_path) as b:
-        yield b
-
-
-@pytest.fixture
-def manager(tmp_path, broker):
-    with running_fleet(tmp_path / "fleet", broker.url) as m:
-        yield m
 
 
 class Stream:

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from support.agent import AgentProcess, write_config
 from support.assets import IMAGES, MODELS
-from support.broker import running_broker
 from support.fleet import CuttingProxy, admin_token_file, running_fleet
 from support.processes import edgeinfer_cmd
 from support.processes import wait_until as wait
@@ -38,12 +37,6 @@ BROKEN = MODELS / "model_invoking_error.tflite"
 def clip(tmp_path_factory) -> Path:
     return make_test_clip(tmp_path_factory.mktemp("clip") / "clip.avi", [IMAGES / "parrot.jpg", IMAGES / "cat.bmp"],
                           size=(160, 120), fps=10, frames_per_image=5)
-
-
-@pytest.fixture
-def broker(tmp_path):
-    with running_broker(tmp_path) as b:
-        yield b
 
 
 def agent_settings(tmp_path: Path, broker_url: str, device: str, key: str, clip: Path, **extra) -> dict:

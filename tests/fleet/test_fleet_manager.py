@@ -11,24 +11,12 @@ import uuid
 
 import pytest
 from support.assets import MODELS
-from support.broker import Collector, running_broker
-from support.fleet import admin_client, running_fleet, state_message, telemetry_message
+from support.broker import Collector
+from support.fleet import admin_client, state_message, telemetry_message
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.link.protocol import Topics
-
-
-@pytest.fixture
-def broker(tmp_path):
-    with running_broker(tmp_path) as b:
-        yield b
-
-
-@pytest.fixture
-def manager(tmp_path, broker):
-    with running_fleet(tmp_path / "fleet", broker.url) as m:
-        yield m
 
 
 def event(device: str, boot: str, seq: int, name: str, cmd_id: str, data: dict) -> dict:

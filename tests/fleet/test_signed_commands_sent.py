@@ -6,19 +6,13 @@ import json
 import time
 
 import pytest
-from support.broker import Collector, running_broker
+from support.broker import Collector
 from support.fleet import running_fleet
 from support.processes import wait_until as wait
 
 from edgeinfer.errors import CommandRejected
 from edgeinfer.link.protocol import Topics, validate
 from edgeinfer.updates.signing import COMMAND_TTL_S, VerifyKey
-
-
-@pytest.fixture
-def broker(tmp_path):
-    with running_broker(tmp_path) as b:
-        yield b
 
 
 def test_commands_are_signed_for_their_device_and_expire(tmp_path, broker):
