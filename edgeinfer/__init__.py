@@ -47,7 +47,7 @@ _LAZY = {
 _ERRORS = (
     "EdgeInferError", "ModelError", "ModelNotFound", "ModelFormatError", "ModelLoadError",
     "UnsupportedOperator", "DelegateError", "DelegateUnavailable", "NoDelegateAvailable",
-    "InferenceError", "InputMismatch", "ImageError", "LabelsError", "ProfileError", "CaptureError",
+    "InferenceError", "DelegateFailed", "InputMismatch", "ImageError", "LabelsError", "ProfileError", "CaptureError",
     "ConfigError", "ProtocolError", "UpdateRejected", "CommandRejected", "OutputError", "OptimizeError",
     "AccuracyRejected", "BenchmarkError", "MissingDependency", "DownloadError", "ClosedError",
 )

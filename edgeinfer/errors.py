@@ -16,6 +16,8 @@ where it is data the program received at run time (a frame of the wrong shape), 
     │   ├── DelegateUnavailable       one delegate cannot run here; ``.reason`` says why
     │   └── NoDelegateAvailable       nothing can run this model; ``.reasons`` maps name -> reason
     ├── InferenceError                invoke() failed inside the runtime
+    │   ├── DelegateFailed            the accelerator failed or hung while running (device lost, driver
+    │   │                             error, no answer); a pipeline fails over to its next delegate
     │   └── InputMismatch             (also ValueError) wrong shape / dtype for an input
     ├── ImageError                    an image file cannot be read or decoded
     ├── LabelsError                   a labels file cannot be read
@@ -101,6 +103,21 @@ class NoDelegateAvailable(DelegateError):
 
 class InferenceError(EdgeInferError):
     """The runtime failed while running the model."""
+
+
+class DelegateFailed(InferenceError):
+    """A delegate failed while running: its device was lost, its driver erred, or an invoke hung.
+
+    ``delegate`` names it, ``reason`` says what happened, ``hung`` is True when the invoke never
+    returned within the watchdog's bound. The vendor errors that mean "the device is gone" (libedgetpu's
+    USB transfer errors, CUDA's device errors, OpenVINO's device-lost codes) are mapped to this.
+    """
+
+    def __init__(self, delegate: str, reason: str, *, hung: bool = False) -> None:
+        super().__init__(f"delegate {delegate!r} failed while running: {reason}")
+        self.delegate = delegate
+        self.reason = reason
+        self.hung = hung
 
 
 class InputMismatch(InferenceError, ValueError):

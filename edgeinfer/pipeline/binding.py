@@ -149,6 +149,14 @@ class ModelBinding:
             done.wait()
         return holder[1]
 
+    def replace(self, engine: Engine) -> None:
+        """Use ``engine`` now (a delegate failover: no inference thread is using the binding, or it is the
+        caller); the plan is rebuilt for the next frame. The pipeline owns ``engine``."""
+        self.engine = engine
+        self.plan = None
+        self.owns_engine = True
+        self.offer_input_size(engine)
+
     def apply_pending_swap(self) -> None:
         """Inference thread, at a frame boundary (or at the end of the run): apply a requested swap."""
         request, self._swap = self._swap, None

@@ -37,11 +37,14 @@ from .capture_loop import CaptureLoop
 from .control import RunControl
 from .decoding import SharedDecoding
 from .delivery import Observer, ResultDelivery
+from .failover import DelegateEvent, DelegateStatus
 from .infer_loop import InferenceLoop
 from .labels import Labels
 from .options import PipelineOptions
+from .outputs import OutputSummary
 from .ring import END, FrameRing
 from .stats import FrameResult, PipelineStats, StatsRing
+from .supervisor import DelegateSupervisor
 from .tasks import get_task
 
 log = logging.getLogger("edgeinfer.pipeline")
@@ -110,6 +113,13 @@ class Pipeline:
             shared = SharedDecoding(self.source, self._ring, latest=options.policy == "latest",
                                     stage=self._capture.stage)
             self._capture.shared = self._infer.shared = shared
+        self._outputs = OutputSummary()
+        self._infer.outputs = self._outputs
+        self._supervisor = DelegateSupervisor(
+            self._binding, self._infer, self._control, self._stats, options,
+            user_engine=None if owns_engine else engine, finish=self._finish,
+            start_infer_thread=self._start_infer_thread, infer_thread=lambda: self._infer_thread,
+            running=lambda: self.running)
         self._capture_thread: threading.Thread | None = None
         self._infer_thread: threading.Thread | None = None
         self._started = False
@@ -186,10 +196,15 @@ class Pipeline:
             self._control.begin()
             self._window = (0, 0, self._control.t_start)
             self._capture_thread = threading.Thread(target=self._capture.run, name="edgeinfer-capture", daemon=True)
-            self._infer_thread = threading.Thread(target=self._infer.run, name="edgeinfer-infer", daemon=True)
-            self._infer_thread.start()
+            self._start_infer_thread()
             self._capture_thread.start()
+            self._supervisor.start()
         return self
+
+    def _start_infer_thread(self) -> None:
+        self._infer_thread = threading.Thread(target=self._infer.run, args=(self._infer.epoch,),
+                                              name="edgeinfer-infer", daemon=True)
+        self._infer_thread.start()
 
     def __iter__(self) -> Iterator[FrameResult]:
         """Results in frame order until the source ends, ``max_frames`` or stop(); leaving the loop stops."""
@@ -220,11 +235,15 @@ class Pipeline:
         self.source.interrupt()
         self._ring.end()  # wake a capture thread waiting for a slot, an inference thread waiting for a frame
         self._delivery.wake_producer()  # and one waiting for the consumer
+        self._supervisor.wait_idle()  # a hang being handled finishes first (it sees the stop)
         self._join()
 
     def _join(self) -> None:
         current = threading.current_thread()
+        self._supervisor.stop()
         for thread in (self._capture_thread, self._infer_thread):
+            if thread in self._supervisor.abandoned_threads:
+                continue  # stuck in a hung invoke: it leaves by itself if the call ever returns
             if thread is not None and thread is not current and thread.is_alive():
                 thread.join(timeout=JOIN_TIMEOUT_S)
                 if thread.is_alive():
@@ -234,6 +253,7 @@ class Pipeline:
     def _finish(self) -> None:
         """End of the inference thread: stop capture, release waiters, mark the run finished."""
         self._control.stop_requested = True
+        self._supervisor.stop(join=False)
         self.source.interrupt()
         self._ring.free.put(END)  # wake a capture thread waiting for a slot
         if self._binding.swap_pending:
@@ -261,7 +281,8 @@ class Pipeline:
         elif self._owns_source:
             self.source.close()
         infer = self._infer_thread
-        if self._binding.owns_engine and not (infer is not None and infer.is_alive()):
+        busy = infer is not None and infer.is_alive() and infer not in self._supervisor.abandoned_threads
+        if self._binding.owns_engine and not busy and self._supervisor.may_close(self.engine):
             self.engine.close()
 
     def __enter__(self) -> Pipeline:
@@ -283,12 +304,22 @@ class Pipeline:
     def swap_engine(self, engine: Engine, timeout: float = 30.0) -> Engine:
         """Use ``engine`` from the next frame on; returns the previous engine (now yours to close).
 
-        The pipeline owns (and closes) the new engine. Raises ValueError, leaving the run alone, when
-        the new engine does not fit the task.
+        The pipeline owns (and closes) the new engine, the one wanted from now on (failovers follow its
+        selection plan). Raises ValueError, leaving the run alone, when it does not fit the task.
         """
-        return self._binding.swap(engine, running=self.running, timeout=timeout)
+        old = self._binding.swap(engine, running=self.running, timeout=timeout)
+        self._supervisor.engine_swapped(engine)
+        return old
 
-    # ------------------------------------------------------------------ observers
+    @property
+    def delegate_status(self) -> DelegateStatus:
+        """The delegate in use, the one wanted, whether the run is degraded, failovers and frames lost."""
+        return self._supervisor.failover.status()
+
+    def add_delegate_listener(self, listener: Callable[[DelegateEvent], None]) -> None:
+        """Call ``listener(event)`` on each ``delegate_fallback`` / ``delegate_restored`` (keep it short)."""
+        self._supervisor.add_listener(listener)
+
     def add_observer(self, observer: Observer) -> None:
         """Also hand every result to ``observer`` (guarded like a callback): health checks, recorders."""
         self._delivery.add_observer(observer)
@@ -301,7 +332,7 @@ class Pipeline:
     @property
     def stats(self) -> PipelineStats:
         """Counters since start; percentiles over the last ``stats_window`` frames."""
-        return self._make_stats(0, self._stats.count, self.dropped, self._control.elapsed(self._started))
+        return self._make_stats(0, self._stats.count, self.dropped, self._control.elapsed(self._started), None)
 
     def take_window(self) -> PipelineStats:
         """Stats of the frames since the previous call (or since start): for telemetry windows."""
@@ -310,17 +341,18 @@ class Pipeline:
         prev_frames, prev_dropped, prev_time = self._window
         self._window = (frames, dropped, now)
         elapsed = max(now - prev_time, 0.0) if self._started else 0.0
-        return self._make_stats(prev_frames, frames, dropped - prev_dropped, elapsed)
+        return self._make_stats(prev_frames, frames, dropped - prev_dropped, elapsed, self._outputs.take())
 
-    def _make_stats(self, first: int, last: int, dropped: int, elapsed: float) -> PipelineStats:
+    def _make_stats(self, first: int, last: int, dropped: int, elapsed: float,
+                    outputs: dict[str, Any] | None) -> PipelineStats:
         frames = last - first
         source = self.source
         return PipelineStats(
             frames=frames, dropped=dropped, fps=frames / elapsed if elapsed > 0 else 0.0, elapsed_s=elapsed,
             stages=self._stats.summary(first, last), delegate=self.engine.description,
             reconnects=source.reconnects, callback_errors=self.callback_errors, source=source.description,
-            reduction=source.reduction, corrupt_frames=source.corrupt_frames,
-        )
+            reduction=source.reduction, corrupt_frames=source.corrupt_frames, outputs=outputs,
+            **self._supervisor.failover.stats_fields())
 
 
 __all__ = ["Pipeline", "PipelineOptions"]

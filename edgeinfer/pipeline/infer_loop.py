@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..errors import InferenceError, InputMismatch
 from .ring import END
 from .stats import FrameResult, StageTimings
 
 if TYPE_CHECKING:
+    from ..runtime.engine import Engine
     from .binding import ModelBinding
     from .control import RunControl
     from .decoding import SharedDecoding
     from .delivery import ResultDelivery
     from .options import PipelineOptions
+    from .outputs import OutputSummary
     from .ring import FrameRing
     from .stats import StatsRing
 
@@ -38,20 +42,47 @@ class InferenceLoop:
         self._finish = finish  # the end of the run: stop capture, release waiters
         #: set for sources that hand out compressed frames (see edgeinfer.pipeline.decoding)
         self.shared: SharedDecoding | None = None
+        #: an invoke failed: ``on_failure(engine, error)`` puts another engine in the binding or raises
+        self.on_failure: Callable[[Engine, InferenceError], None] | None = None
+        #: perf_counter when the invoke in progress started; 0.0 when none runs (read by the watchdog)
+        self.invoke_started = 0.0
+        #: which thread owns the run: a thread whose epoch is stale was abandoned in a hung invoke
+        self.epoch = 0
+        self._owner = threading.Lock()
+        #: the summary of what the pipeline answered (edgeinfer.pipeline.outputs), None to skip it
+        self.outputs: OutputSummary | None = None
 
-    def run(self) -> None:
+    def abandon(self, started: float) -> bool:
+        """Watchdog: give up on the thread whose invoke began at ``started``; False if it returned meanwhile."""
+        with self._owner:
+            if self.invoke_started != started:
+                return False
+            self.epoch += 1
+            self.invoke_started = 0.0
+            return True
+
+    def _returned(self, epoch: int) -> bool:
+        """An invoke returned: whether this thread still owns the run (else it was abandoned and must leave)."""
+        with self._owner:
+            self.invoke_started = 0.0
+            return epoch == self.epoch
+
+    def run(self, epoch: int = 0) -> None:
         """The thread's body: infer until the source ends, max_frames, stop() or an error."""
         perf = time.perf_counter
         try:
-            self._loop()
+            self._loop(epoch)
         except BaseException as exc:
-            self._control.error = exc
-            log.error("inference stopped: %s", exc)
-        finally:
-            self._control.t_end = perf()
-            self._finish()
+            if epoch == self.epoch:
+                self._control.error = exc
+                log.error("inference stopped: %s", exc)
+        if epoch != self.epoch:
+            log.warning("an abandoned inference thread returned from its hung invoke and leaves")
+            return
+        self._control.t_end = perf()
+        self._finish()
 
-    def _loop(self) -> None:
+    def _loop(self, epoch: int) -> None:
         import numpy as np
 
         perf = time.perf_counter
@@ -64,6 +95,7 @@ class InferenceLoop:
         max_frames = options.max_frames
         keep_frames = options.keep_frames
         copyto = np.copyto
+        outputs = self.outputs
 
         def stopping() -> bool:
             return control.stop_requested
@@ -95,11 +127,23 @@ class InferenceLoop:
             kept = frame.copy() if keep_frames else None
             frame_id, t0, t1, t2, stamp = slot.frame_id, slot.read_start, slot.read_end, slot.staged_end, slot.wall_time
             free.put(slot)
-            t4 = perf()
-            plan.engine.invoke()
+            t4 = self.invoke_started = perf()
+            try:
+                plan.engine.invoke()
+            except InferenceError as exc:
+                if not self._returned(epoch):
+                    return
+                if self.on_failure is None or isinstance(exc, InputMismatch):
+                    raise
+                self.on_failure(plan.engine, exc)  # the frame is lost; the next one runs on the next delegate
+                continue
+            if not self._returned(epoch):
+                return
             t5 = perf()
             result = plan.decoder(plan.transform)
             t6 = perf()
+            if outputs is not None:
+                outputs.observe(result)
             if shared is not None:
                 shared.note_inference(t6 - t3)
             timings = StageTimings(

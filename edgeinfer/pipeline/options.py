@@ -28,6 +28,9 @@ POLICIES = ("every", "latest")
 #: where preprocessing runs: decided from measured stage times, or pinned to one thread
 PREPROCESS_PLACES = ("auto", "capture", "inference")
 DEFAULT_QUEUE_SIZE = 2
+DEFAULT_WATCHDOG_FLOOR_S = 1.0
+DEFAULT_WATCHDOG_FACTOR = 10.0
+DEFAULT_PROBE_BACKOFF = Backoff(initial_s=2.0, max_s=60.0, factor=2.0)
 #: samples kept for percentiles (the last this many frames)
 DEFAULT_STATS_WINDOW = 4096
 MIN_STATS_WINDOW = 16
@@ -51,6 +54,16 @@ class PipelineOptions:
     # the model
     delegate: str | None = None
     threads: int | None = None
+    # delegate failures at run time (see edgeinfer.pipeline.failover)
+    #: go on with the plan's next delegate when the one running fails or hangs (strict mode never does)
+    failover: bool = True
+    #: watch each invoke: one that has not returned within the bound is a hung delegate
+    watchdog: bool = True
+    #: the watchdog's bound is watchdog_factor x the recent p99 invoke time, never under this floor
+    watchdog_floor_s: float = DEFAULT_WATCHDOG_FLOOR_S
+    watchdog_factor: float = DEFAULT_WATCHDOG_FACTOR
+    #: while degraded, how often the wanted delegate is tried again
+    probe_backoff: Backoff = DEFAULT_PROBE_BACKOFF
     # the source
     loop: bool = False
     size: tuple[int, int] | None = None
@@ -80,7 +93,9 @@ class PipelineOptions:
             value = getattr(self, option.name)
             if choices and value is not None and value not in choices:
                 raise ValueError(f"{option.name} must be one of {', '.join(choices)}, not {value!r}")
-        positive = {"max_fps": self.max_fps}
+        positive = {"max_fps": self.max_fps, "watchdog_floor_s": self.watchdog_floor_s}
+        if self.watchdog_factor < 1:
+            raise ValueError(f"watchdog_factor must be >= 1, not {self.watchdog_factor}")
         at_least_one = {"max_frames": self.max_frames, "queue_size": self.queue_size, "threads": self.threads,
                         "top_k": self.top_k}
         for name, value in positive.items():

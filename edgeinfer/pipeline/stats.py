@@ -84,12 +84,21 @@ class PipelineStats:
     reduction: int = 1
     #: frames the source could not decode (skipped), over its life
     corrupt_frames: int = 0
+    #: the window's output summary (edgeinfer.pipeline.outputs): top labels, detections, mean score
+    outputs: dict[str, Any] | None = None
+    #: running on a fallback delegate after the one wanted failed at run time
+    degraded: bool = False
+    #: the delegate the pipeline wants back while degraded, else None
+    delegate_wanted: str | None = None
+    #: frames lost to delegate failures (the frame in the failed or hung invoke), over the run
+    frames_lost: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"frames": self.frames, "dropped": self.dropped, "fps": round(self.fps, 3),
                 "elapsed_s": round(self.elapsed_s, 3), "delegate": self.delegate, "reconnects": self.reconnects,
                 "callback_errors": self.callback_errors, "source": self.source, "reduction": self.reduction,
-                "corrupt_frames": self.corrupt_frames,
+                "corrupt_frames": self.corrupt_frames, "outputs": self.outputs, "degraded": self.degraded,
+                "delegate_wanted": self.delegate_wanted, "frames_lost": self.frames_lost,
                 "stages": {k: {m: round(v, 3) for m, v in d.items()} for k, d in self.stages.items()}}
 
 
@@ -117,6 +126,22 @@ class StatsRing:
             samples[4, i] = timings.postprocess
             samples[5, i] = timings.latency
             self.count += 1
+
+    def recent_percentile(self, stage: str, q: float, last: int = 512) -> float | None:
+        """Percentile ``q`` of ``stage``'s most recent ``last`` samples (ms); None before any sample."""
+        import numpy as np
+
+        row = STAGES.index(stage)
+        with self.lock:
+            n = min(self.count, self.size, last)
+            if n <= 0:
+                return None
+            end = self.count % self.size
+            if end >= n:
+                window = self.samples[row, end - n:end].copy()
+            else:
+                window = np.concatenate([self.samples[row, end - n:], self.samples[row, :end]])
+        return float(np.percentile(window, q))
 
     def summary(self, first: int, last: int) -> dict[str, dict[str, float]]:
         """Percentiles of samples [first, last) (only the most recent ``size`` are kept)."""

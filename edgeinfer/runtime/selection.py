@@ -2,7 +2,8 @@
 
 Candidates come from, in order of precedence:
 
-1. the caller's explicit delegate (``load(model, "openvino:GPU")``, ``--delegate``);
+1. the caller's explicit delegate (``load(model, "openvino:GPU")``, ``--delegate``), or its own fallback order
+   (``"coral,xnnpack"``);
 2. ``$EDGEINFER_DELEGATE``;
 3. the device profile's ``delegates`` list (the profile is detected from the root filesystem,
    named by the caller, or forced with ``$EDGEINFER_PROFILE``);
@@ -247,12 +248,18 @@ def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | Non
 
 
 def _named_delegate(delegate: str | None, env: Mapping[str, str]) -> tuple[list[str] | None, str]:
-    """The one delegate the caller or ``$EDGEINFER_DELEGATE`` names, with where it came from; (None, "") if none."""
-    if delegate:
-        return [delegate], "explicit"
-    if env.get(DELEGATE_ENV, "").strip():
-        return [env[DELEGATE_ENV].strip()], f"${DELEGATE_ENV}"
+    """The delegates the caller or ``$EDGEINFER_DELEGATE`` names (one, or a fallback order separated by commas),
+    with where they came from; (None, "") if none."""
+    if delegate and delegate.strip(" ,"):
+        return _spec_list(delegate), "explicit"
+    if env.get(DELEGATE_ENV, "").strip(" ,"):
+        return _spec_list(env[DELEGATE_ENV]), f"${DELEGATE_ENV}"
     return None, ""
+
+
+def _spec_list(text: str) -> list[str]:
+    """``"coral,xnnpack"`` -> ``["coral", "xnnpack"]``: a caller's own fallback order."""
+    return [spec.strip() for spec in text.split(",") if spec.strip()]
 
 
 def _profile_order(profile: Profile | None, info: ModelInfo | None) -> tuple[list[str], str]:
@@ -279,6 +286,21 @@ def _load_candidate(candidate: Candidate, info: ModelInfo, threads: int | None, 
     if candidate.name == "coral":  # the twin is a candidate of its own in the plan, unless there is none
         return delegate.load(info, threads=threads, device=candidate.device, cpu_fallback=cpu_fallback)
     return delegate.load(info, threads=threads, device=candidate.device)
+
+
+def load_candidate(the_plan: Plan, index: int, *, threads: int | None = None) -> Engine:
+    """Load candidate ``index`` of ``the_plan`` — a run-time failover to it, or a probe of it.
+
+    Raises what the delegate raises (DelegateUnavailable, ModelLoadError); the engine's
+    ``selection`` is the plan with this candidate selected.
+    """
+    candidate = the_plan.candidates[index]
+    path = candidate.model or the_plan.model
+    if path is None:
+        raise ValueError("the plan names no model file")
+    engine = _load_candidate(candidate, inspect_model(path), threads if threads is not None else the_plan.threads)
+    engine.selection = replace(the_plan, selected=index)
+    return engine
 
 
 def _short(exc: BaseException) -> str:
@@ -348,4 +370,4 @@ def _load_first_that_works(the_plan: Plan, info: ModelInfo, threads: int | None)
     failed = replace(the_plan, candidates=tuple(candidates), selected=None)
     raise NoDelegateAvailable(info.path, failed.reasons()) from last_error
 
-__all__ = ["DELEGATE_ENV", "STRICT_ENV", "Candidate", "Plan", "load", "plan", "unavailable_reason"]
+__all__ = ["DELEGATE_ENV", "STRICT_ENV", "Candidate", "Plan", "load", "load_candidate", "plan", "unavailable_reason"]

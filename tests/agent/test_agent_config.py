@@ -128,7 +128,9 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
     (tmp_path / "labels.txt").write_text("a\nb\n")
     every = {
         "task": "detect", "labels": "labels.txt", "top_k": 3, "score_threshold": 0.3, "iou_threshold": 0.6,
-        "max_detections": 10, "delegate": "xnnpack", "threads": 2, "loop": True, "size": "1280x720", "fps": 15,
+        "max_detections": 10, "delegate": "coral,xnnpack", "threads": 2, "failover": False, "watchdog": False,
+        "watchdog_floor_s": 2.5, "watchdog_factor": 4, "probe_backoff": {"initial_s": 5, "max_s": 120},
+        "loop": True, "size": "1280x720", "fps": 15,
         "fourcc": "MJPG", "backoff": {"initial_s": 1, "max_s": 30, "give_up_s": 600}, "policy": "latest",
         "max_fps": 5, "max_frames": 100, "queue_size": 4, "resize": "letterbox", "mean": 127.5,
         "std": [58.4, 57.1, 57.4], "preprocess_in": "inference", "reduced_decode": False, "keep_frames": True,
@@ -149,6 +151,8 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
     assert (options.resize, options.preprocess_in, options.reduced_decode, options.keep_frames) == (
         "letterbox", "inference", False, True)
     assert options.opencv_threads is None and options.stats_window == 64  # null: leave OpenCV's threads alone
+    assert (options.delegate, options.failover, options.watchdog) == ("coral,xnnpack", False, False)
+    assert (options.watchdog_floor_s, options.watchdog_factor, options.probe_backoff.max_s) == (2.5, 4.0, 120.0)
     assert (pipeline.name, pipeline.version, pipeline.restart, pipeline.threads) == ("door", "7", "always", 2)
     assert set(PIPELINE_KEYS) == set(PipelineOptions.names()) | {"name", "model", "source", "version", "restart"}
     assert parse_config({"pipelines": [{"model": MODEL, "source": 0, "size": [640, 480]}]},

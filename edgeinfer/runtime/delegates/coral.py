@@ -113,8 +113,17 @@ def tpu_problem(device: str | None, host: Host) -> str | None:
     return f"no Coral Edge TPU found (no USB device {ids}, no /dev/apex_*)"
 
 
+#: what libedgetpu says through LiteRT's invoke when the TPU is unplugged, resets or stops answering
+#: (its USB driver's transfer errors, "Deadline exceeded", the custom op's failed invoke)
+EDGETPU_DEVICE_ERRORS = re.compile(
+    r"USB transfer error|LibUsb|Deadline exceeded|EdgeTpuDelegateForCustomOp|edgetpu-custom-op.*failed"
+    r"|Failed to (?:open|get) (?:the )?(?:edge ?tpu|device)|apex|No such device", re.IGNORECASE)
+
+
 class CoralEngine(LiteRTEngine):
     """A LiteRT engine that also owns the Edge TPU delegate; the interpreter is dropped first."""
+
+    device_errors = EDGETPU_DEVICE_ERRORS
 
     def __init__(self, model: ModelInfo, interpreter, tpu_delegate, *, threads: int | None,
                  device: str | None) -> None:

@@ -15,7 +15,14 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..._native import captured_native_stderr
-from ...errors import DelegateUnavailable, EdgeInferError, InferenceError, ModelLoadError, UnsupportedOperator
+from ...errors import (
+    DelegateFailed,
+    DelegateUnavailable,
+    EdgeInferError,
+    InferenceError,
+    ModelLoadError,
+    UnsupportedOperator,
+)
 from ..engine import Engine
 from ..model import ModelFormat, ModelInfo, TensorSpec, guess_layout
 from .base import Delegate, import_runtime, runtime_missing_reason
@@ -60,8 +67,15 @@ def shared_core():
         return _core
 
 
+#: OpenVINO's plugins' words for a device that is gone: the GPU plugin's OpenCL and Level Zero errors,
+#: the NPU's driver codes, the MYRIAD plugin's XLink / NC_ERROR
+OPENVINO_DEVICE_ERRORS = re.compile(
+    r"device[ _]?(?:is )?lost|DEVICE_LOST|CL_OUT_OF_RESOURCES|CL_DEVICE_NOT_AVAILABLE|ZE_RESULT_ERROR_(?:DEVICE|UNINIT)"
+    r"|NC_ERROR|XLink|NPU.*(?:lost|reset|timed? ?out)", re.IGNORECASE)
+
+
 @contextlib.contextmanager
-def map_openvino_errors(model: ModelInfo, stage: str) -> Iterator[None]:
+def map_openvino_errors(model: ModelInfo, stage: str, device: str | None = None) -> Iterator[None]:
     """OpenVINO raises RuntimeError (and its own GeneralFailure) with multi-line C++ traces."""
     try:
         yield
@@ -71,6 +85,8 @@ def map_openvino_errors(model: ModelInfo, stage: str) -> Iterator[None]:
         text = str(exc).strip()
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("Check")]
         summary = lines[-1] if lines else type(exc).__name__
+        if stage == "invoke" and OPENVINO_DEVICE_ERRORS.search(text):
+            raise DelegateFailed(f"openvino:{device}" if device else "openvino", summary) from exc
         if stage == "invoke":
             raise InferenceError(f"OpenVINO failed to run {model.path}: {summary}") from exc
         lowered = text.lower()
@@ -138,7 +154,7 @@ class OpenVinoEngine(Engine):
             self._start()
             self._wait()
         except Exception:
-            with map_openvino_errors(self.model, "invoke"):
+            with map_openvino_errors(self.model, "invoke", self.device):
                 raise
 
     def _close(self) -> None:

@@ -10,6 +10,7 @@ from types import ModuleType
 
 from ..._native import captured_native_stderr
 from ...errors import (
+    DelegateFailed,
     DelegateUnavailable,
     EdgeInferError,
     InferenceError,
@@ -56,8 +57,13 @@ def edgetpu_advice(model: ModelInfo) -> str:
 
 
 @contextlib.contextmanager
-def map_litert_errors(model: ModelInfo, stage: str) -> Iterator[None]:
-    """Turn LiteRT's RuntimeError / ValueError into the most specific edgeinfer error."""
+def map_litert_errors(model: ModelInfo, stage: str, *, delegate: str = "xnnpack",
+                      device_errors: re.Pattern[str] | None = None) -> Iterator[None]:
+    """Turn LiteRT's RuntimeError / ValueError into the most specific edgeinfer error.
+
+    ``device_errors`` matches the text an external delegate's library gives when its device is gone
+    (libedgetpu's USB errors): such an invoke failure is a :class:`DelegateFailed`.
+    """
     try:
         yield
     except EdgeInferError:
@@ -75,6 +81,8 @@ def map_litert_errors(model: ModelInfo, stage: str) -> Iterator[None]:
                 ops,
             ) from exc
         first_line = text.splitlines()[0] if text else type(exc).__name__
+        if stage == "invoke" and device_errors is not None and device_errors.search(text):
+            raise DelegateFailed(delegate, f"{first_line} (the device stopped answering)") from exc
         if stage == "invoke":
             raise InferenceError(f"LiteRT failed to run {model.path}: {first_line}") from exc
         if "identifier" in text or "flatbuffer" in text.lower() or "Could not open" in text:
@@ -93,6 +101,9 @@ def spec_from_details(detail: dict) -> TensorSpec:
 
 class LiteRTEngine(Engine):
     """An engine over a LiteRT interpreter; views are the interpreter's own tensor buffers."""
+
+    #: an external delegate's "device gone" errors (set by the Coral engine), see map_litert_errors
+    device_errors: re.Pattern[str] | None = None
 
     def __init__(self, model: ModelInfo, interpreter, *, delegate: str, threads: int | None,
                  device: str | None = None) -> None:
@@ -119,7 +130,7 @@ class LiteRTEngine(Engine):
         try:
             self._raw_invoke()
         except Exception:
-            with map_litert_errors(self.model, "invoke"):
+            with map_litert_errors(self.model, "invoke", delegate=self.delegate, device_errors=self.device_errors):
                 raise
 
     def _close(self) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ....errors import CudaError, DelegateUnavailable, EdgeInferError, InferenceError, ModelLoadError
+from ....errors import CudaError, DelegateFailed, DelegateUnavailable, EdgeInferError, InferenceError, ModelLoadError
 from ...engine import Engine
 from ...model import ModelFormat, ModelInfo, TensorSpec, guess_layout
 from ..base import import_runtime
@@ -33,8 +33,8 @@ def map_trt_errors(model: ModelInfo, stage: str) -> Iterator[None]:
     try:
         yield
     except CudaError as exc:  # an EdgeInferError too, but one that never leaves this delegate as is
-        if stage == "invoke":
-            raise InferenceError(f"CUDA failed while running {model.path}: {exc}") from exc
+        if stage == "invoke":  # CUDA's errors in a kernel are sticky: the context is lost, the GPU must be re-opened
+            raise DelegateFailed("tensorrt", f"CUDA failed while running {model.path}: {exc}") from exc
         raise DelegateUnavailable("tensorrt", f"CUDA: {exc}") from exc
     except EdgeInferError:
         raise
