@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -55,7 +56,10 @@ def _brief(result: object) -> str:
               show_default=True)
 @click.option("--labels", type=click.Path(dir_okay=False, path_type=str),
               help="Labels file. Default: the labels packed in the model, if any.")
-@click.option("--delegate", help="Delegate name, optionally with a device (openvino:CPU). Default: the best available.")
+@click.option("--delegate", help="Delegate name, optionally with a device (openvino:CPU), or a fallback order "
+                                 "(coral,xnnpack): a delegate that fails while running hands over to the next. "
+                                 "Default: the device profile's order.")
+@click.option("--strict", is_flag=True, help="No fallback: a delegate that cannot load, fails or hangs is an error.")
 @click.option("--threads", type=click.IntRange(min=1), help="Delegate thread count (default: the runtime's).")
 @click.option("--policy", type=click.Choice(POLICIES),
               help="every: process each frame (back-pressure); latest: keep the newest, count drops. "
@@ -75,13 +79,18 @@ def _brief(result: object) -> str:
               help="Decode MJPEG / JPEG frames at full size (default: at the model's size, 1/2-1/8 scale).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
 @handle_errors
-def run(model: str, source: str, task: str, labels: str | None, delegate: str | None, threads: int | None,
+def run(model: str, source: str, task: str, labels: str | None, delegate: str | None, strict: bool,
+        threads: int | None,
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
         resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
         fourcc: str | None, full_decode: bool, as_json: bool) -> None:
     """Run MODEL over frames from --source and print results (or a live status line)."""
     from ..capture import open_source
     from ..pipeline.core import Pipeline
+    from ..runtime.selection import STRICT_ENV
+
+    if strict:
+        os.environ[STRICT_ENV] = "1"
 
     frames = open_source(source, size=size, fps=camera_fps, fourcc=fourcc, loop=loop)
     try:
@@ -122,7 +131,9 @@ def run(model: str, source: str, task: str, labels: str | None, delegate: str | 
             latency = stats.stages["latency"]
             click.echo(f"{stats.frames} frames in {stats.elapsed_s:.1f} s: {stats.fps:.1f} fps, "
                        f"latency p50 {latency['p50']:.1f} ms / p95 {latency['p95']:.1f} ms / "
-                       f"p99 {latency['p99']:.1f} ms, dropped {stats.dropped}, on {stats.delegate}")
+                       f"p99 {latency['p99']:.1f} ms, dropped {stats.dropped}, on {stats.delegate}"
+                       + (f" (degraded: {stats.delegate_wanted} failed, {stats.frames_lost} frame(s) lost)"
+                          if stats.degraded else ""))
     if interrupted:
         sys.exit(130)
 

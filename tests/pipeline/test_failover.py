@@ -9,8 +9,13 @@ reference top-1, whichever delegate produced it.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
-from support.flaky_delegate import CONTROL, install_entry_point, wait_for
+from support.assets import IMAGES, REPO
+from support.flaky_delegate import CONTROL, CONTROL_ENV, install_entry_point, wait_for
 from support.pipeline import (
     CLIP_FRAMES,
     CLIP_IMAGES,
@@ -50,7 +55,7 @@ def expected_top1(frame_id: int) -> str:
     return REFERENCE_TOP1[CLIP_IMAGES[(frame_id % CLIP_FRAMES) // FRAMES_PER_IMAGE]][0]
 
 
-def run_through(pipeline: Pipeline, events: list, *, fault: str, frames_degraded: int = 20) -> list:
+def run_through(pipeline: Pipeline, events: list, *, frames_degraded: int = 20) -> list:
     """Iterate the pipeline; once it has fallen back and produced ``frames_degraded`` results on the
     fallback, heal the device (the probe brings it back)."""
     results, degraded_results = [], 0
@@ -79,7 +84,7 @@ def test_a_delegate_that_starts_failing_falls_back_between_frames_and_comes_back
         assert pipeline.engine.delegate == "flaky"
         pipeline.add_delegate_listener(events.append)
         CONTROL.set("fail", after=40)  # the 41st invoke on: "USB transfer error", as libedgetpu says it
-        results = run_through(pipeline, events, fault="fail")
+        results = run_through(pipeline, events)
         status = pipeline.delegate_status
         assert pipeline.error is None
         window = pipeline.take_window()
@@ -104,7 +109,7 @@ def test_a_hung_invoke_is_given_up_within_the_watchdog_bound_and_the_run_goes_on
                   threads=2, top_k=1, probe_backoff=FAST_PROBES, watchdog_floor_s=FLOOR_S) as pipeline:
         pipeline.add_delegate_listener(events.append)
         CONTROL.set("hang", after=40)  # the 41st invoke never returns until the device is healed
-        results = run_through(pipeline, events, fault="hang")
+        results = run_through(pipeline, events)
         status = pipeline.delegate_status
         assert pipeline.error is None
 
@@ -203,3 +208,19 @@ def test_vendor_run_time_errors_map_to_delegate_failed():
     lost = raised(map_trt_errors(model, "invoke"), CudaError(700, "cudaErrorIllegalAddress", "cudaStreamSynchronize"))
     assert isinstance(lost, DelegateFailed) and lost.delegate == "tensorrt" and "cudaErrorIllegalAddress" in str(lost)
     assert type(raised(map_trt_errors(model, "invoke"), RuntimeError("bad binding"))) is InferenceError
+
+
+def test_the_cli_runs_on_through_a_failure_and_strict_stops_with_the_error(tmp_path, flaky):
+    control = tmp_path / "device"
+    control.write_text("fail after 20")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), str(tmp_path / "site")]),
+               **{CONTROL_ENV: str(control)})
+    command = [sys.executable, "-m", "edgeinfer", "run", str(MOBILENET_TINY), "--source", str(IMAGES / "*.jpg"),
+               "--loop", "--max-frames", "60", "--delegate", "flaky,xnnpack"]
+    degraded = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert degraded.returncode == 0, degraded.stderr
+    assert "60 frames" in degraded.stdout and "on xnnpack (degraded: flaky failed, 1 frame(s) lost)" in degraded.stdout
+    assert "going on with xnnpack" in degraded.stderr
+    strict = subprocess.run([*command, "--strict"], capture_output=True, text=True, env=env, timeout=120)
+    assert strict.returncode != 0
+    assert "strict mode: no fallback" in strict.stderr and "EdgeTpuDelegateForCustomOp" in strict.stderr
