@@ -49,8 +49,11 @@ def merge_windows(first: Any, second: Any) -> Any:
     if first is None or second is None:
         return second if first is None else first
     with contextlib.suppress(TypeError, ValueError):
+        from ..pipeline.outputs import merge_summaries
+
         return dataclasses.replace(second, frames=first.frames + second.frames,
-                                   dropped=first.dropped + second.dropped)
+                                   dropped=first.dropped + second.dropped,
+                                   outputs=merge_summaries(first.outputs, second.outputs))
     return second
 
 
@@ -77,6 +80,9 @@ class PipelineRunner:
         self.last_error: str | None = None
         self.delegate: str | None = None
         self.fallback_reason: str | None = None
+        #: running on a fallback delegate after the wanted one failed at run time (the pipeline goes on)
+        self.degraded = False
+        self.delegate_wanted: str | None = None
         self.model: dict[str, Any] = {"path": config.model, "sha256": None, "version": config.version,
                                       "format": None}
         self.last_run_frames = 0
@@ -152,7 +158,8 @@ class PipelineRunner:
         source = self.config.source
         return {"name": self.name, "status": self.status, "task": self.config.task, "source": str(source),
                 "delegate": self.delegate, "fallback_reason": self.fallback_reason, "error": self.last_error,
-                "restarts": self.restarts, "model": dict(self.model)}
+                "restarts": self.restarts, "model": dict(self.model), "degraded": self.degraded,
+                "delegate_wanted": self.delegate_wanted}
 
     # -- the thread -----------------------------------------------------------------------
     def _set_status(self, status: str) -> None:
@@ -174,6 +181,7 @@ class PipelineRunner:
             pipeline = None
             try:
                 pipeline = self._factory(self.config)
+                self._follow_delegates(pipeline)
                 pipeline.start()
             except Exception as exc:
                 error = exc
@@ -253,6 +261,26 @@ class PipelineRunner:
             with contextlib.suppress(Exception):
                 pipeline.close()
         return error, requested and not self._stop.is_set()
+
+    def _follow_delegates(self, pipeline: Any) -> None:
+        """Report the pipeline's delegate failovers and failbacks (it goes on running through them)."""
+        self.degraded, self.delegate_wanted = False, None
+        add_listener = getattr(pipeline, "add_delegate_listener", None)
+        if add_listener is not None:
+            add_listener(self._on_delegate_event)
+
+    def _on_delegate_event(self, event: Any) -> None:
+        self.delegate = event.delegate
+        self.degraded = event.kind == "delegate_fallback"
+        self.delegate_wanted = event.wanted if self.degraded else None
+        if self.degraded:
+            message = (f"pipeline {self.name}: delegate {event.previous} failed ({event.reason}); "
+                       f"running degraded on {event.delegate}")
+        else:
+            message = f"pipeline {self.name}: delegate {event.delegate} restored (was on {event.previous})"
+        self._emit(event.kind, "warning" if self.degraded else "info", message, pipeline=self.name,
+                   data=event.to_dict())
+        self._on_change()
 
     def _report_started(self, pipeline: Any) -> None:
         """Take the delegate and model the pipeline runs on, make it the current one, and say so."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..link.protocol import PROTOCOL_VERSION, Topics
+from ..link.protocol import MAX_LABEL_CHARS, MAX_OUTPUT_LABELS, PROTOCOL_VERSION, Topics
 from ..pipeline.stats import PERCENTILES
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,7 @@ def pipeline_entry(name: str, status: str, stats: Any | None, *, delegate: str |
         return {"name": name, "status": status, "delegate": delegate, "frames": 0, "dropped": 0, "fps": 0.0,
                 "restarts": restarts, "stages": {}}
     fps = float(getattr(stats, "fps", 0.0) or 0.0)
-    return {
+    entry = {
         "name": name,
         "status": status,
         "delegate": getattr(stats, "delegate", None) or delegate,
@@ -268,7 +268,27 @@ def pipeline_entry(name: str, status: str, stats: Any | None, *, delegate: str |
         "fps": round(fps, 3) if fps == fps else 0.0,
         "restarts": restarts,
         "stages": _stage_figures(getattr(stats, "stages", None)),
+        "degraded": bool(getattr(stats, "degraded", False)),
+        "delegate_wanted": getattr(stats, "delegate_wanted", None),
     }
+    outputs = output_summary(getattr(stats, "outputs", None))
+    if outputs is not None:
+        entry["outputs"] = outputs
+    return entry
+
+
+def output_summary(outputs: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A window's output summary (``PipelineStats.outputs``) as the protocol carries it: ``top`` as at most
+    MAX_OUTPUT_LABELS ``{label, count}`` pairs, most frequent first, labels cut to MAX_LABEL_CHARS."""
+    if not outputs or not outputs.get("frames"):
+        return None
+    top = sorted(((str(label)[:MAX_LABEL_CHARS], int(count)) for label, count in (outputs.get("top") or {}).items()
+                  if int(count) > 0), key=lambda item: -item[1])[:MAX_OUTPUT_LABELS]
+    score = outputs.get("score_mean")
+    score = round(float(score), 6) if score is not None and float(score) == float(score) \
+        and abs(float(score)) != float("inf") else None
+    return {"frames": int(outputs["frames"]), "top": [{"label": label, "count": count} for label, count in top],
+            "detections": int(outputs.get("detections") or 0), "score_mean": score}
 
 
 def telemetry_message(topics: Topics, boot: BootSequence, *, interval_s: float, pipelines: list[dict[str, Any]],

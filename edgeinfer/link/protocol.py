@@ -144,6 +144,28 @@ _ENVELOPE = {
     "device": _ID,
     "ts": _TS,
 }
+#: an output summary's labels: the most frequent of the window, each at most this long
+MAX_OUTPUT_LABELS = 10
+MAX_LABEL_CHARS = 128
+_OUTPUTS = {
+    "type": "object",
+    "required": ["frames"],
+    "description": "what the pipeline answered over the window (the canary analysis compares it): frames "
+                   "summarised; top: the most frequent top-1 classes (classifiers) or detected labels "
+                   "(detectors) with their counts; detections: detections in the window (0 for a "
+                   "classifier); score_mean: the mean top-1 or detection score",
+    "properties": {
+        "frames": _COUNT,
+        "top": {"type": "array", "maxItems": MAX_OUTPUT_LABELS,
+                "items": {"type": "object", "required": ["label", "count"],
+                          "properties": {"label": {"type": "string", "maxLength": MAX_LABEL_CHARS},
+                                         "count": _COUNT}}},
+        "detections": _COUNT,
+        "score_mean": {"type": ["number", "null"]},
+    },
+}
+_DEGRADED = {"type": "boolean", "description": "running on a fallback delegate after the wanted one failed"}
+_DELEGATE_WANTED = {"type": ["string", "null"], "description": "the delegate it wants (null: not degraded)"}
 _PERCENTILES = {
     "type": "object",
     "properties": dict.fromkeys(PERCENTILES, _NONNEG),
@@ -187,6 +209,8 @@ STATE_SCHEMA: dict[str, Any] = {
                     "task": {"type": "string"},
                     "source": {"type": "string"},
                     "delegate": _NULLABLE_STR,
+                    "degraded": _DEGRADED,
+                    "delegate_wanted": _DELEGATE_WANTED,
                     "fallback_reason": _NULLABLE_STR,
                     "error": _NULLABLE_STR,
                     "model": {
@@ -236,6 +260,9 @@ TELEMETRY_SCHEMA: dict[str, Any] = {
                     "restarts": _COUNT,
                     "stages": {"type": "object", "additionalProperties": _PERCENTILES,
                                "description": "ms per stage: " + ", ".join(STAGES)},
+                    "outputs": _OUTPUTS,
+                    "degraded": _DEGRADED,
+                    "delegate_wanted": _DELEGATE_WANTED,
                 },
             },
         },
@@ -269,7 +296,8 @@ TELEMETRY_SCHEMA: dict[str, Any] = {
 
 EVENT_KINDS = (
     "agent_started", "agent_stopping", "pipeline_started", "pipeline_ended", "pipeline_failed",
-    "pipeline_restarting", "fallback", "mqtt_reconnected", "cmd_result", "cmd_rejected", "error",
+    "pipeline_restarting", "fallback", "delegate_fallback", "delegate_restored", "mqtt_reconnected", "cmd_result",
+    "cmd_rejected", "error",
 )
 EVENT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

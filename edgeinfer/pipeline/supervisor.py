@@ -151,14 +151,14 @@ class DelegateSupervisor:
         engine = self.failover.probe()
         if engine is None:
             return
+        previous = self._binding.engine
+        try:  # not under the lock: a hang of the engine running now must still be handled meanwhile
+            old = self._binding.swap(engine, running=self._running(), timeout=SWAP_TIMEOUT_S)
+        except (ValueError, EdgeInferError) as exc:
+            engine.close()
+            self.failover.probe_failed(str(exc))
+            return
         with self._lock:
-            previous = self._binding.engine
-            try:
-                old = self._binding.swap(engine, running=self._running(), timeout=SWAP_TIMEOUT_S)
-            except (ValueError, EdgeInferError) as exc:
-                engine.close()
-                self.failover.probe_failed(str(exc))
-                return
             self.failover.restored(engine, previous.description)
             self._engine_changed()
             if self.may_close(old):
