@@ -195,8 +195,10 @@ ei fleet devices
 
 step "4. deploy the bird classifier as version 2: a canary first, then the rest"
 # deploy signs the model's manifest with the fleet key, waits for every device, and exits 0 only
-# when all of them run the new version (a failed canary aborts the rollout for the others)
-ei_long deploy "$MODEL_V2" --version 2 --all --canary 34 --device-timeout "$TIMEOUT"
+# when all of them run the new version (a failed canary aborts the rollout for the others).
+# The bird model answers with other classes than v1: the canary analysis would rightly stop it as
+# output drift (docs/fleet.md, "Canary analysis"), so this demo of the rollout itself turns it off.
+ei_long deploy "$MODEL_V2" --version 2 --all --canary 34 --no-canary-analysis --device-timeout "$TIMEOUT"
 
 step "5. the fleet now"
 # the agents' retained state reaches the manager a moment after the deploy command returns

@@ -1,4 +1,4 @@
-"""``edgeinfer fleet serve|devices|deployments|abort|rollback|restart`` and ``edgeinfer deploy``."""
+"""``edgeinfer fleet serve|devices|deployments|deployment|abort|rollback|restart`` and ``edgeinfer deploy``."""
 
 from __future__ import annotations
 
@@ -11,12 +11,30 @@ from typing import Any
 
 import click
 
+from ..fleet.canary import (
+    DEFAULT_MAX_ERROR_RATE,
+    DEFAULT_MAX_FPS_DROP,
+    DEFAULT_MAX_LATENCY_REGRESSION,
+    DEFAULT_MAX_OUTPUT_DRIFT,
+)
 from .fleet_access import audit, broker_auth, client_options, enroll, enrollments, revoke, table, token
 from .fleet_db import db
 from .fleet_simulate import simulate
 from .output import handle_errors, print_json
 
 SHARED_GROUP = "edgeinfer-fleet"
+
+
+def _duration(_ctx: Any, param: Any, value: str | float | None) -> float | None:
+    """A click callback: ``30s``, ``5m``, ``1h`` or seconds → seconds, or a usage error that says so."""
+    from ..fleet.auth import parse_duration
+
+    if value is None or isinstance(value, float):
+        return value
+    try:
+        return parse_duration(str(value))
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc} (e.g. 30s, 5m, 1h)", param=param) from None
 
 
 @click.group()
@@ -145,8 +163,52 @@ def fleet_deployments(client: Any, as_json: bool) -> None:
         print_json(deployments)
         return
     rows = [[d["deployment_id"][:12], d["model_name"], str(d["version"]), d["status"],
-             " ".join(f"{k}={v}" for k, v in sorted(d["counts"].items()))] for d in deployments]
-    table(rows, ["DEPLOYMENT", "MODEL", "VERSION", "STATUS", "DEVICES"])
+             " ".join(f"{k}={v}" for k, v in sorted(d["counts"].items())), canary_column(d)] for d in deployments]
+    table(rows, ["DEPLOYMENT", "MODEL", "VERSION", "STATUS", "DEVICES", "CANARY"])
+
+
+@fleet.command("deployment")
+@click.argument("deployment_id")
+@click.option("--json", "as_json", is_flag=True)
+@client_options
+def fleet_deployment(client: Any, deployment_id: str, as_json: bool) -> None:
+    """One deployment: its status, the canary verdict metric by metric, every target's state."""
+    found = client.deployment(deployment_id)
+    if found is None:
+        raise click.ClickException(f"no deployment {deployment_id}")
+    if as_json:
+        print_json(found)
+        return
+    click.echo(f"deployment {found['deployment_id']}: {found['model_name']} v{found['version']} — {found['status']}"
+               + (f" ({found['detail']})" if found.get("detail") else ""))
+    for line in analysis_lines(found.get("analysis")):
+        click.echo(f"  {line}")
+    table([[t["device_id"], str(t["wave"]), t["state"], t.get("detail") or ""] for t in found.get("devices") or []],
+          ["DEVICE", "WAVE", "STATE", "DETAIL"])
+
+
+def canary_column(deployment: dict) -> str:
+    """The canary verdict in a word or two: passed, failed: <metrics>, waiting, off."""
+    analysis = deployment.get("analysis")
+    if isinstance(analysis, dict) and "passed" in analysis:
+        if analysis["passed"]:
+            return "passed"
+        return "failed: " + ",".join(m["name"] for m in analysis.get("metrics") or [] if not m.get("passed"))
+    canary = (deployment.get("options") or {}).get("canary_analysis") or {}
+    if not canary.get("enabled") or not float((deployment.get("options") or {}).get("canary_pct") or 0):
+        return "off"
+    return "waiting" if deployment.get("status") == "running" else "-"
+
+
+def analysis_lines(analysis: Any) -> list[str]:
+    """The canary verdict as lines: the summary, then one line per metric."""
+    if not isinstance(analysis, dict) or "passed" not in analysis:
+        return []
+    lines = [str(analysis.get("summary") or ("canary analysis passed" if analysis["passed"] else "failed"))]
+    for metric in analysis.get("metrics") or []:
+        mark = "ok  " if metric.get("passed") else "FAIL"
+        lines.append(f"  {mark} {metric.get('message')}" if metric.get("judged") else f"  --   {metric.get('message')}")
+    return lines
 
 
 @click.command()
@@ -163,13 +225,36 @@ def fleet_deployments(client: Any, as_json: bool) -> None:
 @click.option("--device-timeout", default=600.0, show_default=True, help="Seconds a device may take.")
 @click.option("--rollback", is_flag=True, help="Allow going back to an older version.")
 @click.option("--pipeline", help="Which of the agent's pipelines to update (default: its first).")
+@click.option("--canary-window", default="5m", show_default=True, callback=_duration,
+              help="Telemetry watched after the last canary device became active before the canary is judged "
+                   "(30s, 5m, 1h or seconds).")
+@click.option("--max-latency-regression", type=click.FloatRange(min=0), default=DEFAULT_MAX_LATENCY_REGRESSION,
+              show_default=True, help="Abort when the canary's p95 infer latency is this many percent above the "
+                                      "control group's.")
+@click.option("--max-fps-drop", type=click.FloatRange(0, 100), default=DEFAULT_MAX_FPS_DROP, show_default=True,
+              help="Abort when the canary's fps is this many percent below the control group's.")
+@click.option("--max-output-drift", type=click.FloatRange(0, 1), default=DEFAULT_MAX_OUTPUT_DRIFT,
+              show_default=True, help="Abort when the canary's class histogram is farther than this total "
+                                      "variation distance (0-1) from the control group's (detectors: also the "
+                                      "relative change of detections per frame and of the mean score).")
+@click.option("--max-error-rate", type=click.FloatRange(0, 100), default=DEFAULT_MAX_ERROR_RATE,
+              show_default=True, help="Abort when the canary's share of unhealthy telemetry windows is this many "
+                                      "percentage points above the control group's.")
+@click.option("--no-canary-analysis", is_flag=True, help="Judge the canary by its update results only.")
 @click.option("--no-wait", is_flag=True, help="Start the rollout and return.")
 @click.option("--json", "as_json", is_flag=True)
 @client_options
 def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], group: str | None, all_devices: bool,
            canary_pct: float, wave_size: int | None, abort_failure_rate: float, device_timeout: float,
-           rollback: bool, pipeline: str | None, no_wait: bool, as_json: bool) -> None:
+           rollback: bool, pipeline: str | None, canary_window: float, max_latency_regression: float,
+           max_fps_drop: float, max_output_drift: float, max_error_rate: float, no_canary_analysis: bool,
+           no_wait: bool, as_json: bool) -> None:
     """Roll MODEL out as VERSION: signed, in waves, canary first; exit 0 only if every target is active.
+
+    The canary wave is judged on its live telemetry against devices still on the old version (or,
+    with no later wave, against its own telemetry before the update): p95 infer latency, fps,
+    pipeline error rate and output drift. Beyond a --max-* threshold the rollout is aborted and the
+    canary rolled back (docs/fleet.md, Canary analysis).
 
     Needs an operator token (--token-file / $EDGEINFER_FLEET_TOKEN).
     """
@@ -183,7 +268,10 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
     spec = {"sha256": artifact["sha256"], "model_name": model.name, "version": version, "canary_pct": canary_pct,
             "wave_size": wave_size, "abort_failure_rate": abort_failure_rate, "device_timeout_s": device_timeout,
             "rollback": rollback, "pipeline": pipeline,
-            "devices": list(devices), "group": group, "all": all_devices}
+            "devices": list(devices), "group": group, "all": all_devices,
+            "canary_analysis": not no_canary_analysis, "canary_window_s": canary_window,
+            "max_latency_regression": max_latency_regression, "max_fps_drop": max_fps_drop,
+            "max_output_drift": max_output_drift, "max_error_rate": max_error_rate}
     created = client.create_deployment(spec)
     deployment_id = created["deployment_id"]
     if not as_json:
@@ -198,8 +286,8 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
             counts = " ".join(f"{k}={v}" for k, v in sorted(current["counts"].items()))
             click.echo(f"  {current['status']}: {counts}", err=True)
 
-    final = wait_for_deployment(client.deployment, deployment_id, timeout_s=device_timeout * 10,
-                                on_progress=progress)
+    waited = device_timeout * 10 + (0 if no_canary_analysis else 2 * canary_window)
+    final = wait_for_deployment(client.deployment, deployment_id, timeout_s=waited, on_progress=progress)
     if as_json:
         print_json(final)
     else:
@@ -207,6 +295,8 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
             if target["state"] != "active":
                 click.echo(f"  {target['device_id']}: {target['state']} {target.get('detail') or ''}".rstrip(),
                            err=True)
+        for line in analysis_lines(final.get("analysis")):
+            click.echo(f"  {line}", err=True)
         click.echo(f"deployment {deployment_id}: {final['status']}" + (f" — {final['detail']}" if final.get("detail")
                                                                        else ""))
     all_active = final["devices"] and all(t["state"] == "active" for t in final["devices"])

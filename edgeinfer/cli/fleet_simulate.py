@@ -26,18 +26,30 @@ from .output import handle_errors, print_json
 @click.option("--credentials", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="For a broker with accounts (the managed Mosquitto): the JSON list `edgeinfer fleet enroll "
                    "PREFIX-00000 PREFIX-00001 ... --json` printed for these devices.")
+@click.option("--behaviour", "behaviours", multiple=True, metavar="MODEL=BEHAVIOUR",
+              help="How devices run a deployed model, by its sha256 or file name: slow[:FACTOR] (inference FACTOR "
+                   "times slower, default 5), drift (answers in another class order), errors:SHARE (that share of "
+                   "telemetry windows failed), healthy; joined by + (repeatable). Other models run healthy.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 @handle_errors
 def simulate(count: int, broker: str, fleet_name: str, prefix: str, interval: float, duration: float | None,
-             fail_rate: float, seed: int, groups: tuple[str, ...], credentials: Path | None, as_json: bool) -> None:
+             fail_rate: float, seed: int, groups: tuple[str, ...], credentials: Path | None,
+             behaviours: tuple[str, ...], as_json: bool) -> None:
     """Run simulated agents on one thread: real protocol, telemetry, births and Last Wills, deploy answers."""
     from ..tools.simulate import Simulation, SimulationSettings
 
     accounts = _credentials(credentials) if credentials else None
+    models = {}
+    for item in behaviours:
+        model, sep, behaviour = item.partition("=")
+        if not sep or not model.strip():
+            raise click.BadParameter(f"{item!r} is not MODEL=BEHAVIOUR (e.g. model_v2.tflite=slow:5)",
+                                     param_hint="--behaviour")
+        models[model.strip()] = behaviour.strip()
     try:
         settings = SimulationSettings(broker=broker, devices=count, fleet=fleet_name, prefix=prefix,
                                       interval_s=interval, duration_s=duration, fail_rate=fail_rate, seed=seed,
-                                      groups=groups, credentials=accounts)
+                                      groups=groups, credentials=accounts, behaviours=models)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     simulation = Simulation(settings)

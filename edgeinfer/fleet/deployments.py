@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..updates.signing import SigningKey, new_manifest
+from .canary import thresholds_from_spec
 from .rollout import ALL_STATES, plan_waves
 
 log = logging.getLogger(__name__)
@@ -17,6 +18,8 @@ DEFAULT_DEVICE_TIMEOUT_S = 600.0
 DEPLOY_COMMAND = "deploy"
 UPDATE_EVENT = "update"
 COMMAND_PREFIX = "deploy-"
+ROLLBACK_COMMAND = "rollback"
+ROLLBACK_PREFIX = "canary-rollback-"
 
 
 def command_id(deployment_id: str) -> str:
@@ -65,6 +68,7 @@ def create_deployment(db: Any, key: SigningKey, spec: dict, *, artifact_size: Ca
                    "pipeline": spec.get("pipeline")}
     except (TypeError, ValueError):
         raise ValueError("canary_pct, wave_size, abort_failure_rate and device_timeout_s must be numbers") from None
+    options["canary_analysis"] = thresholds_from_spec(spec).to_options()
     waves = plan_waves(devices, canary_pct=canary, wave_size=wave_size)
     target = ("all" if spec.get("all") else f"group:{spec['group']}" if spec.get("group")
               else "device:" + ",".join(devices))
@@ -82,6 +86,14 @@ def deploy_args(deployment: dict) -> dict:
     if pipeline:
         args["pipeline"] = pipeline
     return args
+
+
+def rollback_command(deployment: dict, device: str) -> tuple[str, dict, str]:
+    """(command, args, id) of the rollback a failed canary analysis sends ``device``: one id per deployment,
+    so a command re-sent after a takeover runs once."""
+    pipeline = (deployment.get("options") or {}).get("pipeline")
+    return ROLLBACK_COMMAND, ({"pipeline": pipeline} if pipeline else {}), \
+        f"{ROLLBACK_PREFIX}{deployment['deployment_id']}"
 
 
 def progress_of(event: dict) -> tuple[str, str, str | None] | None:

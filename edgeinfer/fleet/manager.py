@@ -145,8 +145,8 @@ class FleetManager:
                              batch_size=self.settings.ingest_batch).start()
         self._start_link()
         owner = f"{self.settings.client_id()}-{uuid.uuid4().hex[:6]}"  # a restarted manager is a new owner
-        self.rollouts = RolloutDriver(self.db, self._send_deploy, owner=owner,
-                                      lease_ttl_s=self.settings.lease_ttl_s).start()
+        self.rollouts = RolloutDriver(self.db, self._send_deploy, owner=owner, lease_ttl_s=self.settings.lease_ttl_s,
+                                      rollback=self._send_rollback).start()
         self._maintenance = threading.Thread(target=self._maintain, name="edgeinfer-fleet-retention", daemon=True)
         self._maintenance.start()
 
@@ -306,6 +306,10 @@ class FleetManager:
         args["grant"] = self._download_grant(deployment["sha256"], device, timeout)
         self.send_command(device, deployments.DEPLOY_COMMAND, args,
                           command_id=deployments.command_id(deployment["deployment_id"]))
+
+    def _send_rollback(self, deployment: dict, device: str) -> None:
+        cmd, args, command_id = deployments.rollback_command(deployment, device)
+        self.send_command(device, cmd, args, command_id=command_id)
 
     # --------------------------------------------------------------------------- deployments
     def put_artifact(self, path: str | Path) -> tuple[str, int]:

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import canary as canary_analysis
+
 log = logging.getLogger(__name__)
 
 #: device states, in the order a healthy update passes through them
@@ -82,15 +84,20 @@ class RolloutStore(Protocol):
     def advance_target(self, deployment_id: str, device_id: str, state: str, detail: str | None = None, *,
                        now: float | None = None) -> bool: ...
     def set_deployment_status(self, deployment_id: str, status: str, detail: str | None = None) -> None: ...
+    def set_deployment_analysis(self, deployment_id: str, analysis: dict) -> None: ...
+    def telemetry_between(self, device_ids: list[str], since: float, until: float) -> list[tuple[str, float, dict]]: ...
 
 
 def step(store: RolloutStore, deployment: dict, notify: Callable[[str], None], *, now: float | None = None,
-         resend: bool = False) -> str | None:
+         resend: bool = False, rollback: Callable[[str], None] | None = None) -> str | None:
     """Advance ``deployment`` as far as it can go now; its final status once it has ended, else None.
 
     Waves in order: a wave's pending devices are notified once every earlier wave has finished
     and the failure rate so far is within the rule; overdue devices time out; ``resend``
     notifies again the devices that were notified but have not answered (after a takeover).
+    A canary wave (wave 0 of a deployment with a canary and the analysis on) is judged on its
+    telemetry before any later wave is notified (:func:`canary_gate`); ``rollback(device)`` sends
+    a canary device back to its previous model when the verdict fails.
     """
     now = time.time() if now is None else now
     deployment_id = deployment["deployment_id"]
@@ -112,6 +119,10 @@ def step(store: RolloutStore, deployment: dict, notify: Callable[[str], None], *
                       f"{index + 1} of {len(waves)}; later waves not notified")
             store.set_deployment_status(deployment_id, "aborted", detail)
             return "aborted"
+        if index == 0 and has_canary(deployment):
+            gate = canary_gate(store, deployment, waves, rollback or (lambda device: None), now=now)
+            if gate != "pass":
+                return None if gate == "wait" else gate
     status = "succeeded" if seen and all(s == "active" for s in seen) else "failed"
     if status == "failed" and failure_rate(seen) > rules.abort_failure_rate:
         status = "aborted"
@@ -135,6 +146,79 @@ def _advance(store: RolloutStore, deployment_id: str, target: dict, rules: Rollo
         notify(device)
 
 
+def has_canary(deployment: dict) -> bool:
+    """Whether wave 0 is a canary wave to be judged: a canary share above 0 and the analysis on."""
+    options = deployment.get("options") or {}
+    return float(options.get("canary_pct") or 0) > 0 and canary_analysis.Thresholds.from_options(options).enabled
+
+
+def canary_gate(store: RolloutStore, deployment: dict, waves: dict[int, list[dict]],
+                rollback: Callable[[str], None], *, now: float) -> str:
+    """"pass", "wait" (the window is not over, or too few telemetry windows yet) or "aborted".
+
+    The canary wave has finished. Its active devices are judged once ``window_s`` after the last of
+    them became active, against the later waves' devices (still on the old version) over the same
+    time, or, with no later wave, against their own telemetry from before they were notified. Too
+    few windows: wait, at most one more window; then judge what there is (a canary that sent less
+    than the minimum fails). The verdict is stored; a failed one rolls the canary back and aborts.
+    """
+    deployment_id = deployment["deployment_id"]
+    stored = deployment.get("analysis")
+    canary = [t for t in waves[0] if t["state"] == "active"]
+    if isinstance(stored, dict) and "passed" in stored:
+        if stored["passed"]:
+            return "pass"
+        _abort_canary(store, deployment_id, canary, rollback, str(stored.get("summary") or "canary analysis failed"))
+        return "aborted"  # a manager that stopped half-way through the abort: finish it
+    if not canary:
+        return "pass"  # every canary device failed, within the failure-rate rule: nothing to judge
+    thresholds = canary_analysis.Thresholds.from_options(deployment.get("options") or {})
+    pipeline = (deployment.get("options") or {}).get("pipeline")
+    activated = {t["device_id"]: float(t["updated_at"]) for t in canary}
+    start = max(activated.values())
+    if now < start + thresholds.window_s:
+        return "wait"
+    canary_rows = [row for row in store.telemetry_between(sorted(activated), start, now)
+                   if row[1] - float((row[2] or {}).get("interval_s") or 0) >= activated[row[0]] - 0.001]
+    later = [t["device_id"] for index in sorted(waves) if index > 0 for t in waves[index]]
+    if later:
+        baseline, control_rows = "control", store.telemetry_between(canary_analysis.sample_control(later), start, now)
+    else:  # no control group: the canary devices before they were notified
+        notified = {t["device_id"]: float(t.get("notified_at") or activated[t["device_id"]]) for t in canary}
+        earliest = min(notified.values()) - thresholds.window_s
+        baseline = "before"
+        control_rows = [row for row in store.telemetry_between(sorted(notified), earliest, max(notified.values()))
+                        if row[1] < notified[row[0]]]
+    counts = (canary_analysis.count_windows(canary_rows, pipeline),
+              canary_analysis.count_windows(control_rows, pipeline))
+    if canary_analysis.insufficient(*counts, thresholds) and now < start + 2 * thresholds.window_s:
+        return "wait"
+    verdict = canary_analysis.analyse(canary_rows, control_rows, thresholds, baseline=baseline, pipeline=pipeline,
+                                      window=(start, now))
+    if counts[0] < thresholds.min_windows:
+        verdict = canary_analysis.too_little_telemetry(verdict, counts[0], thresholds)
+    store.set_deployment_analysis(deployment_id, verdict.to_dict())
+    log.info("rollout %s: %s", deployment_id, verdict.summary)
+    if verdict.passed:
+        return "pass"
+    _abort_canary(store, deployment_id, canary, rollback, verdict.summary)
+    return "aborted"
+
+
+def _abort_canary(store: RolloutStore, deployment_id: str, canary: list[dict], rollback: Callable[[str], None],
+                  summary: str) -> None:
+    """Roll the active canary devices back (a command with one id per deployment: a repeat runs once), mark
+    them rolled_back, and abort: no later wave is notified."""
+    for target in canary:
+        try:
+            rollback(target["device_id"])
+        except Exception as exc:  # an unknown device, a full spool: the abort goes on, the detail says so
+            log.warning("rollout %s: could not send %s a rollback: %s", deployment_id, target["device_id"], exc)
+        store.advance_target(deployment_id, target["device_id"], "rolled_back", "canary analysis failed")
+    store.set_deployment_status(deployment_id, "aborted",
+                                f"{summary}; canary device(s) rolled back, later waves not notified")
+
+
 class LeaseStore(RolloutStore, Protocol):
     def running_deployments(self) -> list[dict]: ...
     def try_lease(self, deployment_id: str, owner: str, ttl_s: float, *, now: float | None = None) -> bool: ...
@@ -149,8 +233,10 @@ class RolloutDriver:
     """A thread that drives every running deployment whose lease this process holds or can take."""
 
     def __init__(self, store: LeaseStore, notify: Callable[[dict, str], None], *, owner: str | None = None,
-                 lease_ttl_s: float = DEFAULT_LEASE_TTL_S, tick_s: float = DEFAULT_TICK_S) -> None:
+                 lease_ttl_s: float = DEFAULT_LEASE_TTL_S, tick_s: float = DEFAULT_TICK_S,
+                 rollback: Callable[[dict, str], None] | None = None) -> None:
         self.store = store
+        self._rollback = rollback
         self.owner = owner or default_owner()
         self.lease_ttl_s = lease_ttl_s
         self.tick_s = tick_s
@@ -187,6 +273,10 @@ class RolloutDriver:
             except Exception as exc:  # closing: the lease runs out by itself
                 log.debug("could not release the lease on %s: %s", deployment_id, exc)
 
+    def _send_rollback(self, deployment: dict, device: str) -> None:
+        if self._rollback is not None:
+            self._rollback(deployment, device)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -213,7 +303,7 @@ class RolloutDriver:
                 log.warning("taking over rollout %s from %s", deployment_id, owner)
             self._held.add(deployment_id)
             ended = step(self.store, deployment, lambda device, d=deployment: self._notify(d, device), now=now,
-                         resend=takeover)
+                         resend=takeover, rollback=lambda device, d=deployment: self._send_rollback(d, device))
             if ended:
                 log.info("rollout %s %s", deployment_id, ended)
                 self._held.discard(deployment_id)

@@ -121,9 +121,12 @@ def _watch_and_deploy(fleet: FleetManager, agent: subprocess.Popen, model_v2: Pa
         time.sleep(0.2)
     telemetry = db.device_telemetry(DEVICE, 1000)
     echo("== 4. a signed rollout: the bird model as version 2 to the running agent")
+    # one device, and a model with other classes: no canary analysis (docs/fleet.md, Canary analysis)
     command = [sys.executable, "-m", "edgeinfer", "deploy", str(model_v2), "--version", "2", "--device", DEVICE,
-               "--fleet-url", fleet.http.url, "--token-file", str(fleet.data_dir / "admin.token")]
-    echo(f"   $ edgeinfer deploy {model_v2.name} --version 2 --device {DEVICE} --token-file fleet-data/admin.token")
+               "--no-canary-analysis", "--fleet-url", fleet.http.url,
+               "--token-file", str(fleet.data_dir / "admin.token")]
+    echo(f"   $ edgeinfer deploy {model_v2.name} --version 2 --device {DEVICE} --no-canary-analysis "
+         "--token-file fleet-data/admin.token")
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     for line in (done.stderr + done.stdout).strip().splitlines():
         echo(f"   {line}")

@@ -138,6 +138,7 @@ def test_a_deployment_from_the_page_reaches_every_device_live(dash, browser):
     fill(browser, "deploy-target", "all")
     fill(browser, "deploy-canary", "10")
     fill(browser, "deploy-wave-size", "15")
+    fill(browser, "deploy-canary-window", "3")  # the simulator runs the bird model as healthy: the canary passes
     browser.driver.execute_script("""
         const form = document.querySelector('[data-testid=deploy-form]');
         const button = form.querySelector('button[type=submit], input[type=submit], button:not([type])');
@@ -225,7 +226,8 @@ def a_deployment(dash) -> str:
         return max(listed, key=lambda d: d.get("created_at", 0))["deployment_id"]
     sha256 = dash.clients["operator"].upload(BIRDS)["sha256"]
     created = dash.clients["operator"].create_deployment({"sha256": sha256, "version": 2, "all": True,
-                                                         "canary_pct": 10, "wave_size": 15})
+                                                         "canary_pct": 10, "wave_size": 15,
+                                                         "canary_window_s": 3, "canary_min_windows": 10})
     deployment_id = created["deployment_id"]
     assert wait_until(lambda: (admin.deployment(deployment_id) or {}).get("status") == "succeeded", 60, 0.2)
     return deployment_id

@@ -111,6 +111,14 @@ class FleetDB:
         """Mark a running deployment aborted, atomically; False when it was not running."""
         return rollouts.abort(self.engine, self.t, deployment_id, detail)
 
+    def set_deployment_analysis(self, deployment_id: str, analysis: dict) -> None:
+        """Store a deployment's canary verdict (JSON)."""
+        rollouts.set_analysis(self.engine, self.t, deployment_id, analysis)
+
+    def telemetry_between(self, device_ids: list[str], since: float, until: float) -> list[tuple[str, float, dict]]:
+        """(device, ts, payload) of these devices' telemetry stored with ``since <= ts <= until``."""
+        return rollouts.telemetry_between(self._sa, self.engine, self.t, list(device_ids), since, until)
+
     def try_lease(self, deployment_id: str, owner: str, ttl_s: float, *, now: float | None = None) -> bool:
         """Take or renew the right to drive a running deployment until now + ttl_s."""
         return rollouts.try_lease(self.engine, self.t, deployment_id, owner, ttl_s,

@@ -74,6 +74,26 @@ def abort(engine: Any, t: Tables, deployment_id: str, detail: str) -> bool:
     return result.rowcount == 1
 
 
+def set_analysis(engine: Any, t: Tables, deployment_id: str, analysis: dict) -> None:
+    c = t.deployments.c
+    with engine.begin() as conn:
+        conn.execute(t.deployments.update().where(c.deployment_id == deployment_id)
+                     .values(analysis=analysis, updated_at=time.time()))
+
+
+def telemetry_between(sa: Any, engine: Any, t: Tables, device_ids: list[str], since: float,
+                      until: float) -> list[tuple[str, float, dict]]:
+    """(device, ts, payload) of the devices' telemetry with since <= ts <= until (the canary analysis)."""
+    c = t.telemetry.c
+    rows: list[tuple[str, float, dict]] = []
+    with engine.connect() as conn:
+        for start in range(0, len(device_ids), 500):  # bounded IN lists
+            query = (sa.select(c.device_id, c.ts, c.payload)
+                     .where(c.device_id.in_(device_ids[start:start + 500]) & (c.ts >= since) & (c.ts <= until)))
+            rows += [(r[0], float(r[1]), r[2]) for r in conn.execute(query)]
+    return rows
+
+
 def try_lease(engine: Any, t: Tables, deployment_id: str, owner: str, ttl_s: float, now: float) -> bool:
     c = t.deployments.c
     free = c.lease_owner.is_(None) | (c.lease_owner == owner) | (c.lease_until < now)

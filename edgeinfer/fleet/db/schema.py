@@ -91,6 +91,7 @@ def tables(sa: Any) -> Tables:
         sa.Column("updated_at", sa.Float, nullable=False),
         sa.Column("lease_owner", sa.String(128)),
         sa.Column("lease_until", sa.Float),
+        sa.Column("analysis", sa.JSON),
     )
     targets = sa.Table(
         "deployment_devices", metadata,

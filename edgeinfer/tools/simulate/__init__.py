@@ -4,10 +4,14 @@ For load tests, demos and benchmarks (``edgeinfer fleet simulate``). Each device
 with a persistent MQTT 5 session, a retained birth and a Last Will on ``state``, telemetry with its
 ``boot_id`` and ``seq`` every interval (phases spread over the interval), and answers to ``deploy``
 commands with the agent's own ``update`` events (downloading → validating → active, or failed for
-the share ``fail_rate`` picks, fixed per device and ``seed``). All clients share one network
-thread through paho's external-loop API (``selectors``; no thread per device). Connections are
-spread over a ramp, and a lost connection is retried with :class:`~edgeinfer._backoff.Backoff`
-and equal jitter, so a thousand devices do not reconnect in lockstep after a broker restart.
+the share ``fail_rate`` picks, fixed per device and ``seed``), and ``rollback`` commands as the agent
+does. Telemetry carries a classifier's output summary; how a device runs a deployed model — slower,
+with drifted answers, failing — is the ``behaviours`` setting, by the artifact's sha256 or the
+model's name (:class:`Behaviour`), so a canary analysis can be tried on a fleet without hardware.
+All clients share one network thread through paho's external-loop API (``selectors``; no thread
+per device). Connections are spread over a ramp, and a lost connection is retried with
+:class:`~edgeinfer._backoff.Backoff` and equal jitter, so a thousand devices do not reconnect in
+lockstep after a broker restart.
 Telemetry made while offline waits in the client (up to ``max_pending`` per device; beyond that it
 is counted as dropped) and goes out after the reconnect; a message counts as acked on its PUBACK.
 """
@@ -29,11 +33,11 @@ from typing import Any
 from ..._backoff import EQUAL_JITTER, Backoff
 from ...errors import ClosedError
 from ...link.settings import parse_broker_url
-from .device import SimDevice, fails
+from .device import Behaviour, SimDevice, fails
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Simulation", "SimulationReport", "SimulationSettings"]
+__all__ = ["Behaviour", "Simulation", "SimulationReport", "SimulationSettings"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +58,9 @@ class SimulationSettings:
     reconnect_max_s: float = 30.0
     #: device id -> (MQTT user name, password), from `edgeinfer fleet enroll --json` (a broker with accounts)
     credentials: Mapping[str, tuple[str, str]] | None = field(default=None, repr=False)
+    #: how devices run a deployed model, by its artifact sha256 or its model name: "slow:5", "drift",
+    #: "errors:0.5", "healthy" (:class:`Behaviour`); a model named nowhere runs healthy
+    behaviours: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         parse_broker_url(self.broker)  # ValueError with the shape of a good URL
@@ -67,6 +74,8 @@ class SimulationSettings:
             missing = [d for d in (f"{self.prefix}-{i:05d}" for i in range(self.devices)) if d not in self.credentials]
             if missing:
                 raise ValueError(f"no credentials for {len(missing)} device(s), e.g. {missing[0]}")
+        for spec in self.behaviours.values():
+            Behaviour.parse(spec)  # ValueError names the shapes it takes
 
 
 @dataclass
@@ -110,9 +119,10 @@ class Simulation:
         require_paho()
         self.settings = settings
         self.broker = parse_broker_url(settings.broker)
+        behaviours = {model: Behaviour.parse(spec) for model, spec in settings.behaviours.items()}
         self.devices = [SimDevice(f"{settings.prefix}-{i:05d}", settings.fleet,
                                   fails(f"{settings.prefix}-{i:05d}", settings.seed, settings.fail_rate),
-                                  groups=settings.groups) for i in range(settings.devices)]
+                                  groups=settings.groups, behaviours=behaviours) for i in range(settings.devices)]
         self._rng = random.Random(settings.seed)
         self._backoff = Backoff(initial_s=settings.reconnect_min_s, max_s=settings.reconnect_max_s,
                                 jitter=EQUAL_JITTER)
@@ -129,6 +139,7 @@ class Simulation:
         self.connect_times: list[float] = []
         self.commands = 0
         self.updates = {"active": 0, "failed": 0}
+        self.rollbacks = 0
 
     # ------------------------------------------------------------------------------ public API
     def device_ids(self) -> list[str]:
@@ -348,6 +359,9 @@ class Simulation:
         except ValueError:
             return
         self.commands += 1
+        if isinstance(command, dict) and command.get("cmd") == "rollback":
+            self._later(self._rng.uniform(*self.settings.update_delay_s), lambda: self._roll_back(device, command))
+            return
         if not isinstance(command, dict) or command.get("cmd") != "deploy":
             return
         for delay, state in device.update_plan(command, self._rng, self.settings.update_delay_s):
@@ -359,6 +373,14 @@ class Simulation:
             self.updates[state] += 1
         if state == "active":  # the agent re-publishes its birth with the new model
             device.client.publish(device.topics.state, device.state(), qos=1, retain=True)
+
+    def _roll_back(self, device: SimDevice, command: dict) -> None:
+        event = device.roll_back(command)
+        if event is None:
+            return
+        device.client.publish(device.topics.events, event, qos=1)
+        self.rollbacks += 1
+        device.client.publish(device.topics.state, device.state(), qos=1, retain=True)
 
     def _shutdown(self) -> None:
         for device in self.devices:

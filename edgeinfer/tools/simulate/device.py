@@ -15,6 +15,52 @@ from ...link.protocol import PROTOCOL_VERSION, Topics, encode
 #: the real agent's update states, in the order it reports them
 UPDATE_STEPS = ("downloading", "validating")
 MODEL_PATH = "/var/lib/edgeinfer/models/model.tflite"
+#: the simulated classifier's classes and how often each is the top-1 answer (Zipf: a few dominate)
+LABELS = tuple(f"class-{i:02d}" for i in range(20))
+WEIGHTS = tuple(1.0 / (i + 1) for i in range(len(LABELS)))
+#: how many labels a window's output summary names (as the agent's)
+TOP_LABELS = 10
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How a simulated device runs a model: ``slow`` multiplies its inference time (fps falls with it),
+    ``drift`` answers with the classes in another order (a permuted label file), ``errors`` is the share of
+    telemetry windows in which its pipeline has failed and restarts."""
+
+    slow: float = 1.0
+    drift: bool = False
+    errors: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> Behaviour:
+        """``healthy``, ``slow`` / ``slow:FACTOR`` (default 5), ``drift``, ``errors:SHARE``, joined by ``+``;
+        ValueError otherwise."""
+        slow, drift, errors = 1.0, False, 0.0
+        for part in (text or "").strip().lower().split("+"):
+            name, _, value = part.strip().partition(":")
+            try:
+                if name == "healthy" and not value:
+                    continue
+                if name == "slow":
+                    slow = float(value) if value else 5.0
+                    if not 1.0 <= slow <= 1000.0:
+                        raise ValueError
+                elif name == "drift" and not value:
+                    drift = True
+                elif name == "errors":
+                    errors = float(value)
+                    if not 0.0 <= errors <= 1.0:
+                        raise ValueError
+                else:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"not a simulated behaviour: {text!r} (healthy, slow[:FACTOR], drift, errors:SHARE, "
+                                 "joined by +)") from None
+        return cls(slow=slow, drift=drift, errors=errors)
+
+
+HEALTHY = Behaviour()
 
 
 def fails(device_id: str, seed: int, rate: float) -> bool:
@@ -54,6 +100,13 @@ class SimDevice:
     counters: DeviceCounters = field(default_factory=DeviceCounters)
     in_flight: dict[int, int] = field(default_factory=dict)  # mid -> telemetry seq
     deployments: dict[str, str] = field(default_factory=dict)  # deployment id -> its last update state
+    #: artifact sha256 or model name -> how this device runs that model (the simulation's setting)
+    behaviours: dict[str, Behaviour] = field(default_factory=dict)
+    behaviour: Behaviour = HEALTHY
+    #: what a rollback goes back to: (version, sha256, behaviour)
+    previous: tuple[int, str, Behaviour] | None = None
+    restarts: int = 0
+    commands_seen: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.topics = Topics(self.fleet, self.device_id)
@@ -74,16 +127,36 @@ class SimDevice:
 
     def telemetry(self, rng: random.Random, interval_s: float) -> bytes:
         self.seq += 1
-        latency = rng.uniform(8.0, 14.0)
-        stage = {"p50": round(latency, 2), "p95": round(latency * 1.3, 2), "p99": round(latency * 1.6, 2)}
+        behaviour = self.behaviour
+        infer = rng.uniform(8.0, 14.0) * behaviour.slow
+        fps = min(rng.uniform(28.0, 30.0), 1000.0 / (infer * 1.2))
+        frames = max(1, round(fps * interval_s))
+        failed = behaviour.errors > 0 and rng.random() < behaviour.errors
+        pipeline: dict[str, Any] = {"name": "main", "status": "running", "delegate": "xnnpack", "frames": frames,
+                                    "dropped": 0, "fps": round(fps, 2), "restarts": self.restarts,
+                                    "stages": {"infer": _figures(infer), "latency": _figures(infer + 4.0)},
+                                    "degraded": False, "delegate_wanted": None,
+                                    "outputs": self._outputs(rng, frames)}
+        if failed:
+            self.restarts += 1
+            pipeline.update(status="restarting", restarts=self.restarts, frames=0, fps=0.0, stages={})
+            del pipeline["outputs"]
         return json.dumps({
             "v": PROTOCOL_VERSION, "type": "telemetry", "fleet": self.fleet, "device": self.device_id,
             "ts": time.time(), "boot_id": self.boot_id, "seq": self.seq, "interval_s": interval_s,
-            "pipelines": [{"name": "main", "status": "running", "delegate": "xnnpack", "frames": 30, "dropped": 0,
-                           "fps": round(rng.uniform(28.0, 30.0), 2), "restarts": 0,
-                           "stages": {"inference": stage, "latency": stage}}],
+            "pipelines": [pipeline],
             "system": {"cpu_percent": round(rng.uniform(20, 60), 1), "rss_bytes": 90_000_000, "throttled": False},
             "spool": {"pending": 0, "dropped": 0}}, separators=(",", ":")).encode()
+
+    def _outputs(self, rng: random.Random, frames: int) -> dict[str, Any]:
+        """A window's output summary, as the agent's: each frame's top-1 class, counted."""
+        labels = LABELS[::-1] if self.behaviour.drift else LABELS  # the same scores, other classes
+        counts: dict[str, int] = {}
+        for label in rng.choices(labels, WEIGHTS, k=frames):
+            counts[label] = counts.get(label, 0) + 1
+        top = sorted(counts.items(), key=lambda item: -item[1])[:TOP_LABELS]
+        return {"frames": frames, "top": [{"label": label, "count": count} for label, count in top],
+                "detections": 0, "score_mean": round(rng.uniform(0.7, 0.8), 4)}
 
     def event(self, name: str, level: str, message: str, *, cmd_id: str | None, data: dict) -> bytes:
         self.event_seq += 1
@@ -117,6 +190,28 @@ class SimDevice:
             data.update(reason="validation_failed", detail="simulated: the model failed validation")
             level, message = "error", f"update to v{version}: failed (validation_failed)"
         elif state == "active":
+            self.previous = (self.version, self.model_sha256, self.behaviour)
             self.version = version
             self.model_sha256 = str(manifest.get("sha256") or self.model_sha256)
+            named = self.behaviours.get(str(manifest.get("model_name")))
+            self.behaviour = self.behaviours.get(self.model_sha256) or named or HEALTHY
         return self.event("update", level, message, cmd_id=command.get("id"), data=data)
+
+    def roll_back(self, command: dict) -> bytes | None:
+        """Answer a ``rollback`` command as the agent does (the previous model runs again); None for one seen
+        before, or when there is nothing to go back to."""
+        command_id = str(command.get("id") or "")
+        if command_id in self.commands_seen:
+            return None
+        self.commands_seen.add(command_id)
+        if self.previous is None:
+            return self.event("cmd_rejected", "warning", "rollback: no previous model", cmd_id=command_id,
+                              data={"reason": "no_previous"})
+        self.version, self.model_sha256, self.behaviour = self.previous
+        self.previous = None
+        return self.event("update", "warning", f"rolled back to v{self.version}", cmd_id=command_id,
+                          data={"state": "rolled_back", "version": self.version})
+
+
+def _figures(ms: float) -> dict[str, float]:
+    return {"p50": round(ms, 2), "p95": round(ms * 1.3, 2), "p99": round(ms * 1.6, 2), "mean": round(ms * 1.05, 2)}

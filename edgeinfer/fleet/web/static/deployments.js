@@ -93,6 +93,10 @@ function deployForm() {
   const wave = h("input", { id: "deploy-wave-size", type: "number", min: 1, step: 1, "data-testid": "deploy-wave-size", placeholder: "server default" });
   const abortRate = h("input", { id: "deploy-abort-rate", type: "number", min: 0, max: 1, step: "any", "data-testid": "deploy-abort-rate", placeholder: "server default" });
   const timeout = h("input", { id: "deploy-timeout", type: "number", min: 1, step: 1, "data-testid": "deploy-timeout", placeholder: "server default" });
+  const analysis = h("input", { id: "deploy-canary-analysis", type: "checkbox", checked: true, "data-testid": "deploy-canary-analysis" });
+  const canaryWindow = h("input", { id: "deploy-canary-window", type: "number", min: 1, step: "any", "data-testid": "deploy-canary-window", placeholder: "300" });
+  const maxLatency = h("input", { id: "deploy-max-latency", type: "number", min: 0, step: "any", "data-testid": "deploy-max-latency", placeholder: "50" });
+  const maxDrift = h("input", { id: "deploy-max-drift", type: "number", min: 0, max: 1, step: "any", "data-testid": "deploy-max-drift", placeholder: "0.2" });
   const submit = h("button", { type: "submit", class: "primary", "data-testid": "deploy-submit" }, "Upload and deploy");
   const error = h("p", { class: "error", "data-testid": "deploy-error", role: "alert", "aria-live": "assertive" });
   const progress = h("p", { class: "muted", role: "status", "aria-live": "polite" });
@@ -113,7 +117,11 @@ function deployForm() {
       field("deploy-canary", "Canary %", canary, "0–100"),
       field("deploy-wave-size", "Wave size", wave, "devices per wave"),
       field("deploy-abort-rate", "Abort failure rate", abortRate, "0–1, e.g. 0.2"),
-      field("deploy-timeout", "Device timeout (s)", timeout)),
+      field("deploy-timeout", "Device timeout (s)", timeout),
+      field("deploy-canary-analysis", "Canary analysis", analysis, "judge the canary on its telemetry"),
+      field("deploy-canary-window", "Canary window (s)", canaryWindow, "telemetry watched before judging"),
+      field("deploy-max-latency", "Max latency regression (%)", maxLatency),
+      field("deploy-max-drift", "Max output drift", maxDrift, "total variation, 0–1")),
     h("div", { class: "row" }, submit), progress, error);
 
   form.addEventListener("submit", async (ev) => {
@@ -146,7 +154,10 @@ function deployForm() {
       return true;
     };
     if (!num(canary, "canary_pct", 0, 100) || !num(wave, "wave_size", 1, 1e9)
-      || !num(abortRate, "abort_failure_rate", 0, 1) || !num(timeout, "device_timeout_s", 1, 1e9)) return;
+      || !num(abortRate, "abort_failure_rate", 0, 1) || !num(timeout, "device_timeout_s", 1, 1e9)
+      || !num(canaryWindow, "canary_window_s", 1, 604800) || !num(maxLatency, "max_latency_regression", 0, 100000)
+      || !num(maxDrift, "max_output_drift", 0, 1)) return;
+    body.canary_analysis = analysis.checked;
 
     submit.disabled = true;
     try {
@@ -234,7 +245,7 @@ export async function deploymentPage(root, ctx, id) {
       ...Object.entries(opt).filter(([, v]) => v !== null && v !== undefined)
         .map(([k, v]) => fact(k.replace(/_/g, " "), typeof v === "object" ? JSON.stringify(v) : String(v))),
     ].filter(Boolean));
-    counts.replaceChildren(countChips(dep.counts));
+    counts.replaceChildren(countChips(dep.counts), analysisCard(dep.analysis));
 
     if (Array.isArray(dep.devices)) {
       for (const dv of dep.devices) {
@@ -282,4 +293,18 @@ export async function deploymentPage(root, ctx, id) {
       }
     },
   };
+}
+
+// The canary verdict: one row per metric, canary against control (or the canary before the update).
+function analysisCard(analysis) {
+  if (!analysis || analysis.passed === undefined) return h("span");
+  const fmt = (v) => (v === null || v === undefined ? DASH : Number(v).toPrecision(3));
+  const rows = (analysis.metrics || []).map((m) => h("tr", { dataset: { metric: m.name, passed: String(m.passed) } },
+    h("td", {}, m.label), h("td", {}, fmt(m.canary)), h("td", {}, fmt(m.control)), h("td", {}, fmt(m.change)),
+    h("td", {}, `${m.threshold}`), h("td", { class: m.passed ? "ok" : "error" }, !m.judged ? "not judged" : m.passed ? "pass" : "FAIL")));
+  return h("section", { class: "card", "data-testid": "canary-analysis" },
+    h("h2", {}, "Canary analysis"),
+    h("p", { class: analysis.passed ? "result ok" : "result error" }, analysis.summary || ""),
+    h("table", {}, h("thead", {}, h("tr", {}, ...["Metric", "Canary", analysis.baseline === "before" ? "Before" : "Control",
+      "Change", "Threshold", ""].map((t) => h("th", {}, t)))), h("tbody", {}, ...rows)));
 }
