@@ -6,6 +6,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 EXTRAS ?= all,dev
 export EDGEINFER_ASSETS ?= $(abspath ../shared/assets)
+# the tracker (edgeinfer[tracking]) without the opencv-python, matplotlib and PyAV `trackers` declares but
+# ByteTrack does not import: a second cv2 over opencv-python-headless would be a bad idea (docs/analytics.md)
+TRACKING_DEPS := scipy "pydeprecate>=0.9,<0.14" rich requests defusedxml tqdm pillow pyyaml
+TRACKING_NO_DEPS := "trackers>=2.6,<3" "supervision>=0.26"
 
 .PHONY: demo test lint bench system-deps venv clean
 
@@ -58,6 +62,8 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install -q $(TRACKING_DEPS)
+	$(BIN)/python -m pip install -q --no-deps $(TRACKING_NO_DEPS)
 	touch $@
 
 clean:

@@ -32,6 +32,7 @@ _LAZY = {
     "Pose": "edgeinfer.pipeline.postprocess",
     "Segmentation": "edgeinfer.pipeline.postprocess",
     "Pipeline": "edgeinfer.pipeline.core",
+    "MultiPipeline": "edgeinfer.pipeline.multi",
     "PipelineOptions": "edgeinfer.pipeline.options",
     "FrameResult": "edgeinfer.pipeline.stats",
     "PipelineStats": "edgeinfer.pipeline.stats",

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..pipeline.labels import Labels
-from ..pipeline.options import PipelineOptions
+from ..pipeline.options import DETECT_ONLY, PipelineOptions
 from .config_reader import ConfigReader
 
 #: what the runner does when a pipeline fails (``on-failure``) or its source ends (``always``)
@@ -90,6 +90,8 @@ def _reader_for(option: dataclasses.Field, hint: Any) -> Read:
         return lambda r, key: r.path(key)
     if members == (tuple[int, int],):
         return lambda r, key: r.pair(key)
+    if members == (tuple[str, ...],):
+        return lambda r, key: r.strings(key)
     if members == (float, tuple[float, ...]):
         return lambda r, key: r.numbers(key)
     if len(members) == 1 and dataclasses.is_dataclass(members[0]):
@@ -161,8 +163,9 @@ def _read_option(r: ConfigReader, form: _OptionForm) -> Any:
     key = form.option.name
     value = None if r.is_null(key) else form.read(r, key)
     if key in PipelineOptions.names():
+        alone = {key: value, "task": "detect"} if key in DETECT_ONLY else {key: value}  # checked alone
         try:
-            PipelineOptions(**{key: value})
+            PipelineOptions(**alone)
         except ValueError as exc:
             raise r.fail(key, _problem(exc, key, r.get(key), form.kind)) from None  # as written
     return value

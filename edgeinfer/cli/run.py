@@ -49,9 +49,12 @@ def _brief(result: object) -> str:
 
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--source", "-s", required=True,
+@click.option("--source", "-s", "sources", required=True, multiple=True,
               help="Video file, image folder/glob, camera index or /dev/videoN, rtsp:// or http:// URL, "
-                   "GStreamer pipeline, picamera2, or synthetic[:WxH[@FPS]].")
+                   "GStreamer pipeline, picamera2, or synthetic[:WxH[@FPS]]. Repeat it for several streams on "
+                   "one engine (NAME=SOURCE names a stream).")
+@click.option("--batch", type=click.IntRange(min=1),
+              help="Several streams: frames per invoke (a delegate that batches: openvino). Default: 1.")
 @click.option("--task", type=click.Choice(TASK_NAMES), default="classify",
               show_default=True)
 @click.option("--labels", type=click.Path(dir_okay=False, path_type=str),
@@ -77,13 +80,20 @@ def _brief(result: object) -> str:
 @click.option("--fourcc", help="Camera pixel format, e.g. MJPG or YUYV.")
 @click.option("--full-decode", is_flag=True,
               help="Decode MJPEG / JPEG frames at full size (default: at the model's size, 1/2-1/8 scale).")
+@click.option("--line", "lines", multiple=True, metavar="[NAME=]X1,Y1,X2,Y2",
+              help="Count confirmed tracks crossing this line (source pixels; repeatable). Implies --track.")
+@click.option("--zone", "zones", multiple=True, metavar="[NAME=]X1,Y1,X2,Y2,X3,Y3,...",
+              help="Count confirmed tracks in this polygon (repeatable). Implies --track.")
+@click.option("--track", is_flag=True, help="Give detections track ids (task detect; edgeinfer[tracking]).")
+@click.option("--motion-gate", is_flag=True, help="Skip inference on frames that did not change (reuse the result).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
 @handle_errors
-def run(model: str, source: str, task: str, labels: str | None, delegate: str | None, strict: bool,
-        threads: int | None,
+def run(model: str, sources: tuple[str, ...], batch: int | None, task: str, labels: str | None,
+        delegate: str | None, strict: bool, threads: int | None,
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
         resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
-        fourcc: str | None, full_decode: bool, as_json: bool) -> None:
+        fourcc: str | None, full_decode: bool, lines: tuple[str, ...], zones: tuple[str, ...], track: bool,
+        motion_gate: bool, as_json: bool) -> None:
     """Run MODEL over frames from --source and print results (or a live status line)."""
     from ..capture import open_source
     from ..pipeline.core import Pipeline
@@ -91,13 +101,22 @@ def run(model: str, source: str, task: str, labels: str | None, delegate: str | 
 
     if strict:
         os.environ[STRICT_ENV] = "1"
+    if len(sources) > 1 or batch:
+        from .run_multi import run_streams
 
+        run_streams(model, sources, batch=batch, task=task, labels=labels, delegate=delegate, threads=threads,
+                    policy=policy or "latest", max_fps=max_fps, loop=loop, top_k=top_k, resize=resize,
+                    score_threshold=score_threshold, size=size, fps=camera_fps, fourcc=fourcc,
+                    max_frames=max_frames, as_json=as_json, motion_gate=motion_gate)
+        return
+    source = sources[0]
     frames = open_source(source, size=size, fps=camera_fps, fourcc=fourcc, loop=loop)
     try:
         chosen_policy = policy or ("latest" if frames.live else "every")
         pipeline = Pipeline(model, frames, task=task, labels=labels, delegate=delegate, threads=threads,
                             policy=chosen_policy, max_fps=max_fps, max_frames=max_frames, top_k=top_k,
-                            resize=resize, score_threshold=score_threshold, reduced_decode=not full_decode)
+                            resize=resize, score_threshold=score_threshold, reduced_decode=not full_decode,
+                            lines=lines, zones=zones, track=track, motion_gate=motion_gate)
     except BaseException:
         frames.close()
         raise
@@ -134,8 +153,21 @@ def run(model: str, source: str, task: str, labels: str | None, delegate: str | 
                        f"p99 {latency['p99']:.1f} ms, dropped {stats.dropped}, on {stats.delegate}"
                        + (f" (degraded: {stats.delegate_wanted} failed, {stats.frames_lost} frame(s) lost)"
                           if stats.degraded else ""))
+            if stats.reused:
+                click.echo(f"motion gate: {stats.reused} frame(s) reused the previous result")
+            if stats.analytics is not None:
+                _print_counts(stats.analytics)
     if interrupted:
         sys.exit(130)
+
+
+def _print_counts(counts: dict) -> None:
+    """Lines and zones at the end of a run."""
+    click.echo(f"tracks: {counts['tracks']['confirmed']} confirmed")
+    for name, line in counts["lines"].items():
+        click.echo(f"line {name}: in {line['in']}, out {line['out']}")
+    for name, zone in counts["zones"].items():
+        click.echo(f"zone {name}: {zone['inside']} inside, {zone['entries']} entries")
 
 
 def _status(pipeline, result, tty: bool) -> None:

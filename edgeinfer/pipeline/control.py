@@ -24,6 +24,8 @@ class RunControl:
         self.error: BaseException | None = None
         self.frames = 0
         self.dropped = 0
+        #: motion gating: frames answered with the previous result
+        self.reused = 0
         self.t_start = 0.0
         self.t_end = 0.0
 

@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..capture import FrameSource, open_source
 from ..errors import ClosedError
@@ -45,6 +45,9 @@ from .outputs import OutputSummary
 from .ring import END, FrameRing
 from .stats import FrameResult, PipelineStats, StatsRing
 from .supervisor import DelegateSupervisor
+
+if TYPE_CHECKING:
+    from .analytics import StreamAnalytics
 from .tasks import get_task
 
 log = logging.getLogger("edgeinfer.pipeline")
@@ -69,10 +72,8 @@ class Pipeline:
     keyword is a field of :class:`~edgeinfer.pipeline.options.PipelineOptions` (task, labels,
     policy, max_fps, max_frames, thresholds, camera size, ...); ``options`` gives them as a record.
 
-    ``reduced_decode`` (default on, off with ``keep_frames``) lets a source that can decode less
-    than the whole frame do so, down to the model's input size — MJPEG files and streams, and JPEG
-    folders, decode at 1/2, 1/4 or 1/8 scale (:mod:`edgeinfer.capture.mjpeg`). Boxes, keypoints and
-    masks are still in the source's pixels.
+    ``reduced_decode`` (default on, off with ``keep_frames``) lets MJPEG files, streams and JPEG folders
+    decode at 1/2, 1/4 or 1/8 scale, down to the model's input size; results stay in source pixels.
     """
 
     def __init__(self, model: str | os.PathLike | Engine, source: str | int | os.PathLike | FrameSource,
@@ -126,7 +127,7 @@ class Pipeline:
         self._closed = False
         self._lock = threading.Lock()
         self._opencv_threads_set = False
-        self._window = (0, 0, 0.0)  # frames, dropped, time at the previous take_window()
+        self._window = (0, 0, 0.0, 0)  # frames, dropped, time, reused at the previous take_window()
 
     def _load(self, model: str | os.PathLike) -> Engine:
         from ..runtime.selection import load
@@ -169,8 +170,7 @@ class Pipeline:
     @property
     def decoded_by_inference(self) -> int:
         """Frames the inference thread decoded itself while it would have waited (decode-bound runs)."""
-        shared = self._infer.shared
-        return shared.decoded_by_inference if shared is not None else 0
+        return self._infer.shared.decoded_by_inference if self._infer.shared is not None else 0
 
     @property
     def running(self) -> bool:
@@ -194,7 +194,7 @@ class Pipeline:
                 self._opencv_threads_set = True
             self.source.resume()
             self._control.begin()
-            self._window = (0, 0, self._control.t_start)
+            self._window = (0, 0, self._control.t_start, 0)
             self._capture_thread = threading.Thread(target=self._capture.run, name="edgeinfer-capture", daemon=True)
             self._start_infer_thread()
             self._capture_thread.start()
@@ -332,27 +332,42 @@ class Pipeline:
     @property
     def stats(self) -> PipelineStats:
         """Counters since start; percentiles over the last ``stats_window`` frames."""
-        return self._make_stats(0, self._stats.count, self.dropped, self._control.elapsed(self._started), None)
+        return self._make_stats(0, self._stats.count, self.dropped, self._control.elapsed(self._started), None,
+                                self._control.reused)
 
     def take_window(self) -> PipelineStats:
         """Stats of the frames since the previous call (or since start): for telemetry windows."""
         now = self._control.now()
-        frames, dropped = self._stats.count, self.dropped
-        prev_frames, prev_dropped, prev_time = self._window
-        self._window = (frames, dropped, now)
+        frames, dropped, reused = self._stats.count, self.dropped, self._control.reused
+        prev_frames, prev_dropped, prev_time, prev_reused = self._window
+        self._window = (frames, dropped, now, reused)
         elapsed = max(now - prev_time, 0.0) if self._started else 0.0
-        return self._make_stats(prev_frames, frames, dropped - prev_dropped, elapsed, self._outputs.take())
+        return self._make_stats(prev_frames, frames, dropped - prev_dropped, elapsed, self._outputs.take(),
+                                reused - prev_reused)
 
     def _make_stats(self, first: int, last: int, dropped: int, elapsed: float,
-                    outputs: dict[str, Any] | None) -> PipelineStats:
-        frames = last - first
-        source = self.source
-        return PipelineStats(
-            frames=frames, dropped=dropped, fps=frames / elapsed if elapsed > 0 else 0.0, elapsed_s=elapsed,
-            stages=self._stats.summary(first, last), delegate=self.engine.description,
-            reconnects=source.reconnects, callback_errors=self.callback_errors, source=source.description,
-            reduction=source.reduction, corrupt_frames=source.corrupt_frames, outputs=outputs,
-            **self._supervisor.failover.stats_fields())
+                    outputs: dict[str, Any] | None, reused: int) -> PipelineStats:
+        return pipeline_stats(self, first, last, dropped, elapsed, outputs, reused)
+
+    @property
+    def analytics(self) -> StreamAnalytics | None:
+        """Tracking, lines and zones (options ``track``, ``lines``, ``zones``): counts, listeners; else None."""
+        return self._infer.analytics
+
+
+def pipeline_stats(pipeline: Pipeline, first: int, last: int, dropped: int, elapsed: float,
+                   outputs: dict[str, Any] | None, reused: int) -> PipelineStats:
+    """Samples [first, last) of ``pipeline``'s stats ring as PipelineStats, with its counters."""
+    frames = last - first
+    source = pipeline.source
+    analytics = pipeline.analytics
+    return PipelineStats(
+        frames=frames, dropped=dropped, fps=frames / elapsed if elapsed > 0 else 0.0, elapsed_s=elapsed,
+        stages=pipeline._stats.summary(first, last), delegate=pipeline.engine.description,
+        reconnects=source.reconnects, callback_errors=pipeline.callback_errors, source=source.description,
+        reduction=source.reduction, corrupt_frames=source.corrupt_frames, outputs=outputs, reused=reused,
+        analytics=analytics.counts() if analytics is not None else None,
+        **pipeline._supervisor.failover.stats_fields())
 
 
 __all__ = ["Pipeline", "PipelineOptions"]

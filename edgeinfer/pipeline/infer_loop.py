@@ -14,13 +14,15 @@ from .stats import FrameResult, StageTimings
 
 if TYPE_CHECKING:
     from ..runtime.engine import Engine
+    from .analytics import StreamAnalytics
     from .binding import ModelBinding
     from .control import RunControl
     from .decoding import SharedDecoding
     from .delivery import ResultDelivery
+    from .motion import MotionGate
     from .options import PipelineOptions
     from .outputs import OutputSummary
-    from .ring import FrameRing
+    from .ring import FrameRing, Slot
     from .stats import StatsRing
 
 log = logging.getLogger("edgeinfer.pipeline")
@@ -51,6 +53,18 @@ class InferenceLoop:
         self._owner = threading.Lock()
         #: the summary of what the pipeline answered (edgeinfer.pipeline.outputs), None to skip it
         self.outputs: OutputSummary | None = None
+        #: motion gating (edgeinfer.pipeline.motion): None runs every frame
+        self.motion: MotionGate | None = None
+        if options.motion_gate:
+            from .motion import MotionGate
+
+            self.motion = MotionGate(options.motion_threshold, options.motion_min_area, options.motion_max_skip)
+        #: tracking, lines and zones (edgeinfer.pipeline.analytics): detections get track ids here
+        self.analytics: StreamAnalytics | None = None
+        if options.tracking:
+            from .analytics import analytics_from_options
+
+            self.analytics = analytics_from_options(options)
 
     def abandon(self, started: float) -> bool:
         """Watchdog: give up on the thread whose invoke began at ``started``; False if it returned meanwhile."""
@@ -82,6 +96,17 @@ class InferenceLoop:
         self._control.t_end = perf()
         self._finish()
 
+    def _reuse(self, slot: Slot, result: object, t3: float, stopping: Callable[[], bool]) -> None:
+        """Motion gating: deliver ``slot``'s frame with the previous frame's result, marked reused."""
+        frame_id, t0, t1, t2, stamp = slot.frame_id, slot.read_start, slot.read_end, slot.staged_end, slot.wall_time
+        self._ring.free.put(slot)
+        now = time.perf_counter()
+        timings = StageTimings(capture=(t1 - t0) * 1e3, preprocess=0.0, infer=0.0, postprocess=0.0,
+                               latency=(now - t1) * 1e3, queue=(t3 - t2) * 1e3)
+        self._control.reused += 1
+        self._control.frames += 1
+        self._delivery.deliver(FrameResult(frame_id, stamp, result, timings, reused=True), stopping)
+
     def _loop(self, epoch: int) -> None:
         import numpy as np
 
@@ -96,6 +121,9 @@ class InferenceLoop:
         keep_frames = options.keep_frames
         copyto = np.copyto
         outputs = self.outputs
+        gate = self.motion
+        analytics = self.analytics
+        last_gen, last_result = -1, None  # the result a frame that did not change reuses, and its plan
 
         def stopping() -> bool:
             return control.stop_requested
@@ -120,6 +148,11 @@ class InferenceLoop:
                 binding.apply_pending_swap()
             frame = slot.frame
             plan = binding.plan_for(frame.shape, slot.native)
+            if gate is not None and not gate.changed(frame) and last_gen == plan.gen:
+                self._reuse(slot, last_result, t3, stopping)
+                if max_frames is not None and control.frames >= max_frames:
+                    break
+                continue
             if slot.staged_gen == plan.gen:
                 copyto(plan.view, plan.staged[slot.index])
             else:
@@ -141,9 +174,12 @@ class InferenceLoop:
                 return
             t5 = perf()
             result = plan.decoder(plan.transform)
+            if analytics is not None:
+                result = analytics.process(result, frame_id, stamp)
             t6 = perf()
             if outputs is not None:
                 outputs.observe(result)
+            last_gen, last_result = plan.gen, result
             if shared is not None:
                 shared.note_inference(t6 - t3)
             timings = StageTimings(

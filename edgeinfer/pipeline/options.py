@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 POLICIES = ("every", "latest")
 #: where preprocessing runs: decided from measured stage times, or pinned to one thread
 PREPROCESS_PLACES = ("auto", "capture", "inference")
+#: options that only a detection pipeline takes (tracking, lines, zones)
+DETECT_ONLY = ("track", "lines", "zones")
 DEFAULT_QUEUE_SIZE = 2
 DEFAULT_WATCHDOG_FLOOR_S = 1.0
 DEFAULT_WATCHDOG_FACTOR = 10.0
@@ -83,6 +85,25 @@ class PipelineOptions:
     #: frames kept for the caller stay full size; otherwise sources that can decode less may
     reduced_decode: bool = True
     keep_frames: bool = False
+    # tracking and counting (edgeinfer.pipeline.analytics, task "detect"; docs/analytics.md)
+    #: give detections track ids (implied by lines or zones)
+    track: bool = False
+    #: counting lines, each ``"x1,y1,x2,y2"`` or ``"NAME=x1,y1,x2,y2"`` in source pixels
+    lines: tuple[str, ...] = ()
+    #: zones, each ``"x1,y1,x2,y2,x3,y3[,...]"`` or ``"NAME=..."`` (a polygon in source pixels)
+    zones: tuple[str, ...] = ()
+    #: frames a track must be matched in before it counts
+    track_min_hits: int = 3
+    #: the hysteresis band around a line or a zone's edge, a fraction of the box height
+    line_band: float = 0.1
+    # motion gating (edgeinfer.pipeline.motion): unchanged frames reuse the last result, marked reused
+    motion_gate: bool = False
+    #: gray levels a pixel of the small comparison copy must change by
+    motion_threshold: float = 20.0
+    #: the share of the frame that must change
+    motion_min_area: float = 0.002
+    #: frames skipped in a row at most: then one goes through whatever it looks like
+    motion_max_skip: int = 30
     #: OpenCV's process-wide thread count while the pipeline runs (None leaves it alone)
     opencv_threads: int | None = 1
     stats_window: int = DEFAULT_STATS_WINDOW
@@ -97,7 +118,9 @@ class PipelineOptions:
         if self.watchdog_factor < 1:
             raise ValueError(f"watchdog_factor must be >= 1, not {self.watchdog_factor}")
         at_least_one = {"max_frames": self.max_frames, "queue_size": self.queue_size, "threads": self.threads,
-                        "top_k": self.top_k}
+                        "top_k": self.top_k, "track_min_hits": self.track_min_hits}
+        if (self.track or self.lines or self.zones) and self.task != "detect":
+            raise ValueError(f"tracking, lines and zones need task 'detect', not {self.task!r}")
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0, not {value}")
@@ -126,6 +149,11 @@ class PipelineOptions:
     def decode_reduced(self) -> bool:
         """Whether a source may decode frames smaller than its own size (never when frames are kept)."""
         return self.reduced_decode and not self.keep_frames
+
+    @property
+    def tracking(self) -> bool:
+        """Whether the pipeline tracks (asked for, or implied by lines or zones)."""
+        return self.track or bool(self.lines) or bool(self.zones)
 
     def decoder_settings(self) -> DecoderSettings:
         """The options the task's decoder reads."""

@@ -66,16 +66,23 @@ DEFAULT_MAX_DETECTIONS = 100
 
 @dataclass(frozen=True, slots=True)
 class Detection:
-    """One detected object: a box in source-frame pixels (x1, y1, x2, y2), its score and class."""
+    """One detected object: a box in source-frame pixels (x1, y1, x2, y2), its score and class.
+
+    ``track_id`` is set by a tracker (edgeinfer.pipeline.tracking) on detections of a confirmed track.
+    """
 
     box: tuple[float, float, float, float]
     score: float
     class_id: int
     label: str
+    track_id: int | None = None
 
     def to_dict(self) -> dict:
-        return {"box": [round(v, 1) for v in self.box], "score": round(self.score, 6),
+        data = {"box": [round(v, 1) for v in self.box], "score": round(self.score, 6),
                 "class_id": self.class_id, "label": self.label}
+        if self.track_id is not None:
+            data["track_id"] = self.track_id
+        return data
 
 
 @dataclass(frozen=True)

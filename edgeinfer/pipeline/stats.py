@@ -55,6 +55,10 @@ class FrameResult:
     timings: StageTimings
     #: a copy of the frame, only with ``Pipeline(keep_frames=True)``
     frame: np.ndarray | None = None
+    #: the stream the frame came from (a MultiPipeline's stream name; "" for a single pipeline)
+    stream: str = ""
+    #: motion gating: the frame looked unchanged, and ``result`` is the previous frame's, reused
+    reused: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         result = self.result
@@ -62,8 +66,13 @@ class FrameResult:
             payload: Any = [item.to_dict() for item in result]
         else:
             payload = result.to_dict()
-        return {"frame_id": self.frame_id, "timestamp": round(self.timestamp, 6), "result": payload,
+        data = {"frame_id": self.frame_id, "timestamp": round(self.timestamp, 6), "result": payload,
                 "timings_ms": self.timings.to_dict()}
+        if self.stream:
+            data["stream"] = self.stream
+        if self.reused:
+            data["reused"] = True
+        return data
 
 
 @dataclass(frozen=True)
@@ -92,13 +101,18 @@ class PipelineStats:
     delegate_wanted: str | None = None
     #: frames lost to delegate failures (the frame in the failed or hung invoke), over the run
     frames_lost: int = 0
+    #: motion gating: frames answered with the previous result (not in ``frames``, ``fps`` or the stages)
+    reused: int = 0
+    #: tracking, lines and zones: the counts since the run started (StreamAnalytics.counts()), else None
+    analytics: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"frames": self.frames, "dropped": self.dropped, "fps": round(self.fps, 3),
                 "elapsed_s": round(self.elapsed_s, 3), "delegate": self.delegate, "reconnects": self.reconnects,
                 "callback_errors": self.callback_errors, "source": self.source, "reduction": self.reduction,
                 "corrupt_frames": self.corrupt_frames, "outputs": self.outputs, "degraded": self.degraded,
-                "delegate_wanted": self.delegate_wanted, "frames_lost": self.frames_lost,
+                "delegate_wanted": self.delegate_wanted, "frames_lost": self.frames_lost, "reused": self.reused,
+                "analytics": self.analytics,
                 "stages": {k: {m: round(v, 3) for m, v in d.items()} for k, d in self.stages.items()}}
 
 

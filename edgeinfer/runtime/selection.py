@@ -281,8 +281,13 @@ def _edgetpu_twin(info: ModelInfo | None, specs: list[str]) -> ModelInfo | None:
 
 
 def _load_candidate(candidate: Candidate, info: ModelInfo, threads: int | None, *, cpu_fallback: bool = False,
-                    ) -> Engine:
+                    batch: int | None = None) -> Engine:
     delegate = get_delegate(candidate.name)
+    if batch is not None and batch > 1:
+        if "batch" not in inspect.signature(delegate.load).parameters:
+            raise DelegateUnavailable(candidate.name, f"it cannot run a batch of {batch} frames per invoke "
+                                      "(openvino can)")
+        return delegate.load(info, threads=threads, device=candidate.device, batch=batch)  # type: ignore[call-arg]
     if candidate.name == "coral":  # the twin is a candidate of its own in the plan, unless there is none
         return delegate.load(info, threads=threads, device=candidate.device, cpu_fallback=cpu_fallback)
     return delegate.load(info, threads=threads, device=candidate.device)
@@ -309,8 +314,12 @@ def _short(exc: BaseException) -> str:
 
 def load(model: str | os.PathLike | ModelInfo, delegate: str | None = None, *, threads: int | None = None,
          profile: Profile | str | None = None, root: str | os.PathLike | None = None, strict: bool | None = None,
-         profile_dirs: Iterable[str | os.PathLike] = (), env: Mapping[str, str] | None = None) -> Engine:
+         profile_dirs: Iterable[str | os.PathLike] = (), env: Mapping[str, str] | None = None,
+         batch: int | None = None) -> Engine:
     """Load ``model`` on ``delegate`` (``name`` or ``name:device``), or on the best delegate for this device.
+
+    ``batch`` > 1 asks for that many frames per invoke (a multi-stream pipeline); only delegates
+    whose ``load`` takes ``batch`` can (openvino), the others are passed over with that reason.
 
     With no delegate: ``$EDGEINFER_DELEGATE``, else the device profile's order (detected from
     ``root``, default ``/``), filtered by availability and the model's format; the module docstring
@@ -323,23 +332,24 @@ def load(model: str | os.PathLike | ModelInfo, delegate: str | None = None, *, t
     the_plan = plan(info, delegate, profile=profile, root=root, strict=strict, profile_dirs=profile_dirs, env=env)
     threads = threads if threads is not None else the_plan.threads
     if the_plan.source == "explicit" and len(the_plan.candidates) == 1:
-        return _load_the_named_one(the_plan, info, threads)
+        return _load_the_named_one(the_plan, info, threads, batch)
     if the_plan.intended is None:
         raise NoDelegateAvailable(info.path, the_plan.reasons() or {"(none)": f"no delegate reads {info.format.value} "
                                                                     "models"})
-    return _load_first_that_works(the_plan, info, threads)
+    return _load_first_that_works(the_plan, info, threads, batch)
 
 
-def _load_the_named_one(the_plan: Plan, info: ModelInfo, threads: int | None) -> Engine:
+def _load_the_named_one(the_plan: Plan, info: ModelInfo, threads: int | None, batch: int | None = None) -> Engine:
     """One delegate asked for by name: its own typed error (UnsupportedOperator, DelegateUnavailable)."""
     only = the_plan.candidates[0]
-    chosen = _load_candidate(only, info, threads, cpu_fallback=not the_plan.strict)
+    chosen = _load_candidate(only, info, threads, cpu_fallback=not the_plan.strict, batch=batch)
     chosen.selection = replace(the_plan, candidates=(replace(only, available=True, reason=READY),), selected=0,
                                fallback_reason=None)
     return chosen
 
 
-def _load_first_that_works(the_plan: Plan, info: ModelInfo, threads: int | None) -> Engine:
+def _load_first_that_works(the_plan: Plan, info: ModelInfo, threads: int | None, batch: int | None = None,
+                           ) -> Engine:
     """Load the available candidates in order; a real load failure is recorded and the next one tried."""
     strict, intended = the_plan.strict, the_plan.intended
     candidates = list(the_plan.candidates)
@@ -352,7 +362,7 @@ def _load_first_that_works(the_plan: Plan, info: ModelInfo, threads: int | None)
             raise DelegateUnavailable(wanted.name, f"{wanted.reason} (strict mode: no fallback to {candidate.spec})")
         target = info if candidate.model in (None, info.path) else inspect_model(candidate.model)
         try:
-            engine = _load_candidate(candidate, target, threads)
+            engine = _load_candidate(candidate, target, threads, batch=batch)
         except (DelegateUnavailable, ModelLoadError) as exc:
             if strict:
                 raise

@@ -130,6 +130,9 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
         "task": "detect", "labels": "labels.txt", "top_k": 3, "score_threshold": 0.3, "iou_threshold": 0.6,
         "max_detections": 10, "delegate": "coral,xnnpack", "threads": 2, "failover": False, "watchdog": False,
         "watchdog_floor_s": 2.5, "watchdog_factor": 4, "probe_backoff": {"initial_s": 5, "max_s": 120},
+        "motion_gate": True, "motion_threshold": 12, "motion_min_area": 0.01, "motion_max_skip": 15,
+        "track": True, "lines": ["door=320,470,320,10"], "zones": "shop=420,10,630,10,630,330",
+        "track_min_hits": 4, "line_band": 0.2,
         "loop": True, "size": "1280x720", "fps": 15,
         "fourcc": "MJPG", "backoff": {"initial_s": 1, "max_s": 30, "give_up_s": 600}, "policy": "latest",
         "max_fps": 5, "max_frames": 100, "queue_size": 4, "resize": "letterbox", "mean": 127.5,
@@ -153,6 +156,11 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
     assert options.opencv_threads is None and options.stats_window == 64  # null: leave OpenCV's threads alone
     assert (options.delegate, options.failover, options.watchdog) == ("coral,xnnpack", False, False)
     assert (options.watchdog_floor_s, options.watchdog_factor, options.probe_backoff.max_s) == (2.5, 4.0, 120.0)
+    assert (options.motion_gate, options.motion_threshold, options.motion_min_area, options.motion_max_skip) == (
+        True, 12.0, 0.01, 15)
+    assert (options.track, options.lines, options.zones) == (True, ("door=320,470,320,10",),
+                                                             ("shop=420,10,630,10,630,330",))
+    assert (options.track_min_hits, options.line_band) == (4, 0.2)
     assert (pipeline.name, pipeline.version, pipeline.restart, pipeline.threads) == ("door", "7", "always", 2)
     assert set(PIPELINE_KEYS) == set(PipelineOptions.names()) | {"name", "model", "source", "version", "restart"}
     assert parse_config({"pipelines": [{"model": MODEL, "source": 0, "size": [640, 480]}]},

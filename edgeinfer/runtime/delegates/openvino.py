@@ -12,7 +12,7 @@ import contextlib
 import re
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..._native import captured_native_stderr
 from ...errors import (
@@ -95,6 +95,17 @@ def map_openvino_errors(model: ModelInfo, stage: str, device: str | None = None)
         raise ModelLoadError(f"OpenVINO cannot load {model.path}: {summary}") from exc
 
 
+def _reshape_to_batch(ov: Any, ov_model: Any, batch: int, model: ModelInfo) -> None:
+    first = ov_model.inputs[0]
+    try:
+        ov_model.reshape({first: ov.PartialShape([batch, *list(first.get_partial_shape())[1:]])})
+    except Exception as exc:
+        summary = [ln.strip() for ln in str(exc).splitlines() if ln.strip()][-1:] or [type(exc).__name__]
+        raise ModelLoadError(
+            f"OpenVINO cannot give {model.path} a batch of {batch}: {summary[0]} — its graph fixes the batch "
+            "at 1 (a Reshape to a constant shape); export the model with a dynamic batch dimension") from exc
+
+
 _OV_DTYPES = {"f32": "float32", "f16": "float16", "u8": "uint8", "i8": "int8", "i32": "int32",
               "i64": "int64", "f64": "float64", "boolean": "bool", "i16": "int16", "u16": "uint16"}
 
@@ -102,7 +113,7 @@ _OV_DTYPES = {"f32": "float32", "f16": "float16", "u8": "uint8", "i8": "int8", "
 class OpenVinoEngine(Engine):
     delegate = "openvino"
 
-    def __init__(self, model: ModelInfo, *, threads: int | None, device: str) -> None:
+    def __init__(self, model: ModelInfo, *, threads: int | None, device: str, batch: int | None = None) -> None:
         super().__init__(model, threads=threads, device=device)
         import numpy as np
 
@@ -118,6 +129,8 @@ class OpenVinoEngine(Engine):
             config["INFERENCE_NUM_THREADS"] = threads
         with captured_native_stderr("OpenVINO"), map_openvino_errors(model, "load"):
             ov_model = core.read_model(model.path)
+            if batch is not None and batch > 1:  # several frames per invoke (a multi-stream pipeline)
+                _reshape_to_batch(ov, ov_model, batch, model)
             self._compiled = core.compile_model(ov_model, device, config)
             self._request = self._compiled.create_infer_request()
         by_name = {s.name: s for s in (*model.inputs, *model.outputs)}
@@ -230,10 +243,12 @@ class OpenVinoDelegate(Delegate):
                                              "(97-myriad-usbboot.rules)"))[1]
         return f"OpenVINO device {family!r} not found (available: {', '.join(available)}); {hint}"
 
-    def load(self, model: ModelInfo, *, threads: int | None = None, device: str | None = None) -> Engine:
+    def load(self, model: ModelInfo, *, threads: int | None = None, device: str | None = None,
+             batch: int | None = None) -> Engine:
+        """``batch`` > 1 reshapes the model's first input to that batch (frames of several streams per invoke)."""
         self.check(model)
         device = device or DEFAULT_DEVICE
         problem = release_problem(device, openvino_version())
         if problem:
             raise DelegateUnavailable(self.name, problem)
-        return OpenVinoEngine(model, threads=threads, device=device)
+        return OpenVinoEngine(model, threads=threads, device=device, batch=batch)

@@ -1,0 +1,220 @@
+"""Per-stream analytics: tracking, line crossings and zones over a pipeline's detections (docs/analytics.md).
+
+:class:`StreamAnalytics` is a pipeline observer (``pipeline.add_observer(analytics)``) or is called
+directly (``analytics.process(detections, frame_id, timestamp)``). It runs the :class:`Tracker`,
+feeds each confirmed track's box to every :class:`LineCounter` and :class:`ZoneCounter`, hands the
+events they make to its listeners, and gives a JSON-able snapshot of the counts (``counts()``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .postprocess import Detections
+from .tracking import Tracker
+from .zones import (
+    DEFAULT_ANCHOR,
+    DEFAULT_BAND,
+    EVENT_KINDS,
+    LINE_CROSSED,
+    ZONE_ENTERED,
+    ZONE_LEFT,
+    AnalyticsEvent,
+    LineCounter,
+    ZoneCounter,
+)
+
+if TYPE_CHECKING:
+    from .stats import FrameResult
+
+__all__ = ["EVENT_KINDS", "LINE_CROSSED", "ZONE_ENTERED", "ZONE_LEFT", "AnalyticsEvent", "LineCounter",
+           "StreamAnalytics", "Tracker", "ZoneCounter", "build_analytics", "parse_line", "parse_zone"]
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[AnalyticsEvent], Any]
+
+
+@dataclass(slots=True)
+class _Seen:
+    frame_id: int
+    timestamp: float
+    label: str
+    box: tuple[float, float, float, float]
+
+
+class StreamAnalytics:
+    """Tracks, lines and zones of one stream.
+
+    ``fps``: when given, a frame's time is ``frame_id / fps`` (the clip's own time: right for files
+    read faster or slower than real time); otherwise the frame's capture timestamp. A track unseen
+    for more than ``forget_after`` frames (default: the tracker's ``lost_frames`` + 1) is forgotten:
+    it leaves the zones it was in (``zone_left``, with the time it was last seen) and its line state
+    is dropped. Thread-safe: the pipeline's inference thread calls it while another reads ``counts()``.
+    """
+
+    def __init__(self, tracker: Tracker | None = None, lines: Sequence[LineCounter] = (),
+                 zones: Sequence[ZoneCounter] = (), *, fps: float | None = None,
+                 forget_after: int | None = None) -> None:
+        self.tracker = tracker if tracker is not None else Tracker()
+        self.lines = tuple(lines)
+        self.zones = tuple(zones)
+        for kind, items in (("line", self.lines), ("zone", self.zones)):
+            names = [item.name for item in items]
+            duplicates = sorted({n for n in names if names.count(n) > 1})
+            if duplicates:
+                raise ValueError(f"{kind} names must be unique; repeated: {', '.join(duplicates)}")
+        if fps is not None and not fps > 0:
+            raise ValueError(f"fps must be > 0, not {fps!r}")
+        self.fps = fps
+        self.forget_after = self.tracker.lost_frames + 1 if forget_after is None else int(forget_after)
+        if self.forget_after < 1:
+            raise ValueError(f"forget_after must be >= 1, not {forget_after!r}")
+        self._lock = threading.Lock()
+        self._listeners: tuple[Listener, ...] = ()
+        self._seen: dict[int, _Seen] = {}
+        self._warned_task = False
+        self.frames = 0
+        self.last_frame_id: int | None = None
+        #: the last frame's detections with their track ids
+        self.last: Detections = Detections()
+
+    # -- listeners -----------------------------------------------------------------------------
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(event)`` for every :class:`AnalyticsEvent` (in the thread that processes frames)."""
+        self._listeners = (*self._listeners, listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners = tuple(fn for fn in self._listeners if fn is not listener)
+
+    # -- frames --------------------------------------------------------------------------------
+    def __call__(self, result: FrameResult) -> None:
+        """The pipeline observer: a ``FrameResult`` of a ``detect`` pipeline."""
+        if not isinstance(result.result, Detections):
+            if not self._warned_task:
+                self._warned_task = True
+                log.warning("stream analytics need detections (task 'detect'); got %s — ignored",
+                            type(result.result).__name__)
+            return
+        self.process(result.result, result.frame_id, result.timestamp)
+
+    def process(self, detections: Detections, frame_id: int, timestamp: float | None = None) -> Detections:
+        """Track one frame's detections and count them; the detections with their track ids."""
+        events: list[AnalyticsEvent] = []
+        with self._lock:
+            if self.fps is not None:
+                now = frame_id / self.fps
+            else:
+                now = time.time() if timestamp is None else float(timestamp)
+            tracked = self.tracker.update(detections, frame_id)
+            for detection in tracked:
+                track_id = detection.track_id
+                if track_id is None:
+                    continue
+                box = detection.box
+                self._seen[track_id] = _Seen(frame_id, now, detection.label, box)
+                for counter in (*self.lines, *self.zones):
+                    event = counter.update(track_id, detection.label, box, frame_id, now)
+                    if event is not None:
+                        events.append(event)
+            self._forget_lost(frame_id, events)
+            self.frames += 1
+            self.last_frame_id = frame_id
+            self.last = tracked
+        for event in events:
+            for listener in self._listeners:
+                try:
+                    listener(event)
+                except Exception:  # a listener's bug must not stop the counting
+                    log.exception("analytics listener failed on %s (counting goes on)", event.kind)
+        return tracked
+
+    def _forget_lost(self, frame_id: int, events: list[AnalyticsEvent]) -> None:
+        for track_id, seen in list(self._seen.items()):
+            if frame_id - seen.frame_id <= self.forget_after:
+                continue
+            del self._seen[track_id]
+            for line in self.lines:
+                line.forget(track_id)
+            for zone in self.zones:
+                event = zone.forget(track_id, seen.label, seen.frame_id, seen.timestamp, seen.box)
+                if event is not None:
+                    events.append(event)
+
+    def counts(self) -> dict[str, Any]:
+        """A JSON-able snapshot: per line in/out, per zone inside/entries/time, tracks confirmed and active."""
+        with self._lock:
+            return {"frame_id": self.last_frame_id, "frames": self.frames,
+                    "tracks": {"confirmed": len(self.tracker.confirmed_ids), "active": len(self._seen)},
+                    "lines": {line.name: line.counts() for line in self.lines},
+                    "zones": {zone.name: zone.counts() for zone in self.zones}}
+
+
+# ------------------------------------------------------------------------------------------
+# Configuration: what a CLI flag or an agent.yaml entry gives
+# ------------------------------------------------------------------------------------------
+
+def _numbers(text: str, what: str) -> list[float]:
+    try:
+        return [float(part) for part in text.replace(";", ",").split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{what}: {text!r} is not a list of numbers") from None
+
+
+def parse_line(text: str) -> tuple[float, float, float, float]:
+    """``"x1,y1,x2,y2"`` (``--line``) → four numbers."""
+    values = _numbers(text, "a line")
+    if len(values) != 4:
+        raise ValueError(f"a line is x1,y1,x2,y2 (four numbers), not {text!r}")
+    return values[0], values[1], values[2], values[3]
+
+
+def parse_zone(text: str) -> list[tuple[float, float]]:
+    """``"x1,y1,x2,y2,x3,y3,..."`` (``--zone``; ``;`` may separate points) → the polygon's points."""
+    values = _numbers(text, "a zone")
+    if len(values) % 2 or len(values) < 6:
+        raise ValueError(f"a zone is x1,y1,x2,y2,x3,y3[,...] (at least 3 points), not {text!r}")
+    return list(zip(values[0::2], values[1::2]))
+
+
+def build_analytics(*, lines: Mapping[str, Sequence[float]] | Sequence[Sequence[float]] = (),
+                    zones: Mapping[str, Sequence[Sequence[float]]] | Sequence[Sequence[Sequence[float]]] = (),
+                    min_hits: int = 3, band: float = DEFAULT_BAND, band_px: float = 0.0,
+                    anchor: str = DEFAULT_ANCHOR, lost_frames: int = 30, frame_rate: float = 30.0,
+                    fps: float | None = None) -> StreamAnalytics:
+    """:class:`StreamAnalytics` from plain data: lines as ``(x1, y1, x2, y2)``, zones as point lists.
+
+    A list gives names ``line1``, ``line2`` … / ``zone1`` …; a mapping names them itself.
+    """
+    line_items = lines.items() if isinstance(lines, Mapping) else ((f"line{i + 1}", c) for i, c in enumerate(lines))
+    zone_items = zones.items() if isinstance(zones, Mapping) else ((f"zone{i + 1}", p) for i, p in enumerate(zones))
+    shared = {"band": band, "band_px": band_px, "anchor": anchor}
+    return StreamAnalytics(
+        Tracker(min_hits=min_hits, lost_frames=lost_frames, frame_rate=frame_rate),
+        [LineCounter.from_coords(name, list(coords), **shared) for name, coords in line_items],
+        [ZoneCounter(name, polygon, **shared) for name, polygon in zone_items],
+        fps=fps)
+
+
+def _named(text: str, default: str) -> tuple[str, str]:
+    """``"NAME=1,2,3,4"`` -> ("NAME", "1,2,3,4"); an unnamed entry gets ``default``."""
+    name, sep, rest = text.partition("=")
+    return (name.strip(), rest) if sep and name.strip() else (default, text)
+
+
+def analytics_from_options(options: Any) -> StreamAnalytics:
+    """The pipeline's :class:`StreamAnalytics` from its options (``lines``, ``zones``, ``track_min_hits``,
+    ``line_band``): what ``Pipeline(..., lines=["door=320,470,320,10"])``, ``--line`` and agent.yaml give."""
+    lines = dict(_named(text, f"line{i + 1}") for i, text in enumerate(options.lines))
+    zones = dict(_named(text, f"zone{i + 1}") for i, text in enumerate(options.zones))
+    if len(lines) != len(options.lines) or len(zones) != len(options.zones):
+        raise ValueError("two lines or two zones have the same name")
+    frame_rate = float(options.fps or options.max_fps or 30.0)
+    return build_analytics(lines={name: parse_line(text) for name, text in lines.items()},
+                           zones={name: parse_zone(text) for name, text in zones.items()},
+                           min_hits=options.track_min_hits, band=options.line_band, frame_rate=frame_rate)
