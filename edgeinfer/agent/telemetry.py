@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..link.protocol import MAX_LABEL_CHARS, MAX_OUTPUT_LABELS, PROTOCOL_VERSION, Topics
+from ..link.protocol import MAX_COUNTERS, MAX_LABEL_CHARS, MAX_OUTPUT_LABELS, PROTOCOL_VERSION, Topics
 from ..pipeline.stats import PERCENTILES
 
 log = logging.getLogger(__name__)
@@ -274,7 +274,24 @@ def pipeline_entry(name: str, status: str, stats: Any | None, *, delegate: str |
     outputs = output_summary(getattr(stats, "outputs", None))
     if outputs is not None:
         entry["outputs"] = outputs
+    analytics = analytics_summary(getattr(stats, "analytics", None))
+    if analytics is not None:
+        entry["analytics"] = analytics
     return entry
+
+
+def analytics_summary(counts: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """StreamAnalytics.counts() as the protocol carries it: lines and zones as lists of at most MAX_COUNTERS
+    named entries (per-track dwell times stay on the device)."""
+    if not counts:
+        return None
+    tracks = counts.get("tracks") or {}
+    lines = [{"name": str(name)[:64], "in": int(c.get("in", 0)), "out": int(c.get("out", 0))}
+             for name, c in (counts.get("lines") or {}).items()][:MAX_COUNTERS]
+    zones = [{"name": str(name)[:64], "inside": int(c.get("inside", 0)), "entries": int(c.get("entries", 0)),
+              "mean_visit_s": c.get("mean_visit_s")} for name, c in (counts.get("zones") or {}).items()][:MAX_COUNTERS]
+    return {"tracks": {"confirmed": int(tracks.get("confirmed", 0)), "active": int(tracks.get("active", 0))},
+            "lines": lines, "zones": zones}
 
 
 def output_summary(outputs: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -164,6 +164,25 @@ _OUTPUTS = {
         "score_mean": {"type": ["number", "null"]},
     },
 }
+#: lines and zones a pipeline reports, at most (telemetry stays small)
+MAX_COUNTERS = 32
+_COUNTER_NAME = {"type": "string", "minLength": 1, "maxLength": 64}
+_ANALYTICS = {
+    "type": "object",
+    "description": "tracking, lines and zones (task detect), counted since the pipeline started: tracks "
+                   "confirmed and active now; per line, confirmed tracks that crossed in and out; per zone, "
+                   "tracks inside now, entries, the mean visit in seconds",
+    "properties": {
+        "tracks": {"type": "object", "properties": {"confirmed": _COUNT, "active": _COUNT}},
+        "lines": {"type": "array", "maxItems": MAX_COUNTERS,
+                  "items": {"type": "object", "required": ["name", "in", "out"],
+                            "properties": {"name": _COUNTER_NAME, "in": _COUNT, "out": _COUNT}}},
+        "zones": {"type": "array", "maxItems": MAX_COUNTERS,
+                  "items": {"type": "object", "required": ["name", "inside", "entries"],
+                            "properties": {"name": _COUNTER_NAME, "inside": _COUNT, "entries": _COUNT,
+                                           "mean_visit_s": {"type": ["number", "null"]}}}},
+    },
+}
 _DEGRADED = {"type": "boolean", "description": "running on a fallback delegate after the wanted one failed"}
 _DELEGATE_WANTED = {"type": ["string", "null"], "description": "the delegate it wants (null: not degraded)"}
 _PERCENTILES = {
@@ -261,6 +280,7 @@ TELEMETRY_SCHEMA: dict[str, Any] = {
                     "stages": {"type": "object", "additionalProperties": _PERCENTILES,
                                "description": "ms per stage: " + ", ".join(STAGES)},
                     "outputs": _OUTPUTS,
+                    "analytics": _ANALYTICS,
                     "degraded": _DEGRADED,
                     "delegate_wanted": _DELEGATE_WANTED,
                 },

@@ -141,13 +141,17 @@ def _object(schema: Mapping[str, Any], name: str) -> Any:
     if extra not in (True, False) or set(required) - set(properties):
         raise _inexpressible(name)
     fields = []
+    renamed: dict[str, str] = {}  # a property named like a Python keyword ("in") is a field "in_" on the wire as "in"
     for key, sub in properties.items():
-        if not key.isidentifier() or keyword.iskeyword(key) or key.startswith("_"):
+        if not key.isidentifier() or key.startswith("_"):
             raise _inexpressible(f"{name}.{key}")
+        attr = key + "_" if keyword.iskeyword(key) else key
+        if attr != key:
+            renamed[attr] = key
         field = _type(sub, name + key.title())
-        fields.append((key, field) if key in required else (key, Union[field, msgspec.UnsetType], msgspec.UNSET))  # noqa: UP007
+        fields.append((attr, field) if key in required else (attr, Union[field, msgspec.UnsetType], msgspec.UNSET))  # noqa: UP007
     fields.sort(key=len)  # required (no default) first, as a Struct needs; stable: the schema's order
-    return msgspec.defstruct(name, fields, forbid_unknown_fields=extra is False)
+    return msgspec.defstruct(name, fields, forbid_unknown_fields=extra is False, rename=renamed or None)
 
 
 def pattern(text: str) -> re.Pattern[str]:

@@ -118,6 +118,11 @@ class Stream:
 
             self.gate = MotionGate(options.motion_threshold, options.motion_min_area, options.motion_max_skip)
         self.last: tuple[int, Any] = (-1, None)  # (plan generation, result) a frame that did not change reuses
+        self.analytics = None  # tracking, lines and zones of this stream
+        if options.tracking:
+            from .analytics import analytics_from_options
+
+            self.analytics = analytics_from_options(options)
 
     def start(self) -> None:
         self.control.begin()
@@ -140,7 +145,8 @@ class Stream:
             frames=frames, dropped=dropped, fps=frames / elapsed if elapsed > 0 else 0.0, elapsed_s=elapsed,
             stages=self.stats_ring.summary(first, last), delegate=self.worker.engine.description,
             reconnects=self.source.reconnects, source=self.source.description, reduction=self.source.reduction,
-            corrupt_frames=self.source.corrupt_frames, reused=self.control.reused)
+            corrupt_frames=self.source.corrupt_frames, reused=self.control.reused,
+            analytics=self.analytics.counts() if self.analytics is not None else None)
 
     def take_window(self) -> PipelineStats:
         now = time.perf_counter()
@@ -269,6 +275,8 @@ class EngineWorker:
         t5 = perf()
         for row, (stream, plan, frame_id, stamp, t0, t1, t2, t3, t3b) in enumerate(taken):
             result = self._decoders[row](plan.transform)
+            if stream.analytics is not None:
+                result = stream.analytics.process(result, frame_id, stamp)
             stream.last = (plan.gen, result)
             t6 = perf()
             timings = StageTimings(capture=(t1 - t0) * 1e3, preprocess=((t2 - t1) + (t3b - t3)) * 1e3,

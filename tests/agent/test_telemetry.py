@@ -6,10 +6,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import pytest
 from support.agent import fake_sysfs
 
 from edgeinfer.agent.telemetry import BootSequence, SystemProbe, pipeline_entry, telemetry_message, throttle_sensor
-from edgeinfer.link.protocol import Topics, validate
+from edgeinfer.errors import ProtocolError
+from edgeinfer.link.protocol import MAX_COUNTERS, Topics, validate
 
 PI_THROTTLE = "/sys/devices/platform/soc/soc:firmware/get_throttled"
 
@@ -71,6 +73,7 @@ class _Window:  # the fields of edgeinfer.pipeline.PipelineStats that telemetry 
     fps: float
     delegate: str
     stages: dict = field(default_factory=dict)
+    analytics: dict | None = None
 
 
 def test_telemetry_message_matches_its_schema():
@@ -106,3 +109,24 @@ def test_profile_names_the_zones_and_power_rails_telemetry_reads(tmp_path):
     assert sample["temperature_c"] == {"cpu": 48.25, "gpu": 45.0, "junction": 50.5}
     assert sample["power_mw"] == {"VDD_IN": 6000.0, "VDD_CPU_GPU_CV": 2000.0}  # VDD_SOC is not there: left out
     assert sample["throttled"] is None
+
+
+def test_line_and_zone_counts_travel_in_telemetry_bounded_and_hostile_ones_are_refused():
+    counts = {"frame_id": 99, "frames": 100, "tracks": {"confirmed": 3, "active": 2},
+              "lines": {f"door{i}": {"in": i, "out": 1} for i in range(40)},
+              "zones": {"shop": {"inside": 1, "entries": 2, "dwell_s": {"4": 1.5}, "mean_visit_s": 1.83}}}
+    stats = _Window(frames=30, dropped=0, fps=30.0, delegate="xnnpack", stages={}, analytics=counts)
+    entry = pipeline_entry("main", "running", stats)
+    message = telemetry_message(Topics("default", "cam-01"), BootSequence(), interval_s=1.0, pipelines=[entry],
+                                system={"cpu_percent": None, "rss_bytes": None}, spool={"pending": 0, "dropped": 0})
+    assert validate("telemetry", message) is message
+    analytics = message["pipelines"][0]["analytics"]
+    assert analytics["tracks"] == {"confirmed": 3, "active": 2} and len(analytics["lines"]) == MAX_COUNTERS
+    assert analytics["lines"][1] == {"name": "door1", "in": 1, "out": 1}
+    assert analytics["zones"] == [{"name": "shop", "inside": 1, "entries": 2, "mean_visit_s": 1.83}]  # no dwell map
+    for hostile in ({"lines": [{"name": "x", "in": -1, "out": 0}]}, {"lines": [{"name": "", "in": 1, "out": 0}]},
+                    {"zones": [{"name": "z", "inside": "many", "entries": 1}]},
+                    {"lines": [{"name": "x", "in": 1, "out": 0}] * (MAX_COUNTERS + 1)}):
+        message["pipelines"][0]["analytics"] = hostile
+        with pytest.raises(ProtocolError):
+            validate("telemetry", message)

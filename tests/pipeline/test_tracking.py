@@ -13,7 +13,7 @@ from support import scenes
 from support.assets import REPO
 from support.pipeline import ULTRAFACE
 
-from edgeinfer import Pipeline
+from edgeinfer import MultiPipeline, Pipeline
 from edgeinfer.pipeline.analytics import (
     AnalyticsEvent,
     LineCounter,
@@ -313,3 +313,18 @@ def test_edgeinfer_run_counts_a_line_and_a_zone(tmp_path):
     truth = scenes.SCENE_TRUTH
     assert f"line door: in {truth['in']}, out {truth['out']}" in done.stdout
     assert f"{truth['zone_entries']} entries" in done.stdout and "tracks: 3 confirmed" in done.stdout
+
+
+def test_each_stream_of_a_multi_stream_run_tracks_and_counts_on_its_own(tmp_path):
+    pytest.importorskip("trackers", reason="tracking needs edgeinfer[tracking]")
+    clip = scenes.make_scene_clip(tmp_path / "scene.avi")
+    line = "door=" + ",".join(str(v) for v in scenes.LINE)
+    with MultiPipeline(ULTRAFACE, {"east": clip, "west": clip}, task="detect", policy="every", lines=[line],
+                       line_band=scenes.BAND) as multi:
+        multi.start()
+        assert multi.wait(120), "the two file streams did not end"
+        stats = multi.stats()
+    truth = scenes.SCENE_TRUTH
+    for name in ("east", "west"):  # the same clip twice: two trackers, the same exact counts
+        assert stats[name].frames == scenes.FRAMES
+        assert stats[name].analytics["lines"]["door"] == {"in": truth["in"], "out": truth["out"]}, name
