@@ -15,7 +15,7 @@ import sys
 
 import pytest
 from support.assets import IMAGES, REPO
-from support.flaky_delegate import CONTROL, CONTROL_ENV, install_entry_point, wait_for
+from support.flaky_delegate import CONTROL, CONTROL_ENV, install_entry_point
 from support.pipeline import (
     CLIP_FRAMES,
     CLIP_IMAGES,
@@ -26,6 +26,7 @@ from support.pipeline import (
     REFERENCE_TOP1,
     reference_clip,
 )
+from support.processes import wait_until
 
 import edgeinfer
 from edgeinfer import DelegateFailed, InferenceError, Pipeline
@@ -152,7 +153,7 @@ def test_strict_mode_turns_a_hang_into_a_stop_that_does_not_wait_for_the_hung_th
     assert "did not return within" in str(pipeline.error) and "strict mode" in str(pipeline.error)
     pipeline.close()  # returns at once: the hung thread is not joined, its engine not closed under it
     CONTROL.set("ok")
-    assert wait_for(lambda: not any(t.is_alive() for t in pipeline._supervisor.abandoned_threads), 10)
+    assert wait_until(lambda: not any(t.is_alive() for t in pipeline._supervisor.abandoned_threads), 10)
 
 
 def test_a_fallback_that_fails_too_ends_the_run_naming_every_delegate_tried(clip):

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .browser import Browser, wait_for, wait_js, wait_text, wait_until
+from .browser import Browser, wait_for, wait_js, wait_text
+from .fleet import simulated_fleet
 
 WEB = Path(__file__).resolve().parents[2] / "edgeinfer" / "fleet" / "web"
 
@@ -41,36 +42,16 @@ def running_dashboard(data_dir: Path, devices: int = 50, interval_s: float = 0.5
     background; yielded once every one of them is online in the manager's database with telemetry.
     ``update_delay_s`` spaces each device's update events (downloading … active) so that a rollout lasts long
     enough (seconds) for a page to show its waves progressing."""
-    from edgeinfer.fleet.broker import free_port
     from edgeinfer.fleet.client import FleetClient
-    from edgeinfer.fleet.manager import FleetManager, FleetSettings
-    from edgeinfer.tools.simulate import Simulation, SimulationSettings
 
-    settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", data_dir=data_dir)
-    with FleetManager(settings) as manager:
-        assert manager.wait_connected(10), "the fleet manager did not connect to its Mosquitto"
-        admin = FleetClient(manager.http.url, token=manager.admin_token)
-        ids = [f"sim-{i:05d}" for i in range(devices)]
-        issued = admin.enroll_many(ids, "dash")
-        credentials = {e["device_id"]: (e["username"], e["password"]) for e in issued}
+    with simulated_fleet(data_dir, devices=devices, interval_s=interval_s, fleet="dash", ramp_s=None,
+                         update_delay_s=update_delay_s, online_timeout=online_timeout) as fleet:
+        manager, admin = fleet.manager, fleet.admin
         names = {"admin": admin.whoami()["name"], "operator": "dash-operator", "viewer": "dash-viewer"}
         tokens = {"admin": manager.admin_token,
                   **{role: admin.create_token(names[role], role)["token"] for role in ("operator", "viewer")}}
-        simulation = Simulation(SimulationSettings(broker=manager.broker_url, devices=devices, fleet="dash",
-                                                   interval_s=interval_s, update_delay_s=update_delay_s,
-                                                   credentials=credentials))
-        with simulation:
-            simulation.start()
-
-            def all_online() -> bool:
-                rows = {d["device_id"]: d for d in manager.db.list_devices()}
-                return all(i in rows and rows[i]["online"] and rows[i]["last_telemetry"] for i in ids)
-
-            assert wait_until(all_online, online_timeout, 0.2), \
-                f"not every device came online: {simulation.online}/{devices} connected"
-            clients = {role: FleetClient(manager.http.url, token=token) for role, token in tokens.items()}
-            yield Dashboard(manager, simulation, ids, tokens, names, clients)
-            simulation.stop(drain_s=1.0)
+        clients = {role: FleetClient(manager.http.url, token=token) for role, token in tokens.items()}
+        yield Dashboard(manager, fleet.simulation, fleet.ids, tokens, names, clients)
 
 
 # ---------------------------------------------------------------------------------- in the page

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 from edgeinfer import Delegate
@@ -146,13 +145,3 @@ def install_entry_point(site: Path) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flakydelegate\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[edgeinfer.delegates]\nflaky = support.flaky_delegate:FlakyDelegate\n")
     return site
-
-
-def wait_for(condition, timeout: float = 30.0, interval: float = 0.01) -> bool:
-    """Poll ``condition()`` until it is true or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return bool(condition())

@@ -7,8 +7,10 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edgeinfer.fleet.artifacts import ArtifactStore
 from edgeinfer.fleet.auth import ADMIN_TOKEN_FILE, TokenStore
@@ -17,6 +19,8 @@ from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.http import FleetHTTPServer
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
+
+from .processes import wait_until
 
 
 class CuttingProxy:
@@ -140,3 +144,46 @@ def telemetry_message(device: str, boot: str, seq: int, *, fleet: str = "f", fps
             "pipelines": [{"name": "main", "status": "running", "frames": 30, "dropped": 0, "fps": fps,
                            "stages": {"latency": {"p50": 5.0, "p95": 9.0, "p99": 12.0}}}],
             "system": {"cpu_percent": 20.0, "rss_bytes": 1000}, "spool": {"pending": 0, "dropped": 0}}
+
+
+@dataclass
+class SimulatedFleet:
+    manager: Any
+    simulation: Any
+    admin: Any
+    ids: list[str]
+
+
+@contextlib.contextmanager
+def simulated_fleet(data_dir: Path, *, devices: int, behaviours: Mapping[str, str] | None = None,
+                    interval_s: float = 1.0, fleet: str = "canary",
+                    update_delay_s: tuple[float, float] = (0.05, 0.2), ramp_s: float | None = 2.0,
+                    online_timeout: float = 60.0) -> Iterator[SimulatedFleet]:
+    """A manager with its managed Mosquitto, ``devices`` enrolled in one call and simulated in this process
+    (``behaviours``: model name → how the devices run it); yielded once every device is online in the
+    manager's database with telemetry."""
+    from edgeinfer.fleet.broker import free_port
+    from edgeinfer.tools.simulate import Simulation, SimulationSettings
+
+    settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", data_dir=data_dir)
+    with FleetManager(settings) as manager:
+        assert manager.wait_connected(10), "the fleet manager did not connect to its Mosquitto"
+        admin = FleetClient(manager.http.url, token=manager.admin_token)
+        ids = [f"sim-{i:05d}" for i in range(devices)]
+        issued = admin.enroll_many(ids, fleet)
+        credentials = {e["device_id"]: (e["username"], e["password"]) for e in issued}
+        simulation = Simulation(SimulationSettings(broker=manager.broker_url, devices=devices, fleet=fleet,
+                                                   interval_s=interval_s, update_delay_s=update_delay_s,
+                                                   ramp_s=ramp_s, credentials=credentials,
+                                                   behaviours=dict(behaviours or {})))
+        with simulation:
+            simulation.start()
+
+            def all_online() -> bool:
+                rows = {d["device_id"]: d for d in manager.db.list_devices()}
+                return all(i in rows and rows[i]["online"] and rows[i]["last_telemetry"] for i in ids)
+
+            assert wait_until(all_online, online_timeout, 0.2), \
+                f"not every device came online: {simulation.online}/{devices} connected"
+            yield SimulatedFleet(manager, simulation, admin, ids)
+            simulation.stop(drain_s=1.0)
