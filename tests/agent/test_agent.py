@@ -295,7 +295,11 @@ def test_unreachable_broker_at_start_is_no_crash_loop(tmp_path):
         assert agent.wait_for_output(f"connection to 127.0.0.1:{port} refused — is the broker running", 20)
         assert "spool" in agent.output() and "is unreadable" in agent.output()
         assert len(list(data.glob("*.corrupt-*"))) == 2
-        time.sleep(1.0)
+        # ten windows measured while the broker is unreachable (waited for in its spool, not assumed from a sleep)
+        deadline = time.monotonic() + 30
+        while len(_spooled_telemetry(data)) < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_spooled_telemetry(data)) >= 10, agent.output()
         assert agent.alive()  # a daemon waits for its broker; it does not exit (and get restarted in a loop)
         b = Broker(tmp_path / "broker", port=port)
         with Collector(port) as collector:
