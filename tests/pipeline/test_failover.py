@@ -117,8 +117,9 @@ def test_a_hung_invoke_is_given_up_within_the_watchdog_bound_and_the_run_goes_on
     fallback, restored = events
     assert fallback.kind == "delegate_fallback" and fallback.cause == "hang" and fallback.delegate == "xnnpack"
     assert fallback.bound_s >= FLOOR_S
-    # given up once it passed the bound, and no later than one watchdog tick after (plus scheduling slack)
-    assert fallback.bound_s < fallback.waited_s < fallback.bound_s + 0.5, fallback
+    # given up once it passed the bound, and within a watchdog tick (0.05 s here) after it; the 1 s slack is for
+    # a loaded CI machine's scheduling, not the rule (5 runs here, with the fresh-clone suite running: 1-32 ms after)
+    assert fallback.bound_s < fallback.waited_s < fallback.bound_s + 1.0, fallback
     assert restored.kind == "delegate_restored"  # (a probe while the device still hung is stuck until it heals)
     # the abandoned thread returned when the device was healed, and left without delivering anything
     check_results(results, lost=1)
