@@ -207,9 +207,12 @@ def _named(text: str, default: str) -> tuple[str, str]:
     return (name.strip(), rest) if sep and name.strip() else (default, text)
 
 
-def analytics_from_options(options: Any) -> StreamAnalytics:
+def analytics_from_options(options: Any) -> StreamAnalytics | None:
     """The pipeline's :class:`StreamAnalytics` from its options (``lines``, ``zones``, ``track_min_hits``,
-    ``line_band``): what ``Pipeline(..., lines=["door=320,470,320,10"])``, ``--line`` and agent.yaml give."""
+    ``line_band``): what ``Pipeline(..., lines=["door=320,470,320,10"])``, ``--line`` and agent.yaml give;
+    None when the pipeline does not track."""
+    if not options.tracking:
+        return None
     lines = dict(_named(text, f"line{i + 1}") for i, text in enumerate(options.lines))
     zones = dict(_named(text, f"zone{i + 1}") for i, text in enumerate(options.zones))
     if len(lines) != len(options.lines) or len(zones) != len(options.zones):

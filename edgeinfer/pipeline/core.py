@@ -43,7 +43,7 @@ from .labels import Labels
 from .options import PipelineOptions
 from .outputs import OutputSummary
 from .ring import END, FrameRing
-from .stats import FrameResult, PipelineStats, StatsRing
+from .stats import FrameResult, PipelineStats, StatsRing, StatsWindow, window_stats
 from .supervisor import DelegateSupervisor
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class Pipeline:
         self._closed = False
         self._lock = threading.Lock()
         self._opencv_threads_set = False
-        self._window = (0, 0, 0.0, 0)  # frames, dropped, time, reused at the previous take_window()
+        self._window = StatsWindow()
 
     def _load(self, model: str | os.PathLike) -> Engine:
         from ..runtime.selection import load
@@ -194,7 +194,7 @@ class Pipeline:
                 self._opencv_threads_set = True
             self.source.resume()
             self._control.begin()
-            self._window = (0, 0, self._control.t_start, 0)
+            self._window.start(self._control.t_start)
             self._capture_thread = threading.Thread(target=self._capture.run, name="edgeinfer-capture", daemon=True)
             self._start_infer_thread()
             self._capture_thread.start()
@@ -332,42 +332,28 @@ class Pipeline:
     @property
     def stats(self) -> PipelineStats:
         """Counters since start; percentiles over the last ``stats_window`` frames."""
-        return self._make_stats(0, self._stats.count, self.dropped, self._control.elapsed(self._started), None,
-                                self._control.reused)
+        return self._stats_of(0, self._stats.count, self.dropped, self._control.reused,
+                              self._control.elapsed(self._started), None)
 
     def take_window(self) -> PipelineStats:
         """Stats of the frames since the previous call (or since start): for telemetry windows."""
-        now = self._control.now()
-        frames, dropped, reused = self._stats.count, self.dropped, self._control.reused
-        prev_frames, prev_dropped, prev_time, prev_reused = self._window
-        self._window = (frames, dropped, now, reused)
-        elapsed = max(now - prev_time, 0.0) if self._started else 0.0
-        return self._make_stats(prev_frames, frames, dropped - prev_dropped, elapsed, self._outputs.take(),
-                                reused - prev_reused)
+        first, last, dropped, reused, elapsed = self._window.take(self._stats.count, self.dropped,
+                                                                  self._control.reused, self._control.now())
+        return self._stats_of(first, last, dropped, reused, elapsed if self._started else 0.0, self._outputs.take())
 
-    def _make_stats(self, first: int, last: int, dropped: int, elapsed: float,
-                    outputs: dict[str, Any] | None, reused: int) -> PipelineStats:
-        return pipeline_stats(self, first, last, dropped, elapsed, outputs, reused)
+    def _stats_of(self, first: int, last: int, dropped: int, reused: int, elapsed: float,
+                  outputs: dict[str, Any] | None) -> PipelineStats:
+        analytics = self._infer.analytics
+        return window_stats(self._stats, first, last, dropped=dropped, reused=reused, elapsed=elapsed,
+                            source=self.source, delegate=self.engine.description,
+                            callback_errors=self.callback_errors, outputs=outputs,
+                            analytics=analytics.counts() if analytics is not None else None,
+                            **self._supervisor.failover.stats_fields())
 
     @property
     def analytics(self) -> StreamAnalytics | None:
         """Tracking, lines and zones (options ``track``, ``lines``, ``zones``): counts, listeners; else None."""
         return self._infer.analytics
-
-
-def pipeline_stats(pipeline: Pipeline, first: int, last: int, dropped: int, elapsed: float,
-                   outputs: dict[str, Any] | None, reused: int) -> PipelineStats:
-    """Samples [first, last) of ``pipeline``'s stats ring as PipelineStats, with its counters."""
-    frames = last - first
-    source = pipeline.source
-    analytics = pipeline.analytics
-    return PipelineStats(
-        frames=frames, dropped=dropped, fps=frames / elapsed if elapsed > 0 else 0.0, elapsed_s=elapsed,
-        stages=pipeline._stats.summary(first, last), delegate=pipeline.engine.description,
-        reconnects=source.reconnects, callback_errors=pipeline.callback_errors, source=source.description,
-        reduction=source.reduction, corrupt_frames=source.corrupt_frames, outputs=outputs, reused=reused,
-        analytics=analytics.counts() if analytics is not None else None,
-        **pipeline._supervisor.failover.stats_fields())
 
 
 __all__ = ["Pipeline", "PipelineOptions"]

@@ -28,6 +28,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("edgeinfer.pipeline")
 
 
+def reused_result(slot: Slot, result: object, taken_at: float | None = None, stream: str = "") -> FrameResult:
+    """Motion gating: ``slot``'s frame answered with a previous ``result``, marked reused (its own frame id,
+    times and capture stage; no preprocess, infer or postprocess). Read before the slot goes back to the ring."""
+    t0, t1, t2 = slot.read_start, slot.read_end, slot.staged_end
+    timings = StageTimings(capture=(t1 - t0) * 1e3, preprocess=0.0, infer=0.0, postprocess=0.0,
+                           latency=(time.perf_counter() - t1) * 1e3,
+                           queue=(taken_at - t2) * 1e3 if taken_at is not None else 0.0)
+    return FrameResult(slot.frame_id, slot.wall_time, result, timings, stream=stream, reused=True)
+
+
 class InferenceLoop:
     """Takes the oldest ready slot, writes the model input into the engine's input view (one memcpy of
     a staged input, or the whole preprocess), hands the slot back, invokes, decodes the outputs into
@@ -55,15 +65,13 @@ class InferenceLoop:
         self.outputs: OutputSummary | None = None
         #: motion gating (edgeinfer.pipeline.motion): None runs every frame
         self.motion: MotionGate | None = None
-        if options.motion_gate:
-            from .motion import MotionGate
-
-            self.motion = MotionGate(options.motion_threshold, options.motion_min_area, options.motion_max_skip)
         #: tracking, lines and zones (edgeinfer.pipeline.analytics): detections get track ids here
         self.analytics: StreamAnalytics | None = None
-        if options.tracking:
+        if options.motion_gate or options.tracking:  # imported only when asked for
             from .analytics import analytics_from_options
+            from .motion import motion_gate_from_options
 
+            self.motion = motion_gate_from_options(options)
             self.analytics = analytics_from_options(options)
 
     def abandon(self, started: float) -> bool:
@@ -98,14 +106,11 @@ class InferenceLoop:
 
     def _reuse(self, slot: Slot, result: object, t3: float, stopping: Callable[[], bool]) -> None:
         """Motion gating: deliver ``slot``'s frame with the previous frame's result, marked reused."""
-        frame_id, t0, t1, t2, stamp = slot.frame_id, slot.read_start, slot.read_end, slot.staged_end, slot.wall_time
+        reused = reused_result(slot, result, t3)
         self._ring.free.put(slot)
-        now = time.perf_counter()
-        timings = StageTimings(capture=(t1 - t0) * 1e3, preprocess=0.0, infer=0.0, postprocess=0.0,
-                               latency=(now - t1) * 1e3, queue=(t3 - t2) * 1e3)
         self._control.reused += 1
         self._control.frames += 1
-        self._delivery.deliver(FrameResult(frame_id, stamp, result, timings, reused=True), stopping)
+        self._delivery.deliver(reused, stopping)
 
     def _loop(self, epoch: int) -> None:
         import numpy as np

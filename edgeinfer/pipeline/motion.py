@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from numbers import Real
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputMismatch
 
@@ -219,3 +219,11 @@ class MotionGate:
     def __repr__(self) -> str:
         return (f"MotionGate(threshold={self.threshold:g}, min_area={self.min_area:g}, max_skip={self.max_skip}, "
                 f"width={self.width}, gain={self.gain}; frames={self.frames}, skipped={self.skipped})")
+
+
+def motion_gate_from_options(options: Any) -> MotionGate | None:
+    """The gate a pipeline's options ask for (``motion_gate``, ``motion_threshold``, ``motion_min_area``,
+    ``motion_max_skip``), or None when gating is off."""
+    if not options.motion_gate:
+        return None
+    return MotionGate(options.motion_threshold, options.motion_min_area, options.motion_max_skip)

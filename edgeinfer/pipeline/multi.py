@@ -29,14 +29,17 @@ from typing import Any
 from ..capture import FrameSource, open_source
 from ..errors import ClosedError
 from ..runtime.engine import Engine
+from .analytics import analytics_from_options
 from .binding import ModelBinding
 from .capture_loop import CaptureLoop
 from .control import RunControl
 from .delivery import Observer, ResultDelivery
+from .infer_loop import reused_result
 from .labels import Labels
+from .motion import motion_gate_from_options
 from .options import PipelineOptions
 from .ring import END, FrameRing
-from .stats import FrameResult, PipelineStats, StageTimings, StatsRing
+from .stats import FrameResult, PipelineStats, StageTimings, StatsRing, StatsWindow, window_stats
 from .tasks import get_task
 
 log = logging.getLogger("edgeinfer.pipeline")
@@ -111,22 +114,14 @@ class Stream:
         self.capture = StreamCapture(source, self.ring, self.binding, self.control, options, wake=worker.wake)
         self.thread: threading.Thread | None = None
         self.ended = False
-        self.window = (0, 0, 0.0)
-        self.gate = None
-        if options.motion_gate:
-            from .motion import MotionGate
-
-            self.gate = MotionGate(options.motion_threshold, options.motion_min_area, options.motion_max_skip)
+        self.window = StatsWindow()
+        self.gate = motion_gate_from_options(options)
         self.last: tuple[int, Any] = (-1, None)  # (plan generation, result) a frame that did not change reuses
-        self.analytics = None  # tracking, lines and zones of this stream
-        if options.tracking:
-            from .analytics import analytics_from_options
-
-            self.analytics = analytics_from_options(options)
+        self.analytics = analytics_from_options(options)  # tracking, lines and zones of this stream
 
     def start(self) -> None:
         self.control.begin()
-        self.window = (0, 0, self.control.t_start)
+        self.window.start(self.control.t_start)
         self.source.resume()
         self.thread = threading.Thread(target=self.capture.run, name=f"edgeinfer-capture-{self.name}", daemon=True)
         self.thread.start()
@@ -139,21 +134,20 @@ class Stream:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(JOIN_TIMEOUT_S)
 
-    def make_stats(self, first: int, last: int, dropped: int, elapsed: float) -> PipelineStats:
-        frames = last - first
-        return PipelineStats(
-            frames=frames, dropped=dropped, fps=frames / elapsed if elapsed > 0 else 0.0, elapsed_s=elapsed,
-            stages=self.stats_ring.summary(first, last), delegate=self.worker.engine.description,
-            reconnects=self.source.reconnects, source=self.source.description, reduction=self.source.reduction,
-            corrupt_frames=self.source.corrupt_frames, reused=self.control.reused,
-            analytics=self.analytics.counts() if self.analytics is not None else None)
+    def stats(self) -> PipelineStats:
+        """Since the stream started."""
+        return self._stats_of(0, self.stats_ring.count, self.control.dropped, self.control.reused,
+                              max(time.perf_counter() - self.control.t_start, 0.0))
 
     def take_window(self) -> PipelineStats:
-        now = time.perf_counter()
-        frames, dropped = self.stats_ring.count, self.control.dropped
-        prev_frames, prev_dropped, prev_time = self.window
-        self.window = (frames, dropped, now)
-        return self.make_stats(prev_frames, frames, dropped - prev_dropped, max(now - prev_time, 0.0))
+        """Since the previous call: for telemetry."""
+        return self._stats_of(*self.window.take(self.stats_ring.count, self.control.dropped, self.control.reused,
+                                                time.perf_counter()))
+
+    def _stats_of(self, first: int, last: int, dropped: int, reused: int, elapsed: float) -> PipelineStats:
+        return window_stats(self.stats_ring, first, last, dropped=dropped, reused=reused, elapsed=elapsed,
+                            source=self.source, delegate=self.worker.engine.description,
+                            analytics=self.analytics.counts() if self.analytics is not None else None)
 
 
 class EngineWorker:
@@ -245,12 +239,10 @@ class EngineWorker:
         plan = stream.binding.plan_for(slot.frame.shape, slot.native)
         if gate.changed(slot.frame) or stream.last[0] != plan.gen:
             return False
-        frame_id, stamp, t0, t1 = slot.frame_id, slot.wall_time, slot.read_start, slot.read_end
+        reused = reused_result(slot, stream.last[1], stream=stream.name)
         stream.ring.free.put(slot)
-        timings = StageTimings(capture=(t1 - t0) * 1e3, preprocess=0.0, infer=0.0, postprocess=0.0,
-                               latency=(time.perf_counter() - t1) * 1e3)
         stream.control.reused += 1
-        self._deliver(FrameResult(frame_id, stamp, stream.last[1], timings, stream=stream.name, reused=True))
+        self._deliver(reused)
         return True
 
     def _infer(self, batch: list[tuple[Stream, Any]]) -> None:
@@ -387,8 +379,7 @@ class MultiPipeline:
             raise KeyError(f"no stream named {name!r} (streams: {', '.join(self._streams) or 'none'})")
         stream.worker.remove(stream)
         stream.stop()
-        stats = stream.make_stats(0, stream.stats_ring.count, stream.control.dropped,
-                                  max(time.perf_counter() - stream.control.t_start, 0.0))
+        stats = stream.stats()
         if stream.owns_source:
             stream.source.close()
         return stats
@@ -476,9 +467,7 @@ class MultiPipeline:
 
     def stats(self) -> dict[str, PipelineStats]:
         """Per stream, since it started."""
-        now = time.perf_counter()
-        return {name: s.make_stats(0, s.stats_ring.count, s.control.dropped, max(now - s.control.t_start, 0.0))
-                for name, s in list(self._streams.items())}
+        return {name: s.stats() for name, s in list(self._streams.items())}
 
     def take_window(self) -> dict[str, PipelineStats]:
         """Per stream, since the previous call: for telemetry."""

@@ -116,6 +116,34 @@ class PipelineStats:
                 "stages": {k: {m: round(v, 3) for m, v in d.items()} for k, d in self.stages.items()}}
 
 
+class StatsWindow:
+    """The counters at the previous ``take()``: a telemetry window is the difference from them."""
+
+    def __init__(self) -> None:
+        self._previous = (0, 0, 0, 0.0)
+
+    def start(self, at: float) -> None:
+        """The run starts at ``at`` (perf_counter): the first window runs from there."""
+        self._previous = (0, 0, 0, at)
+
+    def take(self, frames: int, dropped: int, reused: int, now: float) -> tuple[int, int, int, int, float]:
+        """(first frame, last frame, dropped, reused, seconds) since the previous call; the next runs from here."""
+        prev_frames, prev_dropped, prev_reused, prev_time = self._previous
+        self._previous = (frames, dropped, reused, now)
+        return prev_frames, frames, dropped - prev_dropped, reused - prev_reused, max(now - prev_time, 0.0)
+
+
+def window_stats(ring: StatsRing, first: int, last: int, *, dropped: int, reused: int, elapsed: float,
+                 source: Any, delegate: str, **extra: Any) -> PipelineStats:
+    """Samples [first, last) of ``ring`` and the run's counters as PipelineStats (``extra``: the other fields)."""
+    frames = last - first
+    return PipelineStats(
+        frames=frames, dropped=dropped, fps=frames / elapsed if elapsed > 0 else 0.0, elapsed_s=elapsed,
+        stages=ring.summary(first, last), delegate=delegate, reconnects=source.reconnects,
+        source=source.description, reduction=source.reduction, corrupt_frames=source.corrupt_frames,
+        reused=reused, **extra)
+
+
 class StatsRing:
     """Preallocated per-stage samples of the last ``size`` frames; written by the inference thread,
     summarised on demand (percentiles are never computed per frame)."""
