@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..pipeline.events import EventRule
 from ..pipeline.labels import Labels
 from ..pipeline.options import DETECT_ONLY, PipelineOptions
 from .config_reader import ConfigReader
@@ -164,6 +165,13 @@ def _read_option(r: ConfigReader, form: _OptionForm) -> Any:
     value = None if r.is_null(key) else form.read(r, key)
     if key in PipelineOptions.names():
         alone = {key: value, "task": "detect"} if key in DETECT_ONLY else {key: value}  # checked alone
+        if key == "events":  # each rule's text alone; its line or zone is checked with the whole entry
+            alone = {}
+            try:
+                for text in value or ():
+                    EventRule.parse(text)
+            except ValueError as exc:
+                raise r.fail(key, str(exc)) from None
         try:
             PipelineOptions(**alone)
         except ValueError as exc:

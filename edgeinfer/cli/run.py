@@ -14,7 +14,10 @@ from ..pipeline.options import POLICIES
 from ..pipeline.preprocess import RESIZE_MODES
 from ..pipeline.tasks import TASK_NAMES
 from .output import handle_errors
+from .run_events import event_printer, print_event_counts
 
+#: where ``--event`` keeps its evidence unless ``--evidence-dir`` says
+DEFAULT_EVIDENCE_DIR = "edgeinfer-events"
 #: how often the status line is redrawn (TTY) or printed (pipe), seconds
 STATUS_PERIOD_S = 0.25
 PIPE_STATUS_PERIOD_S = 5.0
@@ -85,6 +88,11 @@ def _brief(result: object) -> str:
 @click.option("--zone", "zones", multiple=True, metavar="[NAME=]X1,Y1,X2,Y2,X3,Y3,...",
               help="Count confirmed tracks in this polygon (repeatable). Implies --track.")
 @click.option("--track", is_flag=True, help="Give detections track ids (task detect; edgeinfer[tracking]).")
+@click.option("--event", "events", multiple=True, metavar="RULE",
+              help="Record an event with a snapshot and a clip when RULE fires: line_crossed[:LINE][/LABEL,...], "
+                   "zone_entered[:ZONE][/LABEL,...] or detection[:SCORE][/LABEL,...] (repeatable; docs/events.md).")
+@click.option("--evidence-dir", type=click.Path(file_okay=False), default=None,
+              help="Where --event keeps snapshots and clips (default: ./edgeinfer-events).")
 @click.option("--motion-gate", is_flag=True, help="Skip inference on frames that did not change (reuse the result).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
 @handle_errors
@@ -93,7 +101,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str, labe
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
         resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
         fourcc: str | None, full_decode: bool, lines: tuple[str, ...], zones: tuple[str, ...], track: bool,
-        motion_gate: bool, as_json: bool) -> None:
+        events: tuple[str, ...], evidence_dir: str | None, motion_gate: bool, as_json: bool) -> None:
     """Run MODEL over frames from --source and print results (or a live status line)."""
     from ..capture import open_source
     from ..pipeline.core import Pipeline
@@ -101,13 +109,15 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str, labe
 
     if strict:
         os.environ[STRICT_ENV] = "1"
+    analysis = {"lines": lines, "zones": zones, "track": track, "events": events,
+                "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None}
     if len(sources) > 1 or batch:
         from .run_multi import run_streams
 
         run_streams(model, sources, batch=batch, task=task, labels=labels, delegate=delegate, threads=threads,
                     policy=policy or "latest", max_fps=max_fps, loop=loop, top_k=top_k, resize=resize,
                     score_threshold=score_threshold, size=size, fps=camera_fps, fourcc=fourcc,
-                    max_frames=max_frames, as_json=as_json, motion_gate=motion_gate)
+                    max_frames=max_frames, as_json=as_json, motion_gate=motion_gate, **analysis)
         return
     source = sources[0]
     frames = open_source(source, size=size, fps=camera_fps, fourcc=fourcc, loop=loop)
@@ -116,7 +126,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str, labe
         pipeline = Pipeline(model, frames, task=task, labels=labels, delegate=delegate, threads=threads,
                             policy=chosen_policy, max_fps=max_fps, max_frames=max_frames, top_k=top_k,
                             resize=resize, score_threshold=score_threshold, reduced_decode=not full_decode,
-                            lines=lines, zones=zones, track=track, motion_gate=motion_gate)
+                            motion_gate=motion_gate, **analysis)
     except BaseException:
         frames.close()
         raise
@@ -126,6 +136,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str, labe
         if engine.fallback_reason and not as_json:
             click.echo(f"note: using {engine.description} ({engine.fallback_reason})", err=True)
         tty = sys.stdout.isatty() and not as_json
+        if events:
+            pipeline.add_event_listener(event_printer(as_json, tty))
         period = STATUS_PERIOD_S if tty else PIPE_STATUS_PERIOD_S
         next_status = time.monotonic() + period
         try:
@@ -157,6 +169,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str, labe
                 click.echo(f"motion gate: {stats.reused} frame(s) reused the previous result")
             if stats.analytics is not None:
                 _print_counts(stats.analytics)
+            if pipeline.events is not None:
+                print_event_counts(pipeline.events.counts(), analysis["evidence_dir"])
     if interrupted:
         sys.exit(130)
 

@@ -49,6 +49,10 @@ def run_streams(model: str, sources: tuple[str, ...], *, batch: int | None, max_
 
     interrupted = False
     with MultiPipeline(model, named, batch=batch, **options) as multi:
+        if options.get("events"):
+            from .run_events import event_printer
+
+            multi.add_event_listener(event_printer(as_json, False))
         multi.start(on_result)
         next_status = time.monotonic() + STATUS_PERIOD_S
         try:

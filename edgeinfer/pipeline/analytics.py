@@ -27,6 +27,7 @@ from .zones import (
     AnalyticsEvent,
     LineCounter,
     ZoneCounter,
+    _named,
 )
 
 if TYPE_CHECKING:
@@ -199,12 +200,6 @@ def build_analytics(*, lines: Mapping[str, Sequence[float]] | Sequence[Sequence[
         [LineCounter.from_coords(name, list(coords), **shared) for name, coords in line_items],
         [ZoneCounter(name, polygon, **shared) for name, polygon in zone_items],
         fps=fps)
-
-
-def _named(text: str, default: str) -> tuple[str, str]:
-    """``"NAME=1,2,3,4"`` -> ("NAME", "1,2,3,4"); an unnamed entry gets ``default``."""
-    name, sep, rest = text.partition("=")
-    return (name.strip(), rest) if sep and name.strip() else (default, text)
 
 
 def analytics_from_options(options: Any) -> StreamAnalytics | None:

@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..capture import FrameSource, open_source
 from ..errors import ClosedError
@@ -36,8 +36,8 @@ from .binding import ModelBinding
 from .capture_loop import CaptureLoop
 from .control import RunControl
 from .decoding import SharedDecoding
-from .delivery import Observer, ResultDelivery
-from .failover import DelegateEvent, DelegateStatus
+from .delivery import ResultDelivery
+from .hooks import PipelineHooks
 from .infer_loop import InferenceLoop
 from .labels import Labels
 from .options import PipelineOptions
@@ -45,9 +45,6 @@ from .outputs import OutputSummary
 from .ring import END, FrameRing
 from .stats import FrameResult, PipelineStats, StatsRing, StatsWindow, window_stats
 from .supervisor import DelegateSupervisor
-
-if TYPE_CHECKING:
-    from .analytics import StreamAnalytics
 from .tasks import get_task
 
 log = logging.getLogger("edgeinfer.pipeline")
@@ -56,7 +53,7 @@ log = logging.getLogger("edgeinfer.pipeline")
 JOIN_TIMEOUT_S = 30.0
 
 
-class Pipeline:
+class Pipeline(PipelineHooks):
     """Capture → preprocess → infer → postprocess on two threads, with typed results and stage timings.
 
     ::
@@ -262,6 +259,7 @@ class Pipeline:
         if capture is not None and capture is not threading.current_thread():
             capture.join(timeout=JOIN_TIMEOUT_S)
         self._delivery.end()
+        self._infer.close_events()
         self._control.finished.set()
 
     def close(self) -> None:
@@ -311,23 +309,6 @@ class Pipeline:
         self._supervisor.engine_swapped(engine)
         return old
 
-    @property
-    def delegate_status(self) -> DelegateStatus:
-        """The delegate in use, the one wanted, whether the run is degraded, failovers and frames lost."""
-        return self._supervisor.failover.status()
-
-    def add_delegate_listener(self, listener: Callable[[DelegateEvent], None]) -> None:
-        """Call ``listener(event)`` on each ``delegate_fallback`` / ``delegate_restored`` (keep it short)."""
-        self._supervisor.add_listener(listener)
-
-    def add_observer(self, observer: Observer) -> None:
-        """Also hand every result to ``observer`` (guarded like a callback): health checks, recorders."""
-        self._delivery.add_observer(observer)
-
-    def remove_observer(self, observer: Observer) -> None:
-        """Stop handing results to ``observer`` (no error if it was not added)."""
-        self._delivery.remove_observer(observer)
-
     # ---------------------------------------------------------------------- stats
     @property
     def stats(self) -> PipelineStats:
@@ -349,11 +330,6 @@ class Pipeline:
                             callback_errors=self.callback_errors, outputs=outputs,
                             analytics=analytics.counts() if analytics is not None else None,
                             **self._supervisor.failover.stats_fields())
-
-    @property
-    def analytics(self) -> StreamAnalytics | None:
-        """Tracking, lines and zones (options ``track``, ``lines``, ``zones``): counts, listeners; else None."""
-        return self._infer.analytics
 
 
 __all__ = ["Pipeline", "PipelineOptions"]

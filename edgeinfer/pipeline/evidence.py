@@ -104,6 +104,7 @@ class FrameHistory:
         self._slack = self.interval * 1e-3
         self._frames: deque[EncodedFrame] = deque(maxlen=max(1, round(self.seconds * self.fps)))
         self._due: float | None = None
+        self._last: float | None = None  # the timestamp of the last frame kept
         #: frames offered, kept (encoded) and skipped
         self.offered = 0
         self.kept = 0
@@ -119,25 +120,51 @@ class FrameHistory:
         """Keep the frame (encoded) if its time has come on the ``fps`` grid, or ``keep`` says so
         (the frame an event was decided on); returns what was kept, None for a skipped frame."""
         check_frame(frame)
+        newest = self._frames[-1] if self._frames else None
+        if newest is not None and newest.frame_id == frame_id and newest.timestamp == float(timestamp):
+            self.offered += 1
+            return newest  # offered again (forced after a normal offer): already encoded
+        if not self.due(timestamp, keep=keep):
+            return None
+        return self.add(frame, frame_id, timestamp)
+
+    def due(self, timestamp: float, *, keep: bool = False) -> bool:
+        """Whether a frame taken at ``timestamp`` is to be kept (and, if so, its slot on the grid is
+        taken): the cheap half of :meth:`offer`, for a caller that encodes elsewhere (:meth:`add`)."""
         self.offered += 1
         timestamp = float(timestamp)
-        newest = self._frames[-1] if self._frames else None
-        if newest is not None and newest.frame_id == frame_id and newest.timestamp == timestamp:
-            return newest  # offered again (forced after a normal offer): already encoded
-        due = self._due
-        backwards = newest is not None and timestamp < newest.timestamp  # a source restarted
+        due, last = self._due, self._last
+        backwards = last is not None and timestamp < last  # a source restarted
         on_time = due is None or backwards or timestamp >= due - self._slack
         if not (on_time or keep):
-            return None
-        encoded = EncodedFrame(int(frame_id), timestamp, self._encode(frame))
-        self._frames.append(encoded)
-        self.kept += 1
+            return False
+        self._last = timestamp
         if on_time:
             # the next slot on the grid; after a gap (or a restart) the grid starts again here
             self._due = due + self.interval if due is not None and not backwards else timestamp + self.interval
             if self._due <= timestamp + self._slack:
                 self._due = timestamp + self.interval
+        return True
+
+    def add(self, frame: np.ndarray, frame_id: int, timestamp: float) -> EncodedFrame:
+        """Encode ``frame`` (downscaled to ``width``) and keep it as the newest: the other half of :meth:`offer`."""
+        check_frame(frame)
+        encoded = EncodedFrame(int(frame_id), float(timestamp), self._encode(frame))
+        self._frames.append(encoded)
+        self.kept += 1
         return encoded
+
+    def downscaled(self, frame: np.ndarray) -> np.ndarray:
+        """A copy of ``frame`` at most ``width`` wide (what :meth:`add` encodes; encoding it again is a no-op
+        resize): lets a caller hand a frame buffer it reuses to another thread cheaply."""
+        import cv2
+
+        check_frame(frame)
+        height, width = frame.shape[:2]
+        if width <= self.width:
+            return frame.copy()
+        size = (self.width, max(1, round(height * self.width / width)))
+        return cv2.resize(frame, size, interpolation=cv2.INTER_AREA)
 
     def _encode(self, frame: np.ndarray) -> bytes:
         import cv2
@@ -164,7 +191,7 @@ class FrameHistory:
 
     def clear(self) -> None:
         self._frames.clear()
-        self._due = None
+        self._due = self._last = None
 
 
 @dataclass
@@ -208,6 +235,26 @@ class EvidenceRecorder:
             done = self._advance(float(timestamp), encoded)
         self._write(done)
         return encoded
+
+    def add(self, frame: np.ndarray, frame_id: int, timestamp: float) -> EncodedFrame:
+        """A frame already found due (:meth:`FrameHistory.due`, in another thread): encode it into the
+        history and every recording in progress; recordings whose post-roll is complete are written."""
+        with self._lock:
+            encoded = self.history.add(frame, frame_id, timestamp)
+            done = self._advance(float(timestamp), encoded)
+        self._write(done)
+        return encoded
+
+    def expire(self, now: float, grace_s: float = 2.0) -> int:
+        """Finish the recordings whose post-roll should have ended ``grace_s`` before ``now`` (the
+        frames' clock) with what they have: a source that stalled or ended must not hold them. Returns
+        how many were written."""
+        with self._lock:
+            done = [r for r in self._active if r.end is not None and now > r.end + grace_s]
+            if done:
+                self._active = [r for r in self._active if r not in done]
+        self._write(done)
+        return len(done)
 
     def trigger(self, event: dict, *, frame_id: int | None = None) -> str:
         """Start recording ``event`` (a JSON-serialisable dict) now; returns its event id.

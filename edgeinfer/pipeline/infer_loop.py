@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .control import RunControl
     from .decoding import SharedDecoding
     from .delivery import ResultDelivery
+    from .events import StreamEvents
     from .motion import MotionGate
     from .options import PipelineOptions
     from .outputs import OutputSummary
@@ -73,6 +74,19 @@ class InferenceLoop:
 
             self.motion = motion_gate_from_options(options)
             self.analytics = analytics_from_options(options)
+        #: event rules and their evidence (edgeinfer.pipeline.events): None without rules
+        self.events: StreamEvents | None = None
+        if options.events:
+            from .events import events_from_options
+
+            self.events = events_from_options(options)
+            if self.events is not None and self.analytics is not None:
+                self.analytics.add_listener(self.events.on_analytics)
+
+    def close_events(self) -> None:
+        """The run ended: finish the recordings in progress (their post-roll is what there is)."""
+        if self.events is not None:
+            self.events.close()
 
     def abandon(self, started: float) -> bool:
         """Watchdog: give up on the thread whose invoke began at ``started``; False if it returned meanwhile."""
@@ -128,6 +142,8 @@ class InferenceLoop:
         outputs = self.outputs
         gate = self.motion
         analytics = self.analytics
+        events = self.events
+        check_events = events.check if events is not None and events.wants_results else None
         last_gen, last_result = -1, None  # the result a frame that did not change reuses, and its plan
 
         def stopping() -> bool:
@@ -153,6 +169,8 @@ class InferenceLoop:
                 binding.apply_pending_swap()
             frame = slot.frame
             plan = binding.plan_for(frame.shape, slot.native)
+            if events is not None:
+                events.offer(frame, slot.frame_id, slot.wall_time)
             if gate is not None and not gate.changed(frame) and last_gen == plan.gen:
                 self._reuse(slot, last_result, t3, stopping)
                 if max_frames is not None and control.frames >= max_frames:
@@ -181,6 +199,8 @@ class InferenceLoop:
             result = plan.decoder(plan.transform)
             if analytics is not None:
                 result = analytics.process(result, frame_id, stamp)
+            if check_events is not None:
+                check_events(result, frame_id, stamp)
             t6 = perf()
             if outputs is not None:
                 outputs.observe(result)

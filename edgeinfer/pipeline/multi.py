@@ -27,16 +27,18 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..capture import FrameSource, open_source
-from ..errors import ClosedError
+from ..errors import ClosedError, InferenceError, InputMismatch
 from ..runtime.engine import Engine
 from .analytics import analytics_from_options
 from .binding import ModelBinding
 from .capture_loop import CaptureLoop
 from .control import RunControl
 from .delivery import Observer, ResultDelivery
+from .events import events_from_options, stream_folder
 from .infer_loop import reused_result
 from .labels import Labels
 from .motion import motion_gate_from_options
+from .multi_failover import WorkerFailover
 from .options import PipelineOptions
 from .ring import END, FrameRing
 from .stats import FrameResult, PipelineStats, StageTimings, StatsRing, StatsWindow, window_stats
@@ -118,6 +120,10 @@ class Stream:
         self.gate = motion_gate_from_options(options)
         self.last: tuple[int, Any] = (-1, None)  # (plan generation, result) a frame that did not change reuses
         self.analytics = analytics_from_options(options)  # tracking, lines and zones of this stream
+        # event rules of this stream; its evidence in a folder of its own under evidence_dir
+        self.events = events_from_options(options, stream=name, evidence_dir=stream_folder(options.evidence_dir, name))
+        if self.events is not None and self.analytics is not None:
+            self.analytics.add_listener(self.events.on_analytics)
 
     def start(self) -> None:
         self.control.begin()
@@ -134,6 +140,11 @@ class Stream:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(JOIN_TIMEOUT_S)
 
+    def close_events(self) -> None:
+        """Finish the recordings in progress (after the worker has stopped handing this stream's frames)."""
+        if self.events is not None:
+            self.events.close()
+
     def stats(self) -> PipelineStats:
         """Since the stream started."""
         return self._stats_of(0, self.stats_ring.count, self.control.dropped, self.control.reused,
@@ -147,7 +158,8 @@ class Stream:
     def _stats_of(self, first: int, last: int, dropped: int, reused: int, elapsed: float) -> PipelineStats:
         return window_stats(self.stats_ring, first, last, dropped=dropped, reused=reused, elapsed=elapsed,
                             source=self.source, delegate=self.worker.engine.description,
-                            analytics=self.analytics.counts() if self.analytics is not None else None)
+                            analytics=self.analytics.counts() if self.analytics is not None else None,
+                            **self.worker.failover.failover.stats_fields())
 
 
 class EngineWorker:
@@ -155,14 +167,14 @@ class EngineWorker:
 
     def __init__(self, engine: Engine, owns_engine: bool, options: PipelineOptions, labels: Labels | None,
                  deliver: Callable[[FrameResult], None], index: int, on_end: Callable[[Stream], None]) -> None:
-        self.engine = engine
         self.owns_engine = owns_engine
         self.task = get_task(options.task)
-        self.batch = batch_size(engine)
-        # one decoder per batch row (a decoder reads its row's outputs; the transform comes from the stream)
-        self._decoders = [self.task.decoder(BatchRow(engine, b), labels, options.decoder_settings())  # type: ignore[arg-type]
-                          for b in range(self.batch)]
-        self._rows = [BatchRow(engine, b).input_view(0) for b in range(self.batch)]
+        self._labels, self._settings = labels, options.decoder_settings()
+        self._use(engine)
+        # an invoke that fails: the plan's next delegate serves every stream of this worker
+        self.failover = WorkerFailover(engine, options, check=self._check, install=self._use)
+        if owns_engine:
+            self.failover.loaded.append(engine)
         self._deliver = deliver
         self._on_end = on_end  # a stream's source has no more frames
         self._signal = threading.Semaphore(0)
@@ -173,6 +185,23 @@ class EngineWorker:
         self.invokes = 0
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"edgeinfer-engine-{index}", daemon=True)
+
+    def _use(self, engine: Engine) -> None:
+        """Serve the streams with ``engine`` from the next batch on (at start, and after a failover)."""
+        self.engine = engine
+        self.batch = batch_size(engine)
+        # one decoder per batch row (a decoder reads its row's outputs; the transform comes from the stream)
+        self._decoders = [self.task.decoder(BatchRow(engine, b), self._labels, self._settings)  # type: ignore[arg-type]
+                          for b in range(self.batch)]
+        self._rows = [BatchRow(engine, b).input_view(0) for b in range(self.batch)]
+        for stream in getattr(self, "streams", ()):
+            stream.binding.replace(BatchRow(engine, 0))  # type: ignore[arg-type]
+            stream.binding.owns_engine = False
+
+    def _check(self, engine: Engine) -> None:
+        """ValueError when a replacement engine cannot serve the streams' task."""
+        for stream in self.streams[:1]:
+            stream.binding.check(BatchRow(engine, 0))  # type: ignore[arg-type]
 
     def wake(self) -> None:
         self._signal.release()
@@ -200,6 +229,7 @@ class EngineWorker:
                 batch = self._collect()
                 if batch:
                     self._infer(batch)
+                self.failover.between_batches(self.engine, self._stopping)
         except BaseException as exc:
             self.error = exc
             log.error("engine worker stopped: %s", exc)
@@ -221,6 +251,8 @@ class EngineWorker:
                     stream.ended = True
                     self._on_end(stream)
                 continue
+            if stream.events is not None:
+                stream.events.offer(slot.frame, slot.frame_id, slot.wall_time)
             if self._reused(stream, slot):
                 continue
             batch.append((stream, slot))
@@ -262,13 +294,21 @@ class EngineWorker:
                           slot.staged_end, t3, perf()))
             stream.ring.free.put(slot)
         t4 = perf()
-        self.engine.invoke()
+        try:
+            self.engine.invoke()
+        except InferenceError as exc:
+            if isinstance(exc, InputMismatch):
+                raise
+            self.failover.failed(self.engine, exc, len(taken))  # DelegateFailed when there is no other delegate
+            return
         self.invokes += 1
         t5 = perf()
         for row, (stream, plan, frame_id, stamp, t0, t1, t2, t3, t3b) in enumerate(taken):
             result = self._decoders[row](plan.transform)
             if stream.analytics is not None:
                 result = stream.analytics.process(result, frame_id, stamp)
+            if stream.events is not None:
+                stream.events.check(result, frame_id, stamp)
             stream.last = (plan.gen, result)
             t6 = perf()
             timings = StageTimings(capture=(t1 - t0) * 1e3, preprocess=((t2 - t1) + (t3b - t3)) * 1e3,
@@ -310,6 +350,7 @@ class MultiPipeline:
         self._started = False
         self._closed = False
         self._finished = threading.Event()
+        self._event_listeners: tuple[Callable[[dict], Any], ...] = ()
         owns = not isinstance(model, Engine)
         engine = self._load(model) if owns else model
         if self.labels is None and get_task(options.task).embedded_labels:
@@ -367,6 +408,8 @@ class MultiPipeline:
                     opened.close()
                 raise
             self._streams[name] = stream
+            for listener in self._event_listeners if stream.events is not None else ():
+                stream.events.add_listener(listener)  # type: ignore[union-attr]
             worker.add(stream)
             if self._started:
                 stream.start()
@@ -379,6 +422,7 @@ class MultiPipeline:
             raise KeyError(f"no stream named {name!r} (streams: {', '.join(self._streams) or 'none'})")
         stream.worker.remove(stream)
         stream.stop()
+        stream.close_events()
         stats = stream.stats()
         if stream.owns_source:
             stream.source.close()
@@ -419,6 +463,23 @@ class MultiPipeline:
     def add_observer(self, observer: Observer) -> None:
         self._delivery.add_observer(observer)
 
+    def add_delegate_listener(self, listener: Callable[[Any], None]) -> None:
+        """Call ``listener(event)`` on each ``delegate_fallback`` / ``delegate_restored`` of any engine."""
+        for worker in self._workers:
+            worker.failover.add_listener(listener)
+
+    def add_event_listener(self, listener: Callable[[dict], Any]) -> None:
+        """Call ``listener(event)`` for each event a rule of any stream fires (``event["stream"]`` names
+        it), once its evidence is written; streams added later too. ValueError without ``events`` rules."""
+        if not self.options.events:
+            raise ValueError("this pipeline has no event rules (option events)")
+        with self._lock:
+            self._event_listeners = (*self._event_listeners, listener)
+            streams = list(self._streams.values())
+        for stream in streams:
+            if stream.events is not None:
+                stream.events.add_listener(listener)
+
     def __iter__(self) -> Iterator[FrameResult]:
         """Results of every stream as they come, until stop()."""
         self._delivery.iterating = True
@@ -437,6 +498,8 @@ class MultiPipeline:
         self._delivery.wake_producer()
         for worker in self._workers:
             worker.stop()
+        for stream in streams:
+            stream.close_events()
         self._delivery.end()
         self._finished.set()
 
@@ -450,8 +513,8 @@ class MultiPipeline:
             if stream.owns_source:
                 stream.source.close()
         for worker in self._workers:
-            if worker.owns_engine and not worker.thread.is_alive():
-                worker.engine.close()
+            if not worker.thread.is_alive():
+                worker.failover.close()  # the engines it loaded: the first (unless the caller's), replacements
 
     def __enter__(self) -> MultiPipeline:
         return self

@@ -96,6 +96,23 @@ class PipelineOptions:
     track_min_hits: int = 3
     #: the hysteresis band around a line or a zone's edge, a fraction of the box height
     line_band: float = 0.1
+    # events with evidence (edgeinfer.pipeline.events; docs/events.md)
+    #: rules: ``line_crossed[:LINE][/LABEL,...]``, ``zone_entered[:ZONE][/...]``, ``detection[:SCORE][/...]``
+    events: tuple[str, ...] = ()
+    #: a subject (a track, or a label without tracking) fires a ``detection`` rule at most once in this many seconds
+    event_cooldown_s: float = 10.0
+    #: events recorded a minute at most, per stream (the rest counted as rate-limited)
+    events_per_minute: int = 30
+    #: where the snapshots and clips go (None: events without evidence)
+    evidence_dir: str | os.PathLike | None = None
+    #: the store's bound; the oldest events go first
+    evidence_max_mb: float = 200.0
+    #: seconds of clip before and after the event's frame
+    evidence_pre_s: float = 2.0
+    evidence_post_s: float = 3.0
+    #: frames a second the clip keeps, and their width at most (JPEG)
+    evidence_fps: float = 5.0
+    evidence_width: int = 640
     # motion gating (edgeinfer.pipeline.motion): unchanged frames reuse the last result, marked reused
     motion_gate: bool = False
     #: gray levels a pixel of the small comparison copy must change by
@@ -114,7 +131,9 @@ class PipelineOptions:
             value = getattr(self, option.name)
             if choices and value is not None and value not in choices:
                 raise ValueError(f"{option.name} must be one of {', '.join(choices)}, not {value!r}")
-        positive = {"max_fps": self.max_fps, "watchdog_floor_s": self.watchdog_floor_s}
+        positive = {"max_fps": self.max_fps, "watchdog_floor_s": self.watchdog_floor_s,
+                    "evidence_max_mb": self.evidence_max_mb, "evidence_pre_s": self.evidence_pre_s,
+                    "evidence_fps": self.evidence_fps}
         if self.watchdog_factor < 1:
             raise ValueError(f"watchdog_factor must be >= 1, not {self.watchdog_factor}")
         at_least_one = {"max_frames": self.max_frames, "queue_size": self.queue_size, "threads": self.threads,
@@ -127,8 +146,21 @@ class PipelineOptions:
         for name, value in at_least_one.items():
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, not {value}")
+        self._check_events()
         if self.stats_window < MIN_STATS_WINDOW:
             raise ValueError(f"stats_window must be >= {MIN_STATS_WINDOW}")
+
+    def _check_events(self) -> None:
+        if self.event_cooldown_s < 0 or self.evidence_post_s < 0:
+            raise ValueError("event_cooldown_s and evidence_post_s must be >= 0")
+        if self.events_per_minute < 1 or self.evidence_width < 16:
+            raise ValueError("events_per_minute must be >= 1 and evidence_width >= 16")
+        if self.events:
+            from .events import parse_rules
+            from .zones import counter_names
+
+            parse_rules(self.events, lines=counter_names(self.lines, "line"),
+                        zones=counter_names(self.zones, "zone"))
 
     @classmethod
     @functools.cache
@@ -147,8 +179,9 @@ class PipelineOptions:
 
     @property
     def decode_reduced(self) -> bool:
-        """Whether a source may decode frames smaller than its own size (never when frames are kept)."""
-        return self.reduced_decode and not self.keep_frames
+        """Whether a source may decode frames smaller than its own size (never when frames are kept, nor
+        when events keep evidence: a snapshot at the model's 1/4 scale shows too little)."""
+        return self.reduced_decode and not self.keep_frames and not (self.events and self.evidence_dir)
 
     @property
     def tracking(self) -> bool:

@@ -260,3 +260,14 @@ def _segment_distance(p: tuple[float, float], a: tuple[float, float], b: tuple[f
     length2 = dx * dx + dy * dy
     t = 0.0 if length2 == 0 else max(0.0, min(1.0, ((p[0] - ax) * dx + (p[1] - ay) * dy) / length2))
     return math.hypot(p[0] - ax - t * dx, p[1] - ay - t * dy)
+
+
+def counter_names(texts: Sequence[str], prefix: str) -> list[str]:
+    """The names of ``lines`` / ``zones`` option entries (``prefix`` ``line`` / ``zone`` names the unnamed)."""
+    return [_named(text, f"{prefix}{i + 1}")[0] for i, text in enumerate(texts)]
+
+
+def _named(text: str, default: str) -> tuple[str, str]:
+    """``"NAME=1,2,3,4"`` -> ("NAME", "1,2,3,4"); an unnamed entry gets ``default``."""
+    name, sep, rest = text.partition("=")
+    return (name.strip(), rest) if sep and name.strip() else (default, text)

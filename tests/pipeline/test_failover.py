@@ -226,3 +226,36 @@ def test_the_cli_runs_on_through_a_failure_and_strict_stops_with_the_error(tmp_p
     strict = subprocess.run([*command, "--strict"], capture_output=True, text=True, env=env, timeout=120)
     assert strict.returncode != 0
     assert "strict mode: no fallback" in strict.stderr and "EdgeTpuDelegateForCustomOp" in strict.stderr
+
+
+def test_an_engine_serving_three_streams_fails_over_and_back_and_every_stream_goes_on(clip):
+    """MultiPipeline: the engine's failure is every stream's; each goes on on the fallback, then on the
+    wanted delegate again; every result is right, and only the frames of the failed invoke are lost."""
+    events: list = []
+    results: dict[str, list] = {"a": [], "b": [], "c": []}
+    with edgeinfer.MultiPipeline(MOBILENET_V2, {name: clip for name in results}, policy="every", loop=True,
+                                 labels=IMAGENET_LABELS, delegate="flaky,xnnpack", threads=2, top_k=1,
+                                 probe_backoff=FAST_PROBES) as multi:
+        multi.add_delegate_listener(events.append)
+        CONTROL.set("fail", after=30)
+
+        def on_result(result) -> None:
+            results[result.stream].append(result)
+            if len(events) == 1 and sum(len(r) for r in results.values()) > 120:
+                CONTROL.set("ok")  # the device heals once the streams have run degraded for a while
+
+        multi.start(on_result)
+        assert wait_until(lambda: len(events) == 2 and min(len(r) for r in results.values()) >= 80, 60), events
+        multi.stop()
+        stats = multi.stats()
+    fallback, restored = events
+    assert (fallback.kind, fallback.previous, fallback.delegate, fallback.cause) == (
+        "delegate_fallback", "flaky", "xnnpack", "error")
+    assert (restored.kind, restored.delegate) == ("delegate_restored", "flaky")
+    lost = {name: set(range(r[-1].frame_id + 1)) - {x.frame_id for x in r} for name, r in results.items()}
+    assert sum(len(missing) for missing in lost.values()) == fallback.frames_lost <= 3  # one batch of one frame
+    for name, got in results.items():
+        assert [r.frame_id for r in got] == sorted({r.frame_id for r in got}), name
+        for result in got:
+            assert result.result[0].label.startswith(expected_top1(result.frame_id)), (name, result.frame_id)
+        assert stats[name].frames_lost == fallback.frames_lost and stats[name].degraded is False

@@ -1,0 +1,379 @@
+"""Event rules and their evidence: a line crossed, a zone entered, a detection above a score (docs/events.md).
+
+A rule is a short text, the same in ``Pipeline(events=[...])``, ``edgeinfer run --event`` and an
+agent.yaml pipeline's ``events:`` list::
+
+    line_crossed[:LINE][/LABEL,...]      a confirmed track crosses a line (any, or the one named)
+    zone_entered[:ZONE][/LABEL,...]      a confirmed track enters a zone
+    detection[:SCORE][/LABEL,...]        a detection (or a classification's top-1) scoring SCORE or more
+
+:class:`StreamEvents` applies the rules to one stream. The inference thread calls :meth:`~StreamEvents.offer`
+with each frame before its buffer goes back to the ring (a comparison for most frames; a downscaled copy
+for the few the evidence keeps, ``evidence_fps`` a second) and :meth:`~StreamEvents.check` with each
+result; analytics events arrive through the :class:`~edgeinfer.pipeline.analytics.StreamAnalytics`
+listener. Everything slow — JPEG encoding, the clip's post-roll, the store's writes — happens in one
+``edgeinfer-evidence`` thread fed by a bounded queue, so a slow disk drops evidence frames (counted),
+never inference frames. A triggered event reaches the listeners (:meth:`~StreamEvents.add_listener`)
+once its evidence is written — or at once, when there is no evidence store.
+
+A ``detection`` rule describes a state, not a change: its subject (a track, or a label when there is
+no track id) fires it once per ``cooldown_s``. A crossing or an entry is a change, each one an event
+(the hysteresis band already keeps flicker from making more). At most ``per_minute`` events a
+minute are recorded per stream. What they suppress is counted, never
+silently lost: ``counts()`` and the next event's ``suppressed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .evidence import EvidenceRecorder, EvidenceStore, FrameHistory, new_event_id
+from .zones import LINE_CROSSED, ZONE_ENTERED, AnalyticsEvent
+
+if TYPE_CHECKING:
+    import numpy as np
+
+log = logging.getLogger(__name__)
+
+DETECTION = "detection"
+RULE_KINDS = (LINE_CROSSED, ZONE_ENTERED, DETECTION)
+_RULE = re.compile(r"\A(?P<kind>[a-z_]+)(?::(?P<arg>[^/]+))?(?:/(?P<labels>[^/]+))?\Z")
+#: evidence frames waiting for the evidence thread at most (a slow disk drops them, counted)
+QUEUE_FRAMES = 8
+#: how often the evidence thread looks for recordings a stalled source left open
+_EXPIRE_EVERY_S = 0.5
+
+EventListener = Callable[[dict], Any]
+
+
+@dataclass(frozen=True)
+class EventRule:
+    """One parsed rule: its kind, the line or zone it names (None: any), the labels it takes (empty:
+    any) and, for ``detection``, the least score."""
+
+    text: str
+    kind: str
+    name: str | None = None
+    labels: frozenset[str] = frozenset()
+    min_score: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> EventRule:
+        """A rule from its text; ValueError saying what is wrong with it."""
+        if not isinstance(text, str):
+            raise ValueError(f"an event rule is a string, not {type(text).__name__}")
+        match = _RULE.match(text.strip())
+        if match is None or match["kind"] not in RULE_KINDS:
+            forms = ", ".join(f"{kind}[:...][/LABEL,...]" for kind in RULE_KINDS)
+            raise ValueError(f"event rule {text!r}: not one of {forms}")
+        kind, arg = match["kind"], (match["arg"] or "").strip() or None
+        labels = frozenset(part.strip() for part in (match["labels"] or "").split(",") if part.strip())
+        if match["labels"] is not None and not labels:
+            raise ValueError(f"event rule {text!r}: no label after '/'")
+        if kind != DETECTION:
+            return cls(text.strip(), kind, arg, labels)
+        try:
+            score = float(arg) if arg is not None else 0.0
+        except ValueError:
+            raise ValueError(f"event rule {text!r}: {arg!r} is not a score (0..1)") from None
+        if not 0.0 <= score <= 1.0:
+            raise ValueError(f"event rule {text!r}: the score must be within 0..1, not {score}")
+        return cls(text.strip(), kind, None, labels, score)
+
+    def takes(self, label: str) -> bool:
+        return not self.labels or label in self.labels
+
+    def matches(self, event: AnalyticsEvent) -> bool:
+        """Whether an analytics event (a line crossed, a zone entered) fires this rule."""
+        return (event.kind == self.kind and (self.name is None or event.name == self.name)
+                and self.takes(event.label))
+
+
+def parse_rules(texts: Iterable[str], *, lines: Sequence[str] = (), zones: Sequence[str] = ()) -> tuple[EventRule, ...]:
+    """Every rule, checked against the pipeline's line and zone names (a rule on a line the pipeline
+    does not have would never fire: ValueError)."""
+    rules = tuple(EventRule.parse(text) for text in texts)
+    for rule in rules:
+        names, what = (lines, "line") if rule.kind == LINE_CROSSED else (zones, "zone")
+        if rule.kind == DETECTION:
+            continue
+        if not names:
+            raise ValueError(f"event rule {rule.text!r} needs a {what} (--{what} / {what}s:)")
+        if rule.name is not None and rule.name not in names:
+            raise ValueError(f"event rule {rule.text!r}: no {what} named {rule.name!r} (there are: {', '.join(names)})")
+    return rules
+
+
+@dataclass
+class _Pending:
+    """What the evidence thread is handed: a kept frame, or an event to record."""
+
+    frame: np.ndarray | None
+    frame_id: int
+    timestamp: float
+    event: dict | None = None
+
+
+class StreamEvents:
+    """The rules of one stream, their cooldown and rate limit, and the evidence of what they fire.
+
+    ``store`` None: events carry no evidence and reach the listeners at once.
+    """
+
+    def __init__(self, rules: Sequence[EventRule], *, store: EvidenceStore | None = None, stream: str = "",
+                 cooldown_s: float = 10.0, per_minute: int = 30, pre_s: float = 2.0, post_s: float = 3.0,
+                 fps: float = 5.0, width: int = 640) -> None:
+        if not rules:
+            raise ValueError("StreamEvents needs at least one rule")
+        if cooldown_s < 0 or per_minute < 1:
+            raise ValueError(f"cooldown_s must be >= 0 and per_minute >= 1, not {cooldown_s!r}, {per_minute!r}")
+        self.rules = tuple(rules)
+        self.stream = stream
+        self.cooldown_s = float(cooldown_s)
+        self.per_minute = int(per_minute)
+        self.recorder = (EvidenceRecorder(store, FrameHistory(seconds=pre_s, fps=fps, width=width), post_s=post_s)
+                         if store is not None else None)
+        self._detection_rules = tuple(r for r in self.rules if r.kind == DETECTION)
+        self._last_fired: dict[tuple[int, Any], float] = {}
+        self._recent: deque[float] = deque()
+        self._listeners: tuple[EventListener, ...] = ()
+        self._lock = threading.Lock()
+        # kept frames and events in the order they happened (an event's snapshot is the frame before it);
+        # frames are bounded (a slow disk drops them), events never dropped
+        self._wake = threading.Condition(self._lock)
+        self._pending: deque[_Pending] = deque()
+        self._pending_frames = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.triggered = self.suppressed = self.rate_limited = self.frames_dropped = self.delivered = 0
+        self._suppressed_since = 0
+
+    # -- listeners --------------------------------------------------------------------------------
+    def add_listener(self, listener: EventListener) -> None:
+        """Call ``listener(event)`` for each event, once its evidence is written (the evidence thread)."""
+        self._listeners = (*self._listeners, listener)
+
+    # -- the inference thread ---------------------------------------------------------------------
+    @property
+    def wants_results(self) -> bool:
+        """Whether :meth:`check` has anything to do (a ``detection`` rule)."""
+        return bool(self._detection_rules)
+
+    def offer(self, frame: np.ndarray, frame_id: int, timestamp: float) -> None:
+        """A frame, before its buffer is reused: a downscaled copy goes to the evidence thread when the
+        evidence keeps it (``fps`` a second); others cost one comparison."""
+        recorder = self.recorder
+        if recorder is None or self._closed:
+            return
+        history = recorder.history
+        if not history.due(timestamp):
+            return
+        with self._lock:
+            if self._pending_frames >= QUEUE_FRAMES:
+                self.frames_dropped += 1
+                return
+        small = history.downscaled(frame)
+        with self._lock:
+            self._pending.append(_Pending(small, int(frame_id), float(timestamp)))
+            self._pending_frames += 1
+            self._wake.notify()
+        self._ensure_thread()
+
+    @property
+    def pending(self) -> int:
+        """Frames and events waiting for the evidence thread."""
+        with self._lock:
+            return len(self._pending)
+
+    def on_analytics(self, event: AnalyticsEvent) -> None:
+        """The analytics listener: a line crossed or a zone entered may fire a rule."""
+        for index, rule in enumerate(self.rules):
+            if rule.kind != DETECTION and rule.matches(event):
+                fired = {"kind": event.kind, "name": event.name, "label": event.label, "track_id": event.track_id,
+                         "score": None, "direction": event.direction,
+                         "box": [round(v, 1) for v in event.box] if event.box is not None else None}
+                self._fire(index, rule, fired, event.frame_id, event.timestamp, subject=event.track_id)
+
+    def check(self, result: Any, frame_id: int, timestamp: float) -> None:
+        """A frame's result (detections, or a classification's top-k) against the ``detection`` rules."""
+        if not self._detection_rules:
+            return
+        for item in _scored(result):
+            label, score = str(getattr(item, "label", "")), float(getattr(item, "score", 0.0))
+            for index, rule in enumerate(self.rules):
+                if rule.kind == DETECTION and score >= rule.min_score and rule.takes(label):
+                    track_id = getattr(item, "track_id", None)
+                    box = getattr(item, "box", None)
+                    fired = {"kind": DETECTION, "name": None, "label": label, "track_id": track_id,
+                             "score": round(score, 4), "direction": None,
+                             "box": [round(float(v), 1) for v in box] if box is not None else None}
+                    self._fire(index, rule, fired, frame_id, timestamp,
+                               subject=track_id if track_id is not None else label)
+
+    def _fire(self, index: int, rule: EventRule, fired: dict, frame_id: int, timestamp: float,
+              subject: Any) -> None:
+        with self._lock:
+            key = (index, subject)
+            last = self._last_fired.get(key) if rule.kind == DETECTION else None
+            if last is not None and 0 <= timestamp - last < self.cooldown_s:
+                self.suppressed += 1
+                self._suppressed_since += 1
+                return
+            now = time.monotonic()
+            while self._recent and now - self._recent[0] > 60.0:
+                self._recent.popleft()
+            if len(self._recent) >= self.per_minute:
+                self.rate_limited += 1
+                self._suppressed_since += 1
+                return
+            self._recent.append(now)
+            if rule.kind == DETECTION:
+                self._last_fired[key] = timestamp
+            if len(self._last_fired) > 4096:  # subjects long gone: keep the newest half
+                for old in sorted(self._last_fired, key=self._last_fired.__getitem__)[:2048]:
+                    del self._last_fired[old]
+            self.triggered += 1
+            suppressed, self._suppressed_since = self._suppressed_since, 0
+        event = {"stream": self.stream, "rule": rule.text, **fired, "frame_id": int(frame_id),
+                 "timestamp": round(float(timestamp), 6), "suppressed": suppressed}
+        if self.recorder is None:
+            self._deliver({**event, "event_id": new_event_id(frame_id, timestamp), "snapshot": None, "clip": None,
+                           "snapshot_bytes": 0, "clip_bytes": 0, "frames": 0, "duration_s": 0.0})
+            return
+        with self._lock:
+            self._pending.append(_Pending(None, int(frame_id), float(timestamp), event))
+            self._wake.notify()
+        self._ensure_thread()
+
+    # -- the evidence thread ----------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None and not self._closed:
+            with self._lock:
+                if self._thread is None:
+                    name = f"edgeinfer-evidence-{self.stream or 'main'}"
+                    self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+                    self._thread.start()
+
+    def _next(self) -> _Pending | None:
+        """The oldest frame or event (None after a while without one, or once closed and drained)."""
+        with self._lock:
+            if not self._pending and not self._closed:
+                self._wake.wait(_EXPIRE_EVERY_S)
+            if not self._pending:
+                return None
+            item = self._pending.popleft()
+            if item.frame is not None:
+                self._pending_frames -= 1
+            return item
+
+    def _run(self) -> None:
+        recorder = self.recorder
+        assert recorder is not None
+        while True:
+            item = self._next()
+            if item is None:
+                if self._closed:
+                    break
+            elif item.event is not None:
+                recorder.trigger(item.event, frame_id=item.frame_id)
+            else:
+                try:
+                    recorder.add(item.frame, item.frame_id, item.timestamp)  # type: ignore[arg-type]
+                except Exception:  # an encoder failure must not end the evidence
+                    log.exception("evidence frame %d could not be kept", item.frame_id)
+            recorder.expire(time.time())
+            self._deliver_finished(recorder)
+        recorder.flush()
+        self._deliver_finished(recorder)
+
+    def _deliver_finished(self, recorder: EvidenceRecorder) -> None:
+        for summary in recorder.finished():
+            event = dict(summary["event"])
+            event.update(event_id=summary["event_id"], snapshot=summary["snapshot"], clip=summary["clip"],
+                         frames=summary["frames"], duration_s=round(max(summary["end"] - summary["start"], 0.0), 3),
+                         snapshot_bytes=_size(summary, "snapshot"), clip_bytes=_size(summary, "clip"))
+            self._deliver(event)
+
+    def _deliver(self, event: dict) -> None:
+        self.delivered += 1
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not stop the events
+                log.exception("event listener failed on %s", event.get("event_id"))
+
+    # -- the end ----------------------------------------------------------------------------------
+    def close(self, timeout: float = 10.0) -> None:
+        """Finish every recording with the post-roll it has, write it, tell the listeners; idempotent."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify()
+        thread = self._thread
+        if thread is None:
+            return
+        if thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("evidence thread of %s did not finish within %.0f s", self.stream or "the pipeline",
+                            timeout)
+
+    def counts(self) -> dict[str, int]:
+        """What the rules did: triggered, suppressed by cooldown, rate-limited, evidence frames dropped,
+        events delivered, recordings that could not be written."""
+        failed = self.recorder.failed if self.recorder is not None else 0
+        return {"triggered": self.triggered, "suppressed": self.suppressed, "rate_limited": self.rate_limited,
+                "frames_dropped": self.frames_dropped, "delivered": self.delivered, "failed": failed}
+
+
+def _size(summary: dict, what: str) -> int:
+    try:
+        return Path(summary[what]).stat().st_size
+    except OSError:
+        return 0
+
+
+def _scored(result: Any) -> Sequence[Any]:
+    """The items of a result a ``detection`` rule looks at: every detection, or a classification's top-1
+    (other tasks: none)."""
+    from .postprocess import Classification, Detections
+
+    if isinstance(result, Detections):
+        return result.items
+    if isinstance(result, list) and result and isinstance(result[0], Classification):
+        return result[:1]
+    return ()
+
+
+def stream_folder(evidence_dir: Any, stream: str) -> Path | None:
+    """A stream's own evidence folder under ``evidence_dir`` (its name made safe for a path), or None."""
+    if evidence_dir is None:
+        return None
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", stream).lstrip("_-")[:64] or "stream"
+    return Path(evidence_dir) / safe
+
+
+def events_from_options(options: Any, stream: str = "", evidence_dir: Any = None) -> StreamEvents | None:
+    """The stream's :class:`StreamEvents` from the pipeline options (``events``, ``event_cooldown_s``,
+    ``evidence_*``), or None when there are no rules. ``evidence_dir`` overrides ``options.evidence_dir``
+    (a multi-stream run gives each stream a folder of its own)."""
+    if not options.events:
+        return None
+    from .zones import counter_names
+
+    rules = parse_rules(options.events,
+                        lines=counter_names(options.lines, "line"),
+                        zones=counter_names(options.zones, "zone"))
+    folder = evidence_dir if evidence_dir is not None else options.evidence_dir
+    store = (EvidenceStore(folder, max_bytes=int(options.evidence_max_mb * 1024 * 1024))
+             if folder is not None else None)
+    return StreamEvents(rules, store=store, stream=stream, cooldown_s=options.event_cooldown_s,
+                        per_minute=options.events_per_minute, pre_s=options.evidence_pre_s,
+                        post_s=options.evidence_post_s, fps=options.evidence_fps, width=options.evidence_width)
