@@ -31,6 +31,7 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── CommandRejected               a command's signature, device or expiry is not acceptable; ``.reason``
     ├── AuthError                     a fleet API request without a usable token (401) or role (403); ``.status``
     ├── FleetRequestError             the fleet manager refused a request; ``.status`` is its HTTP status
+    ├── UploadRefused                 the fleet manager refused evidence for good (401/403/409/413); ``.status``
     ├── OutputError                   a result file cannot be written (path, permissions, disk)
     ├── OptimizeError                 a model cannot be optimised (no calibration images, ...)
     │   └── AccuracyRejected          the optimised model disagrees with the original too often
@@ -192,6 +193,14 @@ class FleetRequestError(EdgeInferError):
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
+        self.status = status
+
+
+class UploadRefused(EdgeInferError):
+    """The fleet manager refused an upload with a status a retry will not change (401, 403, 409, 413...)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
         self.status = status
 
 

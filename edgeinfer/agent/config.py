@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -109,6 +110,8 @@ class AgentConfig:
     update_health_frames: int = DEFAULT_UPDATE_HEALTH_FRAMES
     #: the new model's median inference time may be at most this factor of the old one's
     update_max_latency_factor: float = DEFAULT_UPDATE_MAX_LATENCY_FACTOR
+    #: the fleet manager's HTTP API (``https://fleet.example:8443``): where event evidence is uploaded
+    manager_url: str | None = None
 
     @property
     def topics(self) -> Topics:
@@ -205,8 +208,8 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
     broker = _broker(r)
     reconnect_min, reconnect_max = _window(r, "reconnect", DEFAULT_RECONNECT_MIN_S, DEFAULT_RECONNECT_MAX_S)
     restart_min, restart_max = _window(r, "restart", DEFAULT_RESTART_MIN_S, DEFAULT_RESTART_MAX_S)
-    pipelines = _pipelines(r)
     data_dir = Path(r.path("data_dir") or DEFAULT_DATA_DIR)
+    pipelines = _with_evidence_dirs(_pipelines(r), data_dir)
     groups = r.get("groups", [])
     if not isinstance(groups, list) or not all(isinstance(g, str) and ID_RE.match(g) for g in groups):
         raise r.fail("groups", f"must be a list of ids (A-Z a-z 0-9 . _ -), got {groups!r}")
@@ -242,6 +245,7 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
                                       maximum=100000, integer=True),
         update_max_latency_factor=float(r.number("update_max_latency_factor", DEFAULT_UPDATE_MAX_LATENCY_FACTOR,
                                                  above=1.0, maximum=1000)),
+        manager_url=_manager_url(r),
     )
 
 
@@ -307,6 +311,26 @@ def _pipelines(r: ConfigReader) -> tuple[PipelineConfig, ...]:
         if names.count(name) > 1:
             raise r.fail("pipelines", f"two pipelines are named {name!r}; names must be unique")
     return pipelines
+
+
+def _with_evidence_dirs(pipelines: tuple[PipelineConfig, ...], data_dir: Path) -> tuple[PipelineConfig, ...]:
+    """A pipeline with event rules and no ``evidence_dir`` keeps its evidence in ``<data_dir>/evidence/<name>``."""
+    def placed(p: PipelineConfig) -> PipelineConfig:
+        if not p.events or p.evidence_dir is not None:
+            return p
+        return dataclasses.replace(p, evidence_dir=str(data_dir / "evidence" / p.name))
+
+    return tuple(placed(p) for p in pipelines)
+
+
+def _manager_url(r: ConfigReader) -> str | None:
+    url = r.string("manager_url")
+    if url is None:
+        return None
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.query or parsed.fragment:
+        raise r.fail("manager_url", f"must be http(s)://HOST[:PORT][/PATH] (the fleet manager's API), got {url!r}")
+    return url.rstrip("/")
 
 
 def _update_key(r: ConfigReader) -> str | None:

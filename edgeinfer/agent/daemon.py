@@ -32,6 +32,7 @@ from ..link.protocol import PROTOCOL_VERSION, Topics, encode
 from ..link.spool import PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
 from .commands import CommandRouter, register_builtin_commands
 from .config import AgentConfig, resolve_profile
+from .evidence_upload import start_uploader
 from .inventory import delegate_report, software_versions
 from .runner import PipelineFactory, PipelineRunner, default_pipeline_factory
 from .services import TelemetryFigures
@@ -133,6 +134,7 @@ class Agent:
         self._spool: Spool | None = None
         self._link: MqttLink | None = None
         self._metrics: Any = None
+        self.uploader: Any = None  # event evidence to the fleet manager (edgeinfer.agent.evidence_upload)
         self._runners: list[PipelineRunner] = []
         self._delegates: list[dict[str, Any]] = []
         self._versions: dict[str, str | None] = {}
@@ -230,8 +232,10 @@ class Agent:
                               on_connected=self._on_connected)
         # runners exist before the link connects: a command queued in the persistent session may
         # arrive at once and name a pipeline; commands wait in the router's queue until it starts
+        self.uploader = start_uploader(config, self.emit)
         self._runners = [PipelineRunner(p, emit=self.emit, on_change=self._state_changed, factory=self._factory,
-                                        restart_min_s=config.restart_min_s, restart_max_s=config.restart_max_s)
+                                        restart_min_s=config.restart_min_s, restart_max_s=config.restart_max_s,
+                                        on_evidence=self.uploader.enqueue if self.uploader else None)
                          for p in config.pipelines]
         self._link.set_retained(self.topics.state, encode(self._state_message(online=True)))
         self._link.start()
@@ -270,8 +274,9 @@ class Agent:
             self._tick()
         if self.commands is not None:
             self.commands.stop()
-        if self._metrics is not None:
-            self._metrics.close()
+        for service in (self.uploader, self._metrics):  # the uploader's unsent events stay on disk, unmarked
+            if service is not None:
+                service.close()
         if self._link is not None:
             self._link.set_retained(self.topics.state, encode(self._state_message(online=False, reason="shutdown")))
             self._link.stop(drain_timeout=SHUTDOWN_DRAIN_S)
@@ -339,7 +344,7 @@ class Agent:
         for runner in self._runners:
             stats = runner.take_window()
             entry = pipeline_entry(runner.name, runner.status, stats, delegate=runner.delegate,
-                                   restarts=runner.restarts)
+                                   restarts=runner.restarts, streams=[s.name for s in runner.config.sources])
             pipelines.append(entry)
             totals = self.figures.totals.setdefault(runner.name, {"frames": 0, "dropped": 0})
             totals["frames"] += entry["frames"]

@@ -147,7 +147,11 @@ class UpdateService:
             if previous is None:
                 raise UpdateRejected("no_previous", "there is no previous model to roll back to")
             engine = self._load(runner, previous.path)
-            old = runner.swap_engine(engine, version=str(previous.version))
+            try:
+                old = runner.swap_engine(engine, version=str(previous.version))
+            except BaseException:
+                engine.close()
+                raise
             self.slots.roll_back()
             old.close()
         ctx.agent.state_changed()  # its slots: what runs, what a rollback would go back to
@@ -185,7 +189,12 @@ class UpdateService:
         pipeline.add_observer(observe)
         try:
             swapped_at[0] = time.time()
-            old_engine = runner.swap_engine(engine, version=str(staged.version))
+            try:
+                old_engine = runner.swap_engine(engine, version=str(staged.version))
+            except (EdgeInferError, ValueError) as exc:  # the pipeline cannot take it: nothing changed
+                engine.close()
+                self.slots.abandon_trial()
+                return False, f"swap_failed: {exc}"
             deadline = time.monotonic() + HEALTH_GATE_TIMEOUT_S
             while not decided.wait(0.2):
                 if agent.stopping:  # shutting down mid-trial: the old model stays committed

@@ -2,7 +2,8 @@
 
 :class:`PipelineConfig` *is* a :class:`~edgeinfer.pipeline.options.PipelineOptions` (so each
 pipeline option is a key, under the name of the ``Pipeline`` keyword) with the agent's fields added:
-``name``, ``model``, ``source``, ``version``, ``restart``. Nothing here lists the pipeline options a
+``name``, ``model``, ``source`` (or ``sources``: several streams on one engine, and their ``batch``),
+``version``, ``restart``. Nothing here lists the pipeline options a
 second time: :func:`read_pipeline` reads each field by its type annotation (``bool``, ``int``,
 ``float``, a string with the ``choices`` in its metadata, a path, ``WxH``, a number or list of
 numbers, a nested dataclass such as ``backoff``), and turns the ``ValueError`` that
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..link.protocol import MAX_STREAMS
 from ..pipeline.events import EventRule
 from ..pipeline.labels import Labels
 from ..pipeline.options import DETECT_ONLY, PipelineOptions
@@ -29,20 +31,45 @@ from .config_reader import ConfigReader
 
 #: what the runner does when a pipeline fails (``on-failure``) or its source ends (``always``)
 RESTART_POLICIES = ("on-failure", "always", "never")
+#: the forms of a source, for messages
+_SOURCE_FORMS = "a video file, image folder or glob, camera index, /dev/videoN, rtsp:// URL or GStreamer pipeline"
+
+
+@dataclass(frozen=True)
+class StreamSource:
+    """One stream of a pipeline with ``sources``: its name (an id, like a pipeline's) and its source."""
+
+    name: str
+    source: str | int
 
 
 @dataclass(frozen=True, kw_only=True)
 class PipelineConfig(PipelineOptions):
-    """One pipeline the agent runs: the options of :class:`edgeinfer.Pipeline`, plus name, model, source, restart."""
+    """One pipeline the agent runs: the options of :class:`edgeinfer.Pipeline`, plus name, model, source, restart.
+
+    Exactly one of ``source`` (a :class:`~edgeinfer.Pipeline`) and ``sources`` (several named streams on
+    one engine: a :class:`~edgeinfer.pipeline.multi.MultiPipeline`) is set.
+    """
 
     name: str
     #: path of the model file (relative paths: to the config file)
     model: str
-    #: anything :func:`edgeinfer.open_source` takes; a camera index as an int
-    source: str | int
+    #: anything :func:`edgeinfer.open_source` takes; a camera index as an int (None: ``sources`` is set)
+    source: str | int | None = None
+    #: several streams served by one engine, in config order (empty: ``source`` is set)
+    sources: tuple[StreamSource, ...] = ()
+    #: with ``sources``: frames per invoke, one per stream (a delegate that can reshape the model: openvino)
+    batch: int | None = None
     #: reported with the model's sha256 in the ``state`` message
     version: str | None = None
     restart: str = field(default="on-failure", metadata={"choices": RESTART_POLICIES})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.source is None) == (not self.sources):
+            raise ValueError("a pipeline takes exactly one of source and sources")
+        if self.batch is not None and (self.batch < 1 or not self.sources):
+            raise ValueError("batch must be >= 1, and only a pipeline with sources takes it")
 
     @property
     def options(self) -> PipelineOptions:
@@ -57,7 +84,7 @@ class PipelineConfig(PipelineOptions):
 #: every key of a ``pipelines:`` entry: the pipeline's options, then the agent's own
 PIPELINE_KEYS = tuple(option.name for option in dataclasses.fields(PipelineConfig))
 #: the keys read by hand in read_pipeline(), not by their type
-_READ_BY_HAND = ("name", "model", "source")
+_READ_BY_HAND = ("name", "model", "source", "sources", "batch")
 
 Read = Callable[[ConfigReader, str], Any]
 
@@ -181,10 +208,14 @@ def _read_option(r: ConfigReader, form: _OptionForm) -> Any:
 
 # ---------------------------------------------------------------------------------- the entry
 
-def _resolve_source(value: Any, reader: ConfigReader) -> str | int:
+def _resolve_source(reader: ConfigReader, key: str) -> str | int:
+    """``key`` as a source: a camera index as an int, a path that exists relative to the config file resolved."""
+    value = reader.get(key)
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    source = reader.string("source", required=True)
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise reader.fail(key, f"must be a source ({_SOURCE_FORMS}), got {value!r}")
+    source = reader.string(key, required=True)
     assert source is not None
     if source.isdigit():
         return int(source)
@@ -192,6 +223,37 @@ def _resolve_source(value: Any, reader: ConfigReader) -> str | int:
     if looks_like_path and (reader.base / source).exists():
         return str(reader.base / source)
     return source
+
+
+def _read_sources(r: ConfigReader) -> tuple[StreamSource, ...]:
+    """``sources``: a list of sources, or of ``{name, source}``; unnamed streams are stream0, stream1, ...
+    by their place in the list, as ``edgeinfer run -s`` names them."""
+    raw = r.get("sources")
+    if not isinstance(raw, list) or not raw:
+        raise r.fail("sources", f"must be a non-empty list of sources, each a source or {{name: NAME, source: "
+                                f"SOURCE}}, got {raw!r}")
+    if len(raw) > MAX_STREAMS:
+        raise r.fail("sources", f"at most {MAX_STREAMS} streams in one pipeline, got {len(raw)}")
+    entries = r.items("sources")
+    streams: list[StreamSource] = []
+    for index, key in enumerate(entries.data):
+        item = entries.data[key]
+        if isinstance(item, Mapping):
+            fields = entries.mapping(key, ("name", "source"))
+            assert fields is not None
+            name = fields.identifier("name", f"stream{index}")
+            if not fields.has("source"):
+                raise fields.fail("source", f"required ({_SOURCE_FORMS})")
+            source = _resolve_source(fields, "source")
+        elif item is None:
+            raise entries.fail(key, f"must be a source ({_SOURCE_FORMS}) or {{name: NAME, source: SOURCE}}, got null")
+        else:
+            name, source = f"stream{index}", _resolve_source(entries, key)
+        assert name is not None
+        if any(stream.name == name for stream in streams):
+            raise entries.fail(key, f"two streams are named {name!r}; stream names must be unique")
+        streams.append(StreamSource(name, source))
+    return tuple(streams)
 
 
 def read_pipeline(item: Any, index: int, file: str, base: Path) -> PipelineConfig:
@@ -204,10 +266,18 @@ def read_pipeline(item: Any, index: int, file: str, base: Path) -> PipelineConfi
     model = r.path("model")
     if model is None:
         raise r.fail("model", "required (path to a .tflite, .onnx or OpenVINO .xml model)")
-    if not r.has("source"):
-        raise r.fail("source", "required (a video file, image folder or glob, camera index, /dev/videoN, "
-                               "rtsp:// URL or GStreamer pipeline)")
-    values: dict[str, Any] = {"name": name, "model": model, "source": _resolve_source(r.get("source"), r)}
+    values: dict[str, Any] = {"name": name, "model": model}
+    if r.has("source") and r.has("sources"):
+        raise r.fail("sources", "give either source (one stream) or sources (several), not both")
+    if r.has("sources"):
+        values["sources"] = _read_sources(r)
+        values["batch"] = r.positive_int("batch")
+    elif r.has("source"):
+        values["source"] = _resolve_source(r, "source")
+        if r.has("batch"):
+            raise r.fail("batch", "only a pipeline with sources takes it (frames of several streams per invoke)")
+    else:
+        raise r.fail("source", f"required ({_SOURCE_FORMS}; or sources: a list of them)")
     for key, form in _FORMS.items():
         if form.given(r):
             values[key] = _read_option(r, form)

@@ -35,12 +35,16 @@ EmitFn = Callable[..., None]
 
 
 def default_pipeline_factory(config: PipelineConfig) -> Any:
-    """Build an :class:`edgeinfer.Pipeline` from a pipeline config (not started)."""
+    """Build an :class:`edgeinfer.Pipeline` from a pipeline config (not started); a config with ``sources``
+    builds one MultiPipeline for every stream, behind a Pipeline's face (:mod:`.multi_source`)."""
     try:
         from ..pipeline.core import Pipeline
+        from .multi_source import MultiSourcePipeline
     except ImportError as exc:  # a build without the pipeline module
         raise EdgeInferError(f"this edgeinfer has no pipeline module ({exc}); install a release with "
                              "edgeinfer.pipeline") from exc
+    if config.sources:
+        return MultiSourcePipeline(config)
     return Pipeline(config.model, config.source, config.options)
 
 
@@ -48,6 +52,10 @@ def merge_windows(first: Any, second: Any) -> Any:
     """Two consecutive windows of one pipeline as one (frames and drops add up; the later figures win)."""
     if first is None or second is None:
         return second if first is None else first
+    if hasattr(first, "streams") or hasattr(second, "streams"):  # several sources: per stream too
+        from .multi_source import merge_multi_windows
+
+        return merge_multi_windows(first, second)
     with contextlib.suppress(TypeError, ValueError):
         from ..pipeline.outputs import merge_summaries
 
@@ -57,17 +65,31 @@ def merge_windows(first: Any, second: Any) -> Any:
     return second
 
 
+#: what a ``rule_triggered`` event carries of the pipeline's event (never the device's file paths)
+RULE_EVENT_FIELDS = ("event_id", "stream", "rule", "kind", "name", "label", "track_id", "score", "direction", "box",
+                     "frame_id", "timestamp", "suppressed", "frames", "duration_s", "snapshot_bytes", "clip_bytes")
+
+
+def rule_event_data(event: dict, *, upload: bool) -> dict[str, Any]:
+    """The ``data`` of a ``rule_triggered`` event message; ``upload``: the evidence is on its way to the manager."""
+    data = {key: event.get(key) for key in RULE_EVENT_FIELDS}
+    data["upload"] = bool(upload and event.get("clip"))
+    return data
+
+
 class PipelineRunner:
     """Runs one pipeline in a named thread; restarts it with backoff when it fails."""
 
     def __init__(self, config: PipelineConfig, *, emit: EmitFn, on_change: Callable[[], None],
                  factory: PipelineFactory = default_pipeline_factory, restart_min_s: float = 1.0,
-                 restart_max_s: float = 60.0) -> None:
+                 restart_max_s: float = 60.0, on_evidence: Callable[[dict, str], None] | None = None) -> None:
         self.config = config
         self.name = config.name
         self._emit = emit
         self._on_change = on_change
         self._factory = factory
+        #: ``on_evidence(event, pipeline)``: an event's snapshot and clip are written (the uploader takes them)
+        self._on_evidence = on_evidence
         self._backoff = Backoff(initial_s=restart_min_s, max_s=restart_max_s, jitter=EQUAL_JITTER)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -151,15 +173,28 @@ class PipelineRunner:
                     current = pipeline.take_window()
                 except Exception:
                     log.exception("pipeline %s: take_window failed", self.name)
-        return merge_windows(leftover, current)
+        window = merge_windows(leftover, current)
+        events = getattr(window, "events", None)
+        if events:  # several sources: what happened to the streams in the window
+            window = dataclasses.replace(window, events=())
+            for event in events:
+                self._emit(event.kind, event.level, event.message, pipeline=self.name, data=event.data)
+            self._on_change()
+        return window
 
     def describe(self) -> dict[str, Any]:
-        """This pipeline's entry in the ``state`` message."""
-        source = self.config.source
-        return {"name": self.name, "status": self.status, "task": self.config.task, "source": str(source),
-                "delegate": self.delegate, "fallback_reason": self.fallback_reason, "error": self.last_error,
-                "restarts": self.restarts, "model": dict(self.model), "degraded": self.degraded,
-                "delegate_wanted": self.delegate_wanted}
+        """This pipeline's entry in the ``state`` message (with several sources: each stream's too)."""
+        sources = self.config.sources
+        source = ", ".join(f"{s.name}={s.source}" for s in sources) if sources else self.config.source
+        entry = {"name": self.name, "status": self.status, "task": self.config.task, "source": str(source),
+                 "delegate": self.delegate, "fallback_reason": self.fallback_reason, "error": self.last_error,
+                 "restarts": self.restarts, "model": dict(self.model), "degraded": self.degraded,
+                 "delegate_wanted": self.delegate_wanted}
+        if sources:
+            live = {s["name"]: s for s in getattr(self.pipeline, "stream_status", list)()}
+            entry["streams"] = [live.get(s.name) or {"name": s.name, "source": str(s.source), "status": self.status,
+                                                     "error": None} for s in sources]
+        return entry
 
     # -- the thread -----------------------------------------------------------------------
     def _set_status(self, status: str) -> None:
@@ -182,6 +217,7 @@ class PipelineRunner:
             try:
                 pipeline = self._factory(self.config)
                 self._follow_delegates(pipeline)
+                self._follow_events(pipeline)
                 pipeline.start()
             except Exception as exc:
                 error = exc
@@ -268,6 +304,21 @@ class PipelineRunner:
         add_listener = getattr(pipeline, "add_delegate_listener", None)
         if add_listener is not None:
             add_listener(self._on_delegate_event)
+
+    def _follow_events(self, pipeline: Any) -> None:
+        """Report what the pipeline's event rules fire (``rule_triggered``), once its evidence is written."""
+        if self.config.events and hasattr(pipeline, "add_event_listener"):
+            pipeline.add_event_listener(self._on_rule_event)
+
+    def _on_rule_event(self, event: dict) -> None:
+        data = rule_event_data(event, upload=self._on_evidence is not None)
+        what = event.get("kind", "event") + (f" {event['name']}" if event.get("name") else "")
+        where = f"{self.name}/{event['stream']}" if event.get("stream") else self.name
+        self._emit("rule_triggered", "info", f"pipeline {where}: {what} by {event.get('label')}"
+                   + (f" #{event['track_id']}" if event.get("track_id") is not None else ""),
+                   pipeline=self.name, data=data)
+        if self._on_evidence is not None and event.get("clip"):
+            self._on_evidence(event, self.name)
 
     def _on_delegate_event(self, event: Any) -> None:
         self.delegate = event.delegate

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..link.protocol import MAX_COUNTERS, MAX_LABEL_CHARS, MAX_OUTPUT_LABELS, PROTOCOL_VERSION, Topics
+from ..link.protocol import MAX_COUNTERS, MAX_LABEL_CHARS, MAX_OUTPUT_LABELS, MAX_STREAMS, PROTOCOL_VERSION, Topics
 from ..pipeline.stats import PERCENTILES
 
 log = logging.getLogger(__name__)
@@ -253,31 +253,59 @@ def _stage_figures(stages: Mapping[str, Mapping[str, float]] | None) -> dict[str
 
 
 def pipeline_entry(name: str, status: str, stats: Any | None, *, delegate: str | None = None,
-                   restarts: int = 0) -> dict[str, Any]:
-    """One pipeline's part of a telemetry window, from a PipelineStats (or None when it is not running)."""
+                   restarts: int = 0, streams: Sequence[str] = ()) -> dict[str, Any]:
+    """One pipeline's part of a telemetry window, from a PipelineStats (or None when it is not running).
+
+    A pipeline with several sources names its ``streams`` (config order): the entry then carries a
+    ``streams`` list, from the window's per-stream stats (``stats.streams``), a zero entry for each
+    stream that has none (not running), each with its status (``stats.stream_status``; between runs,
+    the pipeline's ``status``).
+    """
     if stats is None:
-        return {"name": name, "status": status, "delegate": delegate, "frames": 0, "dropped": 0, "fps": 0.0,
-                "restarts": restarts, "stages": {}}
-    fps = float(getattr(stats, "fps", 0.0) or 0.0)
-    entry = {
-        "name": name,
-        "status": status,
-        "delegate": getattr(stats, "delegate", None) or delegate,
-        "frames": int(stats.frames),
-        "dropped": int(stats.dropped),
-        "fps": round(fps, 3) if fps == fps else 0.0,
-        "restarts": restarts,
-        "stages": _stage_figures(getattr(stats, "stages", None)),
-        "degraded": bool(getattr(stats, "degraded", False)),
-        "delegate_wanted": getattr(stats, "delegate_wanted", None),
-    }
-    outputs = output_summary(getattr(stats, "outputs", None))
-    if outputs is not None:
-        entry["outputs"] = outputs
+        entry: dict[str, Any] = {"name": name, "status": status, "delegate": delegate, "frames": 0, "dropped": 0,
+                                 "fps": 0.0, "restarts": restarts, "stages": {}}
+    else:
+        entry = {
+            "name": name,
+            "status": status,
+            "delegate": getattr(stats, "delegate", None) or delegate,
+            "frames": int(stats.frames),
+            "dropped": int(stats.dropped),
+            "fps": _fps(stats),
+            "restarts": restarts,
+            "stages": _stage_figures(getattr(stats, "stages", None)),
+            "degraded": bool(getattr(stats, "degraded", False)),
+            "delegate_wanted": getattr(stats, "delegate_wanted", None),
+        }
+        outputs = output_summary(getattr(stats, "outputs", None))
+        if outputs is not None:
+            entry["outputs"] = outputs
+        analytics = analytics_summary(getattr(stats, "analytics", None))
+        if analytics is not None:
+            entry["analytics"] = analytics
+    if streams:
+        windows = getattr(stats, "streams", None) or {}
+        states = getattr(stats, "stream_status", None) or {}
+        entry["streams"] = [stream_entry(stream, windows.get(stream), states.get(stream, status))
+                            for stream in list(streams)[:MAX_STREAMS]]
+    return entry
+
+
+def stream_entry(name: str, stats: Any | None, status: str) -> dict[str, Any]:
+    """One stream's part of its pipeline's entry: frames, drops, fps, reused frames, its analytics."""
+    if stats is None:
+        return {"name": name, "status": status, "frames": 0, "dropped": 0, "fps": 0.0, "reused": 0}
+    entry = {"name": name, "status": status, "frames": int(stats.frames), "dropped": int(stats.dropped),
+             "fps": _fps(stats), "reused": int(getattr(stats, "reused", 0) or 0)}
     analytics = analytics_summary(getattr(stats, "analytics", None))
     if analytics is not None:
         entry["analytics"] = analytics
     return entry
+
+
+def _fps(stats: Any) -> float:
+    fps = float(getattr(stats, "fps", 0.0) or 0.0)
+    return round(fps, 3) if fps == fps else 0.0
 
 
 def analytics_summary(counts: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -50,7 +50,7 @@ KINDS = ("state", "telemetry", "events", "cmd")
 #: an inbound message larger than this is refused before it is parsed
 MAX_PAYLOAD_BYTES = 256 * 1024
 #: objects and arrays nested deeper than this are refused: hostile input that would exhaust a
-#: recursive serialiser or validator (the protocol's own messages nest 6 deep at most)
+#: recursive serialiser or validator (the protocol's own messages nest 8 deep at most)
 MAX_NESTING = 32
 
 #: fleet and device ids: one MQTT topic level, no wildcards, printable, short
@@ -183,6 +183,30 @@ _ANALYTICS = {
                                            "mean_visit_s": {"type": ["number", "null"]}}}},
     },
 }
+#: streams a pipeline with several sources reports, at most (its config takes no more)
+MAX_STREAMS = 32
+_STREAMS = {
+    "type": "array",
+    "maxItems": MAX_STREAMS,
+    "description": "a pipeline with several sources (one engine serving every stream): each stream's window, "
+                   "in config order; the pipeline's frames, dropped and fps are their sums. status: running, "
+                   "ended, failed (its source failed to open or died; it is opened again with backoff) or, "
+                   "between runs, the pipeline's; reused: frames answered with the previous result (motion "
+                   "gating), not in frames",
+    "items": {
+        "type": "object",
+        "required": ["name", "frames", "dropped", "fps"],
+        "properties": {
+            "name": _ID,
+            "status": {"type": "string"},
+            "frames": _COUNT,
+            "dropped": _COUNT,
+            "fps": {"type": "number", "minimum": 0, "maximum": MAX_FPS},
+            "reused": _COUNT,
+            "analytics": _ANALYTICS,
+        },
+    },
+}
 _DEGRADED = {"type": "boolean", "description": "running on a fallback delegate after the wanted one failed"}
 _DELEGATE_WANTED = {"type": ["string", "null"], "description": "the delegate it wants (null: not degraded)"}
 _PERCENTILES = {
@@ -283,6 +307,7 @@ TELEMETRY_SCHEMA: dict[str, Any] = {
                     "analytics": _ANALYTICS,
                     "degraded": _DEGRADED,
                     "delegate_wanted": _DELEGATE_WANTED,
+                    "streams": _STREAMS,
                 },
             },
         },
@@ -316,8 +341,9 @@ TELEMETRY_SCHEMA: dict[str, Any] = {
 
 EVENT_KINDS = (
     "agent_started", "agent_stopping", "pipeline_started", "pipeline_ended", "pipeline_failed",
-    "pipeline_restarting", "fallback", "delegate_fallback", "delegate_restored", "mqtt_reconnected", "cmd_result",
-    "cmd_rejected", "error",
+    "pipeline_restarting", "fallback", "delegate_fallback", "delegate_restored", "stream_failed", "stream_restored",
+    "stream_ended", "rule_triggered", "evidence_upload_failed", "mqtt_reconnected", "cmd_result", "cmd_rejected",
+    "error",
 )
 EVENT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -409,7 +435,7 @@ def decode(kind: str, payload: bytes | bytearray | str) -> dict[str, Any]:
         message = json.loads(text, parse_constant=_reject_constant) if orjson is None else orjson.loads(text)
     except (json.JSONDecodeError, ValueError, RecursionError) as exc:  # orjson's error is a JSONDecodeError
         raise ProtocolError(f"{kind} payload is not JSON: {exc}") from exc
-    # brackets bound the depth from above: only a payload with many is walked (none of ours nests past 6)
+    # brackets bound the depth from above: only a payload with many is walked (none of ours nests past 8)
     if text.count("{") + text.count("[") > MAX_NESTING and nesting(message, MAX_NESTING) > MAX_NESTING:
         raise ProtocolError(f"{kind} payload nests deeper than {MAX_NESTING} levels")
     if kind in SCHEMAS and schema_fast.accepts(kind, SCHEMAS[kind], text):

@@ -17,66 +17,33 @@ are :class:`~.stats.FrameResult` with ``stream`` set, through a callback, observ
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..capture import FrameSource, open_source
-from ..errors import ClosedError, InferenceError, InputMismatch
+from ..errors import ClosedError
 from ..runtime.engine import Engine
 from .analytics import analytics_from_options
 from .binding import ModelBinding
 from .capture_loop import CaptureLoop
 from .control import RunControl
 from .delivery import Observer, ResultDelivery
+from .engine_worker import BatchRow, EngineWorker, batch_size
 from .events import events_from_options, stream_folder
-from .infer_loop import reused_result
 from .labels import Labels
 from .motion import motion_gate_from_options
-from .multi_failover import WorkerFailover
 from .options import PipelineOptions
-from .ring import END, FrameRing
-from .stats import FrameResult, PipelineStats, StageTimings, StatsRing, StatsWindow, window_stats
+from .ring import FrameRing
+from .stats import FrameResult, PipelineStats, StatsRing, StatsWindow, window_stats
 from .tasks import get_task
 
 log = logging.getLogger("edgeinfer.pipeline")
 
 JOIN_TIMEOUT_S = 30.0
-
-
-class BatchRow:
-    """Row ``index`` of an engine's batch, seen as an engine of batch one: what a preprocessor writes into
-    and a decoder reads from (the same memory as the engine's views, no copy)."""
-
-    def __init__(self, engine: Engine, index: int) -> None:
-        self.engine = engine
-        self.index = index
-        self.model = engine.model
-        self.delegate = engine.delegate
-        self.description = engine.description
-        self.inputs = tuple(dataclasses.replace(s, shape=(1, *s.shape[1:])) for s in engine.inputs)
-        self.outputs = tuple(dataclasses.replace(s, shape=(1, *s.shape[1:])) for s in engine.outputs)
-
-    @property
-    def closed(self) -> bool:
-        return self.engine.closed
-
-    def input_view(self, index: int = 0) -> Any:
-        return self.engine.input_view(index)[self.index:self.index + 1]
-
-    def output_view(self, index: int = 0) -> Any:
-        return self.engine.output_view(index)[self.index:self.index + 1]
-
-
-def batch_size(engine: Engine) -> int:
-    """The engine's batch: the first dimension of its input (1 for most models)."""
-    shape = engine.inputs[0].shape
-    return int(shape[0]) if shape and int(shape[0]) > 1 else 1
 
 
 class StreamCapture(CaptureLoop):
@@ -116,6 +83,7 @@ class Stream:
         self.capture = StreamCapture(source, self.ring, self.binding, self.control, options, wake=worker.wake)
         self.thread: threading.Thread | None = None
         self.ended = False
+        self.next_due = 0.0  # max_fps: when the worker serves this stream next (time.monotonic)
         self.window = StatsWindow()
         self.gate = motion_gate_from_options(options)
         self.last: tuple[int, Any] = (-1, None)  # (plan generation, result) a frame that did not change reuses
@@ -140,6 +108,11 @@ class Stream:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(JOIN_TIMEOUT_S)
 
+    @property
+    def error(self) -> BaseException | None:
+        """What stopped this stream's capture, None when it ended normally or still runs."""
+        return self.control.error
+
     def close_events(self) -> None:
         """Finish the recordings in progress (after the worker has stopped handing this stream's frames)."""
         if self.events is not None:
@@ -162,163 +135,6 @@ class Stream:
                             **self.worker.failover.failover.stats_fields())
 
 
-class EngineWorker:
-    """One engine serving its streams: round-robin over the streams with a frame ready, up to a batch per invoke."""
-
-    def __init__(self, engine: Engine, owns_engine: bool, options: PipelineOptions, labels: Labels | None,
-                 deliver: Callable[[FrameResult], None], index: int, on_end: Callable[[Stream], None]) -> None:
-        self.owns_engine = owns_engine
-        self.task = get_task(options.task)
-        self._labels, self._settings = labels, options.decoder_settings()
-        self._use(engine)
-        # an invoke that fails: the plan's next delegate serves every stream of this worker
-        self.failover = WorkerFailover(engine, options, check=self._check, install=self._use)
-        if owns_engine:
-            self.failover.loaded.append(engine)
-        self._deliver = deliver
-        self._on_end = on_end  # a stream's source has no more frames
-        self._signal = threading.Semaphore(0)
-        self._lock = threading.Lock()
-        self.streams: tuple[Stream, ...] = ()
-        self._next = 0
-        self._stopping = False
-        self.invokes = 0
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"edgeinfer-engine-{index}", daemon=True)
-
-    def _use(self, engine: Engine) -> None:
-        """Serve the streams with ``engine`` from the next batch on (at start, and after a failover)."""
-        self.engine = engine
-        self.batch = batch_size(engine)
-        # one decoder per batch row (a decoder reads its row's outputs; the transform comes from the stream)
-        self._decoders = [self.task.decoder(BatchRow(engine, b), self._labels, self._settings)  # type: ignore[arg-type]
-                          for b in range(self.batch)]
-        self._rows = [BatchRow(engine, b).input_view(0) for b in range(self.batch)]
-        for stream in getattr(self, "streams", ()):
-            stream.binding.replace(BatchRow(engine, 0))  # type: ignore[arg-type]
-            stream.binding.owns_engine = False
-
-    def _check(self, engine: Engine) -> None:
-        """ValueError when a replacement engine cannot serve the streams' task."""
-        for stream in self.streams[:1]:
-            stream.binding.check(BatchRow(engine, 0))  # type: ignore[arg-type]
-
-    def wake(self) -> None:
-        self._signal.release()
-
-    def add(self, stream: Stream) -> None:
-        with self._lock:
-            self.streams = (*self.streams, stream)
-
-    def remove(self, stream: Stream) -> None:
-        with self._lock:
-            self.streams = tuple(s for s in self.streams if s is not stream)
-
-    def stop(self) -> None:
-        self._stopping = True
-        self.wake()
-        if self.thread.is_alive() and self.thread is not threading.current_thread():
-            self.thread.join(JOIN_TIMEOUT_S)
-
-    def _run(self) -> None:
-        try:
-            while True:
-                self._signal.acquire()
-                if self._stopping:
-                    return
-                batch = self._collect()
-                if batch:
-                    self._infer(batch)
-                self.failover.between_batches(self.engine, self._stopping)
-        except BaseException as exc:
-            self.error = exc
-            log.error("engine worker stopped: %s", exc)
-
-    def _collect(self) -> list[tuple[Stream, Any]]:
-        """Up to a batch of ready frames, at most one per stream, starting after the stream served last."""
-        streams = self.streams
-        count = len(streams)
-        batch: list[tuple[Stream, Any]] = []
-        start = self._next
-        for offset in range(count):
-            stream = streams[(start + offset) % count]
-            try:
-                slot = stream.ring.ready.get_nowait()
-            except queue.Empty:
-                continue
-            if slot is END:
-                if not stream.ended:
-                    stream.ended = True
-                    self._on_end(stream)
-                continue
-            if stream.events is not None:
-                stream.events.offer(slot.frame, slot.frame_id, slot.wall_time)
-            if self._reused(stream, slot):
-                continue
-            batch.append((stream, slot))
-            self._next = (start + offset + 1) % count
-            if len(batch) == self.batch:
-                break
-        for _ in range(len(batch) - 1):  # one wake-up was used; the others belong to these frames too
-            self._signal.acquire(blocking=False)
-        return batch
-
-    def _reused(self, stream: Stream, slot: Any) -> bool:
-        """Motion gating: deliver the stream's previous result for a frame that did not change."""
-        gate = stream.gate
-        if gate is None:
-            return False
-        plan = stream.binding.plan_for(slot.frame.shape, slot.native)
-        if gate.changed(slot.frame) or stream.last[0] != plan.gen:
-            return False
-        reused = reused_result(slot, stream.last[1], stream=stream.name)
-        stream.ring.free.put(slot)
-        stream.control.reused += 1
-        self._deliver(reused)
-        return True
-
-    def _infer(self, batch: list[tuple[Stream, Any]]) -> None:
-        import numpy as np
-
-        perf = time.perf_counter
-        taken = []
-        for row, (stream, slot) in enumerate(batch):
-            t3 = perf()
-            frame = slot.frame
-            plan = stream.binding.plan_for(frame.shape, slot.native)
-            if slot.staged_gen == plan.gen:
-                np.copyto(self._rows[row], plan.staged[slot.index])
-            else:
-                plan.pre(frame, self._rows[row])
-            taken.append((stream, plan, slot.frame_id, slot.wall_time, slot.read_start, slot.read_end,
-                          slot.staged_end, t3, perf()))
-            stream.ring.free.put(slot)
-        t4 = perf()
-        try:
-            self.engine.invoke()
-        except InferenceError as exc:
-            if isinstance(exc, InputMismatch):
-                raise
-            self.failover.failed(self.engine, exc, len(taken))  # DelegateFailed when there is no other delegate
-            return
-        self.invokes += 1
-        t5 = perf()
-        for row, (stream, plan, frame_id, stamp, t0, t1, t2, t3, t3b) in enumerate(taken):
-            result = self._decoders[row](plan.transform)
-            if stream.analytics is not None:
-                result = stream.analytics.process(result, frame_id, stamp)
-            if stream.events is not None:
-                stream.events.check(result, frame_id, stamp)
-            stream.last = (plan.gen, result)
-            t6 = perf()
-            timings = StageTimings(capture=(t1 - t0) * 1e3, preprocess=((t2 - t1) + (t3b - t3)) * 1e3,
-                                   infer=(t5 - t4) * 1e3, postprocess=(t6 - t5) * 1e3, latency=(t6 - t1) * 1e3,
-                                   queue=(t3 - t2) * 1e3)
-            stream.stats_ring.record(timings)
-            stream.control.frames += 1
-            self._deliver(FrameResult(frame_id, stamp, result, timings, stream=stream.name))
-
-
 class MultiPipeline:
     """Several sources, one engine (or more): per-stream capture, fair shared inference, per-stream stats.
 
@@ -338,7 +154,8 @@ class MultiPipeline:
     def __init__(self, model: str | os.PathLike | Engine,
                  sources: Mapping[str, Any] | list[Any] | tuple[Any, ...] = (),
                  options: PipelineOptions | None = None, *, batch: int | None = None, **option_values: Any) -> None:
-        option_values.setdefault("policy", "latest")
+        if options is None:
+            option_values.setdefault("policy", "latest")
         self._batch = batch
         self.options = options = PipelineOptions.merged(options, option_values)
         labels = options.labels
@@ -350,6 +167,8 @@ class MultiPipeline:
         self._started = False
         self._closed = False
         self._finished = threading.Event()
+        #: the error an engine stopped on (no delegate left); the run is over
+        self.error: BaseException | None = None
         self._event_listeners: tuple[Callable[[dict], Any], ...] = ()
         owns = not isinstance(model, Engine)
         engine = self._load(model) if owns else model
@@ -374,7 +193,7 @@ class MultiPipeline:
             if worker.engine is engine:
                 return worker
         worker = EngineWorker(engine, owns, self.options, self.labels, self._deliver, len(self._workers),
-                              self._stream_ended)
+                              self._stream_ended, self._engine_failed)
         self._workers.append(worker)
         if self._started:
             worker.thread.start()
@@ -446,22 +265,66 @@ class MultiPipeline:
 
     def _stream_ended(self, stream: Stream) -> None:
         """A worker saw a stream's end: when every stream has ended, so has the run (iteration stops)."""
-        log.info("stream %s ended (%s has no more frames)", stream.name, stream.source.description)
+        if stream.error is not None:
+            log.warning("stream %s failed: %s", stream.name, stream.error)
+        elif not stream.control.stop_requested:
+            log.info("stream %s ended (%s has no more frames)", stream.name, stream.source.description)
         with self._lock:
             done = all(s.ended for s in self._streams.values())
         if done:
             self._delivery.end()
             self._finished.set()
 
+    def _engine_failed(self, error: BaseException) -> None:
+        """An engine worker stopped on an error (no delegate left to fail over to): the run is over."""
+        self.error = error
+        self._delivery.end()
+        self._finished.set()
+
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every stream has ended (or stop()); True if so."""
+        """Block until every stream has ended, an engine failed (``error``), or stop(); True if so."""
         return self._finished.wait(timeout)
+
+    def stream_state(self, name: str) -> tuple[str, BaseException | None]:
+        """``("running" | "ended" | "failed", error)`` of stream ``name`` (KeyError when there is none):
+        ended once its engine has taken its last frame; failed when its capture stopped on an error."""
+        with self._lock:
+            stream = self._streams[name]
+        if not stream.ended:
+            return "running", None
+        return ("failed", stream.error) if stream.error is not None else ("ended", None)
+
+    def take_stream_window(self, name: str) -> PipelineStats:
+        """Stream ``name``'s statistics since the previous call (KeyError when there is none)."""
+        with self._lock:
+            stream = self._streams[name]
+        return stream.take_window()
+
+    @property
+    def engine(self) -> Engine:
+        """The engine the streams are served with now (the first worker's; a failover replaces it)."""
+        return self._default.engine
+
+    @property
+    def busy(self) -> bool:
+        """Whether an engine's thread still runs (closing its engine under it could crash the runtime)."""
+        return any(worker.thread.is_alive() for worker in self._workers)
+
+    def stream_errors(self) -> dict[str, BaseException]:
+        """The streams whose capture stopped on an error (a camera gone for good), with the error."""
+        with self._lock:
+            return {name: s.error for name, s in self._streams.items() if s.error is not None}
 
     def _deliver(self, result: FrameResult) -> None:
         self._delivery.deliver(result, lambda: self._closed)
 
     def add_observer(self, observer: Observer) -> None:
+        """Also hand every result to ``observer`` (guarded like a callback)."""
         self._delivery.add_observer(observer)
+
+    def remove_observer(self, observer: Observer) -> None:
+        """Stop handing results to ``observer`` (no error if it was not added)."""
+        self._delivery.remove_observer(observer)
 
     def add_delegate_listener(self, listener: Callable[[Any], None]) -> None:
         """Call ``listener(event)`` on each ``delegate_fallback`` / ``delegate_restored`` of any engine."""

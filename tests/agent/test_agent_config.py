@@ -169,7 +169,8 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
     assert (options.evidence_dir, options.evidence_max_mb, options.evidence_pre_s, options.evidence_post_s,
             options.evidence_fps, options.evidence_width) == (str(tmp_path / "evidence"), 50.0, 1.5, 2.0, 4.0, 480)
     assert (pipeline.name, pipeline.version, pipeline.restart, pipeline.threads) == ("door", "7", "always", 2)
-    assert set(PIPELINE_KEYS) == set(PipelineOptions.names()) | {"name", "model", "source", "version", "restart"}
+    assert set(PIPELINE_KEYS) == set(PipelineOptions.names()) | {"name", "model", "source", "sources", "batch",
+                                                                 "version", "restart"}
     assert parse_config({"pipelines": [{"model": MODEL, "source": 0, "size": [640, 480]}]},
                         hostname="cam").pipelines[0].size == (640, 480)
     assert parse_config({"pipelines": [{"model": MODEL, "source": 0}]}, hostname="cam").pipelines[0].options == \

@@ -186,6 +186,23 @@ def test_bad_updates_are_rejected_each_with_its_reason(tmp_path, broker, fleet, 
         agent.stop()
 
 
+def test_an_update_to_a_pipeline_of_several_sources_is_rolled_back_cleanly(tmp_path, broker, fleet, clip):
+    """A MultiPipeline cannot swap its engine while it runs: the update ends rolled_back saying why, the
+    trial is abandoned (nothing half-installed) and the streams keep running the old model."""
+    pipelines = [{"name": "main", "model": str(V1), "sources": [str(clip), {"name": "b", "source": str(clip)}],
+                  "task": "classify", "loop": True, "max_fps": 3, "threads": 1, "version": "1"}]
+    (agent,) = start_agents(tmp_path, broker, fleet, clip, 1, pipelines=pipelines)
+    try:
+        command = fleet.send_command("cam-00", "deploy", signed_command(fleet, BIRDS, 2))
+        event = outcome(fleet, command)
+        assert (event["data"]["state"], event["data"]["reason"][:12]) == ("rolled_back", "swap_failed:"), event
+        assert agent.version() == "1" and agent.agent.runners[0].status == "running"
+        state = json.loads((tmp_path / "cam-00" / "models" / "slots.json").read_text())
+        assert state.get("trial") is None and state["active"]["version"] == 1  # no trial left open, v1 committed
+    finally:
+        agent.stop()
+
+
 def test_download_cut_several_times_still_installs(tmp_path, broker, clip):
     settings = FleetSettings(broker=broker.url, http="127.0.0.1:0", data_dir=tmp_path / "fleet")
     with FleetManager(settings) as fleet:

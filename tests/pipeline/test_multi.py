@@ -164,3 +164,62 @@ def test_motion_gating_per_stream_reuses_results_of_still_scenes():
         assert len(inferred) <= len(mine) // 11 + 2, (len(inferred), len(mine))  # a still scene: 1 in 11 runs
         assert {r.result[0].label for r in mine} == {inferred[0].result[0].label}
         assert stats[name].reused > 10 * stats[name].frames - 20  # the window's counters say the same
+
+
+def test_options_given_as_a_record_keep_their_policy_and_max_fps_paces_each_stream():
+    options = edgeinfer.PipelineOptions(policy="every", labels=str(IMAGENET_LABELS))
+    with MultiPipeline(MOBILENET_TINY, {"a": unpaced("parrot.jpg")}, options) as multi:
+        assert multi.options.policy == "every"  # not turned into the class default, latest
+    with MultiPipeline(MOBILENET_TINY, {"a": unpaced("parrot.jpg"), "b": unpaced("cat.bmp")}, max_fps=5) as multi:
+        multi.start()
+        time.sleep(2.0)
+        multi.stop()
+        stats = multi.stats()
+    for name in ("a", "b"):  # an upper bound the scheduler keeps, whatever this machine's speed: 5 a second
+        assert 1 <= stats[name].frames <= 5 * 2.0 + 2, (name, stats[name].frames)
+
+
+def test_an_engine_that_fails_with_no_fallback_ends_the_run_with_its_error(tmp_path):
+    from support.flaky_delegate import CONTROL, install_entry_point
+
+    sys.path.insert(0, str(install_entry_point(tmp_path / "site")))
+    try:
+        CONTROL.set("fail", after=5)
+        with MultiPipeline(MOBILENET_TINY, {"a": unpaced("parrot.jpg"), "b": unpaced("cat.bmp")},
+                           delegate="flaky", labels=IMAGENET_LABELS) as multi:
+            multi.start()
+            assert multi.wait(30), "the run did not end when its engine failed"
+            assert isinstance(multi.error, edgeinfer.DelegateFailed)
+            assert "no other delegate" in str(multi.error) or "strict" in str(multi.error)
+            assert multi.stream_state("a")[0] == "running"  # its capture did not fail: the engine did
+    finally:
+        CONTROL.set("ok")
+        sys.path.remove(str(tmp_path / "site"))
+
+
+def test_a_stream_whose_camera_goes_away_is_told_apart_from_one_that_ended(tmp_path):
+    """A real MJPEG server killed mid-stream (its reconnect deadline 1 s): that stream *failed*, with the
+    reader's error; a clip that played to its end *ended*; the engine and the run went on."""
+    from support.pipeline import MjpegServer
+
+    from edgeinfer._backoff import Backoff
+
+    clip = make_test_clip(tmp_path / "short.avi", [IMAGES / "parrot.jpg"], size=(320, 240), frames_per_image=10)
+    server = MjpegServer(IMAGES / "cat.bmp").start()
+    try:
+        with MultiPipeline(MOBILENET_TINY, {"clip": clip, "camera": server.url}, policy="every",
+                           backoff=Backoff(initial_s=0.05, max_s=0.2, give_up_s=1.0)) as multi:
+            multi.start()
+            deadline = time.monotonic() + 30
+            while multi.take_stream_window("camera").frames == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            server.kill()
+            assert multi.wait(60), "the run did not end after both streams did"
+            state, error = multi.stream_state("camera")
+            assert state == "failed" and isinstance(error, CaptureError) and "did not come back" in str(error)
+            assert multi.stream_state("clip") == ("ended", None)
+            assert set(multi.stream_errors()) == {"camera"} and multi.error is None
+            with pytest.raises(KeyError):
+                multi.stream_state("nope")
+    finally:
+        server.kill()

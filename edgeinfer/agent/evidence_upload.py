@@ -1,0 +1,229 @@
+"""Event evidence to the fleet manager: each event's snapshot and clip, PUT with the device's credential.
+
+:class:`EvidenceUploader` runs thread ``edgeinfer-evidence-upload``. The pipelines' event listeners
+hand it events (:meth:`~EvidenceUploader.enqueue`); it PUTs ``snapshot.jpg`` then ``clip.mjpeg`` to
+``<manager_url>/api/devices/<device>/events/<event id>/<file>`` with HTTP Basic (the device's MQTT
+user name and password, as artifact downloads do) and marks the event's folder ``uploaded`` when
+both are stored. Nothing is kept in memory that the disk does not have: at start it finds every
+stored event without the mark (an agent that crashed, a network that was down) and sends it, oldest
+first. A network error or a 5xx waits with backoff and tries again; the manager's 200 for bytes it
+already has makes a retry harmless; a refusal (401/403/404/413, 409 for different bytes under the
+same id) is reported once as an ``evidence_upload_failed`` event and the event is not tried again
+(marked ``upload_refused``). The store's own bound may delete an event before it is sent: skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import logging
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .._backoff import EQUAL_JITTER, Backoff
+from .._fs import atomic_write_bytes
+from ..errors import UploadRefused
+from ..pipeline.evidence import CLIP_NAME, EVENT_ID, META_NAME, SNAPSHOT_NAME
+
+log = logging.getLogger(__name__)
+
+#: the mark of an event whose snapshot and clip the manager has
+UPLOADED_MARK = "uploaded"
+#: the mark of an event the manager refused (not tried again)
+REFUSED_MARK = "upload_refused"
+#: what is sent, in this order (the snapshot first: the dashboard shows it while the clip travels)
+FILES = ((SNAPSHOT_NAME, "image/jpeg"), (CLIP_NAME, "video/x-motion-jpeg"))
+#: seconds one request may take (a clip of a few MiB on a slow uplink)
+REQUEST_TIMEOUT_S = 60.0
+#: events waiting at most (the oldest beyond it wait for the next start's scan)
+MAX_QUEUE = 1000
+
+EmitFn = Callable[..., None]
+
+
+class EvidenceUploader:
+    """Sends each event's evidence to the fleet manager, in order, surviving cuts and restarts."""
+
+    def __init__(self, manager_url: str, device_id: str, *, credentials: tuple[str, str] | None,
+                 cafile: str | None = None, emit: EmitFn | None = None,
+                 backoff: Backoff | None = None) -> None:
+        self.base = manager_url.rstrip("/")
+        self.device_id = device_id
+        self._headers = {}
+        if credentials is not None:
+            from ..updates.download import basic_auth
+
+            self._headers = basic_auth(*credentials)
+        self._context = ssl.create_default_context(cafile=cafile) if cafile else None
+        self._emit = emit
+        self._backoff = backoff or Backoff(initial_s=1.0, max_s=60.0, jitter=EQUAL_JITTER)
+        self._queue: deque[tuple[str | None, Path]] = deque()
+        self._known: set[Path] = set()
+        self._wake = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: events sent, refused, and retries after a failure
+        self.sent = self.refused = self.retries = 0
+
+    # -- feeding -----------------------------------------------------------------------------------
+    def enqueue(self, event: dict, pipeline: str | None = None) -> None:
+        """An event a pipeline recorded (its ``clip`` path names the folder); ignored without evidence."""
+        clip = event.get("clip")
+        if clip:
+            self._add(pipeline, Path(clip).parent)
+
+    def scan(self, folders: Iterable[tuple[str | None, Path]]) -> int:
+        """Queue every stored event under ``folders`` (``(pipeline, evidence dir)``) not yet sent, oldest
+        first; the stream folders of a multi-stream pipeline too. Returns how many were queued."""
+        found: list[tuple[str, str | None, Path]] = []
+        for pipeline, root in folders:
+            for meta in sorted(Path(root).glob(f"*/{META_NAME}")) + sorted(Path(root).glob(f"*/*/{META_NAME}")):
+                folder = meta.parent
+                if EVENT_ID.match(folder.name) and not _marked(folder):
+                    found.append((folder.name, pipeline, folder))
+        for _name, pipeline, folder in sorted(found, key=lambda item: item[0]):
+            self._add(pipeline, folder)
+        return len(found)
+
+    def _add(self, pipeline: str | None, folder: Path) -> None:
+        with self._wake:
+            if folder in self._known or len(self._queue) >= MAX_QUEUE:
+                return
+            self._known.add(folder)
+            self._queue.append((pipeline, folder))
+            self._wake.notify()
+
+    @property
+    def pending(self) -> int:
+        with self._wake:
+            return len(self._queue)
+
+    # -- the thread --------------------------------------------------------------------------------
+    def start(self) -> EvidenceUploader:
+        self._thread = threading.Thread(target=self._run, name="edgeinfer-evidence-upload", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop sending (what is unsent stays on disk, unmarked: the next start sends it)."""
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _next(self) -> tuple[str | None, Path] | None:
+        with self._wake:
+            while not self._queue and not self._stop.is_set():
+                self._wake.wait(1.0)
+            return self._queue[0] if self._queue else None
+
+    def _done(self, folder: Path) -> None:
+        with self._wake:
+            if self._queue and self._queue[0][1] == folder:
+                self._queue.popleft()
+            self._known.discard(folder)
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            item = self._next()
+            if item is None:
+                continue
+            pipeline, folder = item
+            try:
+                self.upload(folder)
+            except UploadRefused as exc:
+                self._refused(pipeline, folder, exc)
+            except (OSError, http.client.HTTPException, urllib.error.URLError) as exc:
+                if not folder.is_dir():  # the store's bound took it meanwhile
+                    self._done(folder)
+                    continue
+                attempt += 1
+                self.retries += 1
+                delay = self._backoff.delay(attempt)
+                log.info("evidence of %s not sent (%s); again in %.1f s", folder.name, exc, delay)
+                self._stop.wait(delay)
+                continue
+            attempt = 0
+            self._done(folder)
+
+    def _refused(self, pipeline: str | None, folder: Path, exc: UploadRefused) -> None:
+        self.refused += 1
+        with contextlib.suppress(OSError):
+            atomic_write_bytes(folder / REFUSED_MARK, json.dumps({"status": exc.status, "error": str(exc)}).encode())
+        self._done(folder)
+        log.warning("evidence of %s refused by the fleet manager: %s", folder.name, exc)
+        if self._emit is not None:
+            self._emit("evidence_upload_failed", "warning",
+                       f"the fleet manager refused the evidence of event {folder.name}: {exc}", pipeline=pipeline,
+                       data={"event_id": folder.name, "status": exc.status, "error": str(exc)[:500]})
+
+    # -- one event ---------------------------------------------------------------------------------
+    def upload(self, folder: Path) -> bool:
+        """PUT the event's files; mark it sent. False when the folder is gone (nothing to send)."""
+        if not (folder / META_NAME).is_file():
+            return False
+        for name, content_type in FILES:
+            path = folder / name
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                return False  # deleted by the store's bound while we were at it
+            self._put(folder.name, name, path, size, content_type)
+        atomic_write_bytes(folder / UPLOADED_MARK, json.dumps({"at": time.time()}).encode())
+        self.sent += 1
+        return True
+
+    def url_of(self, event_id: str, name: str) -> str:
+        device = urllib.parse.quote(self.device_id, safe="")
+        return f"{self.base}/api/devices/{device}/events/{event_id}/{name}"
+
+    def _put(self, event_id: str, name: str, path: Path, size: int, content_type: str) -> None:
+        headers = {**self._headers, "Content-Type": content_type, "Content-Length": str(size)}
+        with open(path, "rb") as body:
+            request = urllib.request.Request(self.url_of(event_id, name), data=body, method="PUT", headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S, context=self._context) as answer:
+                    answer.read()
+            except urllib.error.HTTPError as exc:
+                detail = _detail(exc)
+                if exc.code >= 500 or exc.code in (408, 429):
+                    raise OSError(f"HTTP {exc.code}: {detail}") from None
+                raise UploadRefused(exc.code, detail) from None
+
+
+def start_uploader(config: Any, emit: EmitFn | None) -> EvidenceUploader | None:
+    """The agent's uploader (an ``AgentConfig`` with ``manager_url`` and a pipeline with event rules),
+    started, with what an earlier run left unsent queued; None when there is nothing to upload."""
+    folders = [(p.name, Path(p.evidence_dir)) for p in config.pipelines if p.events and p.evidence_dir]
+    if config.manager_url is None or not folders:
+        return None
+    mqtt = config.mqtt  # the device's credential and CA also open the fleet manager, as for artifacts
+    uploader = EvidenceUploader(config.manager_url, config.device_id, emit=emit, cafile=mqtt.ca,
+                                credentials=(mqtt.username, mqtt.password or "") if mqtt.username else None)
+    queued = uploader.scan(folders)
+    if queued:
+        log.info("%d event(s) of an earlier run still to upload", queued)
+    return uploader.start()
+
+
+def _marked(folder: Path) -> bool:
+    return (folder / UPLOADED_MARK).exists() or (folder / REFUSED_MARK).exists()
+
+
+def _detail(error: urllib.error.HTTPError) -> str:
+    try:
+        body: Any = json.loads(error.read() or b"{}")
+        return str(body.get("error") or body.get("detail") or error.reason)[:300]
+    except (ValueError, OSError, AttributeError):
+        return str(error.reason)[:300]

@@ -1,0 +1,237 @@
+"""The engine side of a multi-stream run: one thread serving its streams round-robin, a batch per invoke.
+
+:class:`EngineWorker` (thread ``edgeinfer-engine-<n>``) takes ready frames round-robin — after serving a
+stream it looks at the next one first, so no stream starves — and, when the engine's input has a batch
+dimension larger than one, frames of several streams go into one invoke, each into its own
+:class:`BatchRow` of the input tensor and decoded from its own row of the outputs. Used by
+:class:`~.multi.MultiPipeline`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import InferenceError, InputMismatch
+from ..runtime.engine import Engine
+from .infer_loop import reused_result
+from .labels import Labels
+from .multi_failover import WorkerFailover
+from .options import PipelineOptions
+from .ring import END
+from .stats import FrameResult, StageTimings
+from .tasks import get_task
+
+#: a :class:`~.multi.Stream` (its ring, binding, stats, gate, analytics, events); not imported: multi imports this
+Stream = Any
+
+log = logging.getLogger("edgeinfer.pipeline")
+
+#: seconds stop() waits for the worker's thread
+JOIN_TIMEOUT_S = 30.0
+
+
+class BatchRow:
+    """Row ``index`` of an engine's batch, seen as an engine of batch one: what a preprocessor writes into
+    and a decoder reads from (the same memory as the engine's views, no copy)."""
+
+    def __init__(self, engine: Engine, index: int) -> None:
+        self.engine = engine
+        self.index = index
+        self.model = engine.model
+        self.delegate = engine.delegate
+        self.description = engine.description
+        self.inputs = tuple(dataclasses.replace(s, shape=(1, *s.shape[1:])) for s in engine.inputs)
+        self.outputs = tuple(dataclasses.replace(s, shape=(1, *s.shape[1:])) for s in engine.outputs)
+
+    @property
+    def closed(self) -> bool:
+        return self.engine.closed
+
+    def input_view(self, index: int = 0) -> Any:
+        return self.engine.input_view(index)[self.index:self.index + 1]
+
+    def output_view(self, index: int = 0) -> Any:
+        return self.engine.output_view(index)[self.index:self.index + 1]
+
+
+def batch_size(engine: Engine) -> int:
+    """The engine's batch: the first dimension of its input (1 for most models)."""
+    shape = engine.inputs[0].shape
+    return int(shape[0]) if shape and int(shape[0]) > 1 else 1
+
+
+class EngineWorker:
+    """One engine serving its streams: round-robin over the streams with a frame ready, up to a batch per invoke."""
+
+    def __init__(self, engine: Engine, owns_engine: bool, options: PipelineOptions, labels: Labels | None,
+                 deliver: Callable[[FrameResult], None], index: int, on_end: Callable[[Stream], None],
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        self.owns_engine = owns_engine
+        self.task = get_task(options.task)
+        self._labels, self._settings = labels, options.decoder_settings()
+        self._use(engine)
+        # an invoke that fails: the plan's next delegate serves every stream of this worker
+        self.failover = WorkerFailover(engine, options, check=self._check, install=self._use)
+        if owns_engine:
+            self.failover.loaded.append(engine)
+        self._deliver = deliver
+        self._on_end = on_end  # a stream's source has no more frames
+        self._on_error = on_error  # the worker stopped on an error: its streams' run is over
+        #: max_fps with policy latest: each stream is served at most once per period
+        self._period = 1.0 / options.max_fps if options.max_fps and options.policy == "latest" else 0.0
+        self._timeout: float | None = None  # how long to wait for a wake-up before a paced stream is due
+        self._signal = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self.streams: tuple[Stream, ...] = ()
+        self._next = 0
+        self._stopping = False
+        self.invokes = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"edgeinfer-engine-{index}", daemon=True)
+
+    def _use(self, engine: Engine) -> None:
+        """Serve the streams with ``engine`` from the next batch on (at start, and after a failover)."""
+        self.engine = engine
+        self.batch = batch_size(engine)
+        # one decoder per batch row (a decoder reads its row's outputs; the transform comes from the stream)
+        self._decoders = [self.task.decoder(BatchRow(engine, b), self._labels, self._settings)  # type: ignore[arg-type]
+                          for b in range(self.batch)]
+        self._rows = [BatchRow(engine, b).input_view(0) for b in range(self.batch)]
+        for stream in getattr(self, "streams", ()):
+            stream.binding.replace(BatchRow(engine, 0))  # type: ignore[arg-type]
+            stream.binding.owns_engine = False
+
+    def _check(self, engine: Engine) -> None:
+        """ValueError when a replacement engine cannot serve the streams' task."""
+        for stream in self.streams[:1]:
+            stream.binding.check(BatchRow(engine, 0))  # type: ignore[arg-type]
+
+    def wake(self) -> None:
+        self._signal.release()
+
+    def add(self, stream: Stream) -> None:
+        with self._lock:
+            self.streams = (*self.streams, stream)
+
+    def remove(self, stream: Stream) -> None:
+        with self._lock:
+            self.streams = tuple(s for s in self.streams if s is not stream)
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.wake()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(JOIN_TIMEOUT_S)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                self._signal.acquire(timeout=self._timeout)
+                if self._stopping:
+                    return
+                batch = self._collect()
+                if batch:
+                    self._infer(batch)
+                self.failover.between_batches(self.engine, self._stopping)
+        except BaseException as exc:
+            self.error = exc
+            log.error("engine worker stopped: %s", exc)
+            if self._on_error is not None:
+                self._on_error(exc)
+
+    def _collect(self) -> list[tuple[Stream, Any]]:
+        """Up to a batch of ready frames, at most one per stream, starting after the stream served last."""
+        streams = self.streams
+        count = len(streams)
+        batch: list[tuple[Stream, Any]] = []
+        start = self._next
+        now, self._timeout = time.monotonic(), None
+        for offset in range(count):
+            stream = streams[(start + offset) % count]
+            if self._period and now < stream.next_due:  # paced (max_fps): its frame waits, newer ones replace it
+                wait = stream.next_due - now
+                self._timeout = wait if self._timeout is None else min(self._timeout, wait)
+                continue
+            try:
+                slot = stream.ring.ready.get_nowait()
+            except queue.Empty:
+                continue
+            if slot is END:
+                if not stream.ended:
+                    stream.ended = True
+                    self._on_end(stream)
+                continue
+            if self._period:
+                stream.next_due = max(stream.next_due + self._period, now)
+            if stream.events is not None:
+                stream.events.offer(slot.frame, slot.frame_id, slot.wall_time)
+            if self._reused(stream, slot):
+                continue
+            batch.append((stream, slot))
+            self._next = (start + offset + 1) % count
+            if len(batch) == self.batch:
+                break
+        for _ in range(len(batch) - 1):  # one wake-up was used; the others belong to these frames too
+            self._signal.acquire(blocking=False)
+        return batch
+
+    def _reused(self, stream: Stream, slot: Any) -> bool:
+        """Motion gating: deliver the stream's previous result for a frame that did not change."""
+        gate = stream.gate
+        if gate is None:
+            return False
+        plan = stream.binding.plan_for(slot.frame.shape, slot.native)
+        if gate.changed(slot.frame) or stream.last[0] != plan.gen:
+            return False
+        reused = reused_result(slot, stream.last[1], stream=stream.name)
+        stream.ring.free.put(slot)
+        stream.control.reused += 1
+        self._deliver(reused)
+        return True
+
+    def _infer(self, batch: list[tuple[Stream, Any]]) -> None:
+        import numpy as np
+
+        perf = time.perf_counter
+        taken = []
+        for row, (stream, slot) in enumerate(batch):
+            t3 = perf()
+            frame = slot.frame
+            plan = stream.binding.plan_for(frame.shape, slot.native)
+            if slot.staged_gen == plan.gen:
+                np.copyto(self._rows[row], plan.staged[slot.index])
+            else:
+                plan.pre(frame, self._rows[row])
+            taken.append((stream, plan, slot.frame_id, slot.wall_time, slot.read_start, slot.read_end,
+                          slot.staged_end, t3, perf()))
+            stream.ring.free.put(slot)
+        t4 = perf()
+        try:
+            self.engine.invoke()
+        except InferenceError as exc:
+            if isinstance(exc, InputMismatch):
+                raise
+            self.failover.failed(self.engine, exc, len(taken))  # DelegateFailed when there is no other delegate
+            return
+        self.invokes += 1
+        t5 = perf()
+        for row, (stream, plan, frame_id, stamp, t0, t1, t2, t3, t3b) in enumerate(taken):
+            result = self._decoders[row](plan.transform)
+            if stream.analytics is not None:
+                result = stream.analytics.process(result, frame_id, stamp)
+            if stream.events is not None:
+                stream.events.check(result, frame_id, stamp)
+            stream.last = (plan.gen, result)
+            t6 = perf()
+            timings = StageTimings(capture=(t1 - t0) * 1e3, preprocess=((t2 - t1) + (t3b - t3)) * 1e3,
+                                   infer=(t5 - t4) * 1e3, postprocess=(t6 - t5) * 1e3, latency=(t6 - t1) * 1e3,
+                                   queue=(t3 - t2) * 1e3)
+            stream.stats_ring.record(timings)
+            stream.control.frames += 1
+            self._deliver(FrameResult(frame_id, stamp, result, timings, stream=stream.name))
