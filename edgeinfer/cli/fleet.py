@@ -80,12 +80,20 @@ for _command in (db, simulate, token, enroll, enrollments, revoke, audit, broker
               f"{SHARED_GROUP}).")
 @click.option("--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds after which another manager takes over the rollouts of one that stopped renewing them.")
+@click.option("--evidence-max-mb", default=2048.0, show_default=True, type=click.FloatRange(min=1),
+              help="Keep at most this much event evidence (snapshots and clips, in the database); the events "
+                   "stored first lose theirs first.")
+@click.option("--evidence-snapshot-max-mb", default=4.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Refuse (413) a snapshot.jpg upload larger than this.")
+@click.option("--evidence-clip-max-mb", default=64.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Refuse (413) a clip.mjpeg upload larger than this.")
 @handle_errors
 def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_broker_url: str | None, tls: bool,
                 tls_hosts: tuple[str, ...], ca: str | None, cert: str | None, key: str | None,
                 username: str | None, password_file: str | None, db_url: str | None, http: str,
                 public_url: str | None, data_dir: Path, manager_id: str | None, retention_days: float,
-                rollup_days: float, shared_group: str | None, lease_ttl: float) -> None:
+                rollup_days: float, shared_group: str | None, lease_ttl: float, evidence_max_mb: float,
+                evidence_snapshot_max_mb: float, evidence_clip_max_mb: float) -> None:
     """Ingest every device's state, telemetry and events; serve artifacts and the API; run rollouts.
 
     Several managers may share one broker and one PostgreSQL (--db postgresql+psycopg://...): each
@@ -99,7 +107,10 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
                              broker_port=broker_port, broker_host=broker_host, device_broker_url=device_broker_url,
                              tls=tls, tls_hosts=tls_hosts, ca=ca, cert=cert, key=key, username=username,
                              password=password, manager_id=manager_id, raw_retention_days=retention_days,
-                             rollup_retention_days=rollup_days, lease_ttl_s=lease_ttl, shared_group=shared_group)
+                             rollup_retention_days=rollup_days, lease_ttl_s=lease_ttl, shared_group=shared_group,
+                             evidence_max_bytes=_mib(evidence_max_mb),
+                             evidence_snapshot_max_bytes=_mib(evidence_snapshot_max_mb),
+                             evidence_clip_max_bytes=_mib(evidence_clip_max_mb))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with FleetManager(settings) as manager:
@@ -124,6 +135,10 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
                 pass
         except KeyboardInterrupt:
             pass
+
+
+def _mib(megabytes: float) -> int:
+    return max(1, round(megabytes * (1 << 20)))
 
 
 def _exposed(http: str, broker_host: str | None, public_url: str | None) -> bool:

@@ -7,7 +7,8 @@ manager never stall the event loop. Every error is ``{"error": "..."}``: the CLI
 
 Every route but ``/healthz`` needs a token (``Authorization: Bearer``, see ``auth.py``): 401
 without a usable one, 403 when its role is too low. Artifacts also open to an enrolled device's
-MQTT credential (HTTP Basic), so devices download without an API token. Every change is written
+MQTT credential (HTTP Basic), so devices download without an API token; so do the uploads of an event's
+evidence (``evidence_api.py``), each device under its own id only. Every change is written
 to the audit log with the token's name and the caller's address.
 """
 
@@ -38,13 +39,16 @@ class FleetAPI(Protocol):
     def get_deployment(self, deployment_id: str) -> dict | None: ...
     def device_telemetry(self, device_id: str, limit: int) -> list[dict]: ...
     def overview(self) -> dict: ...
+    def list_events(self, *, device_id: str | None, kind: str | None, event_id: str | None,
+                    limit: int) -> list[dict]: ...
 
 
 class Authenticator(Protocol):
-    """Who is calling: a token's principal (AuthError otherwise), or an enrolled device (artifacts)."""
+    """Who is calling: a token's principal (AuthError otherwise), or an enrolled device (artifacts, evidence)."""
 
     def authenticate(self, authorization: str | None) -> Principal: ...
     def device_login(self, username: str, password: str) -> bool: ...
+    def device_identity(self, username: str, password: str) -> str | None: ...
     def grant_allows(self, grant: str, sha256: str) -> bool: ...
 
 
@@ -338,15 +342,20 @@ def build_app(store: ArtifactStore, api: Any = None, *, auth: Authenticator, acc
     def metrics(_who: Principal = viewer) -> Any:
         return Response(needs("metrics")(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    from .evidence_api import add_evidence_routes
+
+    add_evidence_routes(app, api, auth=auth, caller=caller, viewer=viewer, error=error, audit=audit,
+                        basic_credentials=_basic_credentials)
     return app
 
 
 #: the dashboard's static files (``fleet/web``): public — every figure they show comes from the token-checked API
 WEB = Path(__file__).parent / "web"
-#: no script or style from anywhere but here, no framing, no referrer leaving the page
+#: no script or style from anywhere but here, no framing, no referrer leaving the page; images may also be blob:
+#: URLs (evidence the page fetched with its token: an <img src> cannot send the Authorization header)
 SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; frame-ancestors 'none'; "
-                               "base-uri 'none'; form-action 'self'",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; "
+                               "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
 }
 

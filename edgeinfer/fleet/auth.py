@@ -164,11 +164,17 @@ class TokenStore:
 
     def device_login(self, username: str, password: str) -> bool:
         """Whether an enrolled, not revoked device presents its MQTT credential (artifact downloads)."""
+        return self.device_identity(username, password) is not None
+
+    def device_identity(self, username: str, password: str) -> str | None:
+        """The device id of the enrolled, not revoked device whose MQTT credential this is; None otherwise.
+        (An enrolled device's username is ``edgeinfer-<fleet>-<device id>``; its credential row says which.)"""
         from .broker_auth import verify_password
 
         credential = self.db.credential_for(username)
-        return bool(credential and credential["revoked_at"] is None
-                    and verify_password(password, credential["password_hash"]))
+        if credential and credential["revoked_at"] is None and verify_password(password, credential["password_hash"]):
+            return str(credential["device_id"])
+        return None
 
     def has_admin(self) -> bool:
         now = time.time()

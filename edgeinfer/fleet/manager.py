@@ -72,6 +72,10 @@ class FleetSettings:
     lease_ttl_s: float = 10.0
     raw_retention_days: float = 7.0
     rollup_retention_days: float = 90.0
+    #: events' evidence (evidence.py): one snapshot, one clip at most; all evidence together (the oldest go)
+    evidence_snapshot_max_bytes: int = 4 << 20
+    evidence_clip_max_bytes: int = 64 << 20
+    evidence_max_bytes: int = 2048 << 20
 
     def http_address(self) -> tuple[str, int]:
         host, _, port = self.http.rpartition(":")
@@ -100,6 +104,7 @@ class FleetManager:
         self.broker: Any = None  # the managed Mosquitto, if we started one
         self.access: Any = None  # tokens, enrolment, the broker's accounts (access.py)
         self.live: Any = None  # the dashboard's live updates (live.py)
+        self.evidence: Any = None  # events' snapshots and clips (evidence.py)
         self.link: Any = None
         self.ingest: Any = None
         self.rollouts: Any = None
@@ -121,6 +126,7 @@ class FleetManager:
     def _start(self) -> None:
         from .access import FleetAccess
         from .db import FleetDB
+        from .evidence import EvidenceLimits, EvidenceStore
         from .ingest import Ingest
         from .live import LiveFeed
         from .metrics import registry_for
@@ -138,6 +144,10 @@ class FleetManager:
             self.broker = self.access.start_broker(s.broker_host, s.broker_port)
             self.broker_url = self.access.broker_url
         self._registry = registry_for(self)
+        self.evidence = EvidenceStore(self.db, self.data_dir / "evidence-incoming",
+                                      EvidenceLimits(snapshot_bytes=s.evidence_snapshot_max_bytes,
+                                                     clip_bytes=s.evidence_clip_max_bytes,
+                                                     total_bytes=s.evidence_max_bytes))
         self.live = LiveFeed(self.db).start()
         self._start_http()
         self.ingest = Ingest(self.db, on_event=self._on_event, on_state=self._on_state,
@@ -261,6 +271,7 @@ class FleetManager:
                                         rollup_max_age_s=self.settings.rollup_retention_days * DAY_S)
                 if any(deleted.values()):
                     log.info("retention: deleted %s", deleted)
+                self.evidence.prune()
             except Exception as exc:
                 log.warning("retention pass failed: %s", exc)
             self._stop.wait(RETENTION_EVERY_S)
@@ -334,7 +345,8 @@ class FleetManager:
     def get_device(self, device_id: str) -> dict | None:
         device = self.db.get_device(device_id)
         if device is not None:
-            device["events"] = self.db.device_events(device_id, limit=50)
+            events = [{**event, "device_id": device_id} for event in self.db.device_events(device_id, limit=50)]
+            device["events"] = self.evidence.with_evidence(events) if self.evidence is not None else events
             device["slots"] = (device.get("state") or {}).get("slots")  # as the agent reports them
             device["rollups"] = self.db.device_rollups(device_id)[-60:]
         return device
@@ -347,6 +359,12 @@ class FleetManager:
 
     def device_telemetry(self, device_id: str, limit: int) -> list[dict]:
         return self.db.device_telemetry(device_id, limit)
+
+    def list_events(self, *, device_id: str | None = None, kind: str | None = None, event_id: str | None = None,
+                    limit: int = 100) -> list[dict]:
+        """Events newest first, each with its evidence (``GET /api/events``)."""
+        return self.evidence.with_evidence(self.db.list_events(device_id=device_id, kind=kind, event_id=event_id,
+                                                               limit=limit))
 
     def overview(self) -> dict:
         from .overview import EVENTS_SHOWN, overview

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..._optional import import_optional
 from ...errors import ConfigError
-from . import rollouts, security, writes
+from . import evidence, rollouts, security, writes
 from .schema import tables
 
 DEFAULT_DB_URL = "sqlite:///fleet.db"
@@ -93,6 +93,39 @@ class FleetDB:
         return writes.prune(self._sa, self.engine, self.t, raw_before=now - raw_max_age_s,
                             rollup_before=now - rollup_max_age_s, events_before=now - events_max_age_s,
                             batch=batch)
+
+    # ------------------------------------------------------------------------------ evidence
+    def evidence_file(self, device_id: str, event_id: str, file: str) -> dict | None:
+        """A stored evidence file's row (size, sha256, chunks, frames, created_at), or None."""
+        return evidence.get(self._sa, self.engine, self.t, device_id, event_id, file)
+
+    def put_evidence(self, row: dict, chunks: Any) -> tuple[str, dict]:
+        """Store an evidence file and its chunks in one transaction: ("created" | "same" | "conflict", row)."""
+        return evidence.put(self._sa, self.engine, self.t, row, chunks)
+
+    def evidence_chunk(self, device_id: str, event_id: str, file: str, seq: int) -> bytes | None:
+        return evidence.chunk(self._sa, self.engine, self.t, device_id, event_id, file, seq)
+
+    def evidence_of(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict]:
+        """{(device_id, event_id): {file: row}} for those of ``keys`` with evidence stored."""
+        return evidence.of_events(self._sa, self.engine, self.t, keys)
+
+    def evidence_bytes(self) -> int:
+        return evidence.total_bytes(self._sa, self.engine, self.t)
+
+    def prune_evidence(self, max_bytes: int, *, keep: tuple[str, str] | None = None) -> list[tuple[str, str]]:
+        """Delete the first-stored events' evidence until at most ``max_bytes`` are kept; what was deleted."""
+        return evidence.prune(self._sa, self.engine, self.t, max_bytes, keep=keep)
+
+    def list_events(self, *, device_id: str | None = None, kind: str | None = None, event_id: str | None = None,
+                    limit: int = 100) -> list[dict]:
+        """Events newest first, ``{"id", "device_id", **payload}`` each, filtered by device, kind, evidence id."""
+        return evidence.list_events(self._sa, self.engine, self.t, device_id=device_id, kind=kind,
+                                    event_id=event_id, limit=limit)
+
+    def event_data(self, device_id: str, event_id: str) -> dict | None:
+        """The ``data`` of the device's event with this evidence id, if it has arrived."""
+        return evidence.event_data(self._sa, self.engine, self.t, device_id, event_id)
 
     # ----------------------------------------------------------------------------- deployments
     def create_deployment(self, manifest: dict, signature: str, options: dict, waves: list[list[str]]) -> None:

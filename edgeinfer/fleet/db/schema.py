@@ -23,6 +23,8 @@ class Tables:
     tokens: Any
     audit: Any
     credentials: Any
+    evidence: Any
+    evidence_chunks: Any
 
 
 def tables(sa: Any) -> Tables:
@@ -73,6 +75,8 @@ def tables(sa: Any) -> Tables:
         sa.Column("ts", sa.Float, nullable=False, index=True),
         sa.Column("kind", sa.String(64), nullable=False),
         sa.Column("payload", sa.JSON, nullable=False),
+        sa.Column("event_id", sa.String(64)),  # data.event_id of an event with evidence (rule_triggered)
+        sa.Index("ix_events_device_event", "device_id", "event_id"),
     )
     deployments = sa.Table(
         "deployments", metadata,
@@ -135,4 +139,25 @@ def tables(sa: Any) -> Tables:
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("revoked_at", sa.Float),
     )
-    return Tables(metadata, devices, telemetry, rollups, events, deployments, targets, tokens, audit, credentials)
+    evidence = sa.Table(  # one row per stored file of an event's evidence (fleet/evidence.py)
+        "evidence", metadata,
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("event_id", sa.String(64), primary_key=True),
+        sa.Column("file", sa.String(16), primary_key=True),
+        sa.Column("size", sa.BigInteger, nullable=False),
+        sa.Column("sha256", sa.String(64), nullable=False),
+        sa.Column("chunks", sa.Integer, nullable=False),
+        sa.Column("frames", sa.Integer),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Index("ix_evidence_created_at", "created_at"),
+    )
+    evidence_chunks = sa.Table(  # the file's bytes, EVIDENCE_CHUNK bytes a row, in order of seq
+        "evidence_chunks", metadata,
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("event_id", sa.String(64), primary_key=True),
+        sa.Column("file", sa.String(16), primary_key=True),
+        sa.Column("seq", sa.Integer, primary_key=True),
+        sa.Column("data", sa.LargeBinary, nullable=False),
+    )
+    return Tables(metadata, devices, telemetry, rollups, events, deployments, targets, tokens, audit, credentials,
+                  evidence, evidence_chunks)

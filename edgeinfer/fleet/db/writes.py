@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import staging
+from .evidence import event_id_of
 from .schema import Tables
 
 INT32_MAX = 2**31 - 1  # telemetry.dropped is an INTEGER column
@@ -168,12 +169,14 @@ def state_values(state: dict) -> dict[str, Any]:
 
 
 def store_events(engine: Any, t: Tables, batch: Sequence[tuple[str, str, dict]]) -> int:
-    """Keep device events (fallbacks, errors, update progress); returns how many."""
+    """Keep device events (fallbacks, errors, update progress, triggered rules); returns how many. An event
+    whose ``data.event_id`` is an evidence event id keeps it in its own column (its evidence is found by it)."""
     if not batch:
         return 0
     now = time.time()
     rows = [{"device_id": device_id, "ts": float(event.get("ts") or now),
-             "kind": str(event.get("event") or event.get("kind") or "unknown")[:64], "payload": event}
+             "kind": str(event.get("event") or event.get("kind") or "unknown")[:64], "payload": event,
+             "event_id": event_id_of(event)}
             for _fleet, device_id, event in batch]
     fleets = {device_id: fleet for fleet, device_id, _event in batch}
     with engine.begin() as conn:

@@ -64,6 +64,26 @@ export async function api(path, { method = "GET", body, signal } = {}) {
 }
 
 /**
+ * A file from the API as a Blob (evidence: a snapshot, a clip). Fetched with the token in a header, since
+ * an <img src> cannot send one; show it through URL.createObjectURL (the page's CSP allows blob: images).
+ */
+export async function apiBlob(path, { signal } = {}) {
+  let resp;
+  try {
+    resp = await fetch(`api/${path}`, { headers: headers(), signal });
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new ApiError(0, `network error: ${e.message}`);
+  }
+  if (!resp.ok) {
+    const err = await errorFrom(resp);
+    if (resp.status === 401) onUnauthorized(err.message);
+    throw err;
+  }
+  return resp.blob();
+}
+
+/**
  * Live updates from GET api/stream (Server-Sent Events).
  * EventSource cannot send an Authorization header, so this reads the body with fetch() and
  * parses the SSE framing itself. Reconnects with capped exponential backoff + jitter.

@@ -5,6 +5,7 @@ import { overviewPage } from "./overview.js";
 import { devicesPage } from "./devices.js";
 import { devicePage } from "./device.js";
 import { deploymentsPage, deploymentPage } from "./deployments.js";
+import { eventsPage } from "./events.js";
 
 const $ = (sel) => document.querySelector(sel);
 const view = $("#view");
@@ -134,6 +135,7 @@ const ROUTES = [
   [/^\/devices\/(.+)$/, () => devicePage, "devices"],
   [/^\/deployments\/?$/, () => deploymentsPage, "deployments"],
   [/^\/deployments\/(.+)$/, () => deploymentPage, "deployments"],
+  [/^\/events\/?$/, () => eventsPage, "events"],
 ];
 
 function unmountCurrent() {

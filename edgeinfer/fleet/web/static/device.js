@@ -4,6 +4,7 @@ import { h, clear, setText, emptyState, fact, fmtNum, fmtAgo, fmtTime, fmtBytes,
   canOperate, confirmDialog, DASH } from "./dom.js";
 import { lineChart, join } from "./charts.js";
 import { eventItem, eventKey } from "./overview.js";
+import { evidenceList } from "./events.js";
 
 const TELEMETRY_LIMIT = 300;
 
@@ -32,6 +33,7 @@ export async function devicePage(root, ctx, id) {
   const plan = h("div", { "data-testid": "delegate-plan" });
   const slots = h("div", { "data-testid": "model-slots" });
   const events = h("ol", { class: "events", "data-testid": "device-events" });
+  const detections = evidenceList({ device: id, limit: 20 });
   const actions = canOperate(ctx.me.role) ? actionsCard(id, () => d) : null;
 
   root.replaceChildren(h("div", { "data-testid": "device", dataset: { deviceId: id } },
@@ -43,7 +45,10 @@ export async function devicePage(root, ctx, id) {
       h("section", { class: "card" }, h("h2", {}, "Delegate plan"), plan),
       h("section", { class: "card" }, h("h2", {}, "Model"), slots),
       actions),
+    h("section", { class: "card", "data-testid": "device-detections" }, h("h2", {}, "Detections"), detections.el),
     h("section", { class: "card" }, h("h2", {}, "Events"), events)));
+  // Not fatal: the rest of the page is useful without it (a manager without evidence answers 404).
+  detections.load().catch((e) => console.warn("detections:", e.message));
 
   // ---- charts ----
   const charts = {};
@@ -200,10 +205,12 @@ export async function devicePage(root, ctx, id) {
         }
       } else if (name === "events" && Array.isArray(payload)) {
         addEvents(payload.filter((e) => e && e.device_id === id), true);
+        detections.onEvent(name, payload);
       }
     },
     unmount() {
       clearInterval(ticker);
+      detections.unmount();
       for (const c of Object.values(charts)) c.destroy();
     },
   };
