@@ -89,6 +89,7 @@ class CommandLog:
         try:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA cache_size = -128")  # KiB: a few rows a day; the default 2 MiB is for nothing
             conn.execute("CREATE TABLE IF NOT EXISTS commands (id TEXT PRIMARY KEY, cmd TEXT NOT NULL, "
                          "received REAL NOT NULL, outcome TEXT, expires REAL)")
             columns = {row[1] for row in conn.execute("PRAGMA table_info(commands)")}

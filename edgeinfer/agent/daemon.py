@@ -36,7 +36,14 @@ from .evidence_upload import start_uploader
 from .inventory import delegate_report, software_versions
 from .runner import PipelineFactory, PipelineRunner, default_pipeline_factory
 from .services import TelemetryFigures
-from .telemetry import BootSequence, SystemProbe, default_throttle_sensors, pipeline_entry, telemetry_message
+from .telemetry import (
+    BootSequence,
+    SystemProbe,
+    default_throttle_sensors,
+    footprint_section,
+    pipeline_entry,
+    telemetry_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +145,7 @@ class Agent:
         self._runners: list[PipelineRunner] = []
         self._delegates: list[dict[str, Any]] = []
         self._versions: dict[str, str | None] = {}
-        self._opened = False
-        self._closed = False
+        self._opened = self._closed = False
         self._lock_file: Any = None
         self._last_tick: float | None = None
         self._spool_write_errors = 0
@@ -334,7 +340,8 @@ class Agent:
         self._last_tick = now
         link_status = self._link.status.to_dict() if self._link is not None else None
         message = telemetry_message(self.topics, self.boot, interval_s=window_s, pipelines=self._pipeline_windows(),
-                                    system=self.probe.sample(), spool=self._spool_figures(), mqtt=link_status)
+                                    system=self.probe.sample(), spool=self._spool_figures(), mqtt=link_status,
+                                    footprint=footprint_section(self._runners))
         self.figures.latest = message
         self._spool_message(self.topics.telemetry, message, PRIORITY_TELEMETRY)
 

@@ -15,15 +15,11 @@ same id) is reported once as an ``evidence_upload_failed`` event and the event i
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import logging
-import ssl
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -63,7 +59,11 @@ class EvidenceUploader:
             from ..updates.download import basic_auth
 
             self._headers = basic_auth(*credentials)
-        self._context = ssl.create_default_context(cafile=cafile) if cafile else None
+        self._context = None
+        if cafile:
+            import ssl
+
+            self._context = ssl.create_default_context(cafile=cafile)
         self._emit = emit
         self._backoff = backoff or Backoff(initial_s=1.0, max_s=60.0, jitter=EQUAL_JITTER)
         self._queue: deque[tuple[str | None, Path]] = deque()
@@ -134,6 +134,9 @@ class EvidenceUploader:
             self._known.discard(folder)
 
     def _run(self) -> None:
+        import http.client  # here, not at import: an agent that uploads nothing never loads http or email
+        import urllib.error
+
         attempt = 0
         while not self._stop.is_set():
             item = self._next()
@@ -189,6 +192,9 @@ class EvidenceUploader:
         return f"{self.base}/api/devices/{device}/events/{event_id}/{name}"
 
     def _put(self, event_id: str, name: str, path: Path, size: int, content_type: str) -> None:
+        import urllib.error
+        import urllib.request
+
         headers = {**self._headers, "Content-Type": content_type, "Content-Length": str(size)}
         with open(path, "rb") as body:
             request = urllib.request.Request(self.url_of(event_id, name), data=body, method="PUT", headers=headers)
@@ -221,7 +227,8 @@ def _marked(folder: Path) -> bool:
     return (folder / UPLOADED_MARK).exists() or (folder / REFUSED_MARK).exists()
 
 
-def _detail(error: urllib.error.HTTPError) -> str:
+def _detail(error: Any) -> str:
+    """What the manager's JSON answer to a refused request says (an ``HTTPError``)."""
     try:
         body: Any = json.loads(error.read() or b"{}")
         return str(body.get("error") or body.get("detail") or error.reason)[:300]

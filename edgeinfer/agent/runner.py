@@ -108,6 +108,8 @@ class PipelineRunner:
         self.model: dict[str, Any] = {"path": config.model, "sha256": None, "version": config.version,
                                       "format": None}
         self.last_run_frames = 0
+        #: seconds from the agent process's start to this pipeline's first result (its cold start)
+        self.first_result_s: float | None = None
 
     @property
     def pipeline(self) -> Any:
@@ -305,6 +307,16 @@ class PipelineRunner:
         if add_listener is not None:
             add_listener(self._on_delegate_event)
 
+    def _first_result(self, _result: Any) -> None:
+        """An observer until the first result: when it came, counted from the process's start."""
+        if self.first_result_s is None:
+            from .telemetry import process_age_s
+
+            self.first_result_s = process_age_s()
+            pipeline = self.pipeline
+            if pipeline is not None and hasattr(pipeline, "remove_observer"):
+                pipeline.remove_observer(self._first_result)
+
     def _follow_events(self, pipeline: Any) -> None:
         """Report what the pipeline's event rules fire (``rule_triggered``), once its evidence is written."""
         if self.config.events and hasattr(pipeline, "add_event_listener"):
@@ -345,6 +357,8 @@ class PipelineRunner:
                           "format": getattr(getattr(model_info, "format", None), "value", None)}
         with self._lock:
             self._pipeline = pipeline
+        if self.first_result_s is None and hasattr(pipeline, "add_observer"):
+            pipeline.add_observer(self._first_result)
         self.last_error = None
         self._set_status("running")
         self._emit("pipeline_started", "info", f"pipeline {self.name} running on {self.delegate}",

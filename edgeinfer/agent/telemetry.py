@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -336,9 +337,41 @@ def output_summary(outputs: Mapping[str, Any] | None) -> dict[str, Any] | None:
             "detections": int(outputs.get("detections") or 0), "score_mean": score}
 
 
+#: modules whose presence in ``sys.modules`` says which runtimes and heavy libraries the process has loaded
+FOOTPRINT_MODULES = ("ai_edge_litert", "tflite_runtime", "onnxruntime", "openvino", "tensorrt", "cv2", "av",
+                     "cryptography", "numpy", "scipy", "trackers", "PIL", "sqlalchemy")
+
+
+def process_age_s(proc: str | os.PathLike[str] = "/proc") -> float | None:
+    """Seconds since this process was started (exec), from the kernel's own clock; None off Linux."""
+    try:
+        uptime = float(Path(proc, "uptime").read_text().split()[0])
+        stat = Path(proc, "self", "stat").read_text()
+        start_ticks = int(stat[stat.rindex(")") + 2:].split()[19])  # field 22, after the command name
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def footprint_section(runners: Any = ()) -> dict[str, Any]:
+    """The ``footprint`` section: RSS now and at its peak, the runtimes loaded, and how long after the
+    process started the first result of any pipeline came (its cold start)."""
+    import sys
+
+    rss = SystemProbe().rss_bytes()  # before the peak: the peak read after it is never below it
+    peak = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        status = Path("/proc/self/status").read_text()
+        peak = int(status.split("VmHWM:")[1].split()[0]) * 1024
+    firsts = [r.first_result_s for r in runners if getattr(r, "first_result_s", None) is not None]
+    return {"rss_bytes": rss, "peak_rss_bytes": peak,
+            "runtimes": [name for name in FOOTPRINT_MODULES if name in sys.modules],
+            "first_result_s": round(min(firsts), 3) if firsts else None}
+
+
 def telemetry_message(topics: Topics, boot: BootSequence, *, interval_s: float, pipelines: list[dict[str, Any]],
                       system: dict[str, Any], spool: dict[str, Any], mqtt: dict[str, Any] | None = None,
-                      ts: float | None = None) -> dict[str, Any]:
+                      ts: float | None = None, footprint: dict[str, Any] | None = None) -> dict[str, Any]:
     """A complete telemetry message; takes the next ``seq`` of the boot."""
     message = {
         "v": PROTOCOL_VERSION,
@@ -355,4 +388,6 @@ def telemetry_message(topics: Topics, boot: BootSequence, *, interval_s: float, 
     }
     if mqtt is not None:
         message["mqtt"] = mqtt
+    if footprint is not None:
+        message["footprint"] = footprint
     return message

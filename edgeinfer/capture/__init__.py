@@ -80,19 +80,23 @@ def open_source(
     loop: bool = False,
     backoff: Backoff = DEFAULT_BACKOFF,
     open_now: bool = True,
+    reduced: bool = True,
 ) -> FrameSource:
     """Make (and by default open) the frame source that ``source`` names.
 
     ``0`` / ``"/dev/video0"``: V4L2 camera (``size``, ``fps``, ``fourcc`` requested from the driver);
     ``rtsp://`` / ``http://`` …: network stream; text containing ``!``: GStreamer pipeline;
     ``"picamera2[:N]"``; ``"synthetic[:WxH[@FPS]]"``; a folder, a glob or an image file: still images;
-    any other path: a video file (``loop`` restarts it at the end).
+    any other path: a video file (``loop`` restarts it at the end). ``reduced=False``: the caller wants
+    full-size frames, so MJPEG is read by OpenCV rather than PyAV (which is only worth its memory for
+    decoding at 1/2-1/8 scale).
     """
     if isinstance(source, FrameSource):
         if open_now:
             source.open()
         return source
-    made = _make_source(source, size=size, fps=fps, fourcc=fourcc, loop=loop, backoff=backoff, probe=open_now)
+    made = _make_source(source, size=size, fps=fps, fourcc=fourcc, loop=loop, backoff=backoff, probe=open_now,
+                        reduced=reduced)
     if open_now:
         try:
             made.open()
@@ -102,7 +106,8 @@ def open_source(
     return made
 
 
-def _make_source(source: str | int | os.PathLike, *, size, fps, fourcc, loop, backoff, probe) -> FrameSource:
+def _make_source(source: str | int | os.PathLike, *, size, fps, fourcc, loop, backoff, probe,
+                 reduced: bool = True) -> FrameSource:
     if isinstance(source, bool):
         raise TypeError("source must be a path, URL, camera index or FrameSource, not a bool")
     if isinstance(source, int):
@@ -127,7 +132,7 @@ def _make_source(source: str | int | os.PathLike, *, size, fps, fourcc, loop, ba
     if lower.startswith(STREAM_SCHEMES):
         _reject(text, size=size, fps=fps, **camera_only)
         # HTTP MJPEG through PyAV (it can decode reduced) when opening now can tell whether it is MJPEG
-        if probe and lower.startswith(("http://", "https://")) and mjpeg.available():
+        if probe and reduced and lower.startswith(("http://", "https://")) and mjpeg.available():
             return mjpeg.MjpegStreamSource(text, backoff=backoff)
         return StreamSource(text, backoff=backoff)
     if "!" in text:
@@ -140,14 +145,16 @@ def _make_source(source: str | int | os.PathLike, *, size, fps, fourcc, loop, ba
     if not path.exists():
         raise CaptureError(f"source not found: {text} — {SOURCE_HELP}")
     _reject(text, size=size, fps=fps, **camera_only)
-    return video_file_source(path, loop=loop)
+    return video_file_source(path, loop=loop, reduced=reduced)
 
 
-def video_file_source(path: str | os.PathLike, *, loop: bool = False,
-                      pace: bool = False) -> VideoFileSource | mjpeg.MjpegFileSource:
+def video_file_source(path: str | os.PathLike, *, loop: bool = False, pace: bool = False,
+                      reduced: bool = True) -> VideoFileSource | mjpeg.MjpegFileSource:
     """The best reader for a video file: MJPEG AVIs through PyAV + libjpeg-turbo when installed
-    (they can decode at reduced scale, see :mod:`edgeinfer.capture.mjpeg`), anything else through OpenCV."""
-    if is_mjpeg_avi(Path(path)) and mjpeg.available():
+    (they can decode at reduced scale, see :mod:`edgeinfer.capture.mjpeg`), anything else through OpenCV.
+    ``reduced=False`` (full-size frames wanted) reads MJPEG through OpenCV too: PyAV's own FFmpeg would
+    cost ~18 MiB of memory for nothing."""
+    if reduced and is_mjpeg_avi(Path(path)) and mjpeg.available():
         return mjpeg.MjpegFileSource(path, loop=loop, pace=pace)
     return VideoFileSource(path, loop=loop, pace=pace)
 

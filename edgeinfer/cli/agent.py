@@ -41,6 +41,9 @@ def agent(config_path: str, check: bool) -> None:
                     "profile": config.profile,
                     "pipelines": [p.name for p in config.pipelines]})
         return
+    from .._native import cap_malloc_arenas
+
+    cap_malloc_arenas()  # before the agent's threads allocate (docs/agent.md, "Footprint")
     daemon = Agent(config)
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())

@@ -336,6 +336,17 @@ TELEMETRY_SCHEMA: dict[str, Any] = {
             "description": "dropped counts are cumulative for the spool's life (they survive restarts)",
         },
         "mqtt": {"type": "object"},
+        "footprint": {
+            "type": "object",
+            "description": "what the agent costs the device: RSS now and at its peak, the runtimes and heavy "
+                           "libraries it has loaded, and seconds from its start to the first pipeline result",
+            "properties": {
+                "rss_bytes": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_COUNT},
+                "peak_rss_bytes": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_COUNT},
+                "runtimes": {"type": "array", "maxItems": 32, "items": {"type": "string", "maxLength": 64}},
+                "first_result_s": {"type": ["number", "null"], "minimum": 0},
+            },
+        },
     },
 }
 

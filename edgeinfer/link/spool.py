@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 MIN_MAX_BYTES = 256 * 1024
 PAGE_SIZE = 4096
+#: SQLite's page cache per connection, KiB: the spool is written once and read once, a cache buys little
+CACHE_KIB = 256
 #: bytes a row costs beyond its topic and payload (row header, index entry, page slack)
 ROW_OVERHEAD = 96
 #: share of the data budget rows may fill; the rest absorbs B-tree page slack and free-list growth
@@ -143,6 +145,7 @@ class Spool:
             if str(mode).lower() != "wal":
                 raise sqlite3.DatabaseError(f"cannot switch {self.path} to WAL mode (got {mode})")
             conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")  # the default 2 MiB would fill with telemetry pages
             wal = _wal_pages(self.max_bytes)
             conn.execute(f"PRAGMA wal_autocheckpoint = {wal}")
             conn.execute(f"PRAGMA journal_size_limit = {wal * PAGE_SIZE}")

@@ -81,7 +81,7 @@ class Pipeline(PipelineHooks):
         self.labels: Labels | None = Labels.load(labels) if isinstance(labels, (str, os.PathLike)) else labels
 
         self.source = open_source(source, size=options.size, fps=options.fps, fourcc=options.fourcc,
-                                  loop=options.loop, backoff=options.backoff)
+                                  loop=options.loop, backoff=options.backoff, reduced=options.decode_reduced)
         self._owns_source = not isinstance(source, FrameSource)
         owns_engine = not isinstance(model, Engine)
         engine: Engine | None = None

@@ -218,7 +218,7 @@ class MultiPipeline:
                 worker = self._worker_for(self._load(engine) if owns else engine, owns)  # type: ignore[arg-type]
             opts = self.options
             opened = open_source(source, size=opts.size, fps=opts.fps, fourcc=opts.fourcc, loop=opts.loop,
-                                 backoff=opts.backoff)
+                                 backoff=opts.backoff, reduced=opts.decode_reduced)
             try:
                 stream = Stream(name, opened, not isinstance(source, FrameSource), worker, opts, self.labels)
                 stream.binding.check(stream.binding.engine)  # type: ignore[arg-type]

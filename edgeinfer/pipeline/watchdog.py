@@ -75,11 +75,6 @@ class InvokeWatchdog:
         return max(self.floor_s, self.factor * p99_ms / 1e3)
 
     def start(self) -> InvokeWatchdog:
-        import numpy as np
-
-        # numpy imports numpy.ma on the first percentile (~0.5 MB of module objects): at the start, not in
-        # the middle of a run that counts its per-frame allocations
-        np.percentile(np.zeros(2), 99)
         self._thread = threading.Thread(target=self._run, name="edgeinfer-watchdog", daemon=True)
         self._thread.start()
         return self

@@ -13,6 +13,7 @@ expiry (at most :data:`MAX_COMMAND_TTL_S` ahead); the agent's command log refuse
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import time
@@ -178,14 +179,31 @@ class VerifyKey:
     """A pinned Ed25519 public key."""
 
     def __init__(self, public_key_b64: str) -> None:
-        _require_cryptography()
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
+        # checked now (a config error at start), loaded into cryptography on the first signature to verify:
+        # an agent that is never sent an update or a command never maps its Rust library
+        try:
+            present = importlib.util.find_spec("cryptography") is not None
+        except ImportError:
+            present = False
+        if not present:
+            _require_cryptography()  # MissingDependency with the install hint
         try:
             raw = base64.b64decode(public_key_b64.strip(), validate=True)
-            self._key = Ed25519PublicKey.from_public_bytes(raw)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"not a base64 Ed25519 public key: {exc}") from None
+        if len(raw) != 32:
+            raise ConfigError(f"not a base64 Ed25519 public key: {len(raw)} bytes, not 32")
+        self._raw = raw
+        self._loaded: Any = None
+
+    @property
+    def _key(self) -> Any:
+        if self._loaded is None:
+            _require_cryptography()
+            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+            self._loaded = Ed25519PublicKey.from_public_bytes(self._raw)
+        return self._loaded
 
     @classmethod
     def from_config_value(cls, value: str) -> VerifyKey:

@@ -164,6 +164,19 @@ def test_pipeline_results_stay_in_source_pixels_when_frames_decode_reduced(tmp_p
         assert reduced_box == pytest.approx(full_box, abs=10)
 
 
+def test_full_size_frames_read_mjpeg_through_opencv_without_pyav(clip):
+    """``reduced=False`` (keep_frames, events with evidence, reduced_decode off): PyAV's own FFmpeg would
+    cost ~18 MiB for nothing, so OpenCV reads the MJPEG AVI; a pipeline does the same."""
+    from edgeinfer.capture import VideoFileSource
+
+    with open_source(clip, reduced=False) as source:
+        assert isinstance(source, VideoFileSource) and source.read().shape == (480, 640, 3)
+    with Pipeline(MOBILENET_TINY, clip, reduced_decode=False, max_frames=2) as pipeline:
+        assert isinstance(pipeline.source, VideoFileSource) and len(list(pipeline)) == 2
+    with Pipeline(MOBILENET_TINY, clip, max_frames=2) as pipeline:
+        assert isinstance(pipeline.source, MjpegFileSource)
+
+
 def test_keep_frames_keeps_full_size_frames(clip):
     with Pipeline(MOBILENET_TINY, clip, keep_frames=True, max_frames=2) as pipeline:
         frames = [r.frame for r in pipeline]

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from support.assets import IMAGENET_LABELS, MOBILENET_TINY, MOBILENET_V2, MOBILENET_V2_ONNX
+from support.assets import IMAGENET_LABELS, MOBILENET_TINY, MOBILENET_V2, MOBILENET_V2_ONNX, REPO
 from support.pipeline import (
     CLIP_FRAMES,
     CLIP_IMAGES,
@@ -366,3 +366,22 @@ def test_observers_see_every_result_and_cannot_break_the_run(clip):
         assert pipeline.error is None
     assert seen == ids == list(range(CLIP_FRAMES))  # the broken observer stopped nothing
     assert late == list(range(len(late))) and 5 <= len(late) < CLIP_FRAMES  # removed mid-run
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 100, 4096])
+def test_stage_percentiles_are_numpys_without_importing_numpy_ma(n):
+    """The stats' percentiles equal ``np.percentile``'s (linear interpolation); a fresh interpreter that
+    summarises stats never imports numpy.ma (1.3 MiB an agent has no use for)."""
+    import numpy as np
+
+    from edgeinfer.pipeline.stats import percentiles
+
+    samples = np.random.default_rng(n).random((6, n)) * 50
+    assert np.allclose(np.array(percentiles(samples, (50, 95, 99))), np.percentile(samples, [50, 95, 99], axis=1))
+    if n == 4096:
+        code = ("import sys, numpy as np; from edgeinfer.pipeline.stats import StatsRing, STAGES\n"
+                "ring = StatsRing(64); ring.samples[:] = np.arange(64.0); ring.count = 64\n"
+                "ring.summary(0, 64); ring.recent_percentile('infer', 99)\n"
+                "print('numpy.ma' in sys.modules)")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert done.stdout.strip() == "False", done.stderr

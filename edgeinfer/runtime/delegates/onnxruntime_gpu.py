@@ -47,10 +47,26 @@ def parse_device(device: str | None) -> tuple[str | None, dict]:
     return kind, options
 
 
-def _available_providers() -> list[str]:
-    import onnxruntime as ort
+#: the shared library each GPU execution provider of an onnxruntime-gpu wheel ships in ``onnxruntime/capi``
+_PROVIDER_LIBRARIES = {TRT_EP: "libonnxruntime_providers_tensorrt", CUDA_EP: "libonnxruntime_providers_cuda"}
 
-    return list(ort.get_available_providers())
+
+def _available_providers() -> list[str]:
+    """The execution providers this onnxruntime build has, from the provider libraries it ships: an
+    availability check must not import the runtime (22 MiB in an agent that never runs an ONNX model).
+    A layout without ``capi`` (another packaging) asks onnxruntime itself."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("onnxruntime")
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    capi = Path(locations[0]) / "capi" if locations else None
+    if capi is None or not capi.is_dir():
+        import onnxruntime as ort
+
+        return list(ort.get_available_providers())
+    found = [ep for ep, library in _PROVIDER_LIBRARIES.items() if any(capi.glob(f"{library}.*"))]
+    return [*found, "CPUExecutionProvider"]
 
 
 class OnnxRuntimeGpuDelegate(Delegate):
