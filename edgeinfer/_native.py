@@ -63,3 +63,17 @@ def cap_malloc_arenas(arenas: int = 2) -> bool:
     except (OSError, AttributeError):  # not glibc
         return False
     return bool(mallopt(_M_ARENA_MAX, int(arenas)))
+
+
+def trim_malloc() -> bool:
+    """Give the heap's free pages back to the kernel (glibc's ``malloc_trim(0)``). Loading a model frees a
+    lot it used only while loading (the file read, weights repacked for XNNPACK), which glibc keeps
+    resident otherwise: 4.4 MiB with MobileNet v2. False where this is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

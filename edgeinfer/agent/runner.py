@@ -308,14 +308,18 @@ class PipelineRunner:
             add_listener(self._on_delegate_event)
 
     def _first_result(self, _result: Any) -> None:
-        """An observer until the first result: when it came, counted from the process's start."""
+        """An observer until a run's first result: the agent's cold start (the first run's, counted from
+        the process's start), and the heap the loading freed given back to the kernel."""
+        from .._native import trim_malloc
+
+        pipeline = self.pipeline
+        if pipeline is not None and hasattr(pipeline, "remove_observer"):
+            pipeline.remove_observer(self._first_result)
         if self.first_result_s is None:
             from .telemetry import process_age_s
 
             self.first_result_s = process_age_s()
-            pipeline = self.pipeline
-            if pipeline is not None and hasattr(pipeline, "remove_observer"):
-                pipeline.remove_observer(self._first_result)
+        trim_malloc()
 
     def _follow_events(self, pipeline: Any) -> None:
         """Report what the pipeline's event rules fire (``rule_triggered``), once its evidence is written."""
@@ -357,7 +361,7 @@ class PipelineRunner:
                           "format": getattr(getattr(model_info, "format", None), "value", None)}
         with self._lock:
             self._pipeline = pipeline
-        if self.first_result_s is None and hasattr(pipeline, "add_observer"):
+        if hasattr(pipeline, "add_observer"):
             pipeline.add_observer(self._first_result)
         self.last_error = None
         self._set_status("running")
