@@ -15,28 +15,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-from support.agent import AgentProcess, fake_sysfs, fleet_key, signed_command, write_config
+from support.agent import AgentProcess, agent_config, fake_sysfs, fleet_key, signed_command
 from support.assets import IMAGES, LABELS, MODELS
-from support.broker import Broker, Collector, free_port, make_tls_files, running_broker, seqs
+from support.broker import Broker, Collector, free_port, make_tls_files, seqs
 from support.profiles import fake_root
 
 from edgeinfer.link.protocol import make_command, validate
 from edgeinfer.runtime.model import inspect_model
-
-
-@pytest.fixture
-def broker(tmp_path):
-    with running_broker(tmp_path) as b:
-        yield b
-
-
-
-def agent_config(tmp_path: Path, broker_url: str, **values) -> Path:
-    base = {"device_id": "cam-01", "fleet": "test", "broker": broker_url, "data_dir": str(tmp_path / "data"),
-            "telemetry_interval_s": 0.1, "reconnect_min_s": 0.1, "reconnect_max_s": 1.0}
-    base.update(values)
-    return write_config(tmp_path / "agent.yaml", **base)
 
 
 def assert_all_valid(collector: Collector) -> None:

@@ -10,19 +10,12 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
 from support.agent import AgentProcess, write_config
 from support.assets import IMAGES, LABELS, MODELS, REPO
-from support.broker import Collector, running_broker
+from support.broker import Collector
 from support.flaky_delegate import CONTROL_ENV, install_entry_point
 
 from edgeinfer.link.protocol import validate
-
-
-@pytest.fixture
-def broker(tmp_path):
-    with running_broker(tmp_path) as b:
-        yield b
 
 
 def events(collector: Collector, name: str) -> list[dict]:

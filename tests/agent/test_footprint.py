@@ -8,20 +8,14 @@ command arrives. The figures themselves (RSS against a bare script, cold start) 
 
 from __future__ import annotations
 
-import pytest
 from support.agent import AgentProcess, fleet_key, signed_command, write_config
 from support.assets import IMAGES, MODELS
-from support.broker import Collector, running_broker
+from support.broker import Collector
 
 from edgeinfer.link.protocol import Topics, validate
 
 UNUSED = {"onnxruntime", "openvino", "tensorrt", "av", "cryptography", "scipy", "trackers", "sqlalchemy"}
 
-
-@pytest.fixture
-def broker(tmp_path):
-    with running_broker(tmp_path) as b:
-        yield b
 
 
 def footprints(collector: Collector) -> list[dict]:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 from support.agent import AgentProcess, fleet_key, signed_command, write_config
+from support.agent import agent_config as make_agent_config
 from support.assets import IMAGES, LABELS, MODELS
-from support.broker import Collector, running_broker
+from support.broker import Collector
 
 from edgeinfer.agent.config import load_config, parse_config
 from edgeinfer.errors import CaptureError, ConfigError, EdgeInferError
@@ -21,16 +22,9 @@ from edgeinfer.link.protocol import validate
 TINY = str(MODELS / "mobilenet_v1_0.25_128_quant.tflite")
 
 
-@pytest.fixture
-def broker(tmp_path):
-    with running_broker(tmp_path) as b:
-        yield b
-
 
 def agent_config(tmp_path: Path, broker_url: str, **values) -> Path:
-    base = {"device_id": "cam-01", "fleet": "test", "broker": broker_url, "data_dir": str(tmp_path / "data"),
-            "telemetry_interval_s": 0.2, "reconnect_min_s": 0.1, "reconnect_max_s": 1.0}
-    return write_config(tmp_path / "agent.yaml", **{**base, **values})
+    return make_agent_config(tmp_path, broker_url, telemetry_interval_s=0.2, **values)
 
 
 def events(collector: Collector, name: str, pipeline: str | None = None) -> list[dict]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support import scenes
 from support.agent import AgentProcess, write_config
-from support.broker import Collector, running_broker
+from support.broker import Collector
 from support.pipeline import ULTRAFACE
 
 from edgeinfer.agent.evidence_upload import REFUSED_MARK, UPLOADED_MARK, EvidenceUploader
@@ -90,11 +90,6 @@ class EvidenceServer:
 def rule_events(collector: Collector) -> list[dict]:
     return [m for m in collector.of_kind("events") if m["event"] == "rule_triggered"]
 
-
-@pytest.fixture
-def broker(tmp_path):
-    with running_broker(tmp_path) as b:
-        yield b
 
 
 def test_an_agent_reports_each_rule_event_and_sends_its_evidence_through_a_failing_server(tmp_path, broker):

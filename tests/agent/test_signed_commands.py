@@ -13,7 +13,6 @@ import sqlite3
 import time
 from pathlib import Path
 
-import pytest
 from support.agent import (
     AgentProcess,
     active_model,
@@ -23,7 +22,7 @@ from support.agent import (
     write_config,
 )
 from support.assets import IMAGES, MOBILENET_TINY, MOBILENET_TINY_ONNX
-from support.broker import Collector, running_broker
+from support.broker import Collector
 
 from edgeinfer.agent.commands import COMMAND_LOG_SIZE, UNVERIFIED_PREFIX, CommandLog
 from edgeinfer.link.protocol import encode, make_command
@@ -31,11 +30,6 @@ from edgeinfer.updates.signing import MAX_COMMAND_TTL_S, SigningKey, canonical_j
 
 CMD = "edgeinfer/v1/test/cam-01/cmd"
 
-
-@pytest.fixture
-def broker(tmp_path):
-    with running_broker(tmp_path) as b:
-        yield b
 
 
 def agent_config(tmp_path: Path, broker_url: str, *, key: bool = True, pipeline: bool = True, **values) -> Path:

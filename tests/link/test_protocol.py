@@ -56,22 +56,6 @@ def test_command_round_trip():
     assert decode("cmd", encode(message)) == message
 
 
-@pytest.fixture(params=["orjson+msgspec", "orjson", "json"])
-def parser(request, monkeypatch) -> str:
-    """decode() as the fleet extra has it (orjson parses, msgspec accepts), with orjson alone, and with the
-    standard library alone (an agent without either)."""
-    from edgeinfer.link import protocol, schema_fast
-
-    monkeypatch.setattr(schema_fast, "_DECODERS", {})
-    if request.param == "json":
-        monkeypatch.setattr(protocol, "orjson", None)
-    else:
-        pytest.importorskip("orjson")
-    if request.param == "orjson+msgspec":
-        pytest.importorskip("msgspec")
-    else:
-        monkeypatch.setattr(schema_fast, "_load", lambda: False)  # as where msgspec is not installed
-    return request.param
 
 
 @pytest.mark.parametrize(

@@ -10,24 +10,6 @@ import pytest
 from edgeinfer.errors import ProtocolError
 from edgeinfer.link.protocol import MAX_STREAMS, SCHEMAS, decode, schema_errors, validate
 
-
-@pytest.fixture(params=["orjson+msgspec", "orjson", "json"])
-def parser(request, monkeypatch) -> str:
-    """decode() with orjson and msgspec (the fleet extra), with orjson alone, and with the standard library alone."""
-    from edgeinfer.link import protocol, schema_fast
-
-    monkeypatch.setattr(schema_fast, "_DECODERS", {})
-    if request.param == "json":
-        monkeypatch.setattr(protocol, "orjson", None)
-    else:
-        pytest.importorskip("orjson")
-    if request.param == "orjson+msgspec":
-        pytest.importorskip("msgspec")
-    else:
-        monkeypatch.setattr(schema_fast, "_load", lambda: False)
-    return request.param
-
-
 ANALYTICS = {"tracks": {"confirmed": 4, "active": 1}, "lines": [{"name": "door", "in": 3, "out": 1}],
              "zones": [{"name": "shop", "inside": 1, "entries": 2, "mean_visit_s": 4.5}]}
 

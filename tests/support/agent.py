@@ -25,6 +25,14 @@ def write_config(path: Path, **values: Any) -> Path:
     return path
 
 
+def agent_config(tmp_path: Path, broker_url: str, *, telemetry_interval_s: float = 0.1, **values: Any) -> Path:
+    """``tmp_path/agent.yaml`` for device cam-01 of fleet ``test`` on ``broker_url``, quick to reconnect,
+    with ``values`` on top."""
+    base = {"device_id": "cam-01", "fleet": "test", "broker": broker_url, "data_dir": str(tmp_path / "data"),
+            "telemetry_interval_s": telemetry_interval_s, "reconnect_min_s": 0.1, "reconnect_max_s": 1.0}
+    return write_config(tmp_path / "agent.yaml", **{**base, **values})
+
+
 class AgentProcess:
     """``edgeinfer agent --config FILE`` as a real subprocess, with its stderr kept in a file."""
 

@@ -36,16 +36,8 @@ async function errorFrom(resp) {
   return new ApiError(resp.status, msg);
 }
 
-/** JSON request. `body` may be a plain object (sent as JSON) or a Blob/File (sent raw). */
-export async function api(path, { method = "GET", body, signal } = {}) {
-  const init = { method, signal, headers: headers() };
-  if (body instanceof Blob) {
-    init.body = body; // fetch sets Content-Length from the Blob's size
-    init.headers["Content-Type"] = "application/octet-stream";
-  } else if (body !== undefined) {
-    init.body = JSON.stringify(body);
-    init.headers["Content-Type"] = "application/json";
-  }
+/** fetch `api/<path>`: a response that is ok, or an ApiError (0 for the network; a 401 signs out). */
+async function send(path, init) {
   let resp;
   try {
     resp = await fetch(`api/${path}`, init);
@@ -58,6 +50,20 @@ export async function api(path, { method = "GET", body, signal } = {}) {
     if (resp.status === 401) onUnauthorized(err.message);
     throw err;
   }
+  return resp;
+}
+
+/** JSON request. `body` may be a plain object (sent as JSON) or a Blob/File (sent raw). */
+export async function api(path, { method = "GET", body, signal } = {}) {
+  const init = { method, signal, headers: headers() };
+  if (body instanceof Blob) {
+    init.body = body; // fetch sets Content-Length from the Blob's size
+    init.headers["Content-Type"] = "application/octet-stream";
+  } else if (body !== undefined) {
+    init.body = JSON.stringify(body);
+    init.headers["Content-Type"] = "application/json";
+  }
+  const resp = await send(path, init);
   if (resp.status === 204) return null;
   const text = await resp.text();
   return text ? JSON.parse(text) : null;
@@ -68,19 +74,7 @@ export async function api(path, { method = "GET", body, signal } = {}) {
  * an <img src> cannot send one; show it through URL.createObjectURL (the page's CSP allows blob: images).
  */
 export async function apiBlob(path, { signal } = {}) {
-  let resp;
-  try {
-    resp = await fetch(`api/${path}`, { headers: headers(), signal });
-  } catch (e) {
-    if (e.name === "AbortError") throw e;
-    throw new ApiError(0, `network error: ${e.message}`);
-  }
-  if (!resp.ok) {
-    const err = await errorFrom(resp);
-    if (resp.status === 401) onUnauthorized(err.message);
-    throw err;
-  }
-  return resp.blob();
+  return (await send(path, { headers: headers(), signal })).blob();
 }
 
 /**
