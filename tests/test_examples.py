@@ -429,7 +429,9 @@ def metrics_agent(tmp_path_factory):
                 assert agent.alive() and time.monotonic() < deadline, agent.output()
                 try:
                     body = urllib.request.urlopen(url, timeout=2).read().decode()
-                    if "edgeinfer_pipeline_fps{" in body and "edgeinfer_mqtt_connected 1.0" in body:
+                    # a window with frames (its stage figures), not only the first, possibly empty, one
+                    if all(name in body for name in ("edgeinfer_pipeline_fps{", "edgeinfer_pipeline_stage_ms",
+                                                     "edgeinfer_mqtt_connected 1.0")):
                         break
                 except OSError:
                     pass
