@@ -36,6 +36,14 @@ bench-pipeline: venv
 bench-live: venv
 	$(BIN)/python bench/live_decode.py
 
+# aarch64 under emulation (docs/hardware.md): this tree's wheel checked inside a Debian bookworm arm64 userland
+# that debootstrap + qemu-user-static (binfmt_misc) build once under $(ARM64_CACHE); a later run reuses it.
+# Needs root; correctness only (no speed figures from an emulator); not part of `make test` / CI.
+ARM64_CACHE ?= build/arm64
+.PHONY: test-arm64
+test-arm64: venv
+	$(BIN)/python tests/arm64/harness.py --cache $(ARM64_CACHE)
+
 # Debian packages the demo and the tests use (a real Mosquitto broker, PostgreSQL that the fleet tests start
 # in a temporary directory, mosquitto-clients for the ingest benchmark's baseline, shellcheck for the
 # provisioning scripts, Prometheus to run the Grafana dashboard's queries, Chromium and its chromedriver for
