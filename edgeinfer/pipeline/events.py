@@ -352,6 +352,14 @@ def _scored(result: Any) -> Sequence[Any]:
     return ()
 
 
+def rules_from_options(options: Any) -> tuple[EventRule, ...]:
+    """The pipeline's ``events`` rules, checked against its own ``lines`` and ``zones`` (ValueError)."""
+    from .zones import counter_names
+
+    return parse_rules(options.events, lines=counter_names(options.lines, "line"),
+                       zones=counter_names(options.zones, "zone"))
+
+
 def stream_folder(evidence_dir: Any, stream: str) -> Path | None:
     """A stream's own evidence folder under ``evidence_dir`` (its name made safe for a path), or None."""
     if evidence_dir is None:
@@ -366,11 +374,7 @@ def events_from_options(options: Any, stream: str = "", evidence_dir: Any = None
     (a multi-stream run gives each stream a folder of its own)."""
     if not options.events:
         return None
-    from .zones import counter_names
-
-    rules = parse_rules(options.events,
-                        lines=counter_names(options.lines, "line"),
-                        zones=counter_names(options.zones, "zone"))
+    rules = rules_from_options(options)
     folder = evidence_dir if evidence_dir is not None else options.evidence_dir
     store = (EvidenceStore(folder, max_bytes=int(options.evidence_max_mb * 1024 * 1024))
              if folder is not None else None)

@@ -156,11 +156,9 @@ class PipelineOptions:
         if self.events_per_minute < 1 or self.evidence_width < 16:
             raise ValueError("events_per_minute must be >= 1 and evidence_width >= 16")
         if self.events:
-            from .events import parse_rules
-            from .zones import counter_names
+            from .events import rules_from_options
 
-            parse_rules(self.events, lines=counter_names(self.lines, "line"),
-                        zones=counter_names(self.zones, "zone"))
+            rules_from_options(self)
 
     @classmethod
     @functools.cache
