@@ -147,9 +147,87 @@ def _cpuinfo(text: str) -> tuple[frozenset[str], str | None, dict[str, str]]:
     return frozenset(flags), fields.get("model name"), fields
 
 
+#: binaries every Linux userland has: the ELF header of the first one found names the image's architecture
+USERLAND_BINARIES = ("/bin/sh", "/usr/bin/env", "/bin/busybox", "/sbin/init")
+#: ELF e_machine -> architecture, by ELF class (1: 32-bit, 2: 64-bit); the spellings profiles use
+_ELF_MACHINES = {(3, 1): "i686", (40, 1): "armv7l", (62, 2): "x86_64", (183, 2): "aarch64",
+                 (243, 2): "riscv64", (243, 1): "riscv32", (22, 2): "s390x"}
+_ELF_PPC64 = 21  # ppc64le / ppc64 by byte order
+
+
+def elf_arch(path: str | os.PathLike) -> str | None:
+    """The architecture an ELF executable is built for, from its header (None if not ELF or unreadable).
+
+    Reads e_ident (class, byte order) and e_machine, the first 20 bytes of the file.
+    """
+    try:
+        with open(path, "rb") as fh:
+            header = fh.read(20)
+    except OSError:
+        return None
+    if len(header) < 20 or header[:4] != b"\x7fELF" or header[4] not in (1, 2) or header[5] not in (1, 2):
+        return None
+    elf_class, little = header[4], header[5] == 1
+    machine = int.from_bytes(header[18:20], "little" if little else "big")
+    if machine == _ELF_PPC64 and elf_class == 2:
+        return "ppc64le" if little else "ppc64"
+    return _ELF_MACHINES.get((machine, elf_class))
+
+
+def resolve_under(root: Path, device_path: str, *, hops: int = 16) -> Path | None:
+    """Where ``device_path`` lies under ``root`` with every symlink followed inside the root.
+
+    An image's absolute links (``/bin/sh -> /bin/busybox``) name paths of the image, not of this
+    machine, so an absolute target restarts at ``root``; ``..`` never climbs above it. None when
+    the links go on for more than ``hops`` (a loop).
+    """
+    pending = [p for p in device_path.split("/") if p]
+    resolved: list[str] = []
+    while pending:
+        part = pending.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        candidate = root.joinpath(*resolved, part)
+        if candidate.is_symlink():
+            if hops == 0:
+                return None
+            hops -= 1
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                resolved = []
+            pending[:0] = [p for p in target.split("/") if p]
+        else:
+            resolved.append(part)
+    return root.joinpath(*resolved)
+
+
+def _userland_arch(root: Path) -> str | None:
+    for binary in USERLAND_BINARIES:
+        path = resolve_under(root, binary)
+        found = elf_arch(path) if path is not None and path.is_file() else None
+        if found:
+            return found
+    return None
+
+
 def _arch_from(root: Path, fields: Mapping[str, str], flags: frozenset[str], live: bool) -> str:
+    """The architecture: the running kernel's on ``/``; under another root the image's own.
+
+    Under another root (a mounted SD card, an unpacked image, a chroot), ``proc`` is empty or is the
+    build host's, so the ELF header of the root's own ``/bin/sh`` (or ``env``, ``busybox``, ``init``)
+    comes first: every Linux userland has one, whatever its distribution (dpkg's database is Debian's
+    only, and a debootstrap image has no ``var/lib/dpkg/arch``). Then ``proc`` (fake trees):
+    ``proc/sys/kernel/arch``, else what cpuinfo implies.
+    """
     if live:
         return ARCH_ALIASES.get(platform.machine(), platform.machine())
+    userland = _userland_arch(root)
+    if userland:
+        return userland
     declared = read_text(root / "proc/sys/kernel/arch")
     if declared:
         return ARCH_ALIASES.get(declared, declared)
@@ -207,4 +285,5 @@ def probe_host(root: str | os.PathLike = "/", *, arch: str | None = None) -> Hos
                 pci_ids=_pci_ids(root_path), cpu_flags=flags, cpu_model=cpu_model)
 
 
-__all__ = ["ARCH_ALIASES", "LIBRARY_DIRS", "Host", "UsbDevice", "parse_tegra_release", "probe_host", "read_text"]
+__all__ = ["ARCH_ALIASES", "LIBRARY_DIRS", "USERLAND_BINARIES", "Host", "UsbDevice", "elf_arch", "parse_tegra_release",
+           "probe_host", "read_text", "resolve_under"]
