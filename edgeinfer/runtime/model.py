@@ -1,21 +1,21 @@
 """Model file inspection: format by content, tensor specs, quantisation, sha256.
 
 Nothing here needs a vendor runtime: .tflite is read by our own flatbuffer reader, ONNX by the
-``onnx`` package when installed (else ONNX Runtime), OpenVINO IR by parsing its XML.
+``onnx`` package when installed (else by our own protobuf reader, quantisation included), OpenVINO
+IR by parsing its XML.
 """
 
 from __future__ import annotations
 
 import os
-import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
 from .._fs import sha256_file
-from ..errors import FlatbufferError, ModelFormatError, ModelLoadError, ModelNotFound
-from . import _tflite_schema
+from ..errors import FlatbufferError, ModelFormatError, ModelNotFound
+from . import _onnx_schema, _tflite_schema
 
 EDGETPU_CUSTOM_OP = "edgetpu-custom-op"
 
@@ -216,36 +216,26 @@ def _tflite_specs(path: Path) -> tuple[ModelFormat, tuple, tuple, tuple[str, ...
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32",
                 7: "int64", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64"}
-_ORT_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
-               "tensor(int32)": "int32", "tensor(int64)": "int64", "tensor(float16)": "float16",
-               "tensor(double)": "float64", "tensor(bool)": "bool"}
 _LAYOUT_OPS = {"Transpose", "Reshape", "Identity", "Squeeze", "Unsqueeze"}
 
 
 def _onnx_specs(path: Path) -> tuple[tuple, tuple]:
-    try:
-        import onnx
-        from onnx import numpy_helper
-    except ImportError:
-        return _onnx_specs_from_ort(path)
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # protobuf DecodeError and friends
-        raise ModelFormatError(f"{path} is a corrupt ONNX model ({exc}) — copy or download it again") from None
-    graph = model.graph
-    initial = {t.name: t for t in graph.initializer}
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
+    """Specs of an ONNX model, quantisation included: an integer input's scale and zero point are
+    those of the DequantizeLinear it feeds, an output's those of the QuantizeLinear that makes it
+    (through layout-only ops). The graph is read by the ``onnx`` package when installed, else by
+    our own protobuf reader (_onnx_schema) — never from ONNX Runtime, whose session metadata has
+    no quantisation."""
+    graph = _onnx_schema.read_graph(path)
+    consumers: dict[str, list[_onnx_schema.Node]] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
             consumers.setdefault(name, []).append(node)
-    producers = {out: node for node in graph.node for out in node.output}
+    producers = {out: node for node in graph.nodes for out in node.outputs}
 
-    def constant(name: str) -> float | int | None:
-        tensor = initial.get(name)
-        if tensor is None:
-            return None
-        array = numpy_helper.to_array(tensor)
-        return array.item() if array.size == 1 else None
+    def affine(node: _onnx_schema.Node) -> tuple[float | None, int | None]:
+        scale = graph.scalars.get(node.inputs[1]) if len(node.inputs) > 1 else None
+        zp = graph.scalars.get(node.inputs[2], 0) if len(node.inputs) > 2 and node.inputs[2] else 0
+        return (float(scale) if scale is not None else None), int(zp or 0)
 
     def input_quant(name: str) -> tuple[float | None, int | None]:
         # Follow layout-only ops (Transpose, ...) down to a DequantizeLinear.
@@ -255,11 +245,10 @@ def _onnx_specs(path: Path) -> tuple[tuple, tuple]:
                 return None, None
             node = nodes[0]
             if node.op_type == "DequantizeLinear":
-                zp = constant(node.input[2]) if len(node.input) > 2 else 0
-                return constant(node.input[1]), int(zp or 0)
+                return affine(node)
             if node.op_type not in _LAYOUT_OPS:
                 return None, None
-            name = node.output[0]
+            name = node.outputs[0]
         return None, None
 
     def output_quant(name: str) -> tuple[float | None, int | None]:
@@ -268,40 +257,20 @@ def _onnx_specs(path: Path) -> tuple[tuple, tuple]:
             if node is None:
                 return None, None
             if node.op_type == "QuantizeLinear":
-                zp = constant(node.input[2]) if len(node.input) > 2 else 0
-                return constant(node.input[1]), int(zp or 0)
+                return affine(node)
             if node.op_type not in _LAYOUT_OPS:
                 return None, None
-            name = node.input[0]
+            name = node.inputs[0]
         return None, None
 
-    def spec(value, quant) -> TensorSpec:
-        tensor_type = value.type.tensor_type
-        shape = tuple(d.dim_value if d.dim_value > 0 else -1 for d in tensor_type.shape.dim)
-        dtype = _ONNX_DTYPES.get(tensor_type.elem_type, f"onnx-type-{tensor_type.elem_type}")
+    def spec(value: _onnx_schema.ValueInfo, quant) -> TensorSpec:
+        dtype = _ONNX_DTYPES.get(value.elem_type, f"onnx-type-{value.elem_type}")
         scale, zero_point = quant(value.name) if dtype in ("uint8", "int8") else (None, None)
-        return TensorSpec(value.name, shape, dtype, guess_layout(shape), scale, zero_point)
+        return TensorSpec(value.name, value.dims, dtype, guess_layout(value.dims), scale, zero_point)
 
-    inputs = tuple(spec(v, input_quant) for v in graph.input if v.name not in initial)
-    outputs = tuple(spec(v, output_quant) for v in graph.output)
+    inputs = tuple(spec(v, input_quant) for v in graph.inputs if v.name not in graph.initializers)
+    outputs = tuple(spec(v, output_quant) for v in graph.outputs)
     return inputs, outputs
-
-
-def _onnx_specs_from_ort(path: Path) -> tuple[tuple, tuple]:
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        return (), ()
-    try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
-
-    def spec(arg) -> TensorSpec:
-        shape = tuple(d if isinstance(d, int) and d > 0 else -1 for d in arg.shape)
-        return TensorSpec(arg.name, shape, _ORT_DTYPES.get(arg.type, arg.type), guess_layout(shape))
-
-    return tuple(map(spec, session.get_inputs())), tuple(map(spec, session.get_outputs()))
 
 
 _IR_DTYPES = {"f32": "float32", "f16": "float16", "u8": "uint8", "i8": "int8", "i32": "int32",
@@ -309,6 +278,8 @@ _IR_DTYPES = {"f32": "float32", "f16": "float16", "u8": "uint8", "i8": "int8", "
 
 
 def _ir_specs(xml_path: Path) -> tuple[tuple, tuple]:
+    import xml.etree.ElementTree as ET  # only OpenVINO IR needs an XML parser (0.5 MiB in the agent)
+
     try:
         root = ET.parse(xml_path).getroot()
     except ET.ParseError as exc:
@@ -346,6 +317,9 @@ def _inspect_cached(path: str, mtime_ns: int, size: int, sidecar: tuple | None) 
         fmt, inputs, outputs, custom_ops, associated = _tflite_specs(model_path)
     elif fmt is ModelFormat.ONNX:
         inputs, outputs = _onnx_specs(model_path)
+        notes += [f"output {s.name!r} is {s.dtype} with no QuantizeLinear scale in the graph: its values are "
+                  "raw integers, not dequantised scores" for s in outputs if s.dtype in ("uint8", "int8")
+                  and not s.quantized]
     elif fmt is ModelFormat.OPENVINO_IR:
         bin_path = model_path.with_suffix(".bin")
         if not bin_path.is_file():
