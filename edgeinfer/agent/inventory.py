@@ -18,15 +18,11 @@ VERSION_PACKAGES = ("paho-mqtt", "ai-edge-litert", "tflite-runtime", "onnxruntim
 
 def software_versions() -> dict[str, str | None]:
     """edgeinfer, Python and the installed runtimes' versions, read from package metadata (nothing imported)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from .._dist import version
 
     out: dict[str, str | None] = {"edgeinfer": __version__, "python": platform.python_version(),
                                   "protocol": str(PROTOCOL_VERSION)}
-    for name in VERSION_PACKAGES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
+    out.update({name: version(name) for name in VERSION_PACKAGES})
     return out
 
 

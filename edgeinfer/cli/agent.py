@@ -22,6 +22,10 @@ def agent(config_path: str, check: bool) -> None:
     """Run the device agent: pipelines + MQTT telemetry, state, events and commands, until SIGTERM."""
     import signal
 
+    from .._defer import defer_imports, prefer_builtin_hashes
+
+    defer_imports()  # before paho and the agent's modules are imported (edgeinfer/_defer.py)
+    prefer_builtin_hashes()
     from ..agent.config import load_config, resolve_profile
     from ..agent.daemon import Agent
     from ..errors import ConfigError

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import logging
 import random
-import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._backoff import EQUAL_JITTER, Backoff
 from ..errors import ClosedError
@@ -43,6 +42,9 @@ from .retained import RetainedMessages
 from .settings import LinkSettings, describe_connect_error, describe_refusal, tls_context
 from .spool import Spool
 from .status import LinkStatus
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger(__name__)
 

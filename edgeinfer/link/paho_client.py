@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import select
-import ssl
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._optional import import_optional
 from ..errors import MissingDependency
 from .settings import BrokerURL, LinkSettings
+
+if TYPE_CHECKING:
+    import ssl
 
 #: paho MQTTErrorCode.MQTT_ERR_QUEUE_SIZE: the only publish() result after which paho does NOT keep a
 #: QoS 1 message (for any other, e.g. NO_CONN or CONN_LOST, it resends it after the next CONNACK)
@@ -95,7 +98,7 @@ class BufferedSocket:
         while self._unsent:
             try:
                 sent = self._sock.send(self._unsent)
-            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError, OSError):
+            except OSError:  # BlockingIOError, TLS's want-write/want-read (ssl.SSLError is an OSError), a broken pipe
                 return
             del self._unsent[:sent]
 
@@ -152,6 +155,35 @@ def _client_class() -> type:
 
         def _create_socket(self) -> Any:
             return BufferedSocket(super()._create_socket())
+
+        # paho's own _sock_recv/_sock_send name ssl's exceptions in their except clauses, which loads ssl
+        # at the first empty read; without TLS these are the same without them (edgeinfer/_defer.py)
+        def _sock_recv(self, bufsize: int) -> bytes:
+            if self._ssl:
+                return super()._sock_recv(bufsize)
+            sock = self._sock
+            if sock is None:
+                raise ConnectionError("self._sock is None")
+            return sock.recv(bufsize)
+
+        def _sock_send(self, buf: bytes | bytearray) -> int:
+            if self._ssl:
+                return super()._sock_send(buf)
+            sock = self._sock
+            if sock is None:
+                raise ConnectionError("self._sock is None")
+            try:
+                return sock.send(buf)
+            except BlockingIOError:
+                self._call_socket_register_write()
+                raise
+
+        def _get_proxy(self) -> dict[str, Any] | None:
+            # paho asks PySocks and urllib.request for a proxy on every connect: only an ``mqtt_proxy``
+            # environment variable can name one for the agent (it never calls proxy_set)
+            if not any(name.lower() == "mqtt_proxy" for name in os.environ):
+                return None
+            return super()._get_proxy()
 
         def _handle_publish(self) -> Any:
             header = self._in_packet["command"]

@@ -7,12 +7,15 @@ without needing the MQTT client installed.
 from __future__ import annotations
 
 import socket
-import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    import ssl
 
 DEFAULT_PORT = 1883
 DEFAULT_TLS_PORT = 8883
@@ -80,6 +83,8 @@ def _load_client_certificate(context: ssl.SSLContext, cert: str, key: str) -> No
     """Present ``cert`` with its private ``key``; ConfigError naming what is wrong with them."""
     if "-----BEGIN CERTIFICATE-----" not in _read_pem(Path(cert), "cert"):
         raise ConfigError(f"cert: {cert} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+    import ssl
+
     key_text = _read_pem(Path(key), "key")
     if "PRIVATE KEY-----" not in key_text:
         raise ConfigError(f"key: {key} holds no PEM private key (-----BEGIN ... PRIVATE KEY-----)")
@@ -105,6 +110,8 @@ def tls_context(ca: str | None = None, cert: str | None = None, key: str | None 
     Raises ConfigError naming the key (``ca``, ``cert``, ``key``) that is missing, unreadable, not PEM,
     or (cert/key) that do not belong together.
     """
+    import ssl  # here, not at import: an agent on a plain broker never loads OpenSSL (edgeinfer/_defer.py)
+
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if ca:
@@ -184,12 +191,9 @@ def describe_refusal(reason: str, broker: BrokerURL) -> str:
 def describe_connect_error(exc: BaseException, broker: BrokerURL) -> str:
     """A sentence a person can act on for a failed connection attempt."""
     where = f"{broker.host}:{broker.port}"
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return (f"TLS verification of {where} failed: {exc.verify_message or exc} — check `ca` and that the broker's "
-                "certificate names this host")
-    if isinstance(exc, ssl.SSLError):
-        return (f"TLS handshake with {where} failed: {exc.reason or exc} — check ca/cert/key and the broker's "
-                "TLS listener")
+    tls_error = _tls_error(exc, where) if broker.tls else None  # only TLS fails this way: plain never loads ssl
+    if tls_error:
+        return tls_error
     if isinstance(exc, ConnectionRefusedError):
         return f"connection to {where} refused — is the broker running and listening there?"
     if isinstance(exc, socket.gaierror):
@@ -199,3 +203,15 @@ def describe_connect_error(exc: BaseException, broker: BrokerURL) -> str:
     if isinstance(exc, OSError):
         return f"cannot connect to {where}: {exc.strerror or exc}"
     return f"cannot connect to {where}: {exc}"
+
+
+def _tls_error(exc: BaseException, where: str) -> str | None:
+    import ssl
+
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (f"TLS verification of {where} failed: {exc.verify_message or exc} — check `ca` and that the broker's "
+                "certificate names this host")
+    if isinstance(exc, ssl.SSLError):
+        return (f"TLS handshake with {where} failed: {exc.reason or exc} — check ca/cert/key and the broker's "
+                "TLS listener")
+    return None

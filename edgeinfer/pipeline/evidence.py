@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import shutil
 import threading
 import time
@@ -70,7 +69,7 @@ def new_event_id(frame_id: int, now: float | None = None) -> str:
     """``YYYYmmddTHHMMSSmmmZ-<frame id>-<6 hex>``: sorts by time as text, unique by its random part."""
     now = time.time() if now is None else now
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}Z"
-    return f"{stamp}-{max(int(frame_id), 0)}-{secrets.token_hex(3)}"
+    return f"{stamp}-{max(int(frame_id), 0)}-{os.urandom(3).hex()}"  # secrets' source, without its hmac/OpenSSL import
 
 
 def check_frame(frame: Any) -> np.ndarray:

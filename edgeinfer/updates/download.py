@@ -7,19 +7,19 @@ matches is renamed to ``dest``.
 from __future__ import annotations
 
 import base64
-import http.client
 import logging
 import os
-import ssl
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._backoff import Backoff
 from .._fs import replace_durably, sha256_file
 from ..errors import DownloadError, UpdateRejected
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 16
@@ -54,6 +54,9 @@ def _fetch_into(url: str, part: Path, have: int, size: int, timeout: float,
                 progress: Callable[[int], None] | None, headers: dict[str, str],
                 context: ssl.SSLContext | None) -> None:
     """Append the bytes from ``have`` on to ``part``; restart from 0 if the server ignores Range."""
+    import urllib.error
+    import urllib.request
+
     request = urllib.request.Request(url, headers=headers | ({"Range": f"bytes={have}-"} if have else {}))
     try:
         response = urllib.request.urlopen(request, timeout=timeout, context=context)
@@ -105,6 +108,10 @@ def download(url: str, dest: str | os.PathLike, *, sha256: str, size: int, attem
     is removed and UpdateRejected ('size_mismatch' / 'sha256_mismatch') is raised; ``dest`` only
     ever appears complete and verified (atomic rename).
     """
+    # the HTTP client (http.client, email: ~2 MiB resident) is loaded by the first download, not by the agent
+    import http.client
+    import urllib.error
+
     target = Path(dest)
     part = target.with_name(target.name + ".part")
     target.parent.mkdir(parents=True, exist_ok=True)

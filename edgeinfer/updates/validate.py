@@ -8,7 +8,6 @@ update goes live, so a model that crashes or hangs its runtime cannot take the a
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -86,6 +85,8 @@ def validate(model: str, delegate: str | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """The child's entry point: print the verdict as one JSON line; exit code 0 only if ok."""
+    import argparse
+
     parser = argparse.ArgumentParser(prog="python -m edgeinfer.validate_model")
     parser.add_argument("model")
     parser.add_argument("--delegate")

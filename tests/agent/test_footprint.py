@@ -8,6 +8,8 @@ command arrives. The figures themselves (RSS against a bare script, cold start) 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from support.agent import AgentProcess, fleet_key, signed_command, write_config
 from support.assets import IMAGES, MODELS
 from support.broker import Collector
@@ -15,6 +17,13 @@ from support.broker import Collector
 from edgeinfer.link.protocol import Topics, validate
 
 UNUSED = {"onnxruntime", "openvino", "tensorrt", "av", "cryptography", "scipy", "trackers", "sqlalchemy"}
+#: Python's own extension modules for TLS and OpenSSL's hashes: an agent on a plain mqtt:// broker maps neither
+#: (paho's ssl/hashlib/urllib.request imports are deferred, hashlib uses Python's own sha256: edgeinfer/_defer.py)
+OPENSSL_EXTENSIONS = ("_ssl.cpython", "_hashlib.cpython")
+
+
+def mapped_files(pid: int) -> set[str]:
+    return {line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if "/" in line}
 
 
 
@@ -38,6 +47,8 @@ def test_the_agent_loads_only_what_its_pipeline_uses_and_reports_it(tmp_path, br
         assert 0 < footprint["rss_bytes"] <= footprint["peak_rss_bytes"], footprint
         for message in collector.of_kind("telemetry"):
             validate("telemetry", message)
+        openssl = [f for f in mapped_files(agent.pid) if any(name in f for name in OPENSSL_EXTENSIONS)]
+        assert not openssl, openssl  # the model's sha256 was taken (inspect_model) without them
 
         # a signed command is the first use of the pinned key: only now is cryptography loaded
         collector.publish(Topics("test", "cam-01").cmd, signed_command("c-1", "ping"))

@@ -178,11 +178,10 @@ class OpenVinoEngine(Engine):
 
 def openvino_version() -> tuple[int, int] | None:
     """(year, release) of the installed OpenVINO, from its metadata (no import), or None."""
-    from importlib.metadata import PackageNotFoundError, version
+    from ..._dist import version
 
-    try:
-        text = version("openvino")
-    except PackageNotFoundError:
+    text = version("openvino")
+    if text is None:
         return None
     found = re.match(r"(\d+)\.(\d+)", text)
     return (int(found.group(1)), int(found.group(2))) if found else None

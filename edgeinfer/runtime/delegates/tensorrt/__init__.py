@@ -27,11 +27,11 @@ from ...model import ModelFormat, ModelInfo
 from ..base import Delegate, runtime_missing_reason
 from .cache import cache_key, cache_path, default_cache_dir
 from .cuda import cuda_problem, nvidia_gpu_problem
-from .engine import TensorRTEngine
 from .options import TensorRTOptions
 
 if TYPE_CHECKING:
     from ....device.host import Host
+    from .engine import TensorRTEngine
 
 TRT_INSTALL_HINT = ("on a Jetson: sudo apt-get install python3-libnvinfer (JetPack) and create the venv with "
                     "--system-site-packages (firmware_scripts/setup-jetson.sh); on x86-64: pip install "
@@ -78,7 +78,17 @@ class TensorRTDelegate(Delegate):
         """Build (or reuse from the cache) and load an engine for ``model``."""
         options = TensorRTOptions.from_device(device)
         self.check(model, device)
+        from .engine import TensorRTEngine  # with the builder: imported by the pipeline that runs TensorRT
+
         return TensorRTEngine(model, options=options, device=device, threads=threads, cache_dir=self.cache_dir)
+
+
+def __getattr__(name: str) -> type:
+    if name == "TensorRTEngine":
+        from .engine import TensorRTEngine
+
+        return TensorRTEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["TensorRTDelegate", "TensorRTEngine", "TensorRTOptions", "cache_key", "cache_path", "default_cache_dir",
