@@ -260,6 +260,7 @@ class Agent:
 
         try:
             self._metrics = MetricsServer(self, host, port).start()
+            log.info("serving /metrics at http://%s:%d/metrics", host, self._metrics.port)  # port 0: the one chosen
         except (OSError, ImportError) as exc:
             self.emit("error", "error", f"cannot serve /metrics on {host}:{port}: {exc}",
                       data={"reason": "metrics_unavailable"})

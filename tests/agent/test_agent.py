@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import socket
 import sqlite3
@@ -82,11 +83,11 @@ def test_agent_reports_birth_telemetry_metrics_and_shuts_down_cleanly(tmp_path, 
     # a Raspberry Pi 4 as far as the agent can tell: its profile is detected, its labelled thermal
     # zone and the firmware's throttling flags are read
     root = fake_sysfs(Path(fake_root(tmp_path / "root", "raspberry-pi-4")), {"cpu-thermal": 61.5}, throttled=0x0)
-    metrics_port = free_port()
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify.sock"))
     notify.settimeout(10)
-    config = agent_config(tmp_path, broker.url, metrics=f"127.0.0.1:{metrics_port}", sensors={"root": str(root)})
+    # port 0: the agent binds one the kernel picks and logs it (no free_port() another process could take first)
+    config = agent_config(tmp_path, broker.url, metrics="127.0.0.1:0", sensors={"root": str(root)})
     systemd = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "400000"}
     with Collector(broker.port) as collector, AgentProcess(config, tmp_path / "agent.log", env=systemd) as agent:
         assert notify.recv(64) == b"READY=1"
@@ -111,7 +112,9 @@ def test_agent_reports_birth_telemetry_metrics_and_shuts_down_cleanly(tmp_path, 
         assert system["rss_bytes"] > 0 and telemetry[-1]["spool"]["dropped"] == 0
         assert 0.05 < telemetry[-1]["interval_s"] < 1.0
 
-        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        served = re.search(r"serving /metrics at (http://127\.0\.0\.1:\d+/metrics)", agent.output())
+        assert served, agent.output()
+        body = urllib.request.urlopen(served.group(1), timeout=5).read().decode()
         assert 'edgeinfer_temperature_celsius{sensor="cpu"} 61.5' in body
         assert "edgeinfer_mqtt_connected 1.0" in body and "edgeinfer_throttled 0.0" in body
         seq_line = next(line for line in body.splitlines() if line.startswith("edgeinfer_telemetry_seq "))
