@@ -5,6 +5,10 @@ stream it looks at the next one first, so no stream starves — and, when the en
 dimension larger than one, frames of several streams go into one invoke, each into its own
 :class:`BatchRow` of the input tensor and decoded from its own row of the outputs. Used by
 :class:`~.multi.MultiPipeline`.
+
+An invoke that raises goes on with the plan's next delegate (:mod:`.multi_failover`); one that hangs is
+seen by the worker's :class:`~.watchdog.InvokeWatchdog`, which abandons the thread stuck in it (an epoch:
+if the call ever returns, that thread leaves without delivering) and starts a new one on the next delegate.
 """
 
 from __future__ import annotations
@@ -17,15 +21,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import InferenceError, InputMismatch
+from ..errors import DelegateFailed, InferenceError, InputMismatch
 from ..runtime.engine import Engine
 from .infer_loop import reused_result
 from .labels import Labels
 from .multi_failover import WorkerFailover
 from .options import PipelineOptions
 from .ring import END
-from .stats import FrameResult, StageTimings
+from .stats import FrameResult, StageTimings, StatsRing
 from .tasks import get_task
+from .watchdog import RECENT_INVOKES, InvokeWatchdog
 
 #: a :class:`~.multi.Stream` (its ring, binding, stats, gate, analytics, events); not imported: multi imports this
 Stream = Any
@@ -93,7 +98,21 @@ class EngineWorker:
         self._stopping = False
         self.invokes = 0
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"edgeinfer-engine-{index}", daemon=True)
+        self._options, self._index = options, index
+        # the watchdog's view: when the invoke in progress began (0: none), and the recent invoke times
+        self.invoke_started = 0.0
+        self.invoke_stats = StatsRing(RECENT_INVOKES)
+        self.watchdog: InvokeWatchdog | None = None
+        self._batch_frames = 0
+        #: which thread serves the streams: one whose epoch is stale was abandoned in a hung invoke
+        self.epoch = 0
+        self._owner = threading.Lock()
+        #: threads stuck in a hung invoke: never joined
+        self.abandoned_threads: list[threading.Thread] = []
+        self.thread = self._new_thread(0)
+
+    def _new_thread(self, epoch: int) -> threading.Thread:
+        return threading.Thread(target=self._run, args=(epoch,), name=f"edgeinfer-engine-{self._index}", daemon=True)
 
     def _use(self, engine: Engine) -> None:
         """Serve the streams with ``engine`` from the next batch on (at start, and after a failover)."""
@@ -106,6 +125,8 @@ class EngineWorker:
         for stream in getattr(self, "streams", ()):
             stream.binding.replace(BatchRow(engine, 0))  # type: ignore[arg-type]
             stream.binding.owns_engine = False
+        if getattr(self, "watchdog", None) is not None:
+            self.watchdog.engine_changed()  # type: ignore[union-attr]  # its own invokes set the bound again
 
     def _check(self, engine: Engine) -> None:
         """ValueError when a replacement engine cannot serve the streams' task."""
@@ -123,27 +144,75 @@ class EngineWorker:
         with self._lock:
             self.streams = tuple(s for s in self.streams if s is not stream)
 
+    def start(self) -> None:
+        """Serve the streams, watched for hung invokes (unless ``watchdog=False``)."""
+        self.thread.start()
+        if self._options.watchdog:
+            self.watchdog = InvokeWatchdog(self._options, self.invoke_stats, started=lambda: self.invoke_started,
+                                           on_hang=self._on_hang, on_tick=lambda: None).start()
+
+    @property
+    def running(self) -> bool:
+        """Whether a thread serves the streams (one abandoned in a hung invoke does not count)."""
+        thread = self.thread
+        return thread.is_alive() and thread not in self.abandoned_threads
+
     def stop(self) -> None:
         self._stopping = True
         self.wake()
-        if self.thread.is_alive() and self.thread is not threading.current_thread():
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.running and self.thread is not threading.current_thread():
             self.thread.join(JOIN_TIMEOUT_S)
 
-    def _run(self) -> None:
+    def _run(self, epoch: int) -> None:
         try:
             while True:
                 self._signal.acquire(timeout=self._timeout)
-                if self._stopping:
+                if self._stopping or epoch != self.epoch:
                     return
                 batch = self._collect()
-                if batch:
-                    self._infer(batch)
+                if batch and not self._infer(batch, epoch):
+                    return  # abandoned while its invoke hung
                 self.failover.between_batches(self.engine, self._stopping)
         except BaseException as exc:
+            if epoch != self.epoch:
+                return
             self.error = exc
             log.error("engine worker stopped: %s", exc)
             if self._on_error is not None:
                 self._on_error(exc)
+
+    def _returned(self, epoch: int) -> bool:
+        """An invoke returned: whether this thread still serves the streams (else it was abandoned)."""
+        with self._owner:
+            self.invoke_started = 0.0
+            return epoch == self.epoch
+
+    def _on_hang(self, started: float, bound: float) -> None:
+        """Watchdog thread: the invoke that began at ``started`` is older than ``bound``; abandon its thread
+        and engine, go on with the next delegate in a new thread (or end the run when there is none)."""
+        waited = time.perf_counter() - started
+        with self._owner:
+            if self._stopping or self.invoke_started != started:
+                return  # it returned meanwhile
+            self.epoch += 1
+            self.invoke_started = 0.0
+            epoch = self.epoch
+        engine = self.engine
+        self.abandoned_threads.append(self.thread)
+        hung = DelegateFailed(engine.description, f"an invoke did not return within {bound:.2f} s", hung=True)
+        try:
+            self.failover.hung(engine, hung, self._batch_frames, waited, bound)
+        except DelegateFailed as exc:
+            self.error = exc
+            log.error("engine worker stopped: %s", exc)
+            if self._on_error is not None:
+                self._on_error(exc)
+            return
+        self.thread = self._new_thread(epoch)
+        self.thread.start()
+        self.wake()  # frames that arrived while the invoke hung
 
     def _collect(self) -> list[tuple[Stream, Any]]:
         """Up to a batch of ready frames, at most one per stream, starting after the stream served last."""
@@ -195,34 +264,41 @@ class EngineWorker:
         self._deliver(reused)
         return True
 
-    def _infer(self, batch: list[tuple[Stream, Any]]) -> None:
+    def _infer(self, batch: list[tuple[Stream, Any]], epoch: int) -> bool:
+        """Preprocess, invoke and deliver one batch; False when this thread was abandoned meanwhile."""
         import numpy as np
 
         perf = time.perf_counter
+        engine, rows, decoders = self.engine, self._rows, self._decoders  # a hang installs others for the next thread
         taken = []
         for row, (stream, slot) in enumerate(batch):
             t3 = perf()
             frame = slot.frame
             plan = stream.binding.plan_for(frame.shape, slot.native)
             if slot.staged_gen == plan.gen:
-                np.copyto(self._rows[row], plan.staged[slot.index])
+                np.copyto(rows[row], plan.staged[slot.index])
             else:
-                plan.pre(frame, self._rows[row])
+                plan.pre(frame, rows[row])
             taken.append((stream, plan, slot.frame_id, slot.wall_time, slot.read_start, slot.read_end,
                           slot.staged_end, t3, perf()))
             stream.ring.free.put(slot)
-        t4 = perf()
+        self._batch_frames = len(taken)
+        t4 = self.invoke_started = perf()
         try:
-            self.engine.invoke()
+            engine.invoke()
         except InferenceError as exc:
+            if not self._returned(epoch):
+                return False
             if isinstance(exc, InputMismatch):
                 raise
-            self.failover.failed(self.engine, exc, len(taken))  # DelegateFailed when there is no other delegate
-            return
+            self.failover.failed(engine, exc, len(taken))  # DelegateFailed when there is no other delegate
+            return True
+        if not self._returned(epoch):
+            return False
         self.invokes += 1
         t5 = perf()
         for row, (stream, plan, frame_id, stamp, t0, t1, t2, t3, t3b) in enumerate(taken):
-            result = self._decoders[row](plan.transform)
+            result = decoders[row](plan.transform)
             if stream.analytics is not None:
                 result = stream.analytics.process(result, frame_id, stamp)
             if stream.events is not None:
@@ -233,5 +309,8 @@ class EngineWorker:
                                    infer=(t5 - t4) * 1e3, postprocess=(t6 - t5) * 1e3, latency=(t6 - t1) * 1e3,
                                    queue=(t3 - t2) * 1e3)
             stream.stats_ring.record(timings)
+            if row == 0:
+                self.invoke_stats.record(timings)  # the batch's invoke time, for the watchdog's bound
             stream.control.frames += 1
             self._deliver(FrameResult(frame_id, stamp, result, timings, stream=stream.name))
+        return True

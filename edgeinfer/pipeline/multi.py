@@ -196,7 +196,7 @@ class MultiPipeline:
                               self._stream_ended, self._engine_failed)
         self._workers.append(worker)
         if self._started:
-            worker.thread.start()
+            worker.start()
         return worker
 
     # ------------------------------------------------------------------------ streams
@@ -258,7 +258,7 @@ class MultiPipeline:
             self._started = True
             self._delivery.callback = callback
             for worker in self._workers:
-                worker.thread.start()
+                worker.start()
             for stream in self._streams.values():
                 stream.start()
         return self
@@ -308,7 +308,7 @@ class MultiPipeline:
     @property
     def busy(self) -> bool:
         """Whether an engine's thread still runs (closing its engine under it could crash the runtime)."""
-        return any(worker.thread.is_alive() for worker in self._workers)
+        return any(worker.running for worker in self._workers)
 
     def stream_errors(self) -> dict[str, BaseException]:
         """The streams whose capture stopped on an error (a camera gone for good), with the error."""
@@ -376,8 +376,8 @@ class MultiPipeline:
             if stream.owns_source:
                 stream.source.close()
         for worker in self._workers:
-            if not worker.thread.is_alive():
-                worker.failover.close()  # the engines it loaded: the first (unless the caller's), replacements
+            if not worker.running:
+                worker.failover.close()  # what it loaded (never the caller's, nor one abandoned in a hang)
 
     def __enter__(self) -> MultiPipeline:
         return self

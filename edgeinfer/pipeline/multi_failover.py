@@ -3,9 +3,10 @@
 The same walk of the selection plan as a single pipeline's (:class:`~.failover.DelegateFailover`): an
 invoke that raises makes the worker load the plan's next delegate and go on with it from the next
 batch — every stream of the engine goes on, capture never stops; the frames of the failed batch are
-lost and counted. While degraded, the wanted delegate is probed with backoff in a thread of its own
-and swapped back in between two batches. What a single pipeline also has and this does not: the
-hang watchdog (an invoke that never returns stops the engine's streams; docs/pipeline.md).
+lost and counted. An invoke that hangs is given up by the worker's watchdog (:mod:`.watchdog`, the same
+bound as a single pipeline's): the engine is abandoned, never closed, and a new worker thread goes on
+with the next delegate (:meth:`WorkerFailover.hung`). While degraded, the wanted delegate is probed with
+backoff in a thread of its own and swapped back in between two batches.
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ class WorkerFailover:
         self.loaded.append(replacement)
         self._install(replacement)
         self._retire(engine)
+
+    def hung(self, engine: Engine, error: InferenceError, frames: int, waited: float, bound: float) -> None:
+        """Watchdog thread: an invoke of ``frames`` frames on ``engine`` has run ``waited`` s, past ``bound``.
+        ``engine`` is abandoned — kept, never closed: its native call may still be running — and the next
+        delegate installed (DelegateFailed when there is none)."""
+        self.failover.frames_lost += max(frames - 1, 0)
+        self.failover.abandon(engine)
+        if engine in self.loaded:
+            self.loaded.remove(engine)
+        replacement = self.failover.replacement(engine, error, hang=(waited, bound))
+        self.loaded.append(replacement)
+        self._install(replacement)
 
     def between_batches(self, engine: Engine, stopping: bool) -> None:
         """Worker thread, between two batches: swap in a probed engine; start a probe when one is due."""

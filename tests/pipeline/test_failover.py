@@ -259,3 +259,57 @@ def test_an_engine_serving_three_streams_fails_over_and_back_and_every_stream_go
         for result in got:
             assert result.result[0].label.startswith(expected_top1(result.frame_id)), (name, result.frame_id)
         assert stats[name].frames_lost == fallback.frames_lost and stats[name].degraded is False
+
+
+def test_an_engine_serving_three_streams_gives_up_a_hung_invoke_and_every_stream_goes_on(clip):
+    """MultiPipeline's watchdog: the engine's thread stuck in an invoke is abandoned within the bound, a new
+    one serves every stream on the fallback, the wanted delegate comes back once healed, and the abandoned
+    thread, when its call finally returns, leaves without delivering."""
+    events: list = []
+    results: dict[str, list] = {"a": [], "b": [], "c": []}
+    with edgeinfer.MultiPipeline(MOBILENET_V2, {name: clip for name in results}, policy="every", loop=True,
+                                 labels=IMAGENET_LABELS, delegate="flaky,xnnpack", threads=2, top_k=1,
+                                 probe_backoff=FAST_PROBES, watchdog_floor_s=FLOOR_S) as multi:
+        multi.add_delegate_listener(events.append)
+        CONTROL.set("hang", after=30)  # past the first invoke (its bound is 30 s: a first invoke may compile)
+
+        def on_result(result) -> None:
+            results[result.stream].append(result)
+            if len(events) == 1 and sum(len(r) for r in results.values()) > 120:
+                CONTROL.set("ok")  # the device heals: the hung call returns, the probe brings flaky back
+
+        multi.start(on_result)
+        assert wait_until(lambda: len(events) == 2 and min(len(r) for r in results.values()) >= 80, 60), events
+        worker = multi._default
+        assert len(worker.abandoned_threads) == 1
+        assert wait_until(lambda: not worker.abandoned_threads[0].is_alive(), 10)
+        multi.stop()
+        stats = multi.stats()
+        assert multi.error is None
+    fallback, restored = events
+    assert (fallback.kind, fallback.previous, fallback.delegate, fallback.cause) == (
+        "delegate_fallback", "flaky", "xnnpack", "hang")
+    assert fallback.bound_s >= FLOOR_S and fallback.bound_s < fallback.waited_s < fallback.bound_s + 1.0, fallback
+    assert (restored.kind, restored.delegate) == ("delegate_restored", "flaky")
+    lost = {name: set(range(r[-1].frame_id + 1)) - {x.frame_id for x in r} for name, r in results.items()}
+    assert sum(len(missing) for missing in lost.values()) == fallback.frames_lost == 1  # the hung batch's frame
+    for name, got in results.items():
+        assert [r.frame_id for r in got] == sorted({r.frame_id for r in got}), name  # none twice: not the hung one
+        for result in got:
+            assert result.result[0].label.startswith(expected_top1(result.frame_id)), (name, result.frame_id)
+        assert stats[name].degraded is False
+
+
+def test_a_multi_stream_hang_without_a_fallback_ends_the_run_without_waiting_for_the_hung_thread(clip, monkeypatch):
+    monkeypatch.setenv("EDGEINFER_STRICT", "1")
+    multi = edgeinfer.MultiPipeline(MOBILENET_TINY, {"a": clip, "b": clip}, loop=True, delegate="flaky,xnnpack",
+                                    watchdog_floor_s=FLOOR_S)
+    CONTROL.set("hang", after=10)
+    multi.start()
+    assert multi.wait(30), "the run did not end after its delegate hung"
+    assert isinstance(multi.error, DelegateFailed) and multi.error.hung
+    assert "did not return within" in str(multi.error) and "strict mode" in str(multi.error)
+    assert not multi.busy  # the thread stuck in the invoke does not count as serving the streams
+    multi.close()  # returns at once: the hung thread is not joined, its engine not closed under it
+    CONTROL.set("ok")
+    assert wait_until(lambda: not any(t.is_alive() for t in multi._default.abandoned_threads), 10)
