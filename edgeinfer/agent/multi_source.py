@@ -22,9 +22,8 @@ source never needs is added here:
   busiest stream's percentiles, since percentiles do not add up; ``outputs`` summarise the answers of
   every stream), each stream's own window and status, and the stream events of the window, which
   the runner emits as it takes the window.
-- **No engine hot swap.** A MultiPipeline cannot change its engine while it runs, so
-  :meth:`MultiSourcePipeline.swap_engine` raises EdgeInferError: a model update of such a pipeline is
-  refused (change the model in agent.yaml and restart the agent).
+- **Model updates** swap the engine between two batches (:meth:`MultiSourcePipeline.swap_engine`),
+  every stream going on; the engine swapped out is the caller's (the update keeps it to roll back).
 
 MultiPipeline does not say publicly that one stream has ended or why, nor that its engine worker
 died (its run then never ends); the functions at the end of this module read that from its
@@ -221,7 +220,7 @@ class MultiSourcePipeline:
             self._multi.close()
         if _engine_busy(self._multi):
             log.warning("pipeline %s: not closing its engine, an inference is still running on it", self.name)
-        else:
+        elif self._engine is not None:  # (after a model update the MultiPipeline closes the engine it runs)
             self._engine.close()
         if self._opencv:
             from ..pipeline._opencv import opencv_threads_release
@@ -230,9 +229,12 @@ class MultiSourcePipeline:
             self._opencv = False
 
     def swap_engine(self, engine: Any, timeout: float = 30.0) -> Any:
-        """Not possible: a MultiPipeline cannot change its engine while it runs (EdgeInferError)."""
-        raise EdgeInferError(f"pipeline {self.name} has several sources (a MultiPipeline), which cannot swap its "
-                             "engine while running; put the new model in agent.yaml and restart the agent")
+        """Serve every stream with ``engine`` from the next batch on; the previous engine, now the caller's
+        (the MultiPipeline owns the new one). ValueError, the run untouched, when it does not fit."""
+        old = self._multi.swap_engine(engine, timeout)
+        if old is self._engine:
+            self._engine = None  # the one this pipeline loaded is the caller's now
+        return old
 
     def add_observer(self, observer: Callable[[Any], None]) -> None:
         """Also hand every result of every stream (``result.stream`` names it) to ``observer``."""
@@ -455,7 +457,7 @@ def _current_engine(multi: Any) -> Any:
 
 def _engine_busy(multi: Any) -> bool:
     """Whether an engine's thread still runs (closing its engine under it could crash the runtime)."""
-    return multi.busy
+    return multi is not None and multi.busy
 
 
 __all__ = ["STREAM_EVENTS", "MultiSourcePipeline", "MultiStats", "StreamEvent", "merge_multi_windows",

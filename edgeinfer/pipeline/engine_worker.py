@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import DelegateFailed, InferenceError, InputMismatch
+from ..errors import DelegateFailed, EdgeInferError, InferenceError, InputMismatch
 from ..runtime.engine import Engine
 from .infer_loop import reused_result
 from .labels import Labels
@@ -39,6 +39,8 @@ log = logging.getLogger("edgeinfer.pipeline")
 
 #: seconds stop() waits for the worker's thread
 JOIN_TIMEOUT_S = 30.0
+#: seconds a model update waits for the worker to finish its batch
+SWAP_TIMEOUT_S = 30.0
 
 
 class BatchRow:
@@ -104,6 +106,7 @@ class EngineWorker:
         self.invoke_stats = StatsRing(RECENT_INVOKES)
         self.watchdog: InvokeWatchdog | None = None
         self._batch_frames = 0
+        self._swap: tuple[Engine, threading.Event] | None = None  # a model update waiting for a batch boundary
         #: which thread serves the streams: one whose epoch is stale was abandoned in a hung invoke
         self.epoch = 0
         self._owner = threading.Lock()
@@ -171,6 +174,7 @@ class EngineWorker:
                 self._signal.acquire(timeout=self._timeout)
                 if self._stopping or epoch != self.epoch:
                     return
+                self._apply_swap()
                 batch = self._collect()
                 if batch and not self._infer(batch, epoch):
                     return  # abandoned while its invoke hung
@@ -182,6 +186,44 @@ class EngineWorker:
             log.error("engine worker stopped: %s", exc)
             if self._on_error is not None:
                 self._on_error(exc)
+
+    def swap(self, engine: Engine, timeout: float = SWAP_TIMEOUT_S) -> Engine:
+        """A model update: serve the streams with ``engine`` from the next batch on; the previous engine
+        (now the caller's). ValueError, the run untouched, when it cannot serve them."""
+        if engine is self.engine:
+            return engine
+        if engine.closed:
+            raise ValueError("cannot swap in a closed engine")
+        self._check(engine)
+        old = self.engine
+        if not self.running:
+            self._install_update(old, engine)
+            return old
+        done = threading.Event()
+        self._swap = (engine, done)
+        self.wake()
+        if not done.wait(timeout):
+            with self._lock:
+                if self._swap is not None and self._swap[0] is engine:
+                    self._swap = None
+                    raise EdgeInferError(f"the engine's thread did not reach a batch boundary within {timeout:g} s")
+            done.wait()
+        return old
+
+    def _apply_swap(self) -> None:
+        """Worker thread, between two batches: put a waiting model update in place."""
+        with self._lock:
+            request, self._swap = self._swap, None
+        if request is not None:
+            engine, done = request
+            old = self.engine
+            self._install_update(old, engine)
+            log.info("swapped engine %s -> %s", old.description, engine.description)
+            done.set()
+
+    def _install_update(self, old: Engine, new: Engine) -> None:
+        self._use(new)
+        self.failover.swapped(old, new)
 
     def _returned(self, epoch: int) -> bool:
         """An invoke returned: whether this thread still serves the streams (else it was abandoned)."""

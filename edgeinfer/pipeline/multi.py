@@ -305,6 +305,13 @@ class MultiPipeline:
         """The engine the streams are served with now (the first worker's; a failover replaces it)."""
         return self._default.engine
 
+    def swap_engine(self, engine: Engine, timeout: float = 30.0) -> Engine:
+        """A model update: every stream of the first engine is served with ``engine`` from the next batch
+        on (capture goes on); returns the previous engine, now yours to close. The pipeline owns (and
+        closes) the new one, the one wanted from now on (failovers follow its plan). ValueError, the run
+        untouched, when it cannot serve the streams' task."""
+        return self._default.swap(engine, timeout)
+
     @property
     def busy(self) -> bool:
         """Whether an engine's thread still runs (closing its engine under it could crash the runtime)."""

@@ -71,6 +71,14 @@ class WorkerFailover:
         self.loaded.append(replacement)
         self._install(replacement)
 
+    def swapped(self, old: Engine, new: Engine) -> None:
+        """A model update put ``new`` in place of ``old``: ``new`` is the one wanted from now on and this
+        worker's to close; ``old`` is the caller's now."""
+        if old in self.loaded:
+            self.loaded.remove(old)
+        self.loaded.append(new)
+        self.failover.reset(new)
+
     def between_batches(self, engine: Engine, stopping: bool) -> None:
         """Worker thread, between two batches: swap in a probed engine; start a probe when one is due."""
         with self._lock:

@@ -223,3 +223,38 @@ def test_a_stream_whose_camera_goes_away_is_told_apart_from_one_that_ended(tmp_p
                 multi.stream_state("nope")
     finally:
         server.kill()
+
+
+def test_a_model_update_swaps_the_engine_between_two_batches_and_no_stream_loses_a_frame(tmp_path):
+    frames = 90
+    clips = {f"file{i}": make_test_clip(tmp_path / f"clip{i}.avi", [IMAGES / photo], size=(320, 240),
+                                         frames_per_image=frames)
+             for i, photo in enumerate(PHOTOS[:2])}
+    new = edgeinfer.load(MOBILENET_V2, "xnnpack", threads=1)
+    with edgeinfer.Pipeline(MOBILENET_V2, clips["file0"], labels=IMAGENET_LABELS, max_frames=1, top_k=1) as single:
+        (v2_answer,) = [r.result[0] for r in single]  # what the new model says of file0's photo
+    with MultiPipeline(MOBILENET_TINY, clips, labels=IMAGENET_LABELS, policy="every", threads=1, top_k=1) as multi:
+        seen: dict[str, list] = {}
+        halfway = threading.Event()
+
+        def keep(result):
+            seen.setdefault(result.stream, []).append(result)
+            if len(seen["file0"]) == 20:
+                halfway.set()
+
+        multi.start(keep)
+        assert halfway.wait(30)
+        with edgeinfer.load(ULTRAFACE) as detector, pytest.raises(ValueError):  # a detector cannot serve
+            multi.swap_engine(detector)                                        # classifying streams: refused
+        old = multi.swap_engine(new)
+        assert multi.engine is new and old is not new and not new.closed
+        old.close()  # the engine swapped out is the caller's
+        assert multi.wait(60), "the file streams did not end"
+        stats = multi.stats()
+    assert new.closed  # the pipeline owns the engine it was given in an update
+    for name in clips:
+        assert [r.frame_id for r in seen[name]] == list(range(frames)), f"{name} lost or reordered frames"
+        assert stats[name].frames == frames and stats[name].dropped == 0
+    last = seen["file0"][-1].result[0]
+    assert (last.label, last.score) == (v2_answer.label, pytest.approx(v2_answer.score, abs=1e-6))
+    assert seen["file0"][0].result[0].score != pytest.approx(v2_answer.score, abs=1e-3)  # the first model's answer
