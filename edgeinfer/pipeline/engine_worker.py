@@ -180,12 +180,15 @@ class EngineWorker:
                     return  # abandoned while its invoke hung
                 self.failover.between_batches(self.engine, self._stopping)
         except BaseException as exc:
-            if epoch != self.epoch:
-                return
-            self.error = exc
-            log.error("engine worker stopped: %s", exc)
-            if self._on_error is not None:
-                self._on_error(exc)
+            if epoch == self.epoch:
+                self._stopped_on(exc)
+
+    def _stopped_on(self, error: BaseException) -> None:
+        """The worker cannot go on (no delegate left): its streams' run is over."""
+        self.error = error
+        log.error("engine worker stopped: %s", error)
+        if self._on_error is not None:
+            self._on_error(error)
 
     def swap(self, engine: Engine, timeout: float = SWAP_TIMEOUT_S) -> Engine:
         """A model update: serve the streams with ``engine`` from the next batch on; the previous engine
@@ -247,10 +250,7 @@ class EngineWorker:
         try:
             self.failover.hung(engine, hung, self._batch_frames, waited, bound)
         except DelegateFailed as exc:
-            self.error = exc
-            log.error("engine worker stopped: %s", exc)
-            if self._on_error is not None:
-                self._on_error(exc)
+            self._stopped_on(exc)
             return
         self.thread = self._new_thread(epoch)
         self.thread.start()
