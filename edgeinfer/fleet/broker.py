@@ -32,6 +32,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -188,12 +189,16 @@ class ManagedMosquitto:
             raise ConfigError(f"Mosquitto could not start on {self.host}:{self.port}: something else listens there "
                               "(Address already in use) — choose another --broker-port, or pass --broker for it")
         with open(self.log_file, "ab") as out:
+            logged = out.tell()  # what this run logs starts here (the log is kept across restarts)
             proc = subprocess.Popen([executable, "-c", str(self.config_file)], stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         with self._lock:
             self._proc = proc
         deadline = time.monotonic() + timeout
-        while not _port_open(self.host, self.port):
+        # Mosquitto opens its listeners before it installs its signal handlers, and says "running" after: a
+        # SIGUSR1 (save) or SIGHUP (reload) in between would end it (their default action), which a loaded
+        # machine made happen — so the broker is started once it has said so, not once its port answers
+        while not (_port_open(self.host, self.port) and self._logged_running(logged)):
             if proc.poll() is not None or time.monotonic() > deadline:
                 if proc.poll() is None:
                     proc.kill()
@@ -201,6 +206,15 @@ class ManagedMosquitto:
                 raise ConfigError(f"Mosquitto could not start on {self.host}:{self.port} (exit code {proc.returncode})"
                                   f": {self._log_tail()}")
             time.sleep(0.02)
+
+    def _logged_running(self, offset: int) -> bool:
+        """Whether Mosquitto's log, from ``offset`` on, has its "mosquitto version X running" line."""
+        try:
+            with open(self.log_file, "rb") as log_file:
+                log_file.seek(offset)
+                return re.search(rb"mosquitto version \S+ running", log_file.read()) is not None
+        except OSError:
+            return False
 
     def save(self, timeout: float = 5.0) -> None:
         """Make Mosquitto write its persistence file now (SIGUSR1) and wait until it has."""

@@ -64,6 +64,7 @@ def test_persistence_lands_in_a_root_only_folder_and_a_crash_keeps_sessions(tmp_
         os.kill(first_pid, signal.SIGKILL)
         assert wait(lambda: broker.restarts == 1 and broker.pid not in (None, first_pid), 15)
         assert broker.port == port
+        broker.save()  # at once: a relaunch counts as started only once this run said "running" (signals set)
         back = client(broker, "fleet-manager", persistent=True, got=got)  # the session survived the crash
         assert wait(lambda: got, 10)
         assert got == [("edgeinfer/v1/f/d/telemetry", b"queued", False)]
@@ -73,6 +74,20 @@ def test_persistence_lands_in_a_root_only_folder_and_a_crash_keeps_sessions(tmp_
         assert wait(lambda: late, 10) and late == [("edgeinfer/v1/f/d/state", b"birth", True)]
         stop(back, reader)
     assert broker.pid is None
+
+
+def test_a_start_waits_for_this_runs_own_running_line_not_an_earlier_runs(tmp_path):
+    """Mosquitto opens its port before it installs its signal handlers (a SIGUSR1 or SIGHUP then would end
+    it): the broker counts as started once its log says "running" — this run's line, the log being kept
+    across restarts."""
+    broker = ManagedMosquitto(tmp_path / "m", port=0, allow_anonymous=True)
+    broker.folder.mkdir(parents=True)
+    earlier = b"1: mosquitto version 2.0.11 starting\n1: mosquitto version 2.0.11 running\n"
+    broker.log_file.write_bytes(earlier + b"2: mosquitto version 2.0.11 starting\n2: Opening ipv4 listen socket\n")
+    assert broker._logged_running(0) and not broker._logged_running(len(earlier))
+    with open(broker.log_file, "ab") as log:
+        log.write(b"2: mosquitto version 2.0.11 running\n")
+    assert broker._logged_running(len(earlier))
 
 
 def test_shared_subscriptions_deliver_each_message_once(tmp_path):
