@@ -173,7 +173,7 @@ def rollout(workdir: Path, devices: int, *, fail_rate: float, kill_leader: bool,
             started = time.monotonic()
             created = managers[0].api("/api/deployments", {
                 "sha256": sha, "model_name": model.name, "version": 2, "all": True, "canary_pct": 5,
-                "wave_size": max(1, devices // 5), "abort_failure_rate": 10, "device_timeout_s": 120})
+                "wave_size": max(1, devices // 5), "abort_failure_pct": 10, "device_timeout_s": 120})
             deployment_id = created["deployment_id"]
             canary = {t["device_id"] for t in created["devices"] if t["wave"] == 0}
             killed = takeover_s = None

@@ -281,7 +281,7 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
     inspect_model(model)  # refuse a file that is not a model before anything is sent
     artifact = client.upload(model)
     spec = {"sha256": artifact["sha256"], "model_name": model.name, "version": version, "canary_pct": canary_pct,
-            "wave_size": wave_size, "abort_failure_rate": abort_failure_rate, "device_timeout_s": device_timeout,
+            "wave_size": wave_size, "abort_failure_pct": abort_failure_rate, "device_timeout_s": device_timeout,
             "rollback": rollback, "pipeline": pipeline,
             "devices": list(devices), "group": group, "all": all_devices,
             "canary_analysis": not no_canary_analysis, "canary_window_s": canary_window,

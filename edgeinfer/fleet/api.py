@@ -199,7 +199,8 @@ def build_app(store: ArtifactStore, api: Any = None, *, auth: Authenticator, acc
 
     @app.post("/api/deployments", status_code=201, summary="Start a rollout (operator)",
               description="Body: sha256 of an uploaded artifact, version, and devices / group / all, with "
-                          "canary_pct, wave_size, abort_failure_rate, device_timeout_s, rollback, pipeline; the "
+                          "canary_pct, wave_size, abort_failure_pct (0-100; or abort_failure_rate, a fraction), "
+                          "device_timeout_s, rollback, pipeline; the "
                           "canary analysis: canary_analysis (true), canary_window_s (300), canary_min_windows (5), "
                           "max_latency_regression (50 %), max_fps_drop (25 %), max_output_drift (0.2), "
                           "max_error_rate (10 points). docs/fleet.md, Canary analysis.")

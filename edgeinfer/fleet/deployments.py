@@ -42,6 +42,22 @@ def resolve_targets(db: Any, spec: dict) -> list[str]:
     raise ValueError("a deployment needs devices, a group or all")
 
 
+def abort_fraction(spec: dict) -> float:
+    """The failure rate that aborts a rollout, as a fraction: ``abort_failure_pct`` (0-100, what the CLI and
+    the dashboard send) or ``abort_failure_rate`` (a fraction, 0-1). One meaning per key: "1" was either
+    1 % or 100 % when one key took both."""
+    if spec.get("abort_failure_pct") is not None:
+        percent = float(spec["abort_failure_pct"])
+        if not 0 <= percent <= 100:
+            raise ValueError(f"abort_failure_pct must be between 0 and 100 (a percent), not {percent:g}")
+        return percent / 100
+    fraction = float(spec.get("abort_failure_rate") or 0.0)
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"abort_failure_rate is a fraction between 0 and 1, not {fraction:g} "
+                         "(for a percent, send abort_failure_pct)")
+    return fraction
+
+
 def create_deployment(db: Any, key: SigningKey, spec: dict, *, artifact_size: Callable[[str], int | None],
                       public_url: str) -> str:
     """Check ``spec``, sign its manifest and store the deployment with its waves; returns its id.
@@ -62,12 +78,12 @@ def create_deployment(db: Any, key: SigningKey, spec: dict, *, artifact_size: Ca
     try:
         canary = float(spec.get("canary_pct", 10.0))
         wave_size = int(spec["wave_size"]) if spec.get("wave_size") else None
-        options = {"canary_pct": canary, "wave_size": wave_size,
-                   "abort_failure_rate": float(spec.get("abort_failure_rate", 0.0)),
+        options = {"canary_pct": canary, "wave_size": wave_size, "abort_failure_rate": abort_fraction(spec),
                    "device_timeout_s": float(spec.get("device_timeout_s", DEFAULT_DEVICE_TIMEOUT_S)),
                    "pipeline": spec.get("pipeline")}
-    except (TypeError, ValueError):
-        raise ValueError("canary_pct, wave_size, abort_failure_rate and device_timeout_s must be numbers") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(str(exc) if "abort_failure" in str(exc) else "canary_pct, wave_size, abort_failure_pct "
+                         "and device_timeout_s must be numbers") from None
     options["canary_analysis"] = thresholds_from_spec(spec).to_options()
     waves = plan_waves(devices, canary_pct=canary, wave_size=wave_size)
     target = ("all" if spec.get("all") else f"group:{spec['group']}" if spec.get("group")

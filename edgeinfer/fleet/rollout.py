@@ -72,8 +72,8 @@ class RolloutRules:
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> RolloutRules:
-        rate = float(options.get("abort_failure_rate") or 0.0)
-        return cls(abort_failure_rate=rate / 100 if rate > 1 else rate,  # the CLI says percent
+        rate = float(options.get("abort_failure_rate") or 0.0)  # stored as a fraction (deployments.abort_fraction)
+        return cls(abort_failure_rate=rate / 100 if rate > 1 else rate,  # rows stored before then: a percent
                    device_timeout_s=float(options.get("device_timeout_s") or 600.0))
 
 

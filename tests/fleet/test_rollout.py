@@ -63,7 +63,7 @@ def test_waves_are_notified_one_after_another_and_the_rollout_succeeds(db):
 
 def test_a_failing_canary_aborts_and_nobody_else_is_notified(db):
     devices = [f"d{i}" for i in range(10)]
-    dep = deployment(db, devices, canary_pct=10, wave_size=3, abort=20)
+    dep = deployment(db, devices, canary_pct=10, wave_size=3, abort=0.2)
     notified: list[str] = []
     assert step(db, dep, notified.append) is None
     (canary,) = notified
@@ -131,3 +131,20 @@ def test_a_state_reporting_the_new_model_completes_a_device_whose_events_went_el
     assert not follow_state(db, running, "d0", new_model | {"online": False})
     assert follow_state(db, running, "d0", new_model)
     assert states(db, dep["deployment_id"]) == {"d0": "active", "d1": "notified"}
+
+
+def test_the_abort_rate_has_one_meaning_per_key():
+    """The CLI and the dashboard send a percent (abort_failure_pct), the stored rule is a fraction; a bare
+    abort_failure_rate is a fraction only — "1" used to mean 100 % when the CLI meant 1 %."""
+    from edgeinfer.fleet.deployments import abort_fraction
+    from edgeinfer.fleet.rollout import RolloutRules
+
+    assert abort_fraction({"abort_failure_pct": 1}) == 0.01
+    assert abort_fraction({"abort_failure_pct": 20}) == 0.2
+    assert abort_fraction({"abort_failure_rate": 0.2}) == 0.2 and abort_fraction({}) == 0.0
+    with pytest.raises(ValueError, match="abort_failure_pct"):
+        abort_fraction({"abort_failure_rate": 20})
+    with pytest.raises(ValueError, match="between 0 and 100"):
+        abort_fraction({"abort_failure_pct": 150})
+    assert RolloutRules.from_options({"abort_failure_rate": abort_fraction({"abort_failure_pct": 1})}) \
+        .abort_failure_rate == 0.01

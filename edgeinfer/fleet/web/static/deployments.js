@@ -91,7 +91,7 @@ function deployForm() {
     autocomplete: "off", placeholder: "group name, or ids separated by commas/spaces" });
   const canary = h("input", { id: "deploy-canary", type: "number", min: 0, max: 100, step: "any", "data-testid": "deploy-canary", placeholder: "server default" });
   const wave = h("input", { id: "deploy-wave-size", type: "number", min: 1, step: 1, "data-testid": "deploy-wave-size", placeholder: "server default" });
-  const abortRate = h("input", { id: "deploy-abort-rate", type: "number", min: 0, max: 1, step: "any", "data-testid": "deploy-abort-rate", placeholder: "server default" });
+  const abortRate = h("input", { id: "deploy-abort-rate", type: "number", min: 0, max: 100, step: "any", "data-testid": "deploy-abort-rate", placeholder: "0" });
   const timeout = h("input", { id: "deploy-timeout", type: "number", min: 1, step: 1, "data-testid": "deploy-timeout", placeholder: "server default" });
   const analysis = h("input", { id: "deploy-canary-analysis", type: "checkbox", checked: true, "data-testid": "deploy-canary-analysis" });
   const canaryWindow = h("input", { id: "deploy-canary-window", type: "number", min: 1, step: "any", "data-testid": "deploy-canary-window", placeholder: "300" });
@@ -116,7 +116,7 @@ function deployForm() {
       targetField,
       field("deploy-canary", "Canary %", canary, "0–100"),
       field("deploy-wave-size", "Wave size", wave, "devices per wave"),
-      field("deploy-abort-rate", "Abort failure rate", abortRate, "0–1, e.g. 0.2"),
+      field("deploy-abort-rate", "Abort failure rate (%)", abortRate, "0–100, e.g. 20, as edgeinfer deploy --abort-failure-rate"),
       field("deploy-timeout", "Device timeout (s)", timeout),
       field("deploy-canary-analysis", "Canary analysis", analysis, "judge the canary on its telemetry"),
       field("deploy-canary-window", "Canary window (s)", canaryWindow, "telemetry watched before judging"),
@@ -154,7 +154,7 @@ function deployForm() {
       return true;
     };
     if (!num(canary, "canary_pct", 0, 100) || !num(wave, "wave_size", 1, 1e9)
-      || !num(abortRate, "abort_failure_rate", 0, 1) || !num(timeout, "device_timeout_s", 1, 1e9)
+      || !num(abortRate, "abort_failure_pct", 0, 100) || !num(timeout, "device_timeout_s", 1, 1e9)
       || !num(canaryWindow, "canary_window_s", 1, 604800) || !num(maxLatency, "max_latency_regression", 0, 100000)
       || !num(maxDrift, "max_output_drift", 0, 1)) return;
     body.canary_analysis = analysis.checked;
