@@ -75,6 +75,8 @@ for _command in (db, simulate, token, enroll, enrollments, revoke, audit, broker
               help="Keep raw telemetry this long.")
 @click.option("--rollup-days", default=90.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Keep per-minute telemetry roll-ups and events this long.")
+@click.option("--audit-days", default=365.0, show_default=True, type=click.FloatRange(min=1),
+              help="Keep the audit log (who did what through the API) this long.")
 @click.option("--shared-group", help="Run as one of several managers: share telemetry and events through the MQTT 5 "
               f"shared subscription $share/GROUP/... (every manager of the fleet gives the same GROUP, e.g. "
               f"{SHARED_GROUP}).")
@@ -92,8 +94,8 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
                 tls_hosts: tuple[str, ...], ca: str | None, cert: str | None, key: str | None,
                 username: str | None, password_file: str | None, db_url: str | None, http: str,
                 public_url: str | None, data_dir: Path, manager_id: str | None, retention_days: float,
-                rollup_days: float, shared_group: str | None, lease_ttl: float, evidence_max_mb: float,
-                evidence_snapshot_max_mb: float, evidence_clip_max_mb: float) -> None:
+                rollup_days: float, audit_days: float, shared_group: str | None, lease_ttl: float,
+                evidence_max_mb: float, evidence_snapshot_max_mb: float, evidence_clip_max_mb: float) -> None:
     """Ingest every device's state, telemetry and events; serve artifacts and the API; run rollouts.
 
     Several managers may share one broker and one PostgreSQL (--db postgresql+psycopg://...): each
@@ -107,7 +109,8 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
                              broker_port=broker_port, broker_host=broker_host, device_broker_url=device_broker_url,
                              tls=tls, tls_hosts=tls_hosts, ca=ca, cert=cert, key=key, username=username,
                              password=password, manager_id=manager_id, raw_retention_days=retention_days,
-                             rollup_retention_days=rollup_days, lease_ttl_s=lease_ttl, shared_group=shared_group,
+                             rollup_retention_days=rollup_days, audit_retention_days=audit_days,
+                             lease_ttl_s=lease_ttl, shared_group=shared_group,
                              evidence_max_bytes=_mib(evidence_max_mb),
                              evidence_snapshot_max_bytes=_mib(evidence_snapshot_max_mb),
                              evidence_clip_max_bytes=_mib(evidence_clip_max_mb))

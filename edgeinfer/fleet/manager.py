@@ -72,6 +72,7 @@ class FleetSettings:
     lease_ttl_s: float = 10.0
     raw_retention_days: float = 7.0
     rollup_retention_days: float = 90.0
+    audit_retention_days: float = 365.0
     #: events' evidence (evidence.py): one snapshot, one clip at most; all evidence together (the oldest go)
     evidence_snapshot_max_bytes: int = 4 << 20
     evidence_clip_max_bytes: int = 64 << 20
@@ -268,7 +269,8 @@ class FleetManager:
         while not self._stop.is_set():
             try:
                 deleted = self.db.prune(raw_max_age_s=self.settings.raw_retention_days * DAY_S,
-                                        rollup_max_age_s=self.settings.rollup_retention_days * DAY_S)
+                                        rollup_max_age_s=self.settings.rollup_retention_days * DAY_S,
+                                        audit_max_age_s=self.settings.audit_retention_days * DAY_S)
                 if any(deleted.values()):
                     log.info("retention: deleted %s", deleted)
                 self.evidence.prune()

@@ -205,8 +205,11 @@ def test_retention_deletes_by_age(db):
         message = full_telemetry("cam-1", "d" * 32, seq, fps=1.0, p95=1.0) | {"ts": now - age_days * day}
         db.store_telemetry([("f", "cam-1", message)])
         db.store_events([("f", "cam-1", {"event": "fallback", "ts": now - age_days * 10 * day})])
+    for age_days in (400, 366, 30):
+        db.audit_many([{"actor": "ops", "role": "operator", "action": "deployment.create", "target": "x",
+                        "remote": "127.0.0.1", "detail": {}}], now=now - age_days * day)
     deleted = db.prune(raw_max_age_s=7 * day, rollup_max_age_s=90 * day, now=now, batch=1)
-    assert deleted == {"telemetry": 2, "telemetry_rollup": 0, "events": 1}  # events of 100 days
+    assert deleted == {"telemetry": 2, "telemetry_rollup": 0, "events": 1, "audit_log": 2}  # a year's audit kept
     assert [m["seq"] for m in db.device_telemetry("cam-1")] == [3, 4]
     assert len(db.device_rollups("cam-1")) == 4  # roll-ups stay longer
     assert db.prune(raw_max_age_s=7 * day, rollup_max_age_s=5 * day, now=now)["telemetry_rollup"] == 2

@@ -21,6 +21,8 @@ DEFAULT_DB_URL = "sqlite:///fleet.db"
 DAY_S = 86_400.0
 DEFAULT_RAW_RETENTION_S = 7 * DAY_S
 DEFAULT_ROLLUP_RETENTION_S = 90 * DAY_S
+#: who did what through the API: kept a year by default (`fleet serve --audit-days`)
+DEFAULT_AUDIT_RETENTION_S = 365 * DAY_S
 
 
 def create_engine(url: str) -> Any:
@@ -86,13 +88,14 @@ class FleetDB:
 
     def prune(self, *, raw_max_age_s: float = DEFAULT_RAW_RETENTION_S,
               rollup_max_age_s: float = DEFAULT_ROLLUP_RETENTION_S, events_max_age_s: float | None = None,
-              now: float | None = None, batch: int = 10_000) -> dict[str, int]:
-        """Delete raw telemetry, roll-ups and events past their age; rows deleted per table."""
+              audit_max_age_s: float = DEFAULT_AUDIT_RETENTION_S, now: float | None = None,
+              batch: int = 10_000) -> dict[str, int]:
+        """Delete raw telemetry, roll-ups, events and audit entries past their age; rows deleted per table."""
         now = time.time() if now is None else now
         events_max_age_s = rollup_max_age_s if events_max_age_s is None else events_max_age_s
         return writes.prune(self._sa, self.engine, self.t, raw_before=now - raw_max_age_s,
                             rollup_before=now - rollup_max_age_s, events_before=now - events_max_age_s,
-                            batch=batch)
+                            audit_before=now - audit_max_age_s, batch=batch)
 
     # ------------------------------------------------------------------------------ evidence
     def evidence_file(self, device_id: str, event_id: str, file: str) -> dict | None:

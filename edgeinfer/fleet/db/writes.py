@@ -186,11 +186,12 @@ def store_events(engine: Any, t: Tables, batch: Sequence[tuple[str, str, dict]])
 
 
 def prune(sa: Any, engine: Any, t: Tables, *, raw_before: float, rollup_before: float, events_before: float,
-          batch: int) -> dict[str, int]:
+          audit_before: float, batch: int) -> dict[str, int]:
     """Delete rows older than the given UNIX times, ``batch`` rows per transaction (short locks)."""
-    deleted = {"telemetry": 0, "telemetry_rollup": 0, "events": 0}
+    deleted = {"telemetry": 0, "telemetry_rollup": 0, "events": 0, "audit_log": 0}
     plans = ((t.telemetry, t.telemetry.c.id, t.telemetry.c.ts < raw_before, "telemetry"),
-             (t.events, t.events.c.id, t.events.c.ts < events_before, "events"))
+             (t.events, t.events.c.id, t.events.c.ts < events_before, "events"),
+             (t.audit, t.audit.c.id, t.audit.c.ts < audit_before, "audit_log"))
     for table, key, old, name in plans:
         while True:
             with engine.begin() as conn:
