@@ -29,6 +29,9 @@ def class_scores(output: np.ndarray, spec: TensorSpec) -> np.ndarray:
     import numpy as np
 
     scores = spec.dequantize(output).reshape(-1)
+    if not spec.quantized and np.issubdtype(np.asarray(output).dtype, np.unsignedinteger):
+        total = scores.sum()
+        return scores / total if total > 0 else scores  # see ClassificationDecoder._counts
     if scores.size and (scores.min() < -1e-6 or scores.max() > 1.0 + 1e-6):
         shifted = np.exp(scores - scores.max())
         scores = shifted / shifted.sum()
@@ -189,6 +192,9 @@ class ClassificationDecoder:
             info = np.iinfo(output.dtype)
             low, high = (info.min - self._zero) * self._scale, (info.max - self._zero) * self._scale
             self._probabilities = low >= -1e-6 and high <= 1.0 + 1e-6
+        # an unsigned integer output with no scale anywhere in the model (inspect_model notes it): a quantised
+        # softmax's steps, read as shares of their sum — a softmax of the raw integers would say ~1.0 for all
+        self._counts = not self._quantized and bool(np.issubdtype(output.dtype, np.unsignedinteger))
 
     def scores(self) -> np.ndarray:
         """Dequantised class probabilities (softmax applied to logits) in a reused buffer."""
@@ -199,6 +205,11 @@ class ClassificationDecoder:
         if self._quantized:
             np.subtract(scores, self._zero, out=scores)
             np.multiply(scores, self._scale, out=scores)
+        elif self._counts:
+            total = scores.sum()
+            if total > 0:
+                np.divide(scores, total, out=scores)
+            return scores
         if not self._probabilities and (scores.min() < -1e-6 or scores.max() > 1.0 + 1e-6):  # logits
             np.subtract(scores, scores.max(), out=scores)
             np.exp(scores, out=scores)

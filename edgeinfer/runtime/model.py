@@ -318,7 +318,8 @@ def _inspect_cached(path: str, mtime_ns: int, size: int, sidecar: tuple | None) 
     elif fmt is ModelFormat.ONNX:
         inputs, outputs = _onnx_specs(model_path)
         notes += [f"output {s.name!r} is {s.dtype} with no QuantizeLinear scale in the graph: its values are "
-                  "raw integers, not dequantised scores" for s in outputs if s.dtype in ("uint8", "int8")
+                  "raw integers (a classifier reads uint8 steps as shares of their sum)" for s in outputs
+                  if s.dtype in ("uint8", "int8")
                   and not s.quantized]
     elif fmt is ModelFormat.OPENVINO_IR:
         bin_path = model_path.with_suffix(".bin")

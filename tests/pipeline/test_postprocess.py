@@ -132,6 +132,17 @@ def test_classification_decoder_softmaxes_logits():
     assert [c.score for c in found] == pytest.approx(expected[:2].tolist(), rel=1e-5)
 
 
+def test_an_unsigned_integer_output_with_no_scale_is_read_as_shares_not_softmaxed():
+    """A quantised softmax whose scale the model does not carry (inspect_model notes it): its steps are
+    shares of their sum; a softmax of the raw integers would give the top class ~1.0 whatever they were."""
+    steps = np.array([[0, 64, 192, 0]], np.uint8)
+    spec = TensorSpec("probabilities", (1, 4), "uint8")  # no scale, no zero point
+    found = ClassificationDecoder(steps, spec, None, k=2)()
+    assert [(c.index, c.score) for c in found] == [(2, pytest.approx(0.75)), (1, pytest.approx(0.25))]
+    assert class_scores(steps, spec).tolist() == pytest.approx([0.0, 0.25, 0.75, 0.0])
+    assert ClassificationDecoder(np.zeros((1, 4), np.uint8), spec, None, k=1)()[0].score == 0.0  # nothing: 0
+
+
 def test_nms_suppresses_overlaps_within_a_class_only():
     boxes = np.array([[0, 0, 10, 10], [1, 1, 11, 11], [0, 0, 10, 10], [50, 50, 60, 60]], np.float32)
     scores = np.array([0.9, 0.8, 0.7, 0.6], np.float32)
