@@ -11,6 +11,9 @@ temporary folder and imported from there. Three variants, each a fresh process, 
     watchdog     this tree, defaults (watchdog and failover on)
     hooks-only   this tree, watchdog=False, failover=False (the per-frame hooks, no watchdog thread)
 
+and, in one process each, the watchdog on and off over the same engine: for a Pipeline, and for a
+MultiPipeline of two unpaced streams (its engine worker's watchdog: a timestamp and a lock per batch).
+
 Each process runs the model on generated frames as fast as it can (``policy=every``, unpaced
 synthetic source, a real photo) and reports frames per second after a warm-up, and the process's
 CPU time per frame. Variants run in rotating order over ``--reps`` repetitions so that noise from
@@ -58,6 +61,35 @@ for block in range(blocks):
                 if index == warmup:
                     t0 = time.perf_counter()
             fps[name].append((frames - warmup - 1) / (time.perf_counter() - t0))
+print(json.dumps({name: statistics.median(values) for name, values in fps.items()}))
+"""
+#: the same for a MultiPipeline (two unpaced streams on one engine): its engine worker's watchdog on and off
+MULTI_PAIR_WORKER = r"""
+import json, statistics, sys, threading, time
+import edgeinfer
+from edgeinfer import MultiPipeline
+from edgeinfer.capture import SyntheticSource
+model, image, frames, warmup = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+blocks = int(sys.argv[5])
+engine = edgeinfer.load(model, "xnnpack", threads=1)
+configs = {"watchdog": {}, "off": {"watchdog": False}}
+fps = {name: [] for name in configs}
+for block in range(blocks):
+    for name in (list(configs) if block % 2 == 0 else list(configs)[::-1]):
+        sources = {s: SyntheticSource((640, 480), fps=None, image=image) for s in ("a", "b")}
+        count, marks, done = [0], {}, threading.Event()
+        def on_result(_result):
+            count[0] += 1
+            if count[0] == warmup:
+                marks["t0"] = time.perf_counter()
+            elif count[0] == frames:
+                marks["t1"] = time.perf_counter()
+                done.set()
+        with MultiPipeline(engine, sources, policy="every", **configs[name]) as multi:
+            multi.start(on_result)
+            done.wait(600)
+            multi.stop()
+        fps[name].append((frames - warmup) / (marks["t1"] - marks["t0"]))
 print(json.dumps({name: statistics.median(values) for name, values in fps.items()}))
 """
 #: one process per variant: the pipeline before failover (imported from the unpacked baseline) or this tree
@@ -118,6 +150,9 @@ def bench_model(name: str, baseline_root: Path, reps: int, frames: int, warmup: 
             samples[variant].append(_worker(SINGLE_WORKER, root, str(model), image, str(frames), str(warmup), options))
     fps = {v: [s["fps"] for s in runs] for v, runs in samples.items()}
     base = statistics.median(fps["baseline"])
+    # 3. a MultiPipeline's engine worker watchdog, same engine, same process
+    multi = [_worker(MULTI_PAIR_WORKER, REPO, str(model), image, str(frames), str(warmup), "6") for _ in range(reps)]
+    multi_ratio = [p["watchdog"] / p["off"] for p in multi]
     return {
         "model": MODELS[name], "reps": reps, "frames": frames,
         "same_process": {"watchdog_fps_over_off": spread(watchdog_ratio),
@@ -126,6 +161,10 @@ def bench_model(name: str, baseline_root: Path, reps: int, frames: int, warmup: 
         "vs_baseline": {v: {"fps": spread(values), "ratio": round(statistics.median(values) / base, 4)}
                         for v, values in fps.items()},
         "watchdog_cost_pct": round((1 - statistics.median(watchdog_ratio)) * 100, 2),
+        "multi_same_process": {"watchdog_fps_over_off": spread(multi_ratio),
+                               "fps_watchdog": round(statistics.median(p["watchdog"] for p in multi), 1),
+                               "fps_off": round(statistics.median(p["off"] for p in multi), 1)},
+        "multi_watchdog_cost_pct": round((1 - statistics.median(multi_ratio)) * 100, 2),
         "hooks_cost_pct": round((1 - statistics.median(fps["hooks-only"]) / base) * 100, 2),
     }
 
@@ -157,8 +196,13 @@ def main() -> None:
         for variant, m in entry["vs_baseline"].items():
             f = m["fps"]
             print(f"  {variant:<11} {f['median']:8.1f} fps ({f['min']:.1f}-{f['max']:.1f})  x{m['ratio']:.3f}")
+        multi = entry["multi_same_process"]
+        mratio = multi["watchdog_fps_over_off"]
+        print(f"  MultiPipeline (2 streams) watchdog on / off: {multi['fps_watchdog']:.1f} / {multi['fps_off']:.1f} "
+              f"fps  x{mratio['median']:.3f} ({mratio['min']:.3f}-{mratio['max']:.3f})")
         print(f"  cost: watchdog {entry['watchdog_cost_pct']:+.2f} % fps, per-frame hooks "
-              f"{entry['hooks_cost_pct']:+.2f} % vs the pipeline before failover")
+              f"{entry['hooks_cost_pct']:+.2f} % vs the pipeline before failover, MultiPipeline watchdog "
+              f"{entry['multi_watchdog_cost_pct']:+.2f} %")
 
 
 if __name__ == "__main__":
