@@ -593,12 +593,16 @@ def test_a_real_agent_counts_the_scene_and_its_events_arrive_with_their_evidence
         listed = fleet.events("device=cam-e2e&event=rule_triggered")
         return listed if len(listed) == expected and all(e["evidence"]["clip"] for e in listed) else []
 
+    folder = tmp_path / "data" / "evidence" / "main"
     with AgentProcess(config, tmp_path / "agent.log") as agent:
         assert wait_until(lambda: bool(arrived()), 90, 0.2), (fleet.events("device=cam-e2e"), agent.output())
+        # the agent marks a folder uploaded once the manager's answer is back, after the manager has stored it:
+        # stopping the agent as soon as the manager lists everything could leave the last mark unwritten
+        assert wait_until(lambda: all((folder / e["data"]["event_id"] / "uploaded").exists()
+                                      for e in arrived()), 30, 0.1), agent.output()
     listed = arrived()
     assert sorted(e["data"]["kind"] for e in listed) == sorted(["line_crossed"] * (truth["in"] + truth["out"])
                                                                 + ["zone_entered"] * truth["zone_entries"])
-    folder = tmp_path / "data" / "evidence" / "main"
     for event in listed:
         event_id = event["data"]["event_id"]
         assert event["data"]["upload"] is True and event["evidence"]["frames"] == event["data"]["frames"]
