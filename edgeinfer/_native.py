@@ -9,6 +9,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 log = logging.getLogger("edgeinfer.native")
 _lock = threading.Lock()
@@ -48,32 +49,32 @@ def captured_native_stderr(what: str) -> Iterator[None]:
 _M_ARENA_MAX = -8
 
 
+def _glibc() -> Any:
+    """The C library of this process where it is glibc on Linux (it has ``mallopt`` and ``malloc_trim``),
+    else None (musl, macOS)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
 def cap_malloc_arenas(arenas: int = 2) -> bool:
     """Let glibc's malloc use at most ``arenas`` arenas (it makes up to 8 per core, one per thread that
     allocates): the agent's threads otherwise each keep an arena's worth of freed memory resident.
     Measured on the agent running MobileNet v2: 3.7 MiB less RSS. An explicit ``MALLOC_ARENA_MAX``
     wins; False where this is not glibc (musl, macOS) or it refused."""
-    if os.environ.get("MALLOC_ARENA_MAX") or not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    return bool(mallopt(_M_ARENA_MAX, int(arenas)))
+    libc = None if os.environ.get("MALLOC_ARENA_MAX") else _glibc()
+    return libc is not None and bool(libc.mallopt(_M_ARENA_MAX, int(arenas)))
 
 
 def trim_malloc() -> bool:
     """Give the heap's free pages back to the kernel (glibc's ``malloc_trim(0)``). Loading a model frees a
     lot it used only while loading (the file read, weights repacked for XNNPACK), which glibc keeps
     resident otherwise: 4.4 MiB with MobileNet v2. False where this is not glibc."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        return bool(ctypes.CDLL(None).malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
+    libc = _glibc()
+    return libc is not None and bool(libc.malloc_trim(0))

@@ -61,9 +61,9 @@ class EvidenceUploader:
             self._headers = basic_auth(*credentials)
         self._context = None
         if cafile:
-            import ssl
+            from ..updates.download import https_context
 
-            self._context = ssl.create_default_context(cafile=cafile)
+            self._context = https_context(cafile)
         self._emit = emit
         self._backoff = backoff or Backoff(initial_s=1.0, max_s=60.0, jitter=EQUAL_JITTER)
         self._queue: deque[tuple[str | None, Path]] = deque()

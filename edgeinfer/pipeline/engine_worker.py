@@ -82,6 +82,8 @@ class EngineWorker:
         self.owns_engine = owns_engine
         self.task = get_task(options.task)
         self._labels, self._settings = labels, options.decoder_settings()
+        self.streams: tuple[Stream, ...] = ()
+        self.watchdog: InvokeWatchdog | None = None  # started with the worker (start())
         self._use(engine)
         # an invoke that fails: the plan's next delegate serves every stream of this worker
         self.failover = WorkerFailover(engine, options, check=self._check, install=self._use)
@@ -95,7 +97,6 @@ class EngineWorker:
         self._timeout: float | None = None  # how long to wait for a wake-up before a paced stream is due
         self._signal = threading.Semaphore(0)
         self._lock = threading.Lock()
-        self.streams: tuple[Stream, ...] = ()
         self._next = 0
         self._stopping = False
         self.invokes = 0
@@ -104,7 +105,6 @@ class EngineWorker:
         # the watchdog's view: when the invoke in progress began (0: none), and the recent invoke times
         self.invoke_started = 0.0
         self.invoke_stats = StatsRing(RECENT_INVOKES)
-        self.watchdog: InvokeWatchdog | None = None
         self._batch_frames = 0
         self._swap: tuple[Engine, threading.Event] | None = None  # a model update waiting for a batch boundary
         #: which thread serves the streams: one whose epoch is stale was abandoned in a hung invoke
@@ -125,11 +125,11 @@ class EngineWorker:
         self._decoders = [self.task.decoder(BatchRow(engine, b), self._labels, self._settings)  # type: ignore[arg-type]
                           for b in range(self.batch)]
         self._rows = [BatchRow(engine, b).input_view(0) for b in range(self.batch)]
-        for stream in getattr(self, "streams", ()):
+        for stream in self.streams:
             stream.binding.replace(BatchRow(engine, 0))  # type: ignore[arg-type]
             stream.binding.owns_engine = False
-        if getattr(self, "watchdog", None) is not None:
-            self.watchdog.engine_changed()  # type: ignore[union-attr]  # its own invokes set the bound again
+        if self.watchdog is not None:
+            self.watchdog.engine_changed()  # its own invokes set the bound again
 
     def _check(self, engine: Engine) -> None:
         """ValueError when a replacement engine cannot serve the streams' task."""
@@ -203,7 +203,8 @@ class EngineWorker:
             self._install_update(old, engine)
             return old
         done = threading.Event()
-        self._swap = (engine, done)
+        with self._lock:
+            self._swap = (engine, done)
         self.wake()
         if not done.wait(timeout):
             with self._lock:

@@ -28,13 +28,27 @@ def class_scores(output: np.ndarray, spec: TensorSpec) -> np.ndarray:
     """Dequantised 1-D class scores in [0, 1] (softmax applied when the model emits logits)."""
     import numpy as np
 
-    scores = spec.dequantize(output).reshape(-1)
-    if not spec.quantized and np.issubdtype(np.asarray(output).dtype, np.unsignedinteger):
+    scores = np.array(spec.dequantize(output), dtype=np.float32).reshape(-1)  # a copy: normalised in place
+    counts = not spec.quantized and bool(np.issubdtype(np.asarray(output).dtype, np.unsignedinteger))
+    return as_probabilities(scores, counts=counts)
+
+
+def as_probabilities(scores: np.ndarray, *, counts: bool = False, probabilities: bool = False) -> np.ndarray:
+    """``scores`` (dequantised, 1-D float) made class probabilities, in place. ``counts``: an unsigned integer
+    output with no scale anywhere in the model (inspect_model notes it) — a quantised softmax's steps, read
+    as shares of their sum (a softmax of the raw integers would say ~1.0 whatever they were);
+    ``probabilities``: the output's whole range lies in [0, 1]; otherwise values outside [0, 1] are logits,
+    softmaxed."""
+    import numpy as np
+
+    if counts:
         total = scores.sum()
-        return scores / total if total > 0 else scores  # see ClassificationDecoder._counts
-    if scores.size and (scores.min() < -1e-6 or scores.max() > 1.0 + 1e-6):
-        shifted = np.exp(scores - scores.max())
-        scores = shifted / shifted.sum()
+        if total > 0:
+            np.divide(scores, total, out=scores)
+    elif not probabilities and scores.size and (scores.min() < -1e-6 or scores.max() > 1.0 + 1e-6):
+        np.subtract(scores, scores.max(), out=scores)
+        np.exp(scores, out=scores)
+        np.divide(scores, scores.sum(), out=scores)
     return scores
 
 
@@ -192,8 +206,7 @@ class ClassificationDecoder:
             info = np.iinfo(output.dtype)
             low, high = (info.min - self._zero) * self._scale, (info.max - self._zero) * self._scale
             self._probabilities = low >= -1e-6 and high <= 1.0 + 1e-6
-        # an unsigned integer output with no scale anywhere in the model (inspect_model notes it): a quantised
-        # softmax's steps, read as shares of their sum — a softmax of the raw integers would say ~1.0 for all
+        # an unsigned integer output with no scale anywhere in the model (see as_probabilities)
         self._counts = not self._quantized and bool(np.issubdtype(output.dtype, np.unsignedinteger))
 
     def scores(self) -> np.ndarray:
@@ -205,16 +218,7 @@ class ClassificationDecoder:
         if self._quantized:
             np.subtract(scores, self._zero, out=scores)
             np.multiply(scores, self._scale, out=scores)
-        elif self._counts:
-            total = scores.sum()
-            if total > 0:
-                np.divide(scores, total, out=scores)
-            return scores
-        if not self._probabilities and (scores.min() < -1e-6 or scores.max() > 1.0 + 1e-6):  # logits
-            np.subtract(scores, scores.max(), out=scores)
-            np.exp(scores, out=scores)
-            np.divide(scores, scores.sum(), out=scores)
-        return scores
+        return as_probabilities(scores, counts=self._counts, probabilities=self._probabilities)
 
     def __call__(self, transform: object = None) -> list[Classification]:
         import numpy as np

@@ -57,7 +57,9 @@ class OnnxGraph:
     scalars: dict[str, float | int | bool] = field(default_factory=dict)
 
 
-def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+def varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """The protobuf varint at ``buf[pos]`` and the position after it (ModelFormatError "truncated varint"
+    past ``end``, "varint too long" beyond 64 bits)."""
     result, shift = 0, 0
     while True:
         if pos >= end:
@@ -77,14 +79,14 @@ def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, i
     value in ``a``; for length-delimited and fixed-size fields, the value's bytes are ``buf[a:b]``."""
     pos = start
     while pos < end:
-        tag, pos = _varint(buf, pos, end)
+        tag, pos = varint(buf, pos, end)
         number, wire = tag >> 3, tag & 7
         if wire == 0:
-            value, pos = _varint(buf, pos, end)
+            value, pos = varint(buf, pos, end)
             yield number, wire, value, 0
             continue
         if wire == 2:
-            size, pos = _varint(buf, pos, end)
+            size, pos = varint(buf, pos, end)
         elif wire in (1, 5):
             size = 8 if wire == 1 else 4
         else:
@@ -106,7 +108,7 @@ def _varints(buf: bytes, number_wire_a_b: tuple[int, int, int, int]) -> list[int
         return [a]
     values, pos = [], a
     while pos < b:
-        value, pos = _varint(buf, pos, b)
+        value, pos = varint(buf, pos, b)
         values.append(value)
     return values
 

@@ -112,18 +112,11 @@ def _looks_like_onnx(path: Path, size: int) -> None:
 
         def varint() -> int:
             nonlocal pos
-            result, shift = 0, 0
-            while True:
-                if pos >= len(data):
-                    raise ModelFormatError("truncated")
-                byte = data[pos]
-                pos += 1
-                result |= (byte & 0x7F) << shift
-                if not byte & 0x80:
-                    return result
-                shift += 7
-                if shift > 63:
-                    raise ModelFormatError("bad varint")
+            try:
+                value, pos = _onnx_schema.varint(data, pos, len(data))
+            except ModelFormatError as exc:  # "truncated" is what detect_format tells a cut-short file by
+                raise ModelFormatError("truncated" if "truncated" in str(exc) else "bad varint") from None
+            return value
 
         while offset + pos < size:
             if pos > len(data) - 16 and offset + len(data) < size:  # refill the window

@@ -41,6 +41,14 @@ def basic_auth(username: str, password: str) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
+def https_context(cafile: str) -> ssl.SSLContext:
+    """A client context that verifies an https fleet manager against ``cafile`` (the fleet's CA). ``ssl`` is
+    imported here: an agent on plain MQTT and HTTP never loads OpenSSL (edgeinfer/_defer.py)."""
+    import ssl
+
+    return ssl.create_default_context(cafile=cafile)
+
+
 def _announced_total(response, have: int) -> int | None:
     """The artifact's full size as the server states it (Content-Range total or Content-Length)."""
     if response.status == 206:

@@ -12,24 +12,14 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import UpdateRejected
-from .download import basic_auth, download
+from .download import basic_auth, download, https_context
 from .signing import Manifest, VerifyKey
 from .slots import InstalledModel, ModelSlots
 from .validate import DEFAULT_VALIDATE_TIMEOUT_S, validate_in_subprocess
 
-if TYPE_CHECKING:
-    import ssl
-
 log = logging.getLogger(__name__)
-
-
-def _https_context(cafile: str) -> ssl.SSLContext:
-    import ssl  # only for an https fleet manager: an agent on plain MQTT and HTTP never loads OpenSSL
-
-    return ssl.create_default_context(cafile=cafile)
 
 
 class Updater:
@@ -47,7 +37,7 @@ class Updater:
         self.delegate = delegate
         self.validate_timeout_s = validate_timeout_s
         self.headers = basic_auth(*credentials) if credentials else {}
-        self.context = _https_context(cafile) if cafile else None
+        self.context = https_context(cafile) if cafile else None
         self.grant = grant
 
     def check(self, manifest_data: dict, signature: str) -> Manifest:
