@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Sequence
 
 
 def _normalise(name: str) -> str:
@@ -57,21 +58,29 @@ def _metadata_version(folder: str) -> str | None:
 
 def version(name: str) -> str | None:
     """The installed version of distribution ``name`` (``"opencv-python-headless"``), None when not installed."""
+    return versions((name,))[name]
+
+
+def versions(names: Sequence[str]) -> dict[str, str | None]:
+    """:func:`version` of each of ``names``, from one look at ``sys.path``."""
     folders = _info_folders()
     if folders is None:
-        from importlib.metadata import PackageNotFoundError
-        from importlib.metadata import version as metadata_version
-
-        try:
-            return metadata_version(name)
-        except PackageNotFoundError:
-            return None
-    wanted = _normalise(name)
+        return {name: _metadata_version_of(name) for name in names}
+    found: dict[str, str] = {}  # normalised name -> its first folder on the path, as the import system finds it
     for folder in folders:
         stem = os.path.basename(folder).rpartition(".")[0]  # name-version, or name[-version[-pyX.Y]] for an egg
-        if _normalise(stem.split("-")[0]) == wanted:
-            return _metadata_version(folder)
-    return None
+        found.setdefault(_normalise(stem.split("-")[0]), folder)
+    return {name: _metadata_version(found[key]) if (key := _normalise(name)) in found else None for name in names}
+
+
+def _metadata_version_of(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as metadata_version
+
+    try:
+        return metadata_version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def entry_points(group: str) -> dict[str, str]:

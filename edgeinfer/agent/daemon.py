@@ -341,8 +341,8 @@ class Agent:
         self._last_tick = now
         link_status = self._link.status.to_dict() if self._link is not None else None
         message = telemetry_message(self.topics, self.boot, interval_s=window_s, pipelines=self._pipeline_windows(),
-                                    system=self.probe.sample(), spool=self._spool_figures(), mqtt=link_status,
-                                    footprint=footprint_section(self._runners))
+                                    system=(system := self.probe.sample()), spool=self._spool_figures(),
+                                    mqtt=link_status, footprint=footprint_section(self._runners, system))
         self.figures.latest = message
         self._spool_message(self.topics.telemetry, message, PRIORITY_TELEMETRY)
 

@@ -18,11 +18,11 @@ VERSION_PACKAGES = ("paho-mqtt", "ai-edge-litert", "tflite-runtime", "onnxruntim
 
 def software_versions() -> dict[str, str | None]:
     """edgeinfer, Python and the installed runtimes' versions, read from package metadata (nothing imported)."""
-    from .._dist import version
+    from .._dist import versions
 
     out: dict[str, str | None] = {"edgeinfer": __version__, "python": platform.python_version(),
                                   "protocol": str(PROTOCOL_VERSION)}
-    out.update({name: version(name) for name in VERSION_PACKAGES})
+    out.update(versions(VERSION_PACKAGES))
     return out
 
 

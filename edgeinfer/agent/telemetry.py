@@ -353,18 +353,18 @@ def process_age_s(proc: str | os.PathLike[str] = "/proc") -> float | None:
         return None
 
 
-def footprint_section(runners: Any = ()) -> dict[str, Any]:
-    """The ``footprint`` section: RSS now and at its peak, the runtimes loaded, and how long after the
-    process started the first result of any pipeline came (its cold start)."""
+def footprint_section(runners: Any, system: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``footprint`` section: RSS now (the same window's ``system`` sample's, read before the peak is:
+    the peak is never below it) and at its peak, the runtimes loaded, and how long after the process
+    started the first result of any pipeline came (its cold start)."""
     import sys
 
-    rss = SystemProbe().rss_bytes()  # before the peak: the peak read after it is never below it
     peak = None
     with contextlib.suppress(OSError, ValueError, IndexError):
         status = Path("/proc/self/status").read_text()
         peak = int(status.split("VmHWM:")[1].split()[0]) * 1024
     firsts = [r.first_result_s for r in runners if getattr(r, "first_result_s", None) is not None]
-    return {"rss_bytes": rss, "peak_rss_bytes": peak,
+    return {"rss_bytes": system.get("rss_bytes"), "peak_rss_bytes": peak,
             "runtimes": [name for name in FOOTPRINT_MODULES if name in sys.modules],
             "first_result_s": round(min(firsts), 3) if firsts else None}
 
