@@ -169,7 +169,8 @@ class UpdateService:
             engine = self._load(runner, staged.path)
         except EdgeInferError as exc:
             return False, f"load_failed: {exc}"
-        baseline = (pipeline.stats.stages.get("infer") or {}).get("p50")
+        stats = runner.stats()
+        baseline = (stats.stages.get("infer") or {}).get("p50") if stats is not None else None
         gate = HealthGate(frames=self.config.update_health_frames, baseline_infer_ms=baseline,
                           max_factor=self.config.update_max_latency_factor)
         verdict: list[bool] = []

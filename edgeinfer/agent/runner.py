@@ -1,11 +1,15 @@
 """One supervised pipeline: built and watched in its own thread, restarted with backoff when it fails.
 
-:class:`PipelineRunner` runs in thread ``edgeinfer-pipeline-<name>``: it builds the
-:class:`edgeinfer.Pipeline`, watches it, reports ``pipeline_started`` / ``fallback`` /
-``pipeline_ended`` / ``pipeline_failed`` / ``pipeline_restarting`` events through the ``emit``
-function it is given, and restarts a failed pipeline with exponential backoff and equal jitter (a
-run that lasted :data:`STABLE_RUN_S` resets it). Between telemetry ticks it hands out the
-pipeline's stats window; a model update hot-swaps the engine through :meth:`~PipelineRunner.swap_engine`.
+:class:`PipelineRunner` runs in thread ``edgeinfer-pipeline-<name>``: it builds the run — one
+:class:`~edgeinfer.pipeline.multi.MultiPipeline` for a ``pipelines:`` entry, of one unnamed stream for a
+``source`` (what :class:`edgeinfer.Pipeline` runs) or of every named stream of ``sources`` on one engine,
+failed streams opened again on the pipeline's backoff — watches it, reports ``pipeline_started`` /
+``fallback`` / ``pipeline_ended`` / ``pipeline_failed`` / ``pipeline_restarting`` (and, with several
+sources, ``stream_failed`` / ``stream_restored`` / ``stream_ended``) events through the ``emit``
+function it is given, and restarts a failed pipeline with exponential backoff and equal jitter (a run
+that lasted :data:`STABLE_RUN_S` resets it). Between telemetry ticks it hands out the pipeline's stats
+window (with several sources, a :class:`~edgeinfer.pipeline.stats.RunStats`: the aggregate and each
+stream's); a model update hot-swaps the engine through :meth:`~PipelineRunner.swap_engine`.
 """
 
 from __future__ import annotations
@@ -16,11 +20,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._backoff import EQUAL_JITTER, Backoff
 from ..errors import EdgeInferError
+from ..pipeline.stats import PipelineStats, combine_streams, merge_stats
 from .pipeline_config import PipelineConfig
+
+if TYPE_CHECKING:
+    from ..pipeline.failover import DelegateEvent
+    from ..pipeline.multi import MultiPipeline, StreamEvent
+    from ..runtime.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -29,40 +39,40 @@ STABLE_RUN_S = 60.0
 #: how long "wait for a stop or a restart command" waits (for ever, in practice)
 _UNTIL_TOLD = 1e9
 
-PipelineFactory = Callable[[PipelineConfig], Any]
+PipelineFactory = Callable[[PipelineConfig], "MultiPipeline"]
 #: ``emit(event, level, message, *, pipeline=None, cmd_id=None, data=None)``: report an event
 EmitFn = Callable[..., None]
 
 
-def default_pipeline_factory(config: PipelineConfig) -> Any:
-    """Build an :class:`edgeinfer.Pipeline` from a pipeline config (not started); a config with ``sources``
-    builds one MultiPipeline for every stream, behind a Pipeline's face (:mod:`.multi_source`)."""
-    try:
-        from ..pipeline.core import Pipeline
-        from .multi_source import MultiSourcePipeline
-    except ImportError as exc:  # a build without the pipeline module
-        raise EdgeInferError(f"this edgeinfer has no pipeline module ({exc}); install a release with "
-                             "edgeinfer.pipeline") from exc
+def default_pipeline_factory(config: PipelineConfig) -> MultiPipeline:
+    """The run of a pipeline config (not started): one unnamed stream for ``source``; for ``sources``, every
+    named stream on one engine (``batch`` frames per invoke where the delegate batches), a failed stream
+    opened again on the pipeline's backoff unless ``restart: never``."""
+    from ..pipeline.multi import MultiPipeline
+
     if config.sources:
-        return MultiSourcePipeline(config)
-    return Pipeline(config.model, config.source, config.options)
+        sources = {stream.name: stream.source for stream in config.sources}
+        return MultiPipeline(config.model, sources, config.options, batch=config.batch, name=config.name,
+                             reopen=config.restart != "never")
+    return MultiPipeline(config.model, {"": config.source}, config.options, name=config.name)
 
 
-def merge_windows(first: Any, second: Any) -> Any:
-    """Two consecutive windows of one pipeline as one (frames and drops add up; the later figures win)."""
-    if first is None or second is None:
-        return second if first is None else first
-    if hasattr(first, "streams") or hasattr(second, "streams"):  # several sources: per stream too
-        from .multi_source import merge_multi_windows
+def pipeline_window(config: PipelineConfig, pipeline: MultiPipeline,
+                    windows: dict[str, PipelineStats]) -> PipelineStats | None:
+    """What telemetry reports of a pipeline's per-stream ``windows``: one source, its stream's figures; several,
+    their aggregate (a RunStats) with each stream's window and status, in config order."""
+    sources = config.sources
+    if not sources:
+        return windows.get("")
+    status = {entry["name"]: entry["status"] for entry in pipeline.stream_status()}
+    ordered = {stream.name: windows[stream.name] for stream in sources if stream.name in windows}
+    return combine_streams(ordered, status, delegate=pipeline.engine.description, source=source_text(config))
 
-        return merge_multi_windows(first, second)
-    with contextlib.suppress(TypeError, ValueError):
-        from ..pipeline.outputs import merge_summaries
 
-        return dataclasses.replace(second, frames=first.frames + second.frames,
-                                   dropped=first.dropped + second.dropped,
-                                   outputs=merge_summaries(first.outputs, second.outputs))
-    return second
+def source_text(config: PipelineConfig) -> str:
+    """The pipeline's source, or its streams as ``name=source, ...``."""
+    sources = config.sources
+    return ", ".join(f"{s.name}={s.source}" for s in sources) if sources else str(config.source)
 
 
 #: what a ``rule_triggered`` event carries of the pipeline's event (never the device's file paths)
@@ -95,8 +105,8 @@ class PipelineRunner:
         self._stop = threading.Event()
         self._restart_requested = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pipeline: Any = None
-        self._leftover: Any = None
+        self._pipeline: MultiPipeline | None = None
+        self._leftover: PipelineStats | None = None
         self.status = "starting"
         self.restarts = 0
         self.last_error: str | None = None
@@ -112,8 +122,8 @@ class PipelineRunner:
         self.first_result_s: float | None = None
 
     @property
-    def pipeline(self) -> Any:
-        """The running Pipeline, or None between runs."""
+    def pipeline(self) -> MultiPipeline | None:
+        """The running pipeline, or None between runs."""
         with self._lock:
             return self._pipeline
 
@@ -145,7 +155,7 @@ class PipelineRunner:
         """Same as stop(); idempotent."""
         self.stop()
 
-    def swap_engine(self, engine: Any, *, version: str | None = None) -> Any:
+    def swap_engine(self, engine: Engine, *, version: str | None = None) -> Engine:
         """Hot-swap the running pipeline's engine between two frames (capture keeps going).
 
         Later restarts load the new model too. Returns the previous engine, which the caller closes
@@ -165,35 +175,36 @@ class PipelineRunner:
         self._on_change()
         return old
 
-    def take_window(self) -> Any:
-        """Stats since the previous call (PipelineStats), or None when nothing ran in the window."""
+    def take_window(self) -> PipelineStats | None:
+        """Stats since the previous call (with several sources a RunStats), or None when nothing ran in the window."""
         with self._lock:
             pipeline, leftover, self._leftover = self._pipeline, self._leftover, None
             current = None
             if pipeline is not None:
                 try:
-                    current = pipeline.take_window()
+                    current = self._window_of(pipeline)
                 except Exception:
                     log.exception("pipeline %s: take_window failed", self.name)
-        window = merge_windows(leftover, current)
-        events = getattr(window, "events", None)
-        if events:  # several sources: what happened to the streams in the window
-            window = dataclasses.replace(window, events=())
-            for event in events:
-                self._emit(event.kind, event.level, event.message, pipeline=self.name, data=event.data)
-            self._on_change()
-        return window
+        return merge_stats(leftover, current)
+
+    def stats(self) -> PipelineStats | None:
+        """The running pipeline's stats since it started (the streams' aggregate), or None between runs."""
+        pipeline = self.pipeline
+        return pipeline_window(self.config, pipeline, pipeline.stats()) if pipeline is not None else None
+
+    def _window_of(self, pipeline: MultiPipeline) -> PipelineStats | None:
+        return pipeline_window(self.config, pipeline, pipeline.take_window())
 
     def describe(self) -> dict[str, Any]:
         """This pipeline's entry in the ``state`` message (with several sources: each stream's too)."""
         sources = self.config.sources
-        source = ", ".join(f"{s.name}={s.source}" for s in sources) if sources else self.config.source
-        entry = {"name": self.name, "status": self.status, "task": self.config.task, "source": str(source),
+        entry = {"name": self.name, "status": self.status, "task": self.config.task, "source": source_text(self.config),
                  "delegate": self.delegate, "fallback_reason": self.fallback_reason, "error": self.last_error,
                  "restarts": self.restarts, "model": dict(self.model), "degraded": self.degraded,
                  "delegate_wanted": self.delegate_wanted}
         if sources:
-            live = {s["name"]: s for s in getattr(self.pipeline, "stream_status", list)()}
+            pipeline = self.pipeline
+            live = {s["name"]: s for s in pipeline.stream_status()} if pipeline is not None else {}
             entry["streams"] = [live.get(s.name) or {"name": s.name, "source": str(s.source), "status": self.status,
                                                      "error": None} for s in sources]
         return entry
@@ -218,8 +229,7 @@ class PipelineRunner:
             pipeline = None
             try:
                 pipeline = self._factory(self.config)
-                self._follow_delegates(pipeline)
-                self._follow_events(pipeline)
+                self._follow(pipeline)
                 pipeline.start()
             except Exception as exc:
                 error = exc
@@ -276,7 +286,7 @@ class PipelineRunner:
                    data={"delay_s": round(delay, 2), "attempt": attempt, "restarts": self.restarts})
         return delay
 
-    def _watch(self, pipeline: Any) -> tuple[BaseException | None, bool]:
+    def _watch(self, pipeline: MultiPipeline) -> tuple[BaseException | None, bool]:
         """Publish the running pipeline, wait until it ends or we are told to stop; (error, restart requested)."""
         self._report_started(pipeline)
         try:
@@ -291,21 +301,25 @@ class PipelineRunner:
             with self._lock:
                 self._pipeline = None
                 try:
-                    self._leftover = merge_windows(self._leftover, pipeline.take_window())
-                    self.last_run_frames = int(pipeline.stats.frames)
+                    self._leftover = merge_stats(self._leftover, self._window_of(pipeline))
+                    self.last_run_frames = sum(stats.frames for stats in pipeline.stats().values())
                 except Exception:
                     log.debug("final stats failed", exc_info=True)
-            error = None if requested else getattr(pipeline, "error", None)
+            error = None if requested else pipeline.error
             with contextlib.suppress(Exception):
                 pipeline.close()
         return error, requested and not self._stop.is_set()
 
-    def _follow_delegates(self, pipeline: Any) -> None:
-        """Report the pipeline's delegate failovers and failbacks (it goes on running through them)."""
+    def _follow(self, pipeline: MultiPipeline) -> None:
+        """Report the pipeline's delegate failovers and failbacks (it goes on running through them), what
+        its event rules fire (``rule_triggered``, once the evidence is written) and, with several sources,
+        what happens to its streams."""
         self.degraded, self.delegate_wanted = False, None
-        add_listener = getattr(pipeline, "add_delegate_listener", None)
-        if add_listener is not None:
-            add_listener(self._on_delegate_event)
+        pipeline.add_delegate_listener(self._on_delegate_event)
+        if self.config.events:
+            pipeline.add_event_listener(self._on_rule_event)
+        if self.config.sources:
+            pipeline.add_stream_listener(self._on_stream_event)
 
     def _first_result(self, _result: Any) -> None:
         """An observer until a run's first result: the agent's cold start (the first run's, counted from
@@ -313,18 +327,13 @@ class PipelineRunner:
         from .._native import trim_malloc
 
         pipeline = self.pipeline
-        if pipeline is not None and hasattr(pipeline, "remove_observer"):
+        if pipeline is not None:
             pipeline.remove_observer(self._first_result)
         if self.first_result_s is None:
             from .telemetry import process_age_s
 
             self.first_result_s = process_age_s()
         trim_malloc()
-
-    def _follow_events(self, pipeline: Any) -> None:
-        """Report what the pipeline's event rules fire (``rule_triggered``), once its evidence is written."""
-        if self.config.events and hasattr(pipeline, "add_event_listener"):
-            pipeline.add_event_listener(self._on_rule_event)
 
     def _on_rule_event(self, event: dict) -> None:
         data = rule_event_data(event, upload=self._on_evidence is not None)
@@ -336,7 +345,11 @@ class PipelineRunner:
         if self._on_evidence is not None and event.get("clip"):
             self._on_evidence(event, self.name)
 
-    def _on_delegate_event(self, event: Any) -> None:
+    def _on_stream_event(self, event: StreamEvent) -> None:
+        self._emit(event.kind, event.level, event.message, pipeline=self.name, data=event.data)
+        self._on_change()
+
+    def _on_delegate_event(self, event: DelegateEvent) -> None:
         self.delegate = event.delegate
         self.degraded = event.kind == "delegate_fallback"
         self.delegate_wanted = event.wanted if self.degraded else None
@@ -349,20 +362,17 @@ class PipelineRunner:
                    data=event.to_dict())
         self._on_change()
 
-    def _report_started(self, pipeline: Any) -> None:
+    def _report_started(self, pipeline: MultiPipeline) -> None:
         """Take the delegate and model the pipeline runs on, make it the current one, and say so."""
-        engine = getattr(pipeline, "engine", None)
-        model_info = getattr(engine, "model", None)
-        self.delegate = getattr(engine, "description", None)
-        self.fallback_reason = getattr(engine, "fallback_reason", None)
-        if model_info is not None:
-            self.model = {"path": str(getattr(model_info, "path", self.config.model)),
-                          "sha256": getattr(model_info, "sha256", None), "version": self.config.version,
-                          "format": getattr(getattr(model_info, "format", None), "value", None)}
+        engine = pipeline.engine
+        info = engine.model
+        self.delegate = engine.description
+        self.fallback_reason = engine.fallback_reason
+        self.model = {"path": str(info.path), "sha256": info.sha256, "version": self.config.version,
+                      "format": info.format.value}
         with self._lock:
             self._pipeline = pipeline
-        if hasattr(pipeline, "add_observer"):
-            pipeline.add_observer(self._first_result)
+        pipeline.add_observer(self._first_result)
         self.last_error = None
         self._set_status("running")
         self._emit("pipeline_started", "info", f"pipeline {self.name} running on {self.delegate}",

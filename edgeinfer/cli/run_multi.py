@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from typing import Any
 
@@ -29,23 +28,15 @@ def stream_names(sources: tuple[str, ...]) -> dict[str, str]:
     return named
 
 
-def run_streams(model: str, sources: tuple[str, ...], *, batch: int | None, max_frames: int | None, as_json: bool,
-                **options: Any) -> None:
+def run_streams(model: str, sources: tuple[str, ...], *, batch: int | None, as_json: bool, **options: Any) -> None:
     """Run every stream until each ends (files), ``max_frames`` results in all, or Ctrl-C; then a summary."""
     from ..pipeline.multi import MultiPipeline
 
     named = stream_names(sources)
-    done = threading.Event()
-    count = [0]
-    lock = threading.Lock()
 
     def on_result(result: Any) -> None:
-        with lock:
-            count[0] += 1
-            if as_json:
-                sys.stdout.write(json.dumps({"type": "result", **result.to_dict()}) + "\n")
-            if max_frames is not None and count[0] >= max_frames:
-                done.set()
+        if as_json:
+            sys.stdout.write(json.dumps({"type": "result", **result.to_dict()}) + "\n")
 
     interrupted = False
     with MultiPipeline(model, named, batch=batch, **options) as multi:
@@ -56,7 +47,7 @@ def run_streams(model: str, sources: tuple[str, ...], *, batch: int | None, max_
         multi.start(on_result)
         next_status = time.monotonic() + STATUS_PERIOD_S
         try:
-            while not done.is_set() and not multi.wait(0.2):
+            while not multi.wait(0.2):
                 if not as_json and time.monotonic() >= next_status:
                     next_status = time.monotonic() + STATUS_PERIOD_S
                     window = multi.take_window()

@@ -35,3 +35,21 @@ def opencv_threads_release() -> None:
         if _users == 0 and _saved is not None:
             cv2.setNumThreads(_saved)
             _saved = None
+
+
+class OpenCVThreads:
+    """One run's hold on OpenCV's thread count: ``threads`` set from acquire() to release() (None: left alone)."""
+
+    def __init__(self, threads: int | None) -> None:
+        self.threads = threads
+        self._held = False
+
+    def acquire(self) -> None:
+        if self.threads is not None and not self._held:
+            opencv_threads_acquire(self.threads)
+            self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            opencv_threads_release()
+            self._held = False

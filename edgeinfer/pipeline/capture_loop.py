@@ -1,10 +1,13 @@
-"""The ``edgeinfer-capture`` thread: frames from the source into the ring, staged, published in order."""
+"""The ``edgeinfer-capture`` thread of a stream: frames from the source into the ring, staged, published in order.
+
+Each published frame (and the end) also wakes the engine's thread serving the stream (``wake``).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CaptureError
@@ -22,17 +25,18 @@ log = logging.getLogger("edgeinfer.pipeline")
 
 
 class CaptureLoop:
-    """Reads each frame into a free slot and, unless the inference thread waits for it, preprocesses
+    """Reads each frame into a free slot and, unless the engine's thread waits for it, preprocesses
     it into the slot's staged model input ("staged" preprocessing) before publishing it."""
 
     def __init__(self, source: FrameSource, ring: FrameRing, binding: ModelBinding, control: RunControl,
-                 options: PipelineOptions) -> None:
+                 options: PipelineOptions, *, wake: Callable[[], None]) -> None:
         self._source = source
         self._ring = ring
         self._binding = binding
         self._control = control
         self._options = options
         self._latest = options.policy == "latest"
+        self._wake = wake  # the engine's thread: a frame (or the end) is ready
         #: set for sources that hand out compressed frames (see edgeinfer.pipeline.decoding)
         self.shared: SharedDecoding | None = None
 
@@ -51,6 +55,7 @@ class CaptureLoop:
             log.exception("capture thread failed")
         finally:
             self._ring.ready.put(END)
+            self._wake()
 
     def _free_slots(self) -> Iterator[Slot]:
         """Free ring slots, one at a time, until stop() or the ring is closed.
@@ -95,6 +100,7 @@ class CaptureLoop:
         if self._latest:
             self._control.dropped += self._ring.drop_stale()
         self._ring.ready.put(slot)
+        self._wake()
 
     def _capture_decoded(self) -> None:
         """Sources that deliver decoded frames: read into the ring, stage, publish."""

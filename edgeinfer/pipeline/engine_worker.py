@@ -1,14 +1,22 @@
-"""The engine side of a multi-stream run: one thread serving its streams round-robin, a batch per invoke.
+"""The engine's thread: the one inference loop of every run, serving its streams round-robin, a batch per invoke.
 
-:class:`EngineWorker` (thread ``edgeinfer-engine-<n>``) takes ready frames round-robin — after serving a
-stream it looks at the next one first, so no stream starves — and, when the engine's input has a batch
+:class:`EngineWorker` (thread ``edgeinfer-infer``; ``edgeinfer-infer-<n>`` for a run's further
+engines) serves :class:`~.stream.Stream` objects: a :class:`~.core.Pipeline` is a run of one, a
+:class:`~.multi.MultiPipeline` of several. It takes ready frames round-robin — after serving a stream
+it looks at the next one first, so no stream starves — and, when the engine's input has a batch
 dimension larger than one, frames of several streams go into one invoke, each into its own
-:class:`BatchRow` of the input tensor and decoded from its own row of the outputs. Used by
-:class:`~.multi.MultiPipeline`.
+:class:`BatchRow` of the input tensor and decoded from its own row of the outputs. Per frame:
 
-An invoke that raises goes on with the plan's next delegate (:mod:`.multi_failover`); one that hangs is
-seen by the worker's :class:`~.watchdog.InvokeWatchdog`, which abandons the thread stuck in it (an epoch:
-if the call ever returns, that thread leaves without delivering) and starts a new one on the next delegate.
+take the oldest ready slot (decoding it first if it was published compressed, or a later frame while
+the capture thread decodes this one) → offer it to the event rules → motion gating (an unchanged
+frame gets the previous result, marked reused) → the model input into the engine's input row (one
+memcpy of a staged input, or the whole preprocess) → the slot back to the ring → invoke → decode →
+tracking, lines and zones → event rules → output summary → stage timings → deliver.
+
+An invoke that raises goes on with the plan's next delegate (:class:`~.failover.WorkerFailover`); one
+that hangs is seen by the :class:`~.watchdog.InvokeWatchdog`, which abandons the thread stuck in it
+(an epoch: if the call ever returns, that thread leaves without delivering) and starts a new one on
+the next delegate. A model update (:meth:`EngineWorker.swap`) takes effect between two batches.
 """
 
 from __future__ import annotations
@@ -19,21 +27,22 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DelegateFailed, EdgeInferError, InferenceError, InputMismatch
-from ..runtime.engine import Engine
-from .infer_loop import reused_result
-from .labels import Labels
-from .multi_failover import WorkerFailover
-from .options import PipelineOptions
+from .failover import WorkerFailover
 from .ring import END
-from .stats import FrameResult, StageTimings, StatsRing
+from .stats import FrameResult
 from .tasks import get_task
-from .watchdog import RECENT_INVOKES, InvokeWatchdog
+from .watchdog import InvokeTimes, InvokeWatchdog
 
-#: a :class:`~.multi.Stream` (its ring, binding, stats, gate, analytics, events); not imported: multi imports this
-Stream = Any
+if TYPE_CHECKING:
+    from ..runtime.engine import Engine
+    from .binding import InferencePlan
+    from .labels import Labels
+    from .options import PipelineOptions
+    from .ring import Slot
+    from .stream import Stream
 
 log = logging.getLogger("edgeinfer.pipeline")
 
@@ -41,6 +50,9 @@ log = logging.getLogger("edgeinfer.pipeline")
 JOIN_TIMEOUT_S = 30.0
 #: seconds a model update waits for the worker to finish its batch
 SWAP_TIMEOUT_S = 30.0
+
+#: a frame taken for the next invoke: its stream, slot, plan and when it was taken (perf_counter)
+Taken = tuple["Stream", "Slot", "InferencePlan", float]
 
 
 class BatchRow:
@@ -76,35 +88,36 @@ def batch_size(engine: Engine) -> int:
 class EngineWorker:
     """One engine serving its streams: round-robin over the streams with a frame ready, up to a batch per invoke."""
 
-    def __init__(self, engine: Engine, owns_engine: bool, options: PipelineOptions, labels: Labels | None,
-                 deliver: Callable[[FrameResult], None], index: int, on_end: Callable[[Stream], None],
-                 on_error: Callable[[BaseException], None] | None = None) -> None:
-        self.owns_engine = owns_engine
+    def __init__(self, engine: Engine, owns_engine: bool, options: PipelineOptions, labels: Labels | None, *,
+                 index: int, deliver: Callable[[FrameResult], None], on_end: Callable[[Stream], None],
+                 on_error: Callable[[BaseException], None]) -> None:
         self.task = get_task(options.task)
         self._labels, self._settings = labels, options.decoder_settings()
         self.streams: tuple[Stream, ...] = ()
         self.watchdog: InvokeWatchdog | None = None  # started with the worker (start())
+        #: the recent invoke times, for the watchdog's bound
+        self.invoke_times = InvokeTimes()
         self._use(engine)
         # an invoke that fails: the plan's next delegate serves every stream of this worker
         self.failover = WorkerFailover(engine, options, check=self._check, install=self._use)
         if owns_engine:
             self.failover.loaded.append(engine)
         self._deliver = deliver
-        self._on_end = on_end  # a stream's source has no more frames
+        self._on_end = on_end  # a stream's source has no more frames (or its capture stopped)
         self._on_error = on_error  # the worker stopped on an error: its streams' run is over
         #: max_fps with policy latest: each stream is served at most once per period
         self._period = 1.0 / options.max_fps if options.max_fps and options.policy == "latest" else 0.0
         self._timeout: float | None = None  # how long to wait for a wake-up before a paced stream is due
-        self._signal = threading.Semaphore(0)
+        #: one token per frame published (and per end, stop, swap): the worker blocks on it when idle
+        self._signal: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._next = 0
         self._stopping = False
         self.invokes = 0
         self.error: BaseException | None = None
         self._options, self._index = options, index
-        # the watchdog's view: when the invoke in progress began (0: none), and the recent invoke times
+        # the watchdog's view: when the invoke in progress began (0: none), and how many frames it holds
         self.invoke_started = 0.0
-        self.invoke_stats = StatsRing(RECENT_INVOKES)
         self._batch_frames = 0
         self._swap: tuple[Engine, threading.Event] | None = None  # a model update waiting for a batch boundary
         #: which thread serves the streams: one whose epoch is stale was abandoned in a hung invoke
@@ -115,10 +128,11 @@ class EngineWorker:
         self.thread = self._new_thread(0)
 
     def _new_thread(self, epoch: int) -> threading.Thread:
-        return threading.Thread(target=self._run, args=(epoch,), name=f"edgeinfer-engine-{self._index}", daemon=True)
+        name = "edgeinfer-infer" if self._index == 0 else f"edgeinfer-infer-{self._index}"
+        return threading.Thread(target=self._run, args=(epoch,), name=name, daemon=True)
 
     def _use(self, engine: Engine) -> None:
-        """Serve the streams with ``engine`` from the next batch on (at start, and after a failover)."""
+        """Serve the streams with ``engine`` from the next batch on (at start, a failover, a model update)."""
         self.engine = engine
         self.batch = batch_size(engine)
         # one decoder per batch row (a decoder reads its row's outputs; the transform comes from the stream)
@@ -126,18 +140,22 @@ class EngineWorker:
                           for b in range(self.batch)]
         self._rows = [BatchRow(engine, b).input_view(0) for b in range(self.batch)]
         for stream in self.streams:
-            stream.binding.replace(BatchRow(engine, 0))  # type: ignore[arg-type]
-            stream.binding.owns_engine = False
+            stream.binding.replace(self.row())
         if self.watchdog is not None:
             self.watchdog.engine_changed()  # its own invokes set the bound again
+
+    def row(self) -> Engine:
+        """What a stream's plans are built against: row 0 of the engine serving it."""
+        return BatchRow(self.engine, 0)  # type: ignore[return-value]
 
     def _check(self, engine: Engine) -> None:
         """ValueError when a replacement engine cannot serve the streams' task."""
         for stream in self.streams[:1]:
             stream.binding.check(BatchRow(engine, 0))  # type: ignore[arg-type]
 
+    # ------------------------------------------------------------------------ streams
     def wake(self) -> None:
-        self._signal.release()
+        self._signal.put(True)
 
     def add(self, stream: Stream) -> None:
         with self._lock:
@@ -147,12 +165,13 @@ class EngineWorker:
         with self._lock:
             self.streams = tuple(s for s in self.streams if s is not stream)
 
+    # ------------------------------------------------------------------------ lifetime
     def start(self) -> None:
         """Serve the streams, watched for hung invokes (unless ``watchdog=False``)."""
         self.thread.start()
         if self._options.watchdog:
-            self.watchdog = InvokeWatchdog(self._options, self.invoke_stats, started=lambda: self.invoke_started,
-                                           on_hang=self._on_hang, on_tick=lambda: None).start()
+            self.watchdog = InvokeWatchdog(self._options, self.invoke_times, started=lambda: self.invoke_started,
+                                           on_hang=self._on_hang).start()
 
     @property
     def running(self) -> bool:
@@ -160,9 +179,13 @@ class EngineWorker:
         thread = self.thread
         return thread.is_alive() and thread not in self.abandoned_threads
 
-    def stop(self) -> None:
+    def end(self) -> None:
+        """Serve no more batches (the run is over); the thread leaves after the frame it is delivering."""
         self._stopping = True
         self.wake()
+
+    def stop(self) -> None:
+        self.end()
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.running and self.thread is not threading.current_thread():
@@ -170,26 +193,128 @@ class EngineWorker:
 
     def _run(self, epoch: int) -> None:
         try:
-            while True:
-                self._signal.acquire(timeout=self._timeout)
-                if self._stopping or epoch != self.epoch:
-                    return
-                self._apply_swap()
-                batch = self._collect()
-                if batch and not self._infer(batch, epoch):
+            while not self._stopping and epoch == self.epoch:
+                if self._swap is not None:
+                    self._apply_swap()
+                batch, took = self._collect()
+                if not batch:
+                    if not took:
+                        self._idle()  # nothing ready (a frame answered without an invoke needs no wait)
+                elif not self._infer(batch, epoch):
                     return  # abandoned while its invoke hung
-                self.failover.between_batches(self.engine, self._stopping)
+                else:
+                    self.failover.between_batches(self.engine, self._stopping)
         except BaseException as exc:
             if epoch == self.epoch:
                 self._stopped_on(exc)
+        finally:
+            if epoch == self.epoch and self._swap is not None:
+                self._apply_swap()  # a model update asked for as the run ended: put in place all the same
 
     def _stopped_on(self, error: BaseException) -> None:
         """The worker cannot go on (no delegate left): its streams' run is over."""
         self.error = error
-        log.error("engine worker stopped: %s", error)
-        if self._on_error is not None:
-            self._on_error(error)
+        log.error("inference stopped: %s", error)
+        self._on_error(error)
 
+    def _idle(self) -> None:
+        """No stream has a frame to serve: wait for one (the capture threads stage inputs meanwhile). A paced
+        stream not due yet is not waited for: its capture thread leaves the frames it may drop undecoded."""
+        streams = self.streams
+        now = time.monotonic() if self._period else 0.0
+        for stream in streams:
+            stream.control.infer_idle = stream.next_due <= now
+        try:
+            self._signal.get(timeout=self._timeout)
+        except queue.Empty:
+            pass  # a paced stream is due
+        for stream in streams:
+            stream.control.infer_idle = False
+
+    # ------------------------------------------------------------------------ the loop
+    def _collect(self) -> tuple[list[Taken], bool]:
+        """Up to a batch of ready frames, at most one per stream, starting after the stream served last; and
+        whether anything was taken from a stream (a frame reused, skipped or a stream's end count too)."""
+        streams = self.streams
+        count = len(streams)
+        batch: list[Taken] = []
+        took = False
+        start, period, signal = self._next, self._period, self._signal
+        if period:
+            now, self._timeout = time.monotonic(), None
+        for offset in range(count):
+            stream = streams[(start + offset) % count]
+            if period and now < stream.next_due:  # paced (max_fps): its frame waits, newer ones replace it
+                wait = stream.next_due - now
+                self._timeout = wait if self._timeout is None else min(self._timeout, wait)
+                continue
+            ready = stream.ring.ready
+            if ready.empty():
+                continue
+            try:
+                slot = ready.get_nowait()
+            except queue.Empty:  # ``latest``: the capture thread dropped it for a newer one meanwhile
+                continue
+            took = True
+            if signal.qsize():
+                signal.get()  # this frame's token (a spare one only costs a look at the streams)
+            if slot is END:
+                if not stream.ended:
+                    stream.ended = True
+                    self._on_end(stream)
+                continue
+            if period:
+                stream.next_due = max(stream.next_due + period, now)
+            taken = stream.take(slot, self._deliver)
+            if taken is None:
+                continue
+            batch.append((stream, slot, *taken))
+            self._next = (start + offset + 1) % count
+            if len(batch) == self.batch:
+                break
+        return batch, took
+
+    def _infer(self, batch: list[Taken], epoch: int) -> bool:
+        """Preprocess, invoke and deliver one batch; False when this thread was abandoned meanwhile."""
+        import numpy as np
+
+        perf = time.perf_counter
+        engine, rows, decoders = self.engine, self._rows, self._decoders  # a hang installs others for the next thread
+        taken = []
+        for row, (stream, slot, plan, t3) in enumerate(batch):
+            frame = slot.frame
+            if slot.staged_gen == plan.gen:
+                np.copyto(rows[row], plan.staged[slot.index])
+            else:
+                plan.pre(frame, rows[row])
+            kept = frame.copy() if stream.keep_frames else None
+            taken.append((stream, plan, slot.frame_id, slot.wall_time, slot.read_start, slot.read_end,
+                          slot.staged_end, t3, perf(), kept))
+            stream.ring.free.put(slot)
+        self._batch_frames = len(taken)
+        t4 = self.invoke_started = perf()
+        try:
+            engine.invoke()
+        except InferenceError as exc:
+            if not self._returned(epoch):
+                return False
+            if isinstance(exc, InputMismatch):
+                raise
+            self.failover.failed(engine, exc, len(taken))  # DelegateFailed when there is no other delegate
+            return True
+        if not self._returned(epoch):
+            return False
+        self.invokes += 1
+        t5 = perf()
+        self.invoke_times.record((t5 - t4) * 1e3)
+        for row, (stream, plan, frame_id, stamp, t0, t1, t2, t3, t3b, kept) in enumerate(taken):
+            result = decoders[row](plan.transform)
+            self._deliver(stream.answer(result, plan, frame_id, stamp, (t0, t1, t2, t3, t3b, t4, t5), kept))
+            if self._stopping:
+                break  # the run ended (max_frames): the rest of the batch is not delivered
+        return True
+
+    # ------------------------------------------------------------------------ model updates
     def swap(self, engine: Engine, timeout: float = SWAP_TIMEOUT_S) -> Engine:
         """A model update: serve the streams with ``engine`` from the next batch on; the previous engine
         (now the caller's). ValueError, the run untouched, when it cannot serve them."""
@@ -229,6 +354,7 @@ class EngineWorker:
         self._use(new)
         self.failover.swapped(old, new)
 
+    # ------------------------------------------------------------------------ hangs
     def _returned(self, epoch: int) -> bool:
         """An invoke returned: whether this thread still serves the streams (else it was abandoned)."""
         with self._owner:
@@ -256,104 +382,3 @@ class EngineWorker:
         self.thread = self._new_thread(epoch)
         self.thread.start()
         self.wake()  # frames that arrived while the invoke hung
-
-    def _collect(self) -> list[tuple[Stream, Any]]:
-        """Up to a batch of ready frames, at most one per stream, starting after the stream served last."""
-        streams = self.streams
-        count = len(streams)
-        batch: list[tuple[Stream, Any]] = []
-        start = self._next
-        now, self._timeout = time.monotonic(), None
-        for offset in range(count):
-            stream = streams[(start + offset) % count]
-            if self._period and now < stream.next_due:  # paced (max_fps): its frame waits, newer ones replace it
-                wait = stream.next_due - now
-                self._timeout = wait if self._timeout is None else min(self._timeout, wait)
-                continue
-            try:
-                slot = stream.ring.ready.get_nowait()
-            except queue.Empty:
-                continue
-            if slot is END:
-                if not stream.ended:
-                    stream.ended = True
-                    self._on_end(stream)
-                continue
-            if self._period:
-                stream.next_due = max(stream.next_due + self._period, now)
-            if stream.events is not None:
-                stream.events.offer(slot.frame, slot.frame_id, slot.wall_time)
-            if self._reused(stream, slot):
-                continue
-            batch.append((stream, slot))
-            self._next = (start + offset + 1) % count
-            if len(batch) == self.batch:
-                break
-        for _ in range(len(batch) - 1):  # one wake-up was used; the others belong to these frames too
-            self._signal.acquire(blocking=False)
-        return batch
-
-    def _reused(self, stream: Stream, slot: Any) -> bool:
-        """Motion gating: deliver the stream's previous result for a frame that did not change."""
-        gate = stream.gate
-        if gate is None:
-            return False
-        plan = stream.binding.plan_for(slot.frame.shape, slot.native)
-        if gate.changed(slot.frame) or stream.last[0] != plan.gen:
-            return False
-        reused = reused_result(slot, stream.last[1], stream=stream.name)
-        stream.ring.free.put(slot)
-        stream.control.reused += 1
-        self._deliver(reused)
-        return True
-
-    def _infer(self, batch: list[tuple[Stream, Any]], epoch: int) -> bool:
-        """Preprocess, invoke and deliver one batch; False when this thread was abandoned meanwhile."""
-        import numpy as np
-
-        perf = time.perf_counter
-        engine, rows, decoders = self.engine, self._rows, self._decoders  # a hang installs others for the next thread
-        taken = []
-        for row, (stream, slot) in enumerate(batch):
-            t3 = perf()
-            frame = slot.frame
-            plan = stream.binding.plan_for(frame.shape, slot.native)
-            if slot.staged_gen == plan.gen:
-                np.copyto(rows[row], plan.staged[slot.index])
-            else:
-                plan.pre(frame, rows[row])
-            taken.append((stream, plan, slot.frame_id, slot.wall_time, slot.read_start, slot.read_end,
-                          slot.staged_end, t3, perf()))
-            stream.ring.free.put(slot)
-        self._batch_frames = len(taken)
-        t4 = self.invoke_started = perf()
-        try:
-            engine.invoke()
-        except InferenceError as exc:
-            if not self._returned(epoch):
-                return False
-            if isinstance(exc, InputMismatch):
-                raise
-            self.failover.failed(engine, exc, len(taken))  # DelegateFailed when there is no other delegate
-            return True
-        if not self._returned(epoch):
-            return False
-        self.invokes += 1
-        t5 = perf()
-        for row, (stream, plan, frame_id, stamp, t0, t1, t2, t3, t3b) in enumerate(taken):
-            result = decoders[row](plan.transform)
-            if stream.analytics is not None:
-                result = stream.analytics.process(result, frame_id, stamp)
-            if stream.events is not None:
-                stream.events.check(result, frame_id, stamp)
-            stream.last = (plan.gen, result)
-            t6 = perf()
-            timings = StageTimings(capture=(t1 - t0) * 1e3, preprocess=((t2 - t1) + (t3b - t3)) * 1e3,
-                                   infer=(t5 - t4) * 1e3, postprocess=(t6 - t5) * 1e3, latency=(t6 - t1) * 1e3,
-                                   queue=(t3 - t2) * 1e3)
-            stream.stats_ring.record(timings)
-            if row == 0:
-                self.invoke_stats.record(timings)  # the batch's invoke time, for the watchdog's bound
-            stream.control.frames += 1
-            self._deliver(FrameResult(frame_id, stamp, result, timings, stream=stream.name))
-        return True

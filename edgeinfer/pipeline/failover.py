@@ -2,10 +2,11 @@
 
 When the delegate running fails (an invoke raises: a Coral unplugged, a GPU lost, an NPU error) or
 hangs (the :mod:`.watchdog` sees no return within its bound), :class:`DelegateFailover` loads the
-next delegate of the engine's selection plan (``engine.selection``) and the pipeline goes on with
-it between two frames — capture never stops. The frame that was in the failed invoke is lost and
-counted. While degraded, the wanted delegate is probed with backoff (loaded, invoked once) and swapped
-back in when it answers again.
+next delegate of the engine's selection plan (``engine.selection``) and the engine's thread goes on
+with it from the next batch — every stream it serves goes on, capture never stops. The frames that
+were in the failed invoke are lost and counted. While degraded, the wanted delegate is probed with
+backoff (loaded, invoked once, in a thread of its own) and swapped back in between two batches.
+:class:`WorkerFailover` is what an :class:`~.engine_worker.EngineWorker` does with those decisions.
 
 Nothing fails over when the plan is strict, when ``failover=False``, or when the plan has no other
 delegate that can run the model: the run stops with :class:`~edgeinfer.errors.DelegateFailed`.
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DelegateFailed, EdgeInferError
 
 if TYPE_CHECKING:
+    from ..errors import InferenceError
     from ..runtime.engine import Engine
     from ..runtime.selection import Plan
     from .options import PipelineOptions
@@ -251,3 +253,104 @@ class DelegateFailover:
         log.warning("delegate %s restored (was running on %s)", engine.description, previous)
         self._notify(DelegateEvent(RESTORED, engine.description, previous, self.wanted, reason, "probe",
                                    self.frames_lost, time.time()))
+
+
+class WorkerFailover:
+    """One engine worker's failovers and failbacks; ``install(engine)`` puts an engine to work (the worker's)."""
+
+    def __init__(self, engine: Engine, options: PipelineOptions, *, check: Callable[[Engine], None],
+                 install: Callable[[Engine], None]) -> None:
+        self._install = install
+        self._listeners: tuple[Callable[[DelegateEvent], Any], ...] = ()
+        self.failover = DelegateFailover(engine, options, check=check, notify=self._notify)
+        self._probe_thread: threading.Thread | None = None
+        self._probed: Engine | None = None
+        self._lock = threading.Lock()
+        #: engines this worker loaded (it closes them); the caller's own engine is never closed here
+        self.loaded: list[Engine] = []
+
+    def add_listener(self, listener: Callable[[DelegateEvent], Any]) -> None:
+        self._listeners = (*self._listeners, listener)
+
+    def _notify(self, event: DelegateEvent) -> None:
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:
+                log.exception("delegate listener failed on %s (the streams go on)", event.kind)
+
+    def failed(self, engine: Engine, error: InferenceError, frames: int) -> None:
+        """Worker thread: an invoke of ``frames`` frames raised; go on with the next delegate, or raise
+        DelegateFailed (the worker stops) when there is none."""
+        self.failover.frames_lost += max(frames - 1, 0)  # replacement() counts one
+        replacement = self.failover.replacement(engine, error)
+        self.loaded.append(replacement)
+        self._install(replacement)
+        self._retire(engine)
+
+    def hung(self, engine: Engine, error: InferenceError, frames: int, waited: float, bound: float) -> None:
+        """Watchdog thread: an invoke of ``frames`` frames on ``engine`` has run ``waited`` s, past ``bound``.
+        ``engine`` is abandoned — kept, never closed: its native call may still be running — and the next
+        delegate installed (DelegateFailed when there is none)."""
+        self.failover.frames_lost += max(frames - 1, 0)
+        self.failover.abandon(engine)
+        if engine in self.loaded:
+            self.loaded.remove(engine)
+        replacement = self.failover.replacement(engine, error, hang=(waited, bound))
+        self.loaded.append(replacement)
+        self._install(replacement)
+
+    def swapped(self, old: Engine, new: Engine) -> None:
+        """A model update put ``new`` in place of ``old``: ``new`` is the one wanted from now on and this
+        worker's to close; ``old`` is the caller's now."""
+        if old in self.loaded:
+            self.loaded.remove(old)
+        self.loaded.append(new)
+        self.failover.reset(new)
+
+    def between_batches(self, engine: Engine, stopping: bool) -> None:
+        """Worker thread, between two batches: swap in a probed engine; start a probe when one is due."""
+        if self._probed is None and not self.failover.degraded:
+            return  # healthy: nothing to do (the common case costs two attribute reads per batch)
+        with self._lock:
+            probed, self._probed = self._probed, None
+        if probed is not None:
+            self.loaded.append(probed)
+            self._install(probed)
+            self.failover.restored(probed, engine.description)
+            self._retire(engine)
+            return
+        thread = self._probe_thread
+        if stopping or (thread is not None and thread.is_alive()) or not self.failover.probe_due():
+            return
+        self._probe_thread = threading.Thread(target=self._probe, name="edgeinfer-probe", daemon=True)
+        self._probe_thread.start()
+
+    def _probe(self) -> None:
+        engine = self.failover.probe()
+        if engine is not None:
+            with self._lock:
+                self._probed = engine
+
+    def _retire(self, engine: Engine) -> None:
+        """Close an engine that failed or was replaced, if this worker loaded it."""
+        if engine in self.loaded:
+            self.loaded.remove(engine)
+            try:
+                engine.close()
+            except Exception:
+                log.debug("closing %s failed", engine.description, exc_info=True)
+
+    def close(self) -> None:
+        """The run is over: close what the worker loaded (a probe's engine too)."""
+        thread = self._probe_thread
+        if thread is not None:
+            thread.join(5.0)
+        with self._lock:
+            probed, self._probed = self._probed, None
+        for engine in [*self.loaded, *([probed] if probed is not None else [])]:
+            try:
+                engine.close()
+            except Exception:
+                log.debug("closing %s failed", engine.description, exc_info=True)
+        self.loaded.clear()

@@ -6,9 +6,10 @@ agent's telemetry, ``edgeinfer bench`` and the docs take them from here.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -132,6 +133,56 @@ class StatsWindow:
         prev_frames, prev_dropped, prev_reused, prev_time = self._previous
         self._previous = (frames, dropped, reused, now)
         return prev_frames, frames, dropped - prev_dropped, reused - prev_reused, max(now - prev_time, 0.0)
+
+
+@dataclass(frozen=True)
+class RunStats(PipelineStats):
+    """A window of a run of several named streams: the aggregate (as PipelineStats), and each stream's own."""
+
+    #: each open stream's window, in the order given (a stream not open has none)
+    streams: dict[str, PipelineStats] = field(default_factory=dict)
+    #: each stream's status: starting, running, ended or failed
+    stream_status: dict[str, str] = field(default_factory=dict)
+
+
+def merge_stats(first: PipelineStats | None, second: PipelineStats | None) -> PipelineStats | None:
+    """Two consecutive windows as one: counts add up, the later window's rates and percentiles stand (per
+    stream too, for a :class:`RunStats`)."""
+    if first is None or second is None:
+        return second if first is None else first
+    from .outputs import merge_summaries
+
+    merged = dataclasses.replace(second, frames=first.frames + second.frames, dropped=first.dropped + second.dropped,
+                                 reused=first.reused + second.reused,
+                                 outputs=merge_summaries(first.outputs, second.outputs))
+    if not isinstance(merged, RunStats):
+        return merged
+    before, after = getattr(first, "streams", {}), second.streams  # type: ignore[attr-defined]
+    streams = {name: merge_stats(before.get(name), after.get(name)) for name in (*before, *after)}
+    return dataclasses.replace(merged, streams={name: s for name, s in streams.items() if s is not None})
+
+
+def combine_streams(windows: Mapping[str, PipelineStats], status: Mapping[str, str], *, delegate: str,
+                    source: str) -> RunStats:
+    """The windows of a run's streams as one: frames, drops, reuses and fps summed; ``stages`` are the
+    busiest stream's percentiles (percentiles do not add up); ``outputs`` summarise every stream's answers.
+    The streams share the engine: its delegate, failover state and lost frames are the same in each."""
+    from .outputs import merge_summaries
+
+    present = list(windows.values())
+    busiest = max(present, key=lambda w: w.frames, default=None)
+    outputs = None
+    for window in present:
+        outputs = merge_summaries(outputs, window.outputs)
+    return RunStats(
+        frames=sum(w.frames for w in present), dropped=sum(w.dropped for w in present),
+        fps=sum(w.fps for w in present), elapsed_s=max((w.elapsed_s for w in present), default=0.0),
+        stages=busiest.stages if busiest is not None else {}, delegate=delegate,
+        reconnects=sum(w.reconnects for w in present), corrupt_frames=sum(w.corrupt_frames for w in present),
+        source=source, degraded=any(w.degraded for w in present),
+        delegate_wanted=next((w.delegate_wanted for w in present if w.delegate_wanted), None),
+        frames_lost=max((w.frames_lost for w in present), default=0), reused=sum(w.reused for w in present),
+        outputs=outputs, streams=dict(windows), stream_status=dict(status))
 
 
 def window_stats(ring: StatsRing, first: int, last: int, *, dropped: int, reused: int, elapsed: float,

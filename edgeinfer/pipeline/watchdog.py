@@ -1,14 +1,13 @@
 """The invoke watchdog: a delegate that stops answering is noticed within a bound.
 
-A hung native call cannot be interrupted from Python, so nothing on the inference thread waits for
-it: the inference thread only notes when each invoke starts (one attribute store, see
-:class:`~.infer_loop.InferenceLoop`), and the thread ``edgeinfer-watchdog`` looks every
+A hung native call cannot be interrupted from Python, so nothing on the engine's thread waits for
+it: the engine's thread only notes when each invoke starts (one attribute store, see
+:class:`~.engine_worker.EngineWorker`) and how long each took (:class:`InvokeTimes`), and the thread
+``edgeinfer-watchdog`` looks every
 :data:`TICK_S` or so. An invoke older than the bound — ``watchdog_factor`` x the p99 of the recent
 invoke times (of the engine running now), never under ``watchdog_floor_s``, and :data:`STARTUP_S`
 for an engine's first invoke (which may compile or upload the model) — is reported to
-``on_hang``; the pipeline then abandons that thread and engine and goes on with another.
-
-The same thread runs the failover's periodic work (``on_tick``: probing the wanted delegate).
+``on_hang``; the engine's thread is then abandoned with its engine, and a new one goes on with another.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .options import PipelineOptions
-    from .stats import StatsRing
 
 log = logging.getLogger("edgeinfer.pipeline")
 
@@ -35,17 +33,46 @@ BOUND_REFRESH_S = 1.0
 RECENT_INVOKES = 512
 
 
+class InvokeTimes:
+    """The last :data:`RECENT_INVOKES` invoke times (ms), preallocated; one store per invoke."""
+
+    def __init__(self, size: int = RECENT_INVOKES) -> None:
+        import numpy as np
+
+        self.size = size
+        self.samples = np.zeros(size, np.float64)
+        self.count = 0
+
+    def record(self, ms: float) -> None:
+        self.samples[self.count % self.size] = ms
+        self.count += 1
+
+    def recent_percentile(self, q: float, last: int) -> float | None:
+        """Percentile ``q`` of the most recent ``last`` invoke times (ms); None before any."""
+        import numpy as np
+
+        from .stats import percentiles
+
+        count = self.count
+        n = min(count, self.size, last)
+        if n <= 0:
+            return None
+        end = count % self.size
+        window = self.samples[end - n:end] if end >= n else np.concatenate([self.samples[end - n:],
+                                                                          self.samples[:end]])
+        return float(percentiles(window, (q,))[0])
+
+
 class InvokeWatchdog:
     """Watches ``started()`` (perf_counter of the invoke in progress, 0 when none) against the bound."""
 
-    def __init__(self, options: PipelineOptions, stats: StatsRing, *, started: Callable[[], float],
-                 on_hang: Callable[[float, float], None], on_tick: Callable[[], None]) -> None:
+    def __init__(self, options: PipelineOptions, times: InvokeTimes, *, started: Callable[[], float],
+                 on_hang: Callable[[float, float], None]) -> None:
         self.floor_s = options.watchdog_floor_s
         self.factor = options.watchdog_factor
-        self._stats = stats
+        self._times = times
         self._started = started
         self._on_hang = on_hang
-        self._on_tick = on_tick
         self._tick = min(TICK_S, self.floor_s / 10)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -56,7 +83,7 @@ class InvokeWatchdog:
 
     def engine_changed(self) -> None:
         """Another engine runs from now on: its own invokes set the bound again, after a warm-up."""
-        self._since = self._stats.count
+        self._since = self._times.count
         self._bound_at = 0.0
 
     def bound(self) -> float:
@@ -68,10 +95,10 @@ class InvokeWatchdog:
         return self._bound
 
     def _compute_bound(self) -> float:
-        timed = self._stats.count - self._since
+        timed = self._times.count - self._since
         if timed < 1:
             return max(self.floor_s, STARTUP_S)
-        p99_ms = self._stats.recent_percentile("infer", 99, min(RECENT_INVOKES, timed)) or 0.0
+        p99_ms = self._times.recent_percentile(99, min(RECENT_INVOKES, timed)) or 0.0
         return max(self.floor_s, self.factor * p99_ms / 1e3)
 
     def start(self) -> InvokeWatchdog:
@@ -96,6 +123,5 @@ class InvokeWatchdog:
                     if waited > bound:
                         self.hangs += 1
                         self._on_hang(started, bound)
-                self._on_tick()
             except Exception:  # the watchdog must outlive a bug in what it calls
                 log.exception("the invoke watchdog's check failed (it goes on)")

@@ -186,7 +186,8 @@ def test_pipeline_options_reach_the_pipeline_the_agent_builds(tmp_path):
     pipeline = default_pipeline_factory(config.pipelines[0])  # what the runner builds (not started)
     try:
         assert pipeline.options == config.pipelines[0].options
-        assert (pipeline.queue_size, pipeline.score_threshold, pipeline.top_k) == (3, 0.25, 2)
+        assert (pipeline.options.queue_size, pipeline.options.score_threshold, pipeline.options.top_k) == \
+            (3, 0.25, 2)
     finally:
         pipeline.close()
 

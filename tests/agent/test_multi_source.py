@@ -125,52 +125,54 @@ def test_a_single_source_pipeline_reports_as_before():
 # ------------------------------------------------------------------------- the pipeline itself
 
 def test_streams_end_the_run_and_every_missing_source_fails_the_build(tmp_path):
-    from edgeinfer.agent.multi_source import MultiSourcePipeline
+    from edgeinfer.agent.runner import default_pipeline_factory, pipeline_window
 
     def config(sources, **values):
         return parse_config({"pipelines": [{"name": "p", "model": TINY, "threads": 1, "sources": sources,
                                             **values}]}, hostname="cam").pipelines[0]
 
     with pytest.raises(CaptureError) as info:  # nothing opens: the build fails, the runner restarts it
-        MultiSourcePipeline(config([str(tmp_path / "a.mp4"), {"name": "b", "source": str(tmp_path / "b.mp4")}]))
+        default_pipeline_factory(config([str(tmp_path / "a.mp4"), {"name": "b", "source": str(tmp_path / "b.mp4")}]))
     assert "no stream of pipeline p is running (stream0: CaptureError: source not found" in str(info.value)
     assert "; b: CaptureError: source not found" in str(info.value)
 
     # two still images without loop: one frame each, then each stream ends and so does the run
-    pipeline = MultiSourcePipeline(config([str(IMAGES / "parrot.jpg"),
-                                           {"name": "cat", "source": str(IMAGES / "cat.bmp")}]))
+    entry = config([str(IMAGES / "parrot.jpg"), {"name": "cat", "source": str(IMAGES / "cat.bmp")}])
+    pipeline = default_pipeline_factory(entry)
+    stream_events: list = []
     try:
+        pipeline.add_stream_listener(stream_events.append)
         assert pipeline.swap_engine(pipeline.engine) is pipeline.engine  # the engine it runs: nothing to do
         assert pipeline.start().wait(20) and pipeline.error is None
-        window = pipeline.take_window()
+        window = pipeline_window(entry, pipeline, pipeline.take_window())  # what telemetry reports
         assert window.frames == 2 and {name: s.frames for name, s in window.streams.items()} == {"stream0": 1,
                                                                                                  "cat": 1}
         assert window.stream_status == {"stream0": "ended", "cat": "ended"}
-        assert sorted(e.data["stream"] for e in window.events if e.kind == "stream_ended") == ["cat", "stream0"]
-        assert pipeline.stats.frames == 2
+        assert sorted(e.data["stream"] for e in stream_events if e.kind == "stream_ended") == ["cat", "stream0"]
+        assert sum(s.frames for s in pipeline.stats().values()) == 2
     finally:
         pipeline.close()
 
     # max_frames counts the results of every stream
-    pipeline = MultiSourcePipeline(config([str(IMAGES / "*.jpg"), str(IMAGES / "*.bmp")], loop=True, max_fps=20,
-                                          max_frames=12))
+    pipeline = default_pipeline_factory(config([str(IMAGES / "*.jpg"), str(IMAGES / "*.bmp")], loop=True,
+                                               max_fps=20, max_frames=12))
     try:
         assert pipeline.start().wait(20) and pipeline.error is None
-        assert 12 <= pipeline.stats.frames <= 24  # the run stops right after the result that reaches it
+        assert 12 <= sum(s.frames for s in pipeline.stats().values()) <= 24  # it stops right after the 12th result
     finally:
         pipeline.close()
 
 
 def test_an_engine_that_fails_ends_the_run_with_its_error(monkeypatch):
-    """MultiPipeline's engine thread dies quietly (its own run would never end); the agent's face of it ends."""
-    from edgeinfer.agent.multi_source import MultiSourcePipeline
+    """The engine's thread stops on an error no delegate can take over: the whole run ends with that error."""
+    from edgeinfer.agent.runner import default_pipeline_factory
     from edgeinfer.errors import InferenceError
 
     config = parse_config({"pipelines": [{"name": "p", "model": TINY, "threads": 1, "loop": True,
                                           "delegate": "xnnpack", "failover": False,  # no delegate to go on with
                                           "sources": [str(IMAGES / "*.jpg"), str(IMAGES / "*.bmp")]}]},
                           hostname="cam").pipelines[0]
-    pipeline = MultiSourcePipeline(config)
+    pipeline = default_pipeline_factory(config)
 
     def unplugged() -> None:
         raise InferenceError("the accelerator is gone")

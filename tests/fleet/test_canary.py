@@ -294,9 +294,12 @@ def clip(tmp_path_factory) -> Path:
                           size=(160, 120), fps=10, frames_per_image=5)
 
 
-def start_agents(tmp_path, broker, manager, clip, model: Path, count: int) -> list[AgentThread]:
+def start_agents(tmp_path, broker, manager, clip, model: Path, count: int, streams: int = 0) -> list[AgentThread]:
+    """``count`` agents running ``model`` on the clip: as ``source``, or as that many named ``sources`` (streams)."""
     key = manager.key.public_key_b64()
     agents = []
+    source = {"sources": [{"name": f"cam{s}", "source": str(clip)} for s in range(streams)]} if streams else \
+        {"source": str(clip)}
     for i in range(count):
         device = f"cam-{i:02d}"
         agents.append(AgentThread({
@@ -306,7 +309,7 @@ def start_agents(tmp_path, broker, manager, clip, model: Path, count: int) -> li
             # the on-device health gate judges a model against the one before over a few frames; this test
             # is about the fleet's judgement over a window, so the device's own gate lets the model through
             "update_max_latency_factor": 1000.0,
-            "pipelines": [{"name": "main", "model": str(model), "source": str(clip), "task": "classify",
+            "pipelines": [{"name": "main", "model": str(model), **source, "task": "classify",
                            "loop": True, "max_fps": 8, "threads": 1, "version": "1"}]}))
     for agent in agents:
         agent.thread.start()
@@ -349,12 +352,10 @@ def test_real_agents_a_much_slower_model_is_aborted_and_the_canary_rolled_back(t
             agent.stop()
 
 
-def test_real_agents_a_model_that_answers_other_classes_is_aborted_on_drift(tmp_path, broker, manager, clip):
-    from edgeinfer.pipeline.stats import PipelineStats
-
-    if "outputs" not in {f.name for f in dataclasses.fields(PipelineStats)}:
-        pytest.skip("the pipeline does not summarise its outputs yet (PipelineStats.outputs)")
-    agents = start_agents(tmp_path, broker, manager, clip, V2_LARGE, 4)
+@pytest.mark.parametrize("streams", [0, 2], ids=["one-source", "two-sources"])
+def test_real_agents_a_model_that_answers_other_classes_is_aborted_on_drift(tmp_path, broker, manager, clip, streams):
+    """Judged on the window's output summary: a pipeline's own, or the aggregate of its streams' (``sources``)."""
+    agents = start_agents(tmp_path, broker, manager, clip, V2_LARGE, 4, streams)
     try:
         assert wait(lambda: all(((manager.db.get_device(a.device_id) or {}).get("last_telemetry") or {})
                                 .get("pipelines", [{}])[0].get("outputs") for a in agents), 30)

@@ -202,10 +202,11 @@ def test_an_update_to_a_pipeline_of_several_sources_swaps_its_engine_and_every_s
         assert agent.version() == "2" and runner.status == "running"
         state = json.loads((tmp_path / "cam-00" / "models" / "slots.json").read_text())
         assert state.get("trial") is None and state["active"]["version"] == 2  # committed, no trial left open
-        pipeline = runner._pipeline  # the same MultiPipeline as before the update, now on the bird model
+        pipeline = runner.pipeline  # the same MultiPipeline as before the update, now on the bird model
         assert pipeline.engine.model.sha256 == inspect_model(BIRDS).sha256
-        frames = pipeline.stats.frames
-        assert wait(lambda: pipeline.stats.frames >= frames + 6, 20)  # both streams go on (3 fps each)
+        frames = runner.stats().frames  # both streams' frames
+        assert wait(lambda: runner.stats().frames >= frames + 6, 20)  # both streams go on (3 fps each)
+        assert set(runner.stats().streams) == {"stream0", "b"}
     finally:
         agent.stop()
 

@@ -2,9 +2,10 @@
 
 This machine has no Coral to unplug: the ``flaky`` test delegate (tests/support/flaky_delegate.py),
 registered through the public ``edgeinfer.delegates`` entry point, is a real LiteRT engine whose
-device fails (with libedgetpu's own unplug text), hangs or disappears on command. The pipeline runs
-MobileNet v2 on a clip of the reference photos, so every result can be checked against the
-reference top-1, whichever delegate produced it.
+device fails (with libedgetpu's own unplug text), hangs or disappears on command. The runs classify a
+clip of the reference photos with MobileNet v2, so every result can be checked against the reference
+top-1, whichever delegate produced it. Each run-time test runs against both faces of the one run
+engine: a Pipeline, and a MultiPipeline whose engine serves three streams.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from support.flaky_delegate import CONTROL, CONTROL_ENV, install_entry_point
 from support.pipeline import (
     CLIP_FRAMES,
     CLIP_IMAGES,
+    FACE_IDS,
+    FACES,
     FRAMES_PER_IMAGE,
     IMAGENET_LABELS,
     MOBILENET_TINY,
@@ -29,12 +32,15 @@ from support.pipeline import (
 from support.processes import wait_until
 
 import edgeinfer
-from edgeinfer import DelegateFailed, InferenceError, Pipeline
+from edgeinfer import DelegateFailed, InferenceError
 from edgeinfer._backoff import Backoff
 from edgeinfer.errors import CudaError
 
 FAST_PROBES = Backoff(initial_s=0.2, max_s=0.5, factor=2.0, jitter=0.0)
 FLOOR_S = 0.5
+#: results after the fallback before the device heals (the probe then brings it back)
+DEGRADED_RESULTS = 20
+faces = pytest.mark.parametrize("face", FACES, ids=FACE_IDS)
 
 
 @pytest.fixture(autouse=True)
@@ -56,39 +62,48 @@ def expected_top1(frame_id: int) -> str:
     return REFERENCE_TOP1[CLIP_IMAGES[(frame_id % CLIP_FRAMES) // FRAMES_PER_IMAGE]][0]
 
 
-def run_through(pipeline: Pipeline, events: list, *, frames_degraded: int = 20) -> list:
-    """Iterate the pipeline; once it has fallen back and produced ``frames_degraded`` results on the
-    fallback, heal the device (the probe brings it back)."""
-    results, degraded_results = [], 0
-    for result in pipeline:
-        results.append(result)
+def run_through(face, pipeline, events: list) -> dict[str, list]:
+    """Run to max_frames; once it has fallen back and produced DEGRADED_RESULTS results on the fallback, heal
+    the device (the probe brings it back)."""
+    degraded = [0]
+
+    def heal_later(_result) -> None:
         if events and pipeline.delegate_status.degraded:
-            degraded_results += 1
-            if degraded_results == frames_degraded:
+            degraded[0] += 1
+            if degraded[0] == DEGRADED_RESULTS:
                 CONTROL.set("ok")
+
+    results = face.collect(pipeline, heal_later)
+    assert pipeline.wait(60), "the run did not reach max_frames"
     return results
 
 
-def check_results(results: list, lost: int) -> None:
-    ids = [r.frame_id for r in results]
-    assert ids == sorted(set(ids)), "a frame was delivered twice or out of order"
-    missing = set(range(ids[-1] + 1)) - set(ids)
-    assert len(missing) == lost, missing
-    for result in results:
-        assert result.result[0].label.startswith(expected_top1(result.frame_id)), (result.frame_id, result.result[0])
+def check_results(results: dict[str, list], lost: int) -> None:
+    """Every stream's results in frame order, none twice, each the reference answer; ``lost`` frames missing."""
+    missing = 0
+    for name, got in results.items():
+        ids = [r.frame_id for r in got]
+        assert ids == sorted(set(ids)), f"{name}: a frame was delivered twice or out of order"
+        missing += len(set(range(ids[-1] + 1)) - set(ids))
+        for result in got:
+            assert result.result[0].label.startswith(expected_top1(result.frame_id)), (name, result.frame_id)
+    assert missing == lost
 
 
-def test_a_delegate_that_starts_failing_falls_back_between_frames_and_comes_back(clip):
+@faces
+def test_a_delegate_that_starts_failing_falls_back_between_frames_and_comes_back(clip, face):
+    """The engine's failure is every stream's: each goes on on the fallback, then on the wanted delegate again;
+    every result is right, and only the frame of the failed invoke is lost."""
     events = []
-    with Pipeline(MOBILENET_V2, clip, loop=True, max_frames=160, labels=IMAGENET_LABELS, delegate="flaky,xnnpack",
-                  threads=2, top_k=1, probe_backoff=FAST_PROBES) as pipeline:
+    with face.build(MOBILENET_V2, clip, loop=True, max_frames=160, labels=IMAGENET_LABELS,
+                    delegate="flaky,xnnpack", threads=2, top_k=1, probe_backoff=FAST_PROBES) as pipeline:
         assert pipeline.engine.delegate == "flaky"
         pipeline.add_delegate_listener(events.append)
         CONTROL.set("fail", after=40)  # the 41st invoke on: "USB transfer error", as libedgetpu says it
-        results = run_through(pipeline, events)
+        results = run_through(face, pipeline, events)
         status = pipeline.delegate_status
         assert pipeline.error is None
-        window = pipeline.take_window()
+        windows = face.windows(pipeline)
 
     assert [e.kind for e in events] == ["delegate_fallback", "delegate_restored"]
     fallback, restored = events
@@ -97,22 +112,30 @@ def test_a_delegate_that_starts_failing_falls_back_between_frames_and_comes_back
     assert "USB transfer error" not in fallback.reason and "EdgeTpuDelegateForCustomOp" in fallback.reason
     assert "device stopped answering" in fallback.reason  # mapped to DelegateFailed by the Coral engine's patterns
     assert restored.delegate == "flaky" and restored.previous == "xnnpack" and restored.cause == "probe"
-    assert len(results) == 160 and status.frames_lost == 1 and not status.degraded
+    assert sum(len(r) for r in results.values()) == 160 and status.frames_lost == 1 and not status.degraded
     assert (status.fallbacks, status.restores, status.delegate) == (1, 1, "flaky")
     check_results(results, lost=1)  # every result right, whichever delegate made it; one frame lost
-    assert window.frames_lost == 1 and window.degraded is False and window.delegate_wanted is None
-    assert window.outputs["frames"] == 160 and sum(window.outputs["top"].values()) == 160
+    for name, window in windows.items():
+        assert window.frames_lost == 1 and window.degraded is False and window.delegate_wanted is None
+        assert window.outputs["frames"] == len(results[name]) == sum(window.outputs["top"].values())
 
 
-def test_a_hung_invoke_is_given_up_within_the_watchdog_bound_and_the_run_goes_on(clip):
+@faces
+def test_a_hung_invoke_is_given_up_within_the_watchdog_bound_and_the_run_goes_on(clip, face):
+    """The watchdog abandons the engine's thread stuck in an invoke within the bound; a new one serves every
+    stream on the fallback; the wanted delegate comes back once healed, and the abandoned thread, when its
+    call finally returns, leaves without delivering."""
     events = []
-    with Pipeline(MOBILENET_V2, clip, loop=True, max_frames=140, labels=IMAGENET_LABELS, delegate="flaky,xnnpack",
-                  threads=2, top_k=1, probe_backoff=FAST_PROBES, watchdog_floor_s=FLOOR_S) as pipeline:
+    with face.build(MOBILENET_V2, clip, loop=True, max_frames=140, labels=IMAGENET_LABELS,
+                    delegate="flaky,xnnpack", threads=2, top_k=1, probe_backoff=FAST_PROBES,
+                    watchdog_floor_s=FLOOR_S) as pipeline:
         pipeline.add_delegate_listener(events.append)
         CONTROL.set("hang", after=40)  # the 41st invoke never returns until the device is healed
-        results = run_through(pipeline, events)
+        results = run_through(face, pipeline, events)
         status = pipeline.delegate_status
         assert pipeline.error is None
+        abandoned = face.run(pipeline).abandoned_threads
+        assert len(abandoned) == 1 and wait_until(lambda: not abandoned[0].is_alive(), 10)
 
     fallback, restored = events
     assert fallback.kind == "delegate_fallback" and fallback.cause == "hang" and fallback.delegate == "xnnpack"
@@ -123,46 +146,59 @@ def test_a_hung_invoke_is_given_up_within_the_watchdog_bound_and_the_run_goes_on
     assert restored.kind == "delegate_restored"  # (a probe while the device still hung is stuck until it heals)
     # the abandoned thread returned when the device was healed, and left without delivering anything
     check_results(results, lost=1)
-    assert status.frames_lost == 1 and len(results) == 140
+    assert status.frames_lost == 1 and sum(len(r) for r in results.values()) == 140
 
 
+@faces
 @pytest.mark.parametrize(("how", "expected"), [
     ({"env": {"EDGEINFER_STRICT": "1"}}, "strict mode: no fallback"),
     ({"options": {"failover": False}}, "failover is off"),
     ({"options": {"delegate": "flaky"}}, "no other delegate in the plan"),
 ])
-def test_without_a_fallback_a_failing_delegate_stops_the_run_with_a_clear_error(clip, monkeypatch, how, expected):
+def test_without_a_fallback_a_failing_delegate_stops_the_run_with_a_clear_error(clip, monkeypatch, face, how,
+                                                                               expected):
     for name, value in how.get("env", {}).items():
         monkeypatch.setenv(name, value)
     options = {"delegate": "flaky,xnnpack", **how.get("options", {})}
-    with Pipeline(MOBILENET_TINY, clip, loop=True, labels=IMAGENET_LABELS, **options) as pipeline:
+    with face.build(MOBILENET_TINY, clip, loop=True, labels=IMAGENET_LABELS, **options) as pipeline:
         CONTROL.set("fail", after=10)
-        with pytest.raises(DelegateFailed) as raised:
-            list(pipeline)
-    assert raised.value.delegate == "flaky" and not raised.value.hung
-    assert expected in str(raised.value) and "EdgeTpuDelegateForCustomOp" in str(raised.value)
-    assert pipeline.frames == 10 and pipeline.delegate_status.fallbacks == 0
+        if face.name == "Pipeline":  # its iteration raises what ended the run
+            with pytest.raises(DelegateFailed):
+                list(pipeline)
+        else:
+            pipeline.start()
+            assert pipeline.wait(30), "the run did not end when its engine failed"
+        error = pipeline.error
+    assert isinstance(error, DelegateFailed) and error.delegate == "flaky" and not error.hung
+    assert expected in str(error) and "EdgeTpuDelegateForCustomOp" in str(error)
+    assert sum(s.frames for s in face.stats(pipeline).values()) == 10 and pipeline.delegate_status.fallbacks == 0
 
 
-def test_strict_mode_turns_a_hang_into_a_stop_that_does_not_wait_for_the_hung_thread(clip, monkeypatch):
+@faces
+def test_strict_mode_turns_a_hang_into_a_stop_that_does_not_wait_for_the_hung_thread(clip, monkeypatch, face):
     monkeypatch.setenv("EDGEINFER_STRICT", "1")
-    pipeline = Pipeline(MOBILENET_TINY, clip, loop=True, delegate="flaky,xnnpack", watchdog_floor_s=FLOOR_S)
+    pipeline = face.build(MOBILENET_TINY, clip, loop=True, delegate="flaky,xnnpack", watchdog_floor_s=FLOOR_S)
     CONTROL.set("hang", after=10)  # past the first invoke (its bound is 30 s: a first invoke may compile)
     pipeline.start()
     assert pipeline.wait(30), "the run did not end after its delegate hung"
     assert isinstance(pipeline.error, DelegateFailed) and pipeline.error.hung
     assert "did not return within" in str(pipeline.error) and "strict mode" in str(pipeline.error)
+    run = face.run(pipeline)
+    assert not run.busy  # the thread stuck in the invoke does not count as serving the streams
     pipeline.close()  # returns at once: the hung thread is not joined, its engine not closed under it
     CONTROL.set("ok")
-    assert wait_until(lambda: not any(t.is_alive() for t in pipeline._supervisor.abandoned_threads), 10)
+    assert wait_until(lambda: not any(t.is_alive() for t in run.abandoned_threads), 10)
 
 
-def test_a_fallback_that_fails_too_ends_the_run_naming_every_delegate_tried(clip):
-    with Pipeline(MOBILENET_TINY, clip, loop=True, delegate="flaky,flaky", probe_backoff=FAST_PROBES) as pipeline:
+@faces
+def test_a_fallback_that_fails_too_ends_the_run_naming_every_delegate_tried(clip, face):
+    with face.build(MOBILENET_TINY, clip, loop=True, delegate="flaky,flaky", probe_backoff=FAST_PROBES) as pipeline:
         CONTROL.set("gone", after=10)  # unplugged: the invoke fails and the delegate cannot load again
-        with pytest.raises(DelegateFailed) as raised:
-            list(pipeline)
-    assert "no fallback works" in str(raised.value) and "unplugged" in str(raised.value)
+        pipeline.start()
+        assert pipeline.wait(30)
+        error = pipeline.error
+    assert isinstance(error, DelegateFailed)
+    assert "no fallback works" in str(error) and "unplugged" in str(error)
 
 
 def test_the_delegate_list_is_a_fallback_order_at_load_time_too():
@@ -226,90 +262,3 @@ def test_the_cli_runs_on_through_a_failure_and_strict_stops_with_the_error(tmp_p
     strict = subprocess.run([*command, "--strict"], capture_output=True, text=True, env=env, timeout=120)
     assert strict.returncode != 0
     assert "strict mode: no fallback" in strict.stderr and "EdgeTpuDelegateForCustomOp" in strict.stderr
-
-
-def test_an_engine_serving_three_streams_fails_over_and_back_and_every_stream_goes_on(clip):
-    """MultiPipeline: the engine's failure is every stream's; each goes on on the fallback, then on the
-    wanted delegate again; every result is right, and only the frames of the failed invoke are lost."""
-    events: list = []
-    results: dict[str, list] = {"a": [], "b": [], "c": []}
-    with edgeinfer.MultiPipeline(MOBILENET_V2, {name: clip for name in results}, policy="every", loop=True,
-                                 labels=IMAGENET_LABELS, delegate="flaky,xnnpack", threads=2, top_k=1,
-                                 probe_backoff=FAST_PROBES) as multi:
-        multi.add_delegate_listener(events.append)
-        CONTROL.set("fail", after=30)
-
-        def on_result(result) -> None:
-            results[result.stream].append(result)
-            if len(events) == 1 and sum(len(r) for r in results.values()) > 120:
-                CONTROL.set("ok")  # the device heals once the streams have run degraded for a while
-
-        multi.start(on_result)
-        assert wait_until(lambda: len(events) == 2 and min(len(r) for r in results.values()) >= 80, 60), events
-        multi.stop()
-        stats = multi.stats()
-    fallback, restored = events
-    assert (fallback.kind, fallback.previous, fallback.delegate, fallback.cause) == (
-        "delegate_fallback", "flaky", "xnnpack", "error")
-    assert (restored.kind, restored.delegate) == ("delegate_restored", "flaky")
-    lost = {name: set(range(r[-1].frame_id + 1)) - {x.frame_id for x in r} for name, r in results.items()}
-    assert sum(len(missing) for missing in lost.values()) == fallback.frames_lost <= 3  # one batch of one frame
-    for name, got in results.items():
-        assert [r.frame_id for r in got] == sorted({r.frame_id for r in got}), name
-        for result in got:
-            assert result.result[0].label.startswith(expected_top1(result.frame_id)), (name, result.frame_id)
-        assert stats[name].frames_lost == fallback.frames_lost and stats[name].degraded is False
-
-
-def test_an_engine_serving_three_streams_gives_up_a_hung_invoke_and_every_stream_goes_on(clip):
-    """MultiPipeline's watchdog: the engine's thread stuck in an invoke is abandoned within the bound, a new
-    one serves every stream on the fallback, the wanted delegate comes back once healed, and the abandoned
-    thread, when its call finally returns, leaves without delivering."""
-    events: list = []
-    results: dict[str, list] = {"a": [], "b": [], "c": []}
-    with edgeinfer.MultiPipeline(MOBILENET_V2, {name: clip for name in results}, policy="every", loop=True,
-                                 labels=IMAGENET_LABELS, delegate="flaky,xnnpack", threads=2, top_k=1,
-                                 probe_backoff=FAST_PROBES, watchdog_floor_s=FLOOR_S) as multi:
-        multi.add_delegate_listener(events.append)
-        CONTROL.set("hang", after=30)  # past the first invoke (its bound is 30 s: a first invoke may compile)
-
-        def on_result(result) -> None:
-            results[result.stream].append(result)
-            if len(events) == 1 and sum(len(r) for r in results.values()) > 120:
-                CONTROL.set("ok")  # the device heals: the hung call returns, the probe brings flaky back
-
-        multi.start(on_result)
-        assert wait_until(lambda: len(events) == 2 and min(len(r) for r in results.values()) >= 80, 60), events
-        worker = multi._default
-        assert len(worker.abandoned_threads) == 1
-        assert wait_until(lambda: not worker.abandoned_threads[0].is_alive(), 10)
-        multi.stop()
-        stats = multi.stats()
-        assert multi.error is None
-    fallback, restored = events
-    assert (fallback.kind, fallback.previous, fallback.delegate, fallback.cause) == (
-        "delegate_fallback", "flaky", "xnnpack", "hang")
-    assert fallback.bound_s >= FLOOR_S and fallback.bound_s < fallback.waited_s < fallback.bound_s + 1.0, fallback
-    assert (restored.kind, restored.delegate) == ("delegate_restored", "flaky")
-    lost = {name: set(range(r[-1].frame_id + 1)) - {x.frame_id for x in r} for name, r in results.items()}
-    assert sum(len(missing) for missing in lost.values()) == fallback.frames_lost == 1  # the hung batch's frame
-    for name, got in results.items():
-        assert [r.frame_id for r in got] == sorted({r.frame_id for r in got}), name  # none twice: not the hung one
-        for result in got:
-            assert result.result[0].label.startswith(expected_top1(result.frame_id)), (name, result.frame_id)
-        assert stats[name].degraded is False
-
-
-def test_a_multi_stream_hang_without_a_fallback_ends_the_run_without_waiting_for_the_hung_thread(clip, monkeypatch):
-    monkeypatch.setenv("EDGEINFER_STRICT", "1")
-    multi = edgeinfer.MultiPipeline(MOBILENET_TINY, {"a": clip, "b": clip}, loop=True, delegate="flaky,xnnpack",
-                                    watchdog_floor_s=FLOOR_S)
-    CONTROL.set("hang", after=10)
-    multi.start()
-    assert multi.wait(30), "the run did not end after its delegate hung"
-    assert isinstance(multi.error, DelegateFailed) and multi.error.hung
-    assert "did not return within" in str(multi.error) and "strict mode" in str(multi.error)
-    assert not multi.busy  # the thread stuck in the invoke does not count as serving the streams
-    multi.close()  # returns at once: the hung thread is not joined, its engine not closed under it
-    CONTROL.set("ok")
-    assert wait_until(lambda: not any(t.is_alive() for t in multi._default.abandoned_threads), 10)

@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 from support.assets import MOBILENET_V2
-from support.pipeline import IMAGENET_LABELS, IMAGES, allocations_per_frame
+from support.pipeline import FACE_IDS, FACES, IMAGENET_LABELS, IMAGES, allocations_per_frame
 
 import edgeinfer
 from edgeinfer.errors import InputMismatch
@@ -265,21 +265,29 @@ def test_invalid_settings(options, message):
         MotionGate(**options)
 
 
-def test_the_pipeline_reuses_results_on_unchanged_frames_and_runs_every_moving_one(clip, tmp_path):
-    """Motion gating inside a real Pipeline (MobileNet v2 on the clip, as a folder of lossless frames):
-    the frames inferred are exactly the ones a correct gate lets through; the others carry the last
-    inferred frame's result, marked reused; inferred frames answer as they do without the gate."""
+@pytest.mark.parametrize("face", FACES, ids=FACE_IDS)
+def test_the_pipeline_reuses_results_on_unchanged_frames_and_runs_every_moving_one(clip, tmp_path, face):
+    """Motion gating inside a real run, on both faces (MobileNet v2 on the clip, as a folder of lossless frames;
+    several streams of it for a MultiPipeline): the frames inferred are exactly the ones a correct gate lets
+    through, per stream; the others carry the last inferred frame's result, marked reused; inferred frames
+    answer as they do without the gate."""
     frames, moved = clip
     folder = tmp_path / "frames"
     folder.mkdir()
     for index, frame in enumerate(frames):
         cv2.imwrite(str(folder / f"{index:04d}.bmp"), frame)
     options = {"labels": IMAGENET_LABELS, "top_k": 1, "threads": 2, "policy": "every"}
-    with edgeinfer.Pipeline(MOBILENET_V2, folder, motion_gate=True, **options) as gated:
-        results = list(gated)
-        stats = gated.stats
+    with face.build(MOBILENET_V2, folder, motion_gate=True, **options) as gated:
+        streams = face.collect(gated)
+        assert gated.wait(120), "the run did not end"
+        stats = face.stats(gated)
     with edgeinfer.Pipeline(MOBILENET_V2, folder, **options) as plain:
         reference = [r.result[0].label for r in plain]
+    for name, results in streams.items():
+        _check_gated(results, stats[name], frames, moved, reference)
+
+
+def _check_gated(results: list, stats, frames: list, moved: list[bool], reference: list[str]) -> None:
     assert [r.frame_id for r in results] == list(range(len(frames)))
     inferred = [r.frame_id for r in results if not r.reused]
     assert inferred == _expected(moved, max_skip=30)

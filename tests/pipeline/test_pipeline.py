@@ -14,6 +14,8 @@ from support.pipeline import (
     CLIP_FRAMES,
     CLIP_IMAGES,
     DEEPLAB,
+    FACE_IDS,
+    FACES,
     FRAMES_PER_IMAGE,
     GRACE_HOPPER_FACE,
     IMAGES,
@@ -157,31 +159,32 @@ def test_take_window_splits_the_run(clip):
     assert pipeline.take_window().frames == 0
 
 
-def test_swap_engine_between_frames(clip):
-    gate = threading.Event()
-    labels: list[str] = []
-
-    def callback(result: FrameResult) -> None:
-        labels.append(result.result[0].label)
-        if result.frame_id == 3:
-            gate.set()
-
-    with Pipeline(MOBILENET_V2, clip, labels=IMAGENET_LABELS, max_fps=60) as pipeline:
+@pytest.mark.parametrize("face", FACES, ids=FACE_IDS)
+def test_a_model_update_swaps_the_engine_between_two_frames_and_no_frame_is_lost(clip, face):
+    """Both faces: the new engine serves every stream from the next frame on (capture goes on), a model that
+    cannot serve the task is refused with the run untouched, every frame of every stream is answered right."""
+    started = threading.Event()
+    with face.build(MOBILENET_V2, clip, labels=IMAGENET_LABELS, top_k=1, policy="every", max_fps=60) as pipeline:
         first = pipeline.engine
-        pipeline.start(callback)
-        assert gate.wait(30)
+        results = face.collect(pipeline, lambda result: result.frame_id == 3 and started.set())
+        assert started.wait(30)
         with pytest.raises(ValueError, match="1xN class-score"), edgeinfer.load(ULTRAFACE) as wrong:
             pipeline.swap_engine(wrong)  # does not fit the task: refused, the run goes on
         old = pipeline.swap_engine(edgeinfer.load(MOBILENET_V2_ONNX, "onnxruntime"))
+        at_swap = sum(len(r) for r in results.values())
         assert old is first and not old.closed
-        old.close()
+        old.close()  # the engine swapped out is the caller's
         assert pipeline.wait(60) and pipeline.error is None
-        assert pipeline.engine.delegate == "onnxruntime" and pipeline.stats.delegate == "onnxruntime"
+        assert pipeline.engine.delegate == "onnxruntime"
+        assert {s.delegate for s in face.stats(pipeline).values()} == {"onnxruntime"}
         swapped = pipeline.engine
     assert swapped.closed  # the pipeline owns what was swapped in
-    assert len(labels) == CLIP_FRAMES
-    for index, label in enumerate(labels):  # right answers before and after the swap
-        assert label.startswith(REFERENCE_TOP1[CLIP_IMAGES[index // FRAMES_PER_IMAGE]][0])
+    assert sum(len(r) for r in results.values()) > at_swap + len(results)  # the new engine answered frames
+    for name, got in results.items():
+        assert [r.frame_id for r in got] == list(range(CLIP_FRAMES)), f"{name} lost or reordered frames"
+        for result in got:  # right answers before and after the swap
+            label = result.result[0].label
+            assert label.startswith(REFERENCE_TOP1[CLIP_IMAGES[result.frame_id // FRAMES_PER_IMAGE]][0]), name
 
 
 def test_a_given_engine_is_left_open(clip):

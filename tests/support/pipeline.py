@@ -12,8 +12,10 @@ import socket
 import subprocess
 import sys
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .assets import (
     IMAGENET_LABELS,
@@ -44,11 +46,57 @@ CLIP_FRAMES = len(CLIP_IMAGES) * FRAMES_PER_IMAGE
 PASCAL_DOG = 12
 
 __all__ = [
-    "CLIP_FRAMES", "CLIP_IMAGES", "DEEPLAB", "FRAMES_PER_IMAGE", "GRACE_HOPPER_FACE", "IMAGENET_LABELS", "IMAGES",
-    "LABELS", "MOBILENET_TINY", "MOBILENET_V2", "MOBILENET_V2_ONNX", "MODELS", "MOVENET", "MOVENET_ONNX",
-    "MOVENET_REFERENCE", "PASCAL_DOG", "PASCAL_LABELS", "REFERENCE_TOP1", "ULTRAFACE", "MjpegServer",
-    "allocations_per_frame", "free_port", "reference_clip",
+    "CLIP_FRAMES", "CLIP_IMAGES", "DEEPLAB", "FACES", "FACE_IDS", "FRAMES_PER_IMAGE", "GRACE_HOPPER_FACE",
+    "IMAGENET_LABELS", "IMAGES", "LABELS", "MOBILENET_TINY", "MOBILENET_V2", "MOBILENET_V2_ONNX", "MODELS", "MOVENET",
+    "MOVENET_ONNX", "MOVENET_REFERENCE", "PASCAL_DOG", "PASCAL_LABELS", "REFERENCE_TOP1", "ULTRAFACE", "Face",
+    "MjpegServer", "allocations_per_frame", "free_port", "reference_clip",
 ]
+
+
+@dataclass(frozen=True)
+class Face:
+    """One of the two faces over the one run engine: ``Pipeline`` (one unnamed stream) or ``MultiPipeline`` (the
+    same source as several named streams, ``every`` frame of each). Tests of what both share (failover, hangs,
+    model updates, motion gating) run once against each."""
+
+    name: str
+    streams: tuple[str, ...]
+
+    def build(self, model: Any, source: Any, **options: Any) -> Any:
+        import edgeinfer
+
+        if self.name == "Pipeline":
+            return edgeinfer.Pipeline(model, source, **options)
+        return edgeinfer.MultiPipeline(model, dict.fromkeys(self.streams, source), **{"policy": "every", **options})
+
+    def run(self, pipeline: Any) -> Any:
+        """The MultiPipeline behind either face (a Pipeline is a run of one stream)."""
+        return getattr(pipeline, "_run", pipeline)
+
+    def windows(self, pipeline: Any) -> dict[str, Any]:
+        """Each stream's window since the previous call."""
+        return self.run(pipeline).take_window()
+
+    def stats(self, pipeline: Any) -> dict[str, Any]:
+        """Each stream's statistics since it started."""
+        return self.run(pipeline).stats()
+
+    def collect(self, pipeline: Any, on_result: Callable[[Any], None] | None = None) -> dict[str, list]:
+        """Start ``pipeline`` with a callback keeping each stream's results (then calling ``on_result``)."""
+        results: dict[str, list] = {name: [] for name in self.streams}
+
+        def keep(result: Any) -> None:
+            results[result.stream].append(result)
+            if on_result is not None:
+                on_result(result)
+
+        pipeline.start(keep)
+        return results
+
+
+#: the faces, for ``pytest.mark.parametrize("face", FACES, ids=FACE_IDS)``
+FACES = (Face("Pipeline", ("",)), Face("MultiPipeline", ("a", "b", "c")))
+FACE_IDS = [face.name for face in FACES]
 
 
 def reference_clip(folder: Path, size: tuple[int, int] = (640, 480)) -> Path:

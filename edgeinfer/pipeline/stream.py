@@ -1,0 +1,248 @@
+"""One source of a run: its frame ring, its capture thread, and everything a run keeps per source.
+
+A :class:`Stream` is what :class:`~.multi.MultiPipeline` (and so :class:`~.core.Pipeline`, a run of
+one stream) holds for each source: the source, the ring of preallocated slots, the
+``edgeinfer-capture`` thread (:class:`~.capture_loop.CaptureLoop`) that reads frames into the ring and
+stages their model inputs, the :class:`~.binding.ModelBinding` that builds the plan for its frame
+size, and what the engine's thread (:class:`~.engine_worker.EngineWorker`) does per frame of this
+stream: motion gating, shared decoding of frames published compressed, tracking, lines and zones,
+event rules and their evidence, the output summary, kept frames, counters and stage timings.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from .binding import ModelBinding
+from .capture_loop import CaptureLoop
+from .control import RunControl
+from .decoding import SharedDecoding
+from .outputs import OutputSummary
+from .ring import FrameRing
+from .stats import FrameResult, PipelineStats, StageTimings, StatsRing, StatsWindow, window_stats
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..capture import FrameSource
+    from ..runtime.engine import Engine
+    from .analytics import StreamAnalytics
+    from .binding import InferencePlan
+    from .events import StreamEvents
+    from .labels import Labels
+    from .motion import MotionGate
+    from .options import PipelineOptions
+    from .ring import Slot
+    from .tasks import Task
+
+log = logging.getLogger("edgeinfer.pipeline")
+
+#: seconds stop() waits for the capture thread
+JOIN_TIMEOUT_S = 30.0
+
+
+class Stream:
+    """One source of a run, served by an engine's thread: ring, capture thread, per-stream state and stats."""
+
+    def __init__(self, name: str, source: FrameSource, owns_source: bool, *, row: Engine, task: Task,
+                 options: PipelineOptions, labels: Labels | None, wake: Any) -> None:
+        self.name = name
+        self.source = source
+        self.owns_source = owns_source
+        self.ring = FrameRing(options.queue_size)
+        self.control = RunControl()
+        self.stats_ring = StatsRing(options.stats_window)
+        self.window = StatsWindow()
+        #: the plans for this stream's frames, against row 0 of the engine serving it
+        self.binding = ModelBinding(row, task=task, options=options, labels=labels, source=source,
+                                    slots=len(self.ring.slots))
+        self.binding.check(row)
+        self.binding.offer_input_size(row)
+        self.capture = CaptureLoop(source, self.ring, self.binding, self.control, options, wake=wake)
+        #: frames published still compressed are decoded by whichever thread gets to them first
+        self.shared: SharedDecoding | None = None
+        if source.defers_decode:
+            self.shared = SharedDecoding(source, self.ring, latest=options.policy == "latest",
+                                         stage=self.capture.stage)
+            self.capture.shared = self.shared
+        self.keep_frames = options.keep_frames
+        self.outputs = OutputSummary()
+        self.gate: MotionGate | None = None
+        self.analytics: StreamAnalytics | None = None
+        self.events: StreamEvents | None = None
+        self._add_parts(options)
+        self.thread: threading.Thread | None = None
+        #: the engine's thread has taken this stream's end (its source ended, failed, or the stream stopped)
+        self.ended = False
+        self.next_due = 0.0  # max_fps with ``latest``: when the engine's thread serves this stream next
+        self.last: tuple[int, Any] = (-1, None)  # (plan generation, result) a frame that did not change reuses
+        self.callback_errors = lambda: 0  # the run's callback failures (its delivery), for the stats
+
+    @classmethod
+    def open(cls, name: str, source: Any, options: PipelineOptions, *, row: Engine, task: Task,
+             labels: Labels | None, wake: Any) -> Stream:
+        """Open ``source`` (anything :func:`~edgeinfer.capture.open_source` takes; a FrameSource stays the
+        caller's) as a stream; the source is closed again when the model cannot take its frames."""
+        from ..capture import FrameSource, open_source
+
+        owns = not isinstance(source, FrameSource)
+        opened = open_source(source, size=options.size, fps=options.fps, fourcc=options.fourcc, loop=options.loop,
+                             backoff=options.backoff, reduced=options.decode_reduced)
+        try:
+            return cls(name, opened, owns, row=row, task=task, options=options, labels=labels, wake=wake)
+        except BaseException:
+            if owns:
+                opened.close()
+            raise
+
+    def _add_parts(self, options: PipelineOptions) -> None:
+        """Motion gating, tracking, events: imported only when asked for."""
+        if options.motion_gate:
+            from .motion import motion_gate_from_options
+
+            self.gate = motion_gate_from_options(options)
+        if options.tracking:
+            from .analytics import analytics_from_options
+
+            self.analytics = analytics_from_options(options)
+        if options.events:
+            from .events import events_from_options, stream_folder
+
+            # a named stream keeps its evidence in a folder of its own under evidence_dir
+            folder = stream_folder(options.evidence_dir, self.name) if self.name else options.evidence_dir
+            self.events = events_from_options(options, stream=self.name, evidence_dir=folder)
+            if self.events is not None and self.analytics is not None:
+                self.analytics.add_listener(self.events.on_analytics)
+
+    # ------------------------------------------------------------------------ in the engine's thread
+    def take(self, slot: Slot, deliver: Callable[[FrameResult], None]) -> tuple[InferencePlan, float] | None:
+        """A ready frame of this stream: decoded (if it came compressed), offered to the event rules, gated.
+        Its plan and when it was taken (perf_counter); None when it needs no invoke — a damaged frame
+        (skipped), or an unchanged one (the previous result delivered for it, marked reused)."""
+        shared = self.shared
+        if shared is not None:
+            shared.await_decoded(slot)
+            if slot.decode_failed:
+                self.ring.free.put(slot)  # a damaged frame: skipped (the source counts it)
+                return None
+        taken_at = time.perf_counter()
+        frame = slot.frame
+        plan = self.binding.plan_for(frame.shape, slot.native)
+        if self.events is not None:
+            self.events.offer(frame, slot.frame_id, slot.wall_time)
+        gate = self.gate
+        if gate is not None and not gate.changed(frame) and self.last[0] == plan.gen:
+            reused = reused_result(slot, self.last[1], taken_at, stream=self.name)
+            self.ring.free.put(slot)
+            self.control.reused += 1
+            self.control.frames += 1
+            deliver(reused)
+            return None
+        return plan, taken_at
+
+    def answer(self, result: Any, plan: InferencePlan, frame_id: int, stamp: float,
+               times: tuple[float, float, float, float, float, float, float], kept: Any) -> FrameResult:
+        """A frame's decoded ``result`` through tracking, lines and zones and the event rules, counted in the
+        output summary and the stage timings: its FrameResult. ``times`` (perf_counter): reading began, the
+        frame was read, staged, taken, put into the engine; the invoke began, ended."""
+        t0, t1, t2, t3, t3b, t4, t5 = times
+        if self.analytics is not None:
+            result = self.analytics.process(result, frame_id, stamp)
+        events = self.events
+        if events is not None and events.wants_results:
+            events.check(result, frame_id, stamp)
+        t6 = time.perf_counter()
+        self.outputs.observe(result)
+        self.last = (plan.gen, result)
+        if self.shared is not None:
+            self.shared.note_inference(t6 - t3)
+        timings = StageTimings(capture=(t1 - t0) * 1e3, preprocess=((t2 - t1) + (t3b - t3)) * 1e3,
+                               infer=(t5 - t4) * 1e3, postprocess=(t6 - t5) * 1e3, latency=(t6 - t1) * 1e3,
+                               queue=(t3 - t2) * 1e3)
+        self.stats_ring.record(timings)
+        self.control.frames += 1
+        return FrameResult(frame_id, stamp, result, timings, kept, self.name)
+
+    # ------------------------------------------------------------------------ lifetime
+    @property
+    def thread_name(self) -> str:
+        return f"edgeinfer-capture-{self.name}" if self.name else "edgeinfer-capture"
+
+    def start(self) -> None:
+        self.control.begin()
+        self.window.start(self.control.t_start)
+        self.source.resume()
+        self.thread = threading.Thread(target=self.capture.run, name=self.thread_name, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop capturing and wait for the capture thread."""
+        self.control.request_stop()
+        self.source.interrupt()
+        self.ring.end()  # wake a capture thread waiting for a slot
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread() and thread.is_alive():
+            thread.join(JOIN_TIMEOUT_S)
+            if thread.is_alive():
+                log.warning("thread %s did not stop within %g s (blocked in a device read?)", thread.name,
+                            JOIN_TIMEOUT_S)
+
+    def finish(self) -> None:
+        """The engine's thread has taken the stream's last frame: the run of this stream is over."""
+        self.control.t_end = time.perf_counter()
+        self.control.finished.set()
+        self.close_events()
+
+    def close_events(self) -> None:
+        """Finish the recordings in progress (their post-roll is what there is)."""
+        if self.events is not None:
+            self.events.close()
+
+    def close_source(self) -> None:
+        """Close the source if the stream opened it — not under a capture thread still blocked in a read."""
+        thread = self.thread
+        if thread is not None and thread.is_alive():
+            # releasing a device under a thread still blocked in its read() can crash the driver: leak it
+            log.warning("not closing %s: the capture thread is still blocked in it", self.source.description)
+        elif self.owns_source:
+            self.source.close()
+
+    @property
+    def error(self) -> BaseException | None:
+        """What stopped this stream's capture; None when it ended normally or still runs."""
+        return self.control.error
+
+    # ------------------------------------------------------------------------ statistics
+    def stats(self, engine: Engine, delegate_fields: dict[str, Any]) -> PipelineStats:
+        """Since the stream started."""
+        control = self.control
+        return self._stats_of(0, self.stats_ring.count, control.dropped, control.reused,
+                              control.elapsed(control.t_start > 0), None, engine, delegate_fields)
+
+    def take_window(self, engine: Engine, delegate_fields: dict[str, Any]) -> PipelineStats:
+        """Since the previous call (or the start), with the window's output summary: for telemetry."""
+        control = self.control
+        first, last, dropped, reused, elapsed = self.window.take(self.stats_ring.count, control.dropped,
+                                                                 control.reused, control.now())
+        return self._stats_of(first, last, dropped, reused, elapsed if control.t_start > 0 else 0.0,
+                              self.outputs.take(), engine, delegate_fields)
+
+    def _stats_of(self, first: int, last: int, dropped: int, reused: int, elapsed: float,
+                  outputs: dict[str, Any] | None, engine: Engine, delegate_fields: dict[str, Any]) -> PipelineStats:
+        analytics = self.analytics
+        return window_stats(self.stats_ring, first, last, dropped=dropped, reused=reused, elapsed=elapsed,
+                            source=self.source, delegate=engine.description, callback_errors=self.callback_errors(),
+                            outputs=outputs, analytics=analytics.counts() if analytics is not None else None,
+                            **delegate_fields)
+
+
+def reused_result(slot: Slot, result: object, taken_at: float, stream: str = "") -> FrameResult:
+    """Motion gating: ``slot``'s frame answered with a previous ``result``, marked reused (its own frame id,
+    times and capture stage; no preprocess, infer or postprocess). Read before the slot goes back to the ring."""
+    t0, t1, t2 = slot.read_start, slot.read_end, slot.staged_end
+    timings = StageTimings(capture=(t1 - t0) * 1e3, preprocess=0.0, infer=0.0, postprocess=0.0,
+                           latency=(time.perf_counter() - t1) * 1e3, queue=(taken_at - t2) * 1e3)
+    return FrameResult(slot.frame_id, slot.wall_time, result, timings, stream=stream, reused=True)
