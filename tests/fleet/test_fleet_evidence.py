@@ -567,7 +567,6 @@ def test_a_real_agent_counts_the_scene_and_its_events_arrive_with_their_evidence
     """End to end: an agent process (enrolled credential, the managed broker) runs the face detector on the
     generated scene with a line and a zone; every crossing and entry is a rule_triggered event in the
     manager's list, and the snapshot and clip it uploaded are the device's files byte for byte."""
-    pytest.importorskip("trackers", reason="tracking needs edgeinfer[tracking]")
     from support import scenes
     from support.agent import AgentProcess, write_config
     from support.pipeline import ULTRAFACE
