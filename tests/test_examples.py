@@ -15,6 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 import yaml
 from support.agent import AgentProcess, fake_sysfs, write_config
@@ -31,9 +33,6 @@ from support.examples import (
 )
 from support.processes import edgeinfer_cmd
 from support.profiles import fake_root
-
-cv2 = pytest.importorskip("cv2")
-np = pytest.importorskip("numpy")
 
 FRAME_LINE = re.compile(r"^frame (\d+): (.*)$", re.M)
 CAMERA = Path("/dev/video0")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 
 import click
@@ -14,7 +15,9 @@ from .output import handle_errors, print_json
 @click.command("simulate")
 @click.option("--devices", "count", type=click.IntRange(min=1), required=True, help="How many devices.")
 @click.option("--broker", required=True, envvar="EDGEINFER_BROKER", help="The broker, mqtt://HOST:PORT.")
-@click.option("--fleet", "fleet_name", default="sim", show_default=True, help="Their fleet (the topic level).")
+@click.option("--fleet", "fleet_name",
+              help="Their fleet (the topic level). Default: the fleet each device's --credentials names, else "
+                   "default (as `fleet enroll`). A --fleet that contradicts the credentials is an error.")
 @click.option("--prefix", default="sim", show_default=True, help="Device ids are PREFIX-00000, PREFIX-00001, ...")
 @click.option("--interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
               help="Seconds between one device's telemetry messages.")
@@ -32,7 +35,7 @@ from .output import handle_errors, print_json
                    "telemetry windows failed), healthy; joined by + (repeatable). Other models run healthy.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 @handle_errors
-def simulate(count: int, broker: str, fleet_name: str, prefix: str, interval: float, duration: float | None,
+def simulate(count: int, broker: str, fleet_name: str | None, prefix: str, interval: float, duration: float | None,
              fail_rate: float, seed: int, groups: tuple[str, ...], credentials: Path | None,
              behaviours: tuple[str, ...], as_json: bool) -> None:
     """Run simulated agents on one thread: real protocol, telemetry, births and Last Wills, deploy answers."""
@@ -60,7 +63,8 @@ def simulate(count: int, broker: str, fleet_name: str, prefix: str, interval: fl
         rate = (report.published - last["published"]) / max(1e-9, report.elapsed_s - last["elapsed"])
         last.update(published=report.published, elapsed=report.elapsed_s)
         click.echo(f"  {report.elapsed_s:6.1f} s  online {report.online}/{report.devices}  published "
-                   f"{report.published}  acked {report.acked}  {rate:.0f} msg/s", err=True)
+                   f"{report.published}  acked {report.acked}  refused {report.refused}  {rate:.0f} msg/s",
+                   err=True)
 
     try:
         report = simulation.run(on_progress=progress)
@@ -70,16 +74,25 @@ def simulate(count: int, broker: str, fleet_name: str, prefix: str, interval: fl
     if as_json:
         print_json(report.to_dict())
     else:
-        click.echo(f"{report.devices} devices: published {report.published}, acked {report.acked}, dropped "
-                   f"{report.dropped}, connects {report.connects} (peak {report.peak_connects_per_s}/s), "
-                   f"updates active {report.updates_active}, failed {report.updates_failed}")
+        click.echo(f"{report.devices} devices: published {report.published}, acked {report.acked}, refused "
+                   f"{report.refused}, dropped {report.dropped}, connects {report.connects} (peak "
+                   f"{report.peak_connects_per_s}/s), updates active {report.updates_active}, failed "
+                   f"{report.updates_failed}")
+    if report.refused:  # the broker stored none of these: a load test that did not happen, whatever else it says
+        fleets = sorted({d.fleet for d in simulation.devices})
+        click.echo(f"edgeinfer: error: the broker refused {report.refused} of {report.published} telemetry messages "
+                   f"(first: {simulation.first_refusal}); the devices published in fleet {', '.join(fleets)} — are "
+                   "the credentials those devices' own, enrolled in that fleet?", err=True)
+        sys.exit(1)
 
 
-def _credentials(path: Path) -> dict[str, tuple[str, str]]:
-    """device id -> (user name, password) from `fleet enroll --json` output (one object or a list)."""
+def _credentials(path: Path) -> dict[str, tuple[str, ...]]:
+    """device id -> (user name, password, fleet) from `fleet enroll --json` output (one object or a list); an
+    entry without a fleet gives (user name, password)."""
     try:
         entries = json.loads(path.read_text())
         entries = [entries] if isinstance(entries, dict) else entries
-        return {e["device_id"]: (e["username"], e["password"]) for e in entries}
+        return {e["device_id"]: (e["username"], e["password"], *([e["fleet"]] if e.get("fleet") else []))
+                for e in entries}
     except (ValueError, TypeError, KeyError) as exc:
         raise click.BadParameter(f"{path} is not the JSON of `fleet enroll --json` ({exc})") from None

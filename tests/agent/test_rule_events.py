@@ -15,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 from support import scenes
 from support.agent import AgentProcess, write_config
 from support.broker import Collector
@@ -93,7 +92,6 @@ def rule_events(collector: Collector) -> list[dict]:
 
 
 def test_an_agent_reports_each_rule_event_and_sends_its_evidence_through_a_failing_server(tmp_path, broker):
-    pytest.importorskip("trackers", reason="tracking needs edgeinfer[tracking]")
     clip = scenes.make_scene_clip(tmp_path / "scene.avi")
     with EvidenceServer(tmp_path / "received") as server:
         server.fail_next = 3  # the manager is down for the first three requests

@@ -6,13 +6,11 @@ from __future__ import annotations
 import pytest
 from support.broker import running_broker
 from support.fleet import running_fleet
-from support.postgres import MISSING, PostgresServer
+from support.postgres import PostgresServer
 
 
 @pytest.fixture(scope="session")
 def postgres(tmp_path_factory):
-    if MISSING:
-        pytest.skip(MISSING)
     server = PostgresServer(tmp_path_factory.mktemp("postgres")).start()
     yield server
     server.stop("immediate")

@@ -27,11 +27,6 @@ from support.browser import (
 )
 from support.dashboard import fill, go, rows, running_dashboard, settle, sign_in, sign_out, submit_token, wait_live
 
-import edgeinfer
-
-pytestmark = pytest.mark.skipif(not (Path(edgeinfer.__file__).parent / "fleet/web/index.html").exists(),
-                                reason="the dashboard's front end is not in this tree yet")
-
 BIRDS = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
 DOCS_IMG = Path(__file__).parents[2] / "docs" / "img"
 DEVICES = 50

@@ -510,11 +510,9 @@ def test_clips_are_split_by_their_jpeg_markers():
 
 # ------------------------------------------------------------------------------------------ dashboard
 def test_the_dashboard_shows_the_snapshot_and_plays_the_clip(fleet):
-    from support.browser import MISSING, Browser, wait_for, wait_js
+    from support.browser import Browser, wait_for, wait_js
     from support.dashboard import Dashboard, go, sign_in
 
-    if MISSING:
-        pytest.skip(MISSING)
     shown = new_event_id(30)
     snapshot, (movie, parts) = jpeg(200, 150, 40), clip(8, 41, 120, 90)
     assert fleet.put("cam-a", shown, "snapshot.jpg", snapshot)[0] == 201
@@ -569,7 +567,6 @@ def test_a_real_agent_counts_the_scene_and_its_events_arrive_with_their_evidence
     """End to end: an agent process (enrolled credential, the managed broker) runs the face detector on the
     generated scene with a line and a zone; every crossing and entry is a rule_triggered event in the
     manager's list, and the snapshot and clip it uploaded are the device's files byte for byte."""
-    pytest.importorskip("trackers", reason="tracking needs edgeinfer[tracking]")
     from support import scenes
     from support.agent import AgentProcess, write_config
     from support.pipeline import ULTRAFACE

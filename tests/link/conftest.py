@@ -15,9 +15,9 @@ def parser(request, monkeypatch) -> str:
     if request.param == "json":
         monkeypatch.setattr(protocol, "orjson", None)
     else:
-        pytest.importorskip("orjson")
+        import orjson  # noqa: F401 - the fleet extra's parser
     if request.param == "orjson+msgspec":
-        pytest.importorskip("msgspec")
+        import msgspec  # noqa: F401 - the fleet extra's checker
     else:
         monkeypatch.setattr(schema_fast, "_load", lambda: False)  # as where msgspec is not installed
     return request.param

@@ -156,7 +156,8 @@ def test_the_compiled_check_agrees_with_the_explaining_validator():
     and msgspec's decoder (decode()'s first judge in the fleet extra) never accepts what they refuse."""
     import random
 
-    pytest.importorskip("msgspec")
+    import msgspec  # noqa: F401 - decode()'s first judge (the fleet extra)
+
     from edgeinfer.link import schema_fast
     from edgeinfer.link.protocol import _CHECKS
 

@@ -59,7 +59,8 @@ def test_bad_streams_are_refused_saying_where(parser, change, needle):
 
 
 def test_the_fast_decoder_never_accepts_a_stream_the_schema_refuses():
-    pytest.importorskip("msgspec")
+    import msgspec  # noqa: F401 - the fast decoder's (the fleet extra)
+
     from edgeinfer.link import schema_fast
 
     schema = SCHEMAS["telemetry"]

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from edgeinfer.errors import ProtocolError
+from edgeinfer.link import schema_fast
 from edgeinfer.link.protocol import SCHEMAS, decode, schema_errors
-
-msgspec = pytest.importorskip("msgspec")
-from edgeinfer.link import schema_fast  # noqa: E402 - after the skip: the module works without msgspec too
 
 
 def accepted(schema: dict, value: object) -> bool:

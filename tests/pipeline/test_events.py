@@ -254,7 +254,6 @@ def test_a_store_that_cannot_write_counts_failures_and_the_events_go_on(tmp_path
 # ------------------------------------------------------------------- the scene through a pipeline
 
 def test_the_scene_clip_makes_one_event_per_true_crossing_and_entry_with_evidence(tmp_path):
-    pytest.importorskip("trackers", reason="tracking needs edgeinfer[tracking]")
     clip = scenes.make_scene_clip(tmp_path / "scene.avi")
     got: list[dict] = []
     with Pipeline(ULTRAFACE, clip, task="detect", lines=[LINE], zones=[ZONE], line_band=scenes.BAND,
@@ -283,7 +282,6 @@ def test_the_scene_clip_makes_one_event_per_true_crossing_and_entry_with_evidenc
 
 
 def test_each_stream_records_its_events_in_a_folder_of_its_own(tmp_path):
-    pytest.importorskip("trackers", reason="tracking needs edgeinfer[tracking]")
     clip = scenes.make_scene_clip(tmp_path / "scene.avi")
     got: list[dict] = []
     with MultiPipeline(ULTRAFACE, {"east": clip, "west": clip}, task="detect", policy="every", lines=[LINE],
@@ -299,7 +297,6 @@ def test_each_stream_records_its_events_in_a_folder_of_its_own(tmp_path):
 
 
 def test_edgeinfer_run_prints_each_event_and_keeps_its_evidence(tmp_path):
-    pytest.importorskip("trackers", reason="tracking needs edgeinfer[tracking]")
     clip = scenes.make_scene_clip(tmp_path / "scene.avi")
     done = subprocess.run([sys.executable, "-m", "edgeinfer", "run", str(ULTRAFACE), "--source", str(clip),
                            "--task", "detect", "--line", LINE, "--event", "line_crossed:door", "--json",

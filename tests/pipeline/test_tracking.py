@@ -3,7 +3,6 @@ generated clip with known ground truth through the real face detector (tests/sup
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -25,10 +24,6 @@ from edgeinfer.pipeline.analytics import (
 )
 from edgeinfer.pipeline.postprocess import Detection, Detections
 from edgeinfer.pipeline.tracking import Tracker
-
-#: the tracker's library (edgeinfer[tracking]); the line and zone rules need none
-needs_trackers = pytest.mark.skipif(importlib.util.find_spec("trackers") is None,
-                                    reason="tracking needs edgeinfer[tracking]")
 
 H = 100.0  # box height of the hand-made tracks: the default band (0.1 of it) is 10 px
 
@@ -179,7 +174,6 @@ def _frame(*xs):
     return Detections(tuple(Detection(box_at(x, y), 0.9, 1, "face") for x, y in xs))
 
 
-@needs_trackers
 def test_tracks_are_confirmed_after_min_hits_and_keep_their_id_through_a_short_gap():
     tracker = Tracker(min_hits=3)
     ids = [[d.track_id for d in tracker.update(_frame((100 + 10 * f, 200), (500, 200 + 5 * f)), f)]
@@ -194,7 +188,6 @@ def test_tracks_are_confirmed_after_min_hits_and_keep_their_id_through_a_short_g
     assert detection.to_dict()["track_id"] == first and "track_id" not in Detection((0, 0, 1, 1), 0.9, 1, "x").to_dict()
 
 
-@needs_trackers
 def test_stream_analytics_counts_events_and_forgets_lost_tracks(caplog):
     analytics = StreamAnalytics(Tracker(min_hits=3, lost_frames=5), [vertical_line()],
                                 [ZoneCounter("right", [(400, 0), (640, 0), (640, 480), (400, 480)])], fps=10)
@@ -225,7 +218,6 @@ def test_stream_analytics_counts_events_and_forgets_lost_tracks(caplog):
 @pytest.fixture(scope="module")
 def scene_run(tmp_path_factory):
     """The scene clip through Ultraface with the analytics as an observer; the detections per frame too."""
-    pytest.importorskip("trackers", reason="tracking needs edgeinfer[tracking]")
     clip = scenes.make_scene_clip(tmp_path_factory.mktemp("scene") / "scene.avi")
     analytics = build_analytics(lines={"door": scenes.LINE}, zones={"shop": scenes.ZONE}, band=scenes.BAND,
                                 fps=scenes.FPS)
@@ -282,7 +274,6 @@ def test_without_hysteresis_or_with_unconfirmed_tracks_the_same_clip_counts_wron
 def test_the_pipeline_tracks_and_counts_from_its_options(tmp_path):
     """``Pipeline(..., lines=..., zones=...)``: the detections every consumer gets carry track ids, and
     the window's stats carry the counts (what the agent's telemetry sends)."""
-    pytest.importorskip("trackers", reason="tracking needs edgeinfer[tracking]")
     clip = scenes.make_scene_clip(tmp_path / "scene.avi")
     line = "door=" + ",".join(str(v) for v in scenes.LINE)
     zone = "shop=" + ",".join(f"{x},{y}" for x, y in scenes.ZONE)
@@ -302,7 +293,6 @@ def test_the_pipeline_tracks_and_counts_from_its_options(tmp_path):
 
 
 def test_edgeinfer_run_counts_a_line_and_a_zone(tmp_path):
-    pytest.importorskip("trackers", reason="tracking needs edgeinfer[tracking]")
     clip = scenes.make_scene_clip(tmp_path / "scene.avi")
     line = "door=" + ",".join(str(v) for v in scenes.LINE)
     zone = "shop=" + ",".join(f"{x},{y}" for x, y in scenes.ZONE)
@@ -316,7 +306,6 @@ def test_edgeinfer_run_counts_a_line_and_a_zone(tmp_path):
 
 
 def test_each_stream_of_a_multi_stream_run_tracks_and_counts_on_its_own(tmp_path):
-    pytest.importorskip("trackers", reason="tracking needs edgeinfer[tracking]")
     clip = scenes.make_scene_clip(tmp_path / "scene.avi")
     line = "door=" + ",".join(str(v) for v in scenes.LINE)
     with MultiPipeline(ULTRAFACE, {"east": clip, "west": clip}, task="detect", policy="every", lines=[line],

@@ -76,7 +76,7 @@ def test_quantisation_is_read_without_onnx(without_onnx):
 
 
 def test_specs_are_the_same_with_and_without_onnx(without_onnx):
-    pytest.importorskip("onnx")
+    import onnx  # noqa: F401 - this interpreter reads the graph with the onnx package (the onnx extra)
     for path in ONNX_MODELS:
         info = inspect_model(path)  # this interpreter reads the graph with the onnx package
         expected = [{**spec.__dict__, "shape": list(spec.shape)} for spec in (*info.inputs, *info.outputs)]
@@ -85,7 +85,7 @@ def test_specs_are_the_same_with_and_without_onnx(without_onnx):
 
 @pytest.mark.parametrize("path", ONNX_MODELS, ids=[p.name for p in ONNX_MODELS])
 def test_own_reader_agrees_with_the_onnx_package(path):
-    onnx = pytest.importorskip("onnx")
+    import onnx
     ours = _onnx_schema.parse_model(path.read_bytes())
     assert ours == _onnx_schema.graph_from_onnx(onnx.load(str(path)))
     assert ours.nodes and ours.inputs and ours.outputs
@@ -94,7 +94,7 @@ def test_own_reader_agrees_with_the_onnx_package(path):
 def test_own_reader_on_typed_fields_constants_and_symbolic_dims():
     """tf2onnx stores scalars in raw_data; other exporters use float_data / int32_data / int64_data
     and Constant nodes — the same values must come out."""
-    onnx = pytest.importorskip("onnx")
+    import onnx
     from onnx import TensorProto, helper
 
     initializers = [
@@ -127,7 +127,7 @@ def test_own_reader_on_typed_fields_constants_and_symbolic_dims():
 
 def test_integer_output_without_a_scale_is_said_not_pretended(tmp_path):
     """A uint8 output no QuantizeLinear makes has no knowable scale: inspection says so."""
-    onnx = pytest.importorskip("onnx")
+    import onnx
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(

@@ -11,6 +11,7 @@ import contextlib
 import getpass
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -103,15 +104,24 @@ class Broker:
         return f"{'mqtts' if self.tls else 'mqtt'}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10) -> Broker:
+        """Start it and wait until it listens; a RuntimeError that says why if it cannot (never a skip: `make
+        test` installs Mosquitto)."""
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=log, stderr=log)
+        command = [MOSQUITTO, "-c", str(self.conf)]
+        try:
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen(command, stdout=log, stderr=log)
+        except OSError as exc:
+            raise RuntimeError(f"`{shlex.join(command)}` could not run: {exc} (apt-get install mosquitto, or make "
+                               "system-deps)") from exc
         deadline = time.monotonic() + timeout
         while not _port_open(self.port):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mosquitto exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+                raise RuntimeError(f"`{shlex.join(command)}` exited with status {self.proc.returncode}:\n"
+                                   f"{self.log.read_text(errors='replace')[-2000:]}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"mosquitto did not listen on {self.port} within {timeout} s")
+                raise RuntimeError(f"`{shlex.join(command)}` did not listen on {self.port} within {timeout} s:\n"
+                                   f"{self.log.read_text(errors='replace')[-2000:]}")
             time.sleep(0.02)
         return self
 

@@ -7,6 +7,10 @@ were no errors, with ``expecting(pattern)`` for the ones a test provokes on purp
 "Failed to load resource: … 403"). ``quit()`` ends the driver, then kills whatever it left behind.
 ``wait_for``, ``wait_text``, ``wait_js`` and ``screenshot`` are the waits and the capture the tests share;
 ``serve_folder`` serves a directory over HTTP on a free port, for pages made by a test.
+
+A browser that cannot start is an error (RuntimeError: what is missing, or chromedriver's answer — with its
+exit status when it died itself — and the tail of its log: the command it launched Chromium with, what Chromium
+printed) — never a skip: ``make test`` installs both, so a test that needs them and cannot have them has failed.
 """
 
 from __future__ import annotations
@@ -83,7 +87,9 @@ class Browser:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
 
-        self._profile = tempfile.mkdtemp(prefix="edgeinfer-chromium-")
+        self._folder = tempfile.mkdtemp(prefix="edgeinfer-chromium-")
+        self._profile = os.path.join(self._folder, "profile")
+        self.log = Path(self._folder) / "chromedriver.log"  # its INFO log: commands, answers (long ones cut)
         options = webdriver.ChromeOptions()
         options.binary_location = str(CHROMIUM)
         for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
@@ -96,17 +102,34 @@ class Browser:
                          "--hide-scrollbars", "--force-device-scale-factor=1", "--lang=en-US"):
             options.add_argument(argument)
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-        self.service = Service(str(CHROMEDRIVER))
+        self.service = Service(str(CHROMEDRIVER), log_output=str(self.log))
         self.console: list[dict] = []  # every console entry read so far, oldest first
         self._expected: list[dict] = []  # entries a test provoked on purpose (expecting())
         try:
             self.driver = webdriver.Chrome(service=self.service, options=options)
+        except Exception as exc:
+            reason = self._start_failure(exc)
+            self._kill_leftovers(self._service_pids())
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise RuntimeError(reason) from exc
         except BaseException:
             self._kill_leftovers(self._service_pids())
-            shutil.rmtree(self._profile, ignore_errors=True)
+            shutil.rmtree(self._folder, ignore_errors=True)
             raise
         self.driver.set_page_load_timeout(page_load_timeout)
         self.set_window_size(*size)
+
+    def _start_failure(self, exc: Exception) -> str:
+        """Why Chromium did not start: chromedriver's answer (its exit status when it died itself), the end of its
+        log (the command it launched Chromium with, what Chromium printed)."""
+        answer = (getattr(exc, "msg", None) or str(exc)).strip().splitlines()
+        try:
+            log = "\n".join(self.log.read_text(errors="replace").strip().splitlines()[-20:])
+        except OSError:
+            log = ""
+        return (f"Chromium did not start: {CHROMEDRIVER} driving {CHROMIUM}: "
+                f"{type(exc).__name__}: {answer[0] if answer else '(no message)'}"
+                + (f"\n--- the end of chromedriver's log:\n{log}" if log else " (chromedriver wrote no log)"))
 
     # ------------------------------------------------------------------------------ window
     def set_window_size(self, width: int, height: int) -> None:
@@ -186,7 +209,7 @@ class Browser:
             while time.monotonic() < deadline and any(_running(p) for p in pids):
                 time.sleep(0.05)
             self._kill_leftovers([p for p in pids if _running(p)])
-            shutil.rmtree(self._profile, ignore_errors=True)
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     def __enter__(self) -> Browser:
         return self

@@ -3,6 +3,10 @@ free port, from the Debian package (``apt-get install postgresql``; ``make syste
 
 PostgreSQL refuses to run as root: run as root (CI, this machine), the server runs as the
 ``postgres`` system user the Debian package creates, in a folder handed to that user.
+
+A server that cannot start is an error (RuntimeError) that names the command, its exit status and the tail
+of its output and of the server's log — never a skip: ``make test`` installs PostgreSQL, so a test that needs
+it and cannot have it has failed.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import shlex
 import shutil
 import socket
 import subprocess
@@ -33,6 +38,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _tail(text: str, lines: int = 20) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
 class PostgresServer:
     """One PostgreSQL cluster in ``workdir``; ``create_database()`` gives each test its own database."""
 
@@ -46,8 +55,27 @@ class PostgresServer:
         self.log = self.workdir / "postgres.log"
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(list(args), check=check, capture_output=True, text=True, user=self.user,
-                              cwd=self.workdir, timeout=120)
+        """Run a PostgreSQL program as the server's user; with ``check``, a non-zero exit is a RuntimeError that
+        says why (a program that cannot run at all always is)."""
+        command = shlex.join(args)
+        try:
+            done = subprocess.run(list(args), capture_output=True, text=True, user=self.user, cwd=self.workdir,
+                                  timeout=120)
+        except (OSError, subprocess.SubprocessError) as exc:  # missing, not executable, timed out
+            raise RuntimeError(f"PostgreSQL: `{command}` could not run: {exc}{self._log_tail()}") from exc
+        if check and done.returncode != 0:
+            output = _tail(done.stdout + done.stderr)
+            said = f":\n{output}" if output else " (no output)"
+            raise RuntimeError(f"PostgreSQL: `{command}` exited with status {done.returncode}{said}{self._log_tail()}")
+        return done
+
+    def _log_tail(self) -> str:
+        """The end of the server's log, if it wrote one, as a paragraph of an error message."""
+        try:
+            text = _tail(self.log.read_text(errors="replace"))
+        except OSError:
+            return ""
+        return f"\n--- the end of {self.log}:\n{text}" if text else ""
 
     def start(self) -> PostgresServer:
         self.workdir.mkdir(parents=True, exist_ok=True)

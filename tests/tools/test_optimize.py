@@ -74,7 +74,7 @@ def test_int8_model_keeps_the_reference_top1(int8, suffix, delegate):
 
 
 def test_int8_model_is_qdq_with_per_channel_weights_and_says_how_it_was_made(int8):
-    onnx = pytest.importorskip("onnx")
+    import onnx
     from onnx import numpy_helper
 
     out, _, _ = int8
@@ -153,7 +153,7 @@ def test_a_detector_has_no_top1_so_it_needs_force(tmp_path):
 
 
 def test_fp16_halves_the_model_and_keeps_float32_io(tmp_path):
-    onnx = pytest.importorskip("onnx")
+    import onnx
     out = tmp_path / "fp16.onnx"
     result = run_cli("optimize", FLOAT, "--fp16", "--validation", IMAGES, "-o", out, *MOBILENET_NORM,
                      "--bench-seconds", "0", "--json", "-q")

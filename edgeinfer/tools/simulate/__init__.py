@@ -13,7 +13,12 @@ per device). Connections are spread over a ramp, and a lost connection is retrie
 :class:`~edgeinfer._backoff.Backoff` and equal jitter, so a thousand devices do not reconnect in
 lockstep after a broker restart.
 Telemetry made while offline waits in the client (up to ``max_pending`` per device; beyond that it
-is counted as dropped) and goes out after the reconnect; a message counts as acked on its PUBACK.
+is counted as dropped) and goes out after the reconnect; a message counts as acked on a PUBACK that
+accepts it, and as refused on one whose reason code is a failure (>= 0x80, e.g. 0x87 Not authorized: the
+broker's ACL does not let the account write that topic). Mosquitto says so under MQTT 5, which the
+simulator speaks; under MQTT 3.1.1 a broker cannot refuse a publish (it acknowledges and drops it).
+A device's fleet (the topic level) is the one its credential names (``fleet enroll --json`` prints it),
+else ``SimulationSettings.fleet``, else ``default``, as for an agent and ``fleet enroll``.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._backoff import EQUAL_JITTER, Backoff
+from ...agent.config import DEFAULT_FLEET
 from ...errors import ClosedError
 from ...link.settings import parse_broker_url
 from .device import Behaviour, SimDevice, fails
@@ -44,7 +50,9 @@ __all__ = ["Behaviour", "Simulation", "SimulationReport", "SimulationSettings"]
 class SimulationSettings:
     broker: str  # mqtt://host:port
     devices: int
-    fleet: str = "sim"
+    #: the devices' fleet; None: the one each device's credential names, else DEFAULT_FLEET. A fleet that
+    #: contradicts a credential's is a ValueError (the broker would refuse every message of that device)
+    fleet: str | None = None
     prefix: str = "sim"  # device ids f"{prefix}-{i:05d}"
     interval_s: float = 1.0
     duration_s: float | None = None  # None: until stop()
@@ -56,8 +64,9 @@ class SimulationSettings:
     max_pending: int = 10_000  # unacknowledged telemetry kept per device
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
-    #: device id -> (MQTT user name, password), from `edgeinfer fleet enroll --json` (a broker with accounts)
-    credentials: Mapping[str, tuple[str, str]] | None = field(default=None, repr=False)
+    #: device id -> (MQTT user name, password) or (user name, password, fleet), from `edgeinfer fleet enroll
+    #: --json` (a broker with accounts)
+    credentials: Mapping[str, tuple[str, ...]] | None = field(default=None, repr=False)
     #: how devices run a deployed model, by its artifact sha256 or its model name: "slow:5", "drift",
     #: "errors:0.5", "healthy" (:class:`Behaviour`); a model named nowhere runs healthy
     behaviours: Mapping[str, str] = field(default_factory=dict)
@@ -71,11 +80,30 @@ class SimulationSettings:
         if self.interval_s <= 0:
             raise ValueError(f"interval must be > 0 s, not {self.interval_s}")
         if self.credentials is not None:
-            missing = [d for d in (f"{self.prefix}-{i:05d}" for i in range(self.devices)) if d not in self.credentials]
+            missing = [d for d in self.device_ids() if d not in self.credentials]
             if missing:
                 raise ValueError(f"no credentials for {len(missing)} device(s), e.g. {missing[0]}")
+            for device_id in self.device_ids():
+                theirs = _credential_fleet(self.credentials[device_id])
+                if self.fleet is not None and theirs is not None and theirs != self.fleet:
+                    raise ValueError(f"fleet {self.fleet!r} contradicts the credentials: {device_id} is enrolled in "
+                                     f"fleet {theirs!r} (leave the fleet out to take each device's from its "
+                                     "credential)")
         for spec in self.behaviours.values():
             Behaviour.parse(spec)  # ValueError names the shapes it takes
+
+    def device_ids(self) -> list[str]:
+        return [f"{self.prefix}-{i:05d}" for i in range(self.devices)]
+
+    def fleet_of(self, device_id: str) -> str:
+        """The fleet ``device_id`` publishes in: its credential's, else ``fleet``, else DEFAULT_FLEET."""
+        credential = (self.credentials or {}).get(device_id)
+        return (_credential_fleet(credential) if credential else None) or self.fleet or DEFAULT_FLEET
+
+
+def _credential_fleet(credential: tuple[str, ...]) -> str | None:
+    """The fleet a credential names (its third item), or None for a bare (user name, password)."""
+    return credential[2] if len(credential) > 2 and credential[2] else None
 
 
 @dataclass
@@ -83,6 +111,7 @@ class SimulationReport:
     devices: int
     published: int
     acked: int
+    refused: int  # telemetry the broker answered with a failure reason code (MQTT 5), e.g. 0x87 Not authorized
     dropped: int
     online: int
     connects: int
@@ -120,9 +149,9 @@ class Simulation:
         self.settings = settings
         self.broker = parse_broker_url(settings.broker)
         behaviours = {model: Behaviour.parse(spec) for model, spec in settings.behaviours.items()}
-        self.devices = [SimDevice(f"{settings.prefix}-{i:05d}", settings.fleet,
-                                  fails(f"{settings.prefix}-{i:05d}", settings.seed, settings.fail_rate),
-                                  groups=settings.groups, behaviours=behaviours) for i in range(settings.devices)]
+        self.devices = [SimDevice(device_id, settings.fleet_of(device_id),
+                                  fails(device_id, settings.seed, settings.fail_rate),
+                                  groups=settings.groups, behaviours=behaviours) for device_id in settings.device_ids()]
         self._rng = random.Random(settings.seed)
         self._backoff = Backoff(initial_s=settings.reconnect_min_s, max_s=settings.reconnect_max_s,
                                 jitter=EQUAL_JITTER)
@@ -140,6 +169,7 @@ class Simulation:
         self.commands = 0
         self.updates = {"active": 0, "failed": 0}
         self.rollbacks = 0
+        self.first_refusal: str | None = None  # what the broker refused first (logged once), for a report
 
     # ------------------------------------------------------------------------------ public API
     def device_ids(self) -> list[str]:
@@ -197,15 +227,16 @@ class Simulation:
         self.stop(drain_s=0.0)
 
     def report(self) -> SimulationReport:
-        per_device = {d.device_id: {"boot_id": d.boot_id, "seq_first": d.counters.seq_first,
+        per_device = {d.device_id: {"fleet": d.fleet, "boot_id": d.boot_id, "seq_first": d.counters.seq_first,
                                     "seq_last": d.counters.seq_last, "published": d.counters.published,
-                                    "acked": d.counters.acked, "connects": d.counters.connects,
-                                    "failing": d.failing} for d in self.devices}
+                                    "acked": d.counters.acked, "refused": d.counters.refused,
+                                    "connects": d.counters.connects, "failing": d.failing} for d in self.devices}
         end = self._ended_at or time.monotonic()
         total = lambda name: sum(getattr(d.counters, name) for d in self.devices)  # noqa: E731
         times = list(self.connect_times)
         return SimulationReport(
-            devices=len(self.devices), published=total("published"), acked=total("acked"), dropped=total("dropped"),
+            devices=len(self.devices), published=total("published"), acked=total("acked"),
+            refused=total("refused"), dropped=total("dropped"),
             online=self.online, connects=total("connects"), peak_connects_per_s=peak_per_second(times),
             commands=self.commands, updates_active=self.updates["active"], updates_failed=self.updates["failed"],
             elapsed_s=end - (self._started_at or end), connect_times=times, per_device=per_device)
@@ -255,10 +286,10 @@ class Simulation:
         import paho.mqtt.client as paho
         from paho.mqtt.enums import CallbackAPIVersion
 
-        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"{self.settings.fleet}-{device.device_id}",
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"{device.fleet}-{device.device_id}",
                              protocol=paho.MQTTv5, userdata=device, reconnect_on_failure=False)
         if self.settings.credentials:
-            username, password = self.settings.credentials[device.device_id]
+            username, password = self.settings.credentials[device.device_id][:2]
             client.username_pw_set(username, password)
         client.max_inflight_messages_set(50)
         client.max_queued_messages_set(0)
@@ -346,9 +377,18 @@ class Simulation:
 
     def _on_publish(self, client: Any, device: SimDevice, mid: int, reason: Any, properties: Any) -> None:
         seq = device.in_flight.pop(mid, None)
+        refused = reason is not None and reason.is_failure  # MQTT 5 PUBACK reason code >= 0x80
+        if refused and self.first_refusal is None:
+            self.first_refusal = f"{device.device_id}: {reason} (reason code {reason.value:#04x})"
+            log.warning("the broker refused a message of %s in fleet %s: %s (reason code %#04x) — does its "
+                        "account (credential) belong to another fleet or device?", device.device_id, device.fleet,
+                        reason, reason.value)
         if seq is None:
             return
         counters = device.counters
+        if refused:
+            counters.refused += 1
+            return
         counters.acked += 1
         counters.seq_first = seq if counters.seq_first is None else min(counters.seq_first, seq)
         counters.seq_last = seq if counters.seq_last is None else max(counters.seq_last, seq)

@@ -73,6 +73,7 @@ def fails(device_id: str, seed: int, rate: float) -> bool:
 class DeviceCounters:
     published: int = 0
     acked: int = 0
+    refused: int = 0  # answered with a failure reason code (MQTT 5 PUBACK >= 0x80): not stored by the broker
     dropped: int = 0
     connects: int = 0
     seq_first: int | None = None
