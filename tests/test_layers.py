@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "edgeinfer"
 #: share a layer are siblings and must not import each other.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "_version"}),
-    frozenset({"_fs", "_backoff", "_config", "_native", "_optional", "_defer", "_dist"}),
+    frozenset({"_fs", "_backoff", "_config", "_native", "_optional", "_defer", "_dist", "_evidence"}),
     frozenset({"device"}),
     frozenset({"runtime"}),
     frozenset({"capture"}),
