@@ -28,6 +28,7 @@ from support.browser import (
 from support.dashboard import fill, go, rows, running_dashboard, settle, sign_in, sign_out, submit_token, wait_live
 
 import edgeinfer
+from edgeinfer.fleet.schemas import DeploymentSpec
 
 pytestmark = pytest.mark.skipif(not (Path(edgeinfer.__file__).parent / "fleet/web/index.html").exists(),
                                 reason="the dashboard's front end is not in this tree yet")
@@ -225,9 +226,9 @@ def a_deployment(dash) -> str:
     if listed:
         return max(listed, key=lambda d: d.get("created_at", 0))["deployment_id"]
     sha256 = dash.clients["operator"].upload(BIRDS)["sha256"]
-    created = dash.clients["operator"].create_deployment({"sha256": sha256, "version": 2, "all": True,
-                                                         "canary_pct": 10, "wave_size": 15,
-                                                         "canary_window_s": 3, "canary_min_windows": 10})
+    created = dash.clients["operator"].create_deployment(DeploymentSpec(sha256=sha256, version=2, all=True,
+                                                                        canary_pct=10, wave_size=15,
+                                                                        canary_window_s=3, canary_min_windows=10))
     deployment_id = created["deployment_id"]
     assert wait_until(lambda: (admin.deployment(deployment_id) or {}).get("status") == "succeeded", 60, 0.2)
     return deployment_id

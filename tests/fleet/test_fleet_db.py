@@ -10,13 +10,12 @@ import threading
 import urllib.request
 
 import pytest
+from support.fleet import api_server
 from support.processes import run_without
 
 from edgeinfer.errors import ConfigError
-from edgeinfer.fleet.artifacts import ArtifactStore
 from edgeinfer.fleet.auth import TokenStore
 from edgeinfer.fleet.db import FleetDB
-from edgeinfer.fleet.http import FleetHTTPServer
 
 
 @pytest.fixture
@@ -223,7 +222,7 @@ def test_http_api_reads_the_database(db, tmp_path):
     def get(path: str):
         return urllib.request.urlopen(urllib.request.Request(f"{server.url}{path}", headers=viewer))
 
-    with FleetHTTPServer(ArtifactStore(tmp_path / "store"), db, auth=tokens) as server:
+    with api_server(db, tmp_path / "api") as (server, _):
         with get("/api/devices") as response:
             devices = json.loads(response.read())
         with get("/api/devices/cam-1/telemetry?limit=5") as response:
