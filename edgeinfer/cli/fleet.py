@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from .._optional import import_optional
 from ..fleet.canary import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_MAX_FPS_DROP,
@@ -103,22 +104,21 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
     Several managers may share one broker and one PostgreSQL (--db postgresql+psycopg://...): each
     message is stored once, and one manager drives each rollout at a time.
     """
+    # the lazy boundary: the fleet manager's modules import FastAPI, SQLAlchemy, uvicorn... at their top
+    parts = import_optional("edgeinfer.fleet.manager", "fleet", "edgeinfer fleet serve")
     from ..fleet.ingest import tune_garbage_collector
-    from ..fleet.manager import FleetManager, FleetSettings
 
     password = Path(password_file).read_text().rstrip("\r\n") if password_file else None
-    settings = FleetSettings(broker=broker, db_url=db_url, http=http, data_dir=data_dir, public_url=public_url,
-                             broker_port=broker_port, broker_host=broker_host, device_broker_url=device_broker_url,
-                             tls=tls, tls_hosts=tls_hosts, ca=ca, cert=cert, key=key, username=username,
-                             password=password, manager_id=manager_id, raw_retention_days=retention_days,
-                             rollup_retention_days=rollup_days, audit_retention_days=audit_days,
-                             lease_ttl_s=lease_ttl, shared_group=shared_group,
-                             evidence_max_bytes=_mib(evidence_max_mb),
-                             evidence_snapshot_max_bytes=_mib(evidence_snapshot_max_mb),
-                             evidence_clip_max_bytes=_mib(evidence_clip_max_mb))
+    settings = parts.FleetSettings(
+        broker=broker, db_url=db_url, http=http, data_dir=data_dir, public_url=public_url, broker_port=broker_port,
+        broker_host=broker_host, device_broker_url=device_broker_url, tls=tls, tls_hosts=tls_hosts, ca=ca, cert=cert,
+        key=key, username=username, password=password, manager_id=manager_id, raw_retention_days=retention_days,
+        rollup_retention_days=rollup_days, audit_retention_days=audit_days, lease_ttl_s=lease_ttl,
+        shared_group=shared_group, evidence_max_bytes=_mib(evidence_max_mb),
+        evidence_snapshot_max_bytes=_mib(evidence_snapshot_max_mb), evidence_clip_max_bytes=_mib(evidence_clip_max_mb))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with FleetManager(settings) as manager:
+    with parts.FleetManager(settings) as manager:
         click.echo(f"agents pin: update_public_key: {manager.key.public_key_b64()}", err=True)
         if manager.access.admin_token_file is not None:
             click.echo(f"admin token: {manager.access.admin_token_file} (mode 0600; first start) — use it with "
@@ -279,10 +279,10 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
 
     Needs an operator token (--token-file / $EDGEINFER_FLEET_TOKEN).
     """
+    schemas = import_optional("edgeinfer.fleet.schemas", "fleet", "edgeinfer deploy")  # pydantic: the fleet extra
     from pydantic import ValidationError
 
     from ..fleet.client import wait_for_deployment
-    from ..fleet.schemas import DeploymentSpec, describe_error
     from ..runtime.model import inspect_model
 
     if sum(bool(x) for x in (devices, group, all_devices)) != 1:
@@ -290,7 +290,7 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
     inspect_model(model)  # refuse a file that is not a model before anything is sent
     artifact = client.upload(model)
     try:
-        spec = DeploymentSpec(sha256=artifact["sha256"], model_name=model.name, version=version,
+        spec = schemas.DeploymentSpec(sha256=artifact["sha256"], model_name=model.name, version=version,
                               canary_pct=canary_pct, wave_size=wave_size, abort_failure_pct=abort_failure_rate,
                               device_timeout_s=device_timeout, rollback=rollback, pipeline=pipeline,
                               devices=list(devices) or None, group=group, all=all_devices,
@@ -298,7 +298,7 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
                               max_latency_regression=max_latency_regression, max_fps_drop=max_fps_drop,
                               max_output_drift=max_output_drift, max_error_rate=max_error_rate)
     except ValidationError as exc:
-        raise ValueError(f"the deployment is not valid: {describe_error(exc)}") from None
+        raise ValueError(f"the deployment is not valid: {schemas.describe_error(exc)}") from None
     created = client.create_deployment(spec)
     deployment_id = created["deployment_id"]
     if not as_json:

@@ -38,9 +38,10 @@ def resolve_targets(db: FleetDB, spec: DeploymentSpec) -> list[str]:
         if unknown:
             raise LookupError(f"unknown device(s): {', '.join(unknown)} — see `edgeinfer fleet devices`")
         return list(dict.fromkeys(spec.devices))
-    found = [d["device_id"] for d in db.list_devices(group=spec.group if spec.group else None)]
+    found = [d["device_id"] for d in db.list_devices(group=spec.group)] if spec.group or spec.all else []
     if not found:
-        raise LookupError("no device matches the target")
+        raise LookupError("no device matches the target" + ("" if spec.group or spec.all else
+                                                            ": a deployment needs devices, a group or all"))
     return found
 
 

@@ -16,7 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
 
 from .._evidence import EVENT_ID_FORM, EVENT_ID_PATTERN
 from ..link.protocol import COMMAND_NAME_PATTERN, ID_PATTERN
@@ -56,6 +64,16 @@ PATTERN_WORDS = {
     PRINTABLE_PATTERN: "text without control characters",
 }
 
+def _integral(value: Any) -> Any:
+    """2.0 is the integer 2, as JSON Schema counts (strict pydantic would refuse it); 2.5 and "2" stay refused."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+#: integers in a request, as JSON Schema means them (the bounds before the validator: pydantic writes them into the
+#: document only then)
+Version = Annotated[int, Field(ge=0, le=MAX_VERSION), BeforeValidator(_integral)]
+WaveSize = Annotated[int, Field(ge=1, le=MAX_DEVICES), BeforeValidator(_integral)]
+MinWindows = Annotated[int, Field(ge=1, le=100_000), BeforeValidator(_integral)]
 DeviceId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 FleetName = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 Sha256 = Annotated[str, StringConstraints(pattern=SHA256_PATTERN)]
@@ -112,16 +130,11 @@ class ErrorBody(BaseModel):
 # ---------------------------------------------------------------------------------------- deployments
 
 class DeploymentSpec(Strict):
-    """A rollout: a stored artifact as a version, to devices / a group / all, in waves with a canary first."""
-
-    model_config = ConfigDict(json_schema_extra={"anyOf": [
-        {"required": ["devices"], "properties": {"devices": {"type": "array", "minItems": 1}}},
-        {"required": ["group"], "properties": {"group": {"type": "string"}}},
-        {"required": ["all"], "properties": {"all": {"const": True}}}]})
+    """A rollout: a stored artifact as a version, to devices / a group / all (the first given wins; none given
+    matches no device), in waves with a canary first."""
 
     sha256: Sha256 = Field(description="an artifact uploaded with PUT /api/artifacts")
-    version: int = Field(ge=0, le=MAX_VERSION, description="the new version number (devices refuse a downgrade "
-                                                            "unless rollback)")
+    version: Version = Field(description="the new version number (devices refuse a downgrade unless rollback)")
     model_name: str | None = Field(None, max_length=256, pattern=PRINTABLE_PATTERN,
                                    description="shown with the version (default: the sha256)")
     devices: list[DeviceId] | None = Field(None, max_length=MAX_DEVICES, description="target devices by id")
@@ -129,8 +142,7 @@ class DeploymentSpec(Strict):
                               description="every device in this group")
     all: bool = Field(False, description="every known device")
     canary_pct: float = Field(DEFAULT_CANARY_PCT, ge=0, le=100, description="percent of the targets in wave 0")
-    wave_size: int | None = Field(None, ge=1, le=MAX_DEVICES, description="devices per later wave (default: "
-                                                                           "all the rest)")
+    wave_size: WaveSize | None = Field(None, description="devices per later wave (default: all the rest)")
     abort_failure_pct: float | None = Field(None, ge=0, le=100, description="stop when more than this percent of "
                                                                            "finished devices failed")
     abort_failure_rate: float | None = Field(None, ge=0, le=1, description="the same as a fraction (0-1); "
@@ -144,8 +156,8 @@ class DeploymentSpec(Strict):
     # the canary analysis's thresholds: null is the default
     canary_window_s: float | None = Field(DEFAULT_WINDOW_S, ge=1, le=MAX_WAIT_S,
                                           description="seconds of telemetry watched before the canary is judged")
-    canary_min_windows: int | None = Field(DEFAULT_MIN_WINDOWS, ge=1, le=100_000,
-                                           description="telemetry windows per group, at least")
+    canary_min_windows: MinWindows | None = Field(DEFAULT_MIN_WINDOWS,
+                                                  description="telemetry windows per group, at least")
     max_latency_regression: float | None = Field(DEFAULT_MAX_LATENCY_REGRESSION, ge=0, le=100_000,
                                                  description="percent the canary's p95 infer latency may rise")
     max_fps_drop: float | None = Field(DEFAULT_MAX_FPS_DROP, ge=0, le=100,
@@ -154,12 +166,6 @@ class DeploymentSpec(Strict):
                                            description="the total variation distance the canary's outputs may drift")
     max_error_rate: float | None = Field(DEFAULT_MAX_ERROR_RATE, ge=0, le=100,
                                          description="percentage points the canary's error rate may rise")
-
-    @model_validator(mode="after")
-    def _has_a_target(self) -> DeploymentSpec:
-        if not (self.devices or self.group or self.all):
-            raise ValueError("a deployment needs devices, a group or all")
-        return self
 
     def abort_fraction(self) -> float:
         """The failure rate that aborts the rollout, as a fraction: ``abort_failure_pct`` (what the CLI and the

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from ..._version import __version__
-from ..schemas import describe
+from ..schemas import ErrorBody, describe
 from . import access, artifacts, deployments, devices, events, overview
 from .deps import FleetServices, Viewer
 from .web import add_dashboard
@@ -90,12 +90,13 @@ def build_app(services: FleetServices) -> FastAPI:
 
 def document(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document: FastAPI's, less the 422 answer it adds to every route with parameters (an invalid
-    request is a 400 here, which each route declares)."""
+    request is a 400 here, which each route declares), with the refusals' body (``responses.errors``)."""
     schema = get_openapi(title=TITLE, version=__version__, description=DESCRIPTION, routes=app.routes)
     for path in schema["paths"].values():
         for operation in path.values():
             operation["responses"].pop("422", None)
-    components = schema.get("components", {}).get("schemas", {})
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
+    components[ErrorBody.__name__] = ErrorBody.model_json_schema()
     return schema

@@ -5,21 +5,28 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Path, Request
+from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from ..artifacts import UploadTooLarge
 from ..schemas import SHA256_PATTERN, ArtifactStored
 from .deps import ArtifactReader, Operator, Services
-from .responses import OctetStream, binary, binary_body, errors
+from .responses import ERROR_CONTENT, REASONS, OctetStream, binary, binary_body, errors
 
 router = APIRouter(tags=["artifacts"])
 Sha256 = Annotated[str, Path(pattern=SHA256_PATTERN, description="the artifact's sha256")]
-Range = Annotated[str | None, Header(alias="Range", description="bytes=FIRST-[LAST] or bytes=-SUFFIX: a part of "
-                                                                 "the file (206); FileResponse reads it")]
 READERS = ("Open to a viewer token, to an enrolled device with its MQTT user name and password (Basic), or with "
            "?grant= from a deploy command (a short-lived signed URL).")
+#: Range is HTTP's own header, read by Starlette's FileResponse, which answers a malformed one (400) and one past
+#: the end (416) in plain text
+RANGE = ("Honours Range (bytes=FIRST-[LAST], bytes=-SUFFIX, several: multipart/byteranges), so agents resume "
+         "interrupted downloads: 206 with the part; 416 (plain text, Content-Range: bytes */SIZE) when it starts "
+         "past the end; 400 (plain text) when it is malformed.")
+PLAIN = {"text/plain": {"schema": {"type": "string"}}}
+RANGE_REFUSALS = {400: {"description": f"{REASONS[400]}; a malformed Range: plain text",
+                        "content": {**ERROR_CONTENT, **PLAIN}},
+                  416: {"description": "A Range that starts past the end of the file", "content": PLAIN}}
 
 
 @router.put("/api/artifacts", status_code=201, response_model=ArtifactStored,
@@ -53,10 +60,11 @@ def _artifact(fleet: Services, sha256: str) -> OctetStream:
 
 @router.get("/artifacts/{sha256}", response_class=OctetStream, summary="A model artifact by sha256",
             responses={200: binary("application/octet-stream", description="The file"),
-                       206: binary("application/octet-stream", description="The part of the file Range asked for"),
-                       **errors(400, 401, 404, 416)},
-            description=f"Honours Range, so agents resume interrupted downloads. {READERS}")
-def download(sha256: Sha256, _ok: ArtifactReader, fleet: Services, _range: Range = None) -> OctetStream:
+                       206: binary("application/octet-stream", "multipart/byteranges",
+                                   description="The parts of the file Range asked for"),
+                       **errors(401, 404), **RANGE_REFUSALS},
+            description=f"{RANGE} {READERS}")
+def download(sha256: Sha256, _ok: ArtifactReader, fleet: Services) -> OctetStream:
     return _artifact(fleet, sha256)
 
 

@@ -148,8 +148,8 @@ def artifact_reader(request: Request, fleet: Services, _token: Annotated[Any, Se
     caller(request, fleet, Role.VIEWER)
 
 
-def evidence_uploader(request: Request, fleet: Services, _device: Annotated[Any, Security(DEVICE_LOGIN)],
-                      _token: Annotated[Any, Security(BEARER[Role.OPERATOR])]) -> Caller | None:
+def evidence_uploader(request: Request, fleet: Services, _token: Annotated[Any, Security(BEARER[Role.OPERATOR])],
+                      _device: Annotated[Any, Security(DEVICE_LOGIN)]) -> Caller | None:
     """None for a device uploading under its own id (Basic), the :class:`Caller` of an operator's token;
     HTTPException 401 / 403 otherwise."""
     header = request.headers.get("authorization") or ""

@@ -24,14 +24,18 @@ REASONS = {
     409: "It conflicts with what is stored or with where things stand",
     411: "A body without a Content-Length",
     413: "A body larger than this manager takes",
-    416: "A Range past the end of the file",
 }
 BINARY = {"type": "string", "format": "binary"}
 
 
+#: a refusal's body, whatever the route answers when it does not refuse (``app.document`` adds the schema)
+ERROR_CONTENT = {"application/json": {"schema": {"$ref": f"#/components/schemas/{ErrorBody.__name__}"}}}
+
+
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The ``responses=`` declaration of these refusals."""
-    return {status: {"model": ErrorBody, "description": REASONS[status]} for status in statuses}
+    """The ``responses=`` declaration of these refusals: ``{"error": "..."}`` as JSON, on every route (FastAPI
+    would give a ``model`` the media type of the route's own answer: a file's, for a download)."""
+    return {status: {"description": REASONS[status], "content": ERROR_CONTENT} for status in statuses}
 
 
 def binary_body(*media_types: str) -> dict[str, Any]:
