@@ -134,9 +134,24 @@ def test_a_deployment_from_the_page_reaches_every_device_live(dash, browser):
     wait_for(browser, "[data-testid=deploy-form]", 10)
     browser.driver.execute_script("window.__noReload = true")
 
+    # the form's bounds are the API's: the DeploymentSpec of /openapi.json, checked before the upload starts
+    spec = DeploymentSpec.model_json_schema()["properties"]
+    bounds = browser.driver.execute_script("""
+        return Object.fromEntries(Array.from(document.querySelectorAll('[data-spec-key]'))
+          .map(i => [i.dataset.specKey, [i.min, i.max]]));""")
+    for key, (low, high) in bounds.items():
+        field = next(b for b in spec[key].get("anyOf", [spec[key]]) if b.get("type") != "null")
+        assert (float(low), float(high) if high else None) == (field.get("minimum", field.get("exclusiveMinimum")),
+                                                               field.get("maximum")), (key, low, high, field)
+    assert {"canary_pct", "wave_size", "max_output_drift"} <= set(bounds)
+    uploads = len([e for e in dash.clients["admin"].audit(limit=1000) if e["action"] == "artifact.upload"])
     fill(browser, "deploy-file", str(BIRDS))
     fill(browser, "deploy-version", "2")
     fill(browser, "deploy-target", "all")
+    fill(browser, "deploy-canary", "150")
+    browser.driver.execute_script("document.querySelector('[data-testid=deploy-form]').requestSubmit()")
+    wait_text(browser, "[data-testid=deploy-error]", lambda text: "between 0 and 100" in text, 5)
+    assert len([e for e in dash.clients["admin"].audit(limit=1000) if e["action"] == "artifact.upload"]) == uploads
     fill(browser, "deploy-canary", "10")
     fill(browser, "deploy-wave-size", "15")
     fill(browser, "deploy-canary-window", "3")  # the simulator runs the bird model as healthy: the canary passes
