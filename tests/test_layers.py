@@ -1,34 +1,46 @@
-"""The folders are the architecture: a module imports only from its own layer or below, and no cycles.
+"""The folders are the architecture: each folder imports only the folders its allow-list names, and no cycles.
 
 Every import in the package is read from the source (``import`` statements anywhere in a module:
 at the top, inside functions, under ``TYPE_CHECKING``), resolved to a module of the package, and
-checked against the layer order drawn in docs/architecture.md.
+checked against :data:`ALLOWED`, which docs/architecture.md draws as its table of the folders.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "edgeinfer"
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+TABLE_HEADING = "## The folders are the boxes"
+#: a box as the table names it: `pipeline/`, `_fs.py`, `errors`
+NAME = r"`([a-z_]+)(?:/|\.py)?`"
 
-#: bottom to top; a layer may import from its own package and from any lower layer. Packages that
-#: share a layer are siblings and must not import each other.
-LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "_version"}),
-    frozenset({"_fs", "_backoff", "_config", "_native", "_optional", "_defer", "_dist"}),
-    frozenset({"device"}),
-    frozenset({"runtime"}),
-    frozenset({"capture"}),
-    frozenset({"pipeline"}),
-    frozenset({"link"}),
-    frozenset({"updates"}),
-    frozenset({"agent", "fleet"}),
-    frozenset({"tools"}),
-    frozenset({"cli"}),
-)
+#: the base modules: one mechanism (or one word) each, below every folder
+BASE = frozenset({"errors", "_version", "_fs", "_backoff", "_config", "_native", "_optional", "_defer", "_dist",
+                  "_evidence"})
+#: the folders below the agent and the fleet manager, in the order the data flows
+DEVICE_SIDE = frozenset({"device", "runtime", "capture", "pipeline"})
+#: what each box (a folder, or a base module) may import besides itself. Explicit, not a layer order: the fleet
+#: manager sits above the link and the updates, and not above the pipeline (it loads no numpy, no model).
+ALLOWED: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "_version": frozenset(),
+    **{helper: frozenset({"errors"}) for helper in BASE - {"errors", "_version"}},
+    "device": BASE,
+    "runtime": BASE | {"device"},
+    "capture": BASE,
+    "pipeline": BASE | {"capture", "runtime"},
+    "link": BASE | {"pipeline"},
+    "updates": BASE | {"runtime"},
+    "agent": BASE | DEVICE_SIDE | {"link", "updates"},
+    "fleet": BASE | {"link", "updates"},
+    "tools": BASE | DEVICE_SIDE | {"link", "updates", "agent", "fleet"},
+    "cli": BASE | DEVICE_SIDE | {"link", "updates", "agent", "fleet", "tools"},
+}
 #: entry points: they may import anything, nothing may import them
 ENTRY_POINTS = {"edgeinfer", "edgeinfer.__main__", "edgeinfer.validate_model"}
 
@@ -77,23 +89,62 @@ def component(module: str) -> str:
     return module.split(".")[1] if module.count(".") >= 1 else module
 
 
-def layer_of(module: str) -> int:
+def allowed(module: str) -> frozenset[str]:
     box = component(module)
-    for index, layer in enumerate(LAYERS):
-        if box in layer:
-            return index
-    raise AssertionError(f"{module}: the package {box!r} is in no layer — add it to LAYERS and docs/architecture.md")
+    if box not in ALLOWED:
+        raise AssertionError(f"{module}: the box {box!r} has no allow-list — add it to ALLOWED and "
+                             "docs/architecture.md")
+    return ALLOWED[box]
 
 
 @pytest.mark.parametrize("module", sorted(set(MODULES) - ENTRY_POINTS))
-def test_imports_point_down(module):
-    upward = []
+def test_imports_stay_within_the_allow_list(module):
+    refused = []
     for target in sorted(GRAPH[module]):
         if target in ENTRY_POINTS:
-            upward.append(f"{target} (an entry point)")
-        elif component(target) != component(module) and layer_of(target) >= layer_of(module):
-            upward.append(f"{target} (layer {layer_of(target)} >= {layer_of(module)})")
-    assert not upward, f"{module} (layer {layer_of(module)}) imports upward or sideways: {', '.join(upward)}"
+            refused.append(f"{target} (an entry point)")
+        elif component(target) != component(module) and component(target) not in allowed(module):
+            refused.append(f"{target} ({component(module)} may import: "
+                           f"{', '.join(sorted(allowed(module))) or 'nothing'})")
+    assert not refused, f"{module} imports outside its allow-list: {', '.join(refused)}"
+
+
+def test_the_allow_list_has_no_cycle():
+    """Box A may import box B, B may import C, ...: never back to A (so no import cycle between boxes can pass)."""
+
+    def reachable(box: str) -> set[str]:
+        found: set[str] = set()
+        todo = list(ALLOWED[box])
+        while todo:
+            other = todo.pop()
+            if other not in found:
+                found.add(other)
+                todo.extend(ALLOWED.get(other, ()))
+        return found
+
+    cycles = [box for box in ALLOWED if box in reachable(box)]
+    assert not cycles, f"these boxes can reach themselves through the allow-list: {cycles}"
+
+
+def test_the_fleet_manager_imports_nothing_from_the_device_side():
+    """What the fleet and the devices share is in link/ and the base modules, never in pipeline/ and below."""
+    fleet = {target for module in MODULES if component(module) == "fleet" for target in GRAPH[module]}
+    assert not {component(target) for target in fleet} & DEVICE_SIDE
+
+
+def test_docs_architecture_draws_the_allow_list():
+    """The table of the boxes in docs/architecture.md is the allow-list: a row per box (or boxes), what each may
+    import ("base": every base module)."""
+    section = ARCHITECTURE.read_text().partition(TABLE_HEADING)[2].partition("\n### ")[0]
+    drawn: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        imports = set(re.findall(NAME, cells[2])) | (set(BASE) if re.search(r"\bbase\b", cells[2]) else set())
+        for name in re.findall(NAME, cells[0]):
+            drawn[name] = imports
+    assert drawn == {box: set(boxes) for box, boxes in ALLOWED.items()}
 
 
 def test_no_import_cycles():

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..errors import CommandRejected, EdgeInferError, ProtocolError
 from ..link.protocol import decode, schema_errors
+from ..link.vocabulary import Command, EventKind
 from ..updates.signing import MAX_COMMAND_TTL_S, SIGNATURE_FIELD, VerifyKey, check_command_expiry
 from .services import AgentServices
 
@@ -166,7 +167,7 @@ class CommandRouter:
         self._log = CommandLog(log_path)
         self._thread: threading.Thread | None = None
 
-    def register(self, name: str, handler: Handler, *, args_schema: Mapping[str, Any] | None = None,
+    def register(self, name: Command | str, handler: Handler, *, args_schema: Mapping[str, Any] | None = None,
                  description: str = "", signed: bool = True) -> None:
         """Add a command: ``handler(args, ctx)`` returns a JSON-able result or raises an EdgeInferError.
 
@@ -174,7 +175,7 @@ class CommandRouter:
         (the default: a new command is safe unless it says otherwise). ``signed=False`` is for commands
         that change nothing (``ping``).
         """
-        self._handlers[name] = _Registered(handler, args_schema or {"type": "object"}, description, signed)
+        self._handlers[str(name)] = _Registered(handler, args_schema or {"type": "object"}, description, signed)
 
     @property
     def log(self) -> CommandLog:
@@ -191,7 +192,7 @@ class CommandRouter:
         try:
             self._queue.put_nowait((topic, payload))
         except queue.Full:
-            self._agent.emit("cmd_rejected", "error", "command queue full; command dropped",
+            self._agent.emit(EventKind.CMD_REJECTED, "error", "command queue full; command dropped",
                              data={"reason": "busy"})
 
     def start(self) -> None:
@@ -236,12 +237,12 @@ class CommandRouter:
         try:
             message = decode("cmd", payload)
         except ProtocolError as exc:
-            agent.emit("cmd_rejected", "error", str(exc), cmd_id=command_id, data={"reason": "invalid"})
+            agent.emit(EventKind.CMD_REJECTED, "error", str(exc), cmd_id=command_id, data={"reason": "invalid"})
             return None
         command_id, name = message["id"], message["cmd"]
 
         def reject(reason: str, text: str) -> None:
-            agent.emit("cmd_rejected", "error", f"command {command_id} ({name}): {text}", cmd_id=command_id,
+            agent.emit(EventKind.CMD_REJECTED, "error", f"command {command_id} ({name}): {text}", cmd_id=command_id,
                        data={"cmd": name, "reason": reason})
 
         registered = self._handlers.get(name)
@@ -262,8 +263,9 @@ class CommandRouter:
                 return None
         seen, outcome = self._log.outcome(command_id, verified=must_verify)
         if seen:  # a replay or a redelivery: answered with the first outcome, never run again
-            agent.emit("cmd_result", "info", f"command {command_id} ({name}) was already handled; not run again",
-                       cmd_id=command_id, data={"cmd": name, "duplicate": True, "outcome": outcome})
+            agent.emit(EventKind.CMD_RESULT, "info",
+                       f"command {command_id} ({name}) was already handled; not run again", cmd_id=command_id,
+                       data={"cmd": name, "duplicate": True, "outcome": outcome})
             return None
         try:
             if must_verify:
@@ -289,16 +291,16 @@ class CommandRouter:
         except (EdgeInferError, ValueError) as exc:
             reason = getattr(exc, "reason", None) or "failed"
             outcome = {"ok": False, "reason": reason, "error": str(exc)}
-            agent.emit("cmd_rejected", "error", f"command {command_id} ({name}) failed: {exc}", cmd_id=command_id,
-                       data={"cmd": name, **outcome})
+            agent.emit(EventKind.CMD_REJECTED, "error", f"command {command_id} ({name}) failed: {exc}",
+                       cmd_id=command_id, data={"cmd": name, **outcome})
         except Exception as exc:
             log.exception("command %s (%s) crashed", command_id, name)
             outcome = {"ok": False, "reason": "internal_error", "error": f"{type(exc).__name__}: {exc}"}
-            agent.emit("cmd_rejected", "error", f"command {command_id} ({name}) crashed: {exc}", cmd_id=command_id,
-                       data={"cmd": name, **outcome})
+            agent.emit(EventKind.CMD_REJECTED, "error", f"command {command_id} ({name}) crashed: {exc}",
+                       cmd_id=command_id, data={"cmd": name, **outcome})
         else:
             outcome = {"ok": True, "result": result}
-            agent.emit("cmd_result", "info", f"command {command_id} ({name}) done", cmd_id=command_id,
+            agent.emit(EventKind.CMD_RESULT, "info", f"command {command_id} ({name}) done", cmd_id=command_id,
                        data={"cmd": name, **outcome})
         return outcome
 
@@ -332,6 +334,6 @@ RESTART_PIPELINE_ARGS_SCHEMA = {
 
 def register_builtin_commands(router: CommandRouter) -> None:
     """The commands every agent answers: ``ping`` (unsigned: it changes nothing) and ``restart_pipeline``."""
-    router.register("ping", _cmd_ping, description="answer with the boot id and uptime", signed=False)
-    router.register("restart_pipeline", _cmd_restart_pipeline, args_schema=RESTART_PIPELINE_ARGS_SCHEMA,
+    router.register(Command.PING, _cmd_ping, description="answer with the boot id and uptime", signed=False)
+    router.register(Command.RESTART_PIPELINE, _cmd_restart_pipeline, args_schema=RESTART_PIPELINE_ARGS_SCHEMA,
                     description="restart one pipeline now")

@@ -56,6 +56,7 @@ from ..link.settings import (
     tls_context,
 )
 from ..link.spool import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
+from ..link.vocabulary import DEFAULT_FLEET
 from .config_reader import ID_RE, ConfigReader
 from .pipeline_config import PipelineConfig, read_pipeline
 from .telemetry import ThrottleSensor, throttle_sensor
@@ -64,7 +65,6 @@ DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 DEFAULT_UPDATE_VALIDATE_TIMEOUT_S = 60.0
 DEFAULT_UPDATE_HEALTH_FRAMES = 20
 DEFAULT_UPDATE_MAX_LATENCY_FACTOR = 3.0
-DEFAULT_FLEET = "default"
 DEFAULT_DATA_DIR = "/var/lib/edgeinfer"
 DEFAULT_TELEMETRY_INTERVAL_S = 1.0
 MIN_TELEMETRY_INTERVAL_S = 0.01

@@ -30,6 +30,7 @@ from ..errors import ConfigError
 from ..link.mqtt import MqttLink
 from ..link.protocol import PROTOCOL_VERSION, Topics, encode
 from ..link.spool import PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
+from ..link.vocabulary import EventKind
 from .commands import CommandRouter, register_builtin_commands
 from .config import AgentConfig, resolve_profile
 from .evidence_upload import start_uploader
@@ -188,15 +189,15 @@ class Agent:
         """edgeinfer, Python, protocol and runtime versions (read in open())."""
         return dict(self._versions)
 
-    def emit(self, event: str, level: str, message: str, *, pipeline: str | None = None,
+    def emit(self, event: EventKind | str, level: str, message: str, *, pipeline: str | None = None,
              cmd_id: str | None = None, data: Mapping[str, Any] | None = None) -> None:
-        """Log an event and spool it for the ``events`` topic."""
+        """Log an event and spool it for the ``events`` topic (ValueError for a kind the vocabulary lacks)."""
         log.log({"info": logging.INFO, "warning": logging.WARNING}.get(level, logging.ERROR), "event %s: %s",
                 event, message)
         body = {"v": PROTOCOL_VERSION, "type": "event", "fleet": self.topics.fleet, "device": self.topics.device,
                 "ts": round(time.time(), 3), "boot_id": self.boot.boot_id, "seq": self.boot.next("events"),
-                "event": event, "level": level, "message": message, "pipeline": pipeline, "cmd_id": cmd_id,
-                "data": dict(data or {})}
+                "event": EventKind(event).value, "level": level, "message": message, "pipeline": pipeline,
+                "cmd_id": cmd_id, "data": dict(data or {})}
         self._spool_message(self.topics.events, body, PRIORITY_EVENT)
 
     def run(self) -> None:
@@ -247,7 +248,7 @@ class Agent:
         self._link.start()
         if config.metrics is not None:
             self._start_metrics(*config.metrics)
-        self.emit("agent_started", "info", f"agent {__version__} started on {config.device_id}",
+        self.emit(EventKind.AGENT_STARTED, "info", f"agent {__version__} started on {config.device_id}",
                   data={"versions": self._versions, "pipelines": [p.name for p in config.pipelines],
                         "broker": str(self._link.broker), "profile": getattr(self.profile, "name", None)})
         for runner in self._runners:
@@ -262,7 +263,7 @@ class Agent:
             self._metrics = MetricsServer(self, host, port).start()
             log.info("serving /metrics at http://%s:%d/metrics", host, self._metrics.port)  # port 0: the one chosen
         except (OSError, ImportError) as exc:
-            self.emit("error", "error", f"cannot serve /metrics on {host}:{port}: {exc}",
+            self.emit(EventKind.ERROR, "error", f"cannot serve /metrics on {host}:{port}: {exc}",
                       data={"reason": "metrics_unavailable"})
 
     def close(self) -> None:
@@ -272,7 +273,7 @@ class Agent:
             return
         self._closed = True
         sd_notify("STOPPING=1")
-        self.emit("agent_stopping", "info", "agent stopping")
+        self.emit(EventKind.AGENT_STOPPING, "info", "agent stopping")
         for runner in self._runners:  # all at once, then wait for each
             runner.request_stop()
         for runner in self._runners:
@@ -331,7 +332,7 @@ class Agent:
             self._tick()
         except Exception as exc:  # a telemetry bug must not stop the daemon (or its pipelines)
             log.exception("telemetry tick failed")
-            self.emit("error", "error", f"telemetry failed: {type(exc).__name__}: {exc}",
+            self.emit(EventKind.ERROR, "error", f"telemetry failed: {type(exc).__name__}: {exc}",
                       data={"reason": "telemetry_failed"})
 
     def _tick(self) -> None:
@@ -408,7 +409,7 @@ class Agent:
         if offline_s is None:
             return
         link = self._link
-        self.emit("mqtt_reconnected", "warning", f"reconnected to the broker after {offline_s:.1f} s offline",
+        self.emit(EventKind.MQTT_RECONNECTED, "warning", f"reconnected to the broker after {offline_s:.1f} s offline",
                   data={"offline_s": round(offline_s, 3), "session_present": link.status.session_present if link
                         else None, "pending": self._spool.pending if self._spool else None})
 

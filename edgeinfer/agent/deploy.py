@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EdgeInferError, UpdateRejected
+from ..link.vocabulary import Command, EventKind, TargetState
 from ..runtime.model import inspect_model
 from ..updates.health import HealthGate, result_is_finite
 from ..updates.signing import VerifyKey
@@ -33,7 +34,6 @@ from .services import AgentServices
 
 log = logging.getLogger(__name__)
 
-UPDATE_EVENT = "update"
 DEPLOY_ARGS_SCHEMA = {
     "type": "object", "required": ["manifest", "signature"], "additionalProperties": False,
     "properties": {"manifest": {"type": "object"}, "signature": {"type": "string", "maxLength": 512},
@@ -94,9 +94,9 @@ class UpdateService:
 
     def register(self, router: CommandRouter) -> None:
         """Add the ``deploy`` and ``rollback`` commands to the agent's router."""
-        router.register("deploy", self.handle_deploy, args_schema=DEPLOY_ARGS_SCHEMA,
+        router.register(Command.DEPLOY, self.handle_deploy, args_schema=DEPLOY_ARGS_SCHEMA,
                         description="install a signed model update (download, validate, swap, health gate)")
-        router.register("rollback", self.handle_rollback, args_schema=ROLLBACK_ARGS_SCHEMA,
+        router.register(Command.ROLLBACK, self.handle_rollback, args_schema=ROLLBACK_ARGS_SCHEMA,
                         description="go back to the previous model")
 
     # -- commands ------------------------------------------------------------------------------
@@ -115,29 +115,29 @@ class UpdateService:
             manifest = updater.check(dict(args["manifest"]), str(args["signature"]))
             self.slots.remember(manifest.deployment_id)  # a replay is refused from here on
 
-            def report(state: str, level: str = "info", reason: str | None = None, **extra: Any) -> None:
-                data = {"deployment_id": manifest.deployment_id, "state": state, "version": manifest.version,
+            def report(state: TargetState, level: str = "info", reason: str | None = None, **extra: Any) -> None:
+                data = {"deployment_id": manifest.deployment_id, "state": state.value, "version": manifest.version,
                         **({"reason": reason} if reason else {}), **extra}
-                message = f"update to v{manifest.version}: {state}" + (f" ({reason})" if reason else "")
-                agent.emit(UPDATE_EVENT, level, message, pipeline=runner.name, cmd_id=ctx.command_id, data=data)
+                message = f"update to v{manifest.version}: {state.value}" + (f" ({reason})" if reason else "")
+                agent.emit(EventKind.UPDATE, level, message, pipeline=runner.name, cmd_id=ctx.command_id, data=data)
 
-            report("downloading")
+            report(TargetState.DOWNLOADING)
             try:
                 staged = updater.download(manifest)
-                report("validating")
+                report(TargetState.VALIDATING)
                 updater.validate(staged)
             except UpdateRejected as exc:
-                report("failed", "error", exc.reason, detail=exc.detail)
-                return {"state": "failed", "reason": exc.reason}
+                report(TargetState.FAILED, "error", exc.reason, detail=exc.detail)
+                return {"state": TargetState.FAILED.value, "reason": exc.reason}
             except EdgeInferError as exc:  # a download that never completed
-                report("failed", "error", "download_failed", detail=str(exc))
-                return {"state": "failed", "reason": "download_failed"}
+                report(TargetState.FAILED, "error", "download_failed", detail=str(exc))
+                return {"state": TargetState.FAILED.value, "reason": "download_failed"}
             verdict, reason = self._trial(agent, runner, staged)
             if verdict:
-                report("active")
-                return {"state": "active", "version": manifest.version}
-            report("rolled_back", "error", reason)
-            return {"state": "rolled_back", "reason": reason}
+                report(TargetState.ACTIVE)
+                return {"state": TargetState.ACTIVE.value, "version": manifest.version}
+            report(TargetState.ROLLED_BACK, "error", reason)
+            return {"state": TargetState.ROLLED_BACK.value, "reason": reason}
 
     def handle_rollback(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
         """``rollback``: swap the previous model back into the running pipeline and commit it."""
@@ -155,9 +155,10 @@ class UpdateService:
             self.slots.roll_back()
             old.close()
         ctx.agent.state_changed()  # its slots: what runs, what a rollback would go back to
-        ctx.agent.emit(UPDATE_EVENT, "warning", f"rolled back to v{previous.version}", pipeline=runner.name,
-                       cmd_id=ctx.command_id, data={"state": "rolled_back", "version": previous.version})
-        return {"state": "active", "version": previous.version}
+        ctx.agent.emit(EventKind.UPDATE, "warning", f"rolled back to v{previous.version}", pipeline=runner.name,
+                       cmd_id=ctx.command_id,
+                       data={"state": TargetState.ROLLED_BACK.value, "version": previous.version})
+        return {"state": TargetState.ACTIVE.value, "version": previous.version}
 
     # -- the trial -----------------------------------------------------------------------------
     def _trial(self, agent: AgentServices, runner: PipelineRunner, staged: InstalledModel) -> tuple[bool, str | None]:

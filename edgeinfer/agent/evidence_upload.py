@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from .._backoff import EQUAL_JITTER, Backoff
+from .._evidence import CLIP_NAME, CONTENT_TYPES, EVENT_ID, SNAPSHOT_NAME
 from .._fs import atomic_write_bytes
 from ..errors import UploadRefused
-from ..pipeline.evidence import CLIP_NAME, EVENT_ID, META_NAME, SNAPSHOT_NAME
+from ..link.vocabulary import EventKind
+from ..pipeline.evidence import META_NAME
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ UPLOADED_MARK = "uploaded"
 #: the mark of an event the manager refused (not tried again)
 REFUSED_MARK = "upload_refused"
 #: what is sent, in this order (the snapshot first: the dashboard shows it while the clip travels)
-FILES = ((SNAPSHOT_NAME, "image/jpeg"), (CLIP_NAME, "video/x-motion-jpeg"))
+FILES = tuple((name, CONTENT_TYPES[name]) for name in (SNAPSHOT_NAME, CLIP_NAME))
 #: seconds one request may take (a clip of a few MiB on a slow uplink)
 REQUEST_TIMEOUT_S = 60.0
 #: events waiting at most (the oldest beyond it wait for the next start's scan)
@@ -167,7 +169,7 @@ class EvidenceUploader:
         self._done(folder)
         log.warning("evidence of %s refused by the fleet manager: %s", folder.name, exc)
         if self._emit is not None:
-            self._emit("evidence_upload_failed", "warning",
+            self._emit(EventKind.EVIDENCE_UPLOAD_FAILED, "warning",
                        f"the fleet manager refused the evidence of event {folder.name}: {exc}", pipeline=pipeline,
                        data={"event_id": folder.name, "status": exc.status, "error": str(exc)[:500]})
 

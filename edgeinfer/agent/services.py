@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..link.mqtt import MqttLink
 from ..link.protocol import Topics
 from ..link.spool import Spool
+from ..link.vocabulary import EventKind
 from .runner import PipelineRunner
 from .telemetry import BootSequence
 
@@ -66,7 +67,7 @@ class AgentServices(Protocol):
     def runner(self, name: str) -> PipelineRunner:
         """The runner of pipeline ``name``; ValueError lists the names."""
 
-    def emit(self, event: str, level: str, message: str, *, pipeline: str | None = None,
+    def emit(self, event: EventKind | str, level: str, message: str, *, pipeline: str | None = None,
              cmd_id: str | None = None, data: Mapping[str, Any] | None = None) -> None:
         """Log an event and spool it for the ``events`` topic."""
 

@@ -11,12 +11,15 @@ from typing import Any
 
 import click
 
+from .._optional import import_optional
 from ..fleet.canary import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_MAX_FPS_DROP,
     DEFAULT_MAX_LATENCY_REGRESSION,
     DEFAULT_MAX_OUTPUT_DRIFT,
 )
+from ..fleet.rollout import DEFAULT_CANARY_PCT, DEFAULT_DEVICE_TIMEOUT_S, DeploymentStatus
+from ..link.vocabulary import TargetState
 from .fleet_access import audit, broker_auth, client_options, enroll, enrollments, revoke, table, token
 from .fleet_db import db
 from .fleet_simulate import simulate
@@ -27,7 +30,7 @@ SHARED_GROUP = "edgeinfer-fleet"
 
 def _duration(_ctx: Any, param: Any, value: str | float | None) -> float | None:
     """A click callback: ``30s``, ``5m``, ``1h`` or seconds → seconds, or a usage error that says so."""
-    from ..fleet.auth import parse_duration
+    from ..fleet.client import parse_duration
 
     if value is None or isinstance(value, float):
         return value
@@ -101,22 +104,21 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
     Several managers may share one broker and one PostgreSQL (--db postgresql+psycopg://...): each
     message is stored once, and one manager drives each rollout at a time.
     """
+    # the lazy boundary: the fleet manager's modules import FastAPI, SQLAlchemy, uvicorn... at their top
+    parts = import_optional("edgeinfer.fleet.manager", "fleet", "edgeinfer fleet serve")
     from ..fleet.ingest import tune_garbage_collector
-    from ..fleet.manager import FleetManager, FleetSettings
 
     password = Path(password_file).read_text().rstrip("\r\n") if password_file else None
-    settings = FleetSettings(broker=broker, db_url=db_url, http=http, data_dir=data_dir, public_url=public_url,
-                             broker_port=broker_port, broker_host=broker_host, device_broker_url=device_broker_url,
-                             tls=tls, tls_hosts=tls_hosts, ca=ca, cert=cert, key=key, username=username,
-                             password=password, manager_id=manager_id, raw_retention_days=retention_days,
-                             rollup_retention_days=rollup_days, audit_retention_days=audit_days,
-                             lease_ttl_s=lease_ttl, shared_group=shared_group,
-                             evidence_max_bytes=_mib(evidence_max_mb),
-                             evidence_snapshot_max_bytes=_mib(evidence_snapshot_max_mb),
-                             evidence_clip_max_bytes=_mib(evidence_clip_max_mb))
+    settings = parts.FleetSettings(
+        broker=broker, db_url=db_url, http=http, data_dir=data_dir, public_url=public_url, broker_port=broker_port,
+        broker_host=broker_host, device_broker_url=device_broker_url, tls=tls, tls_hosts=tls_hosts, ca=ca, cert=cert,
+        key=key, username=username, password=password, manager_id=manager_id, raw_retention_days=retention_days,
+        rollup_retention_days=rollup_days, audit_retention_days=audit_days, lease_ttl_s=lease_ttl,
+        shared_group=shared_group, evidence_max_bytes=_mib(evidence_max_mb),
+        evidence_snapshot_max_bytes=_mib(evidence_snapshot_max_mb), evidence_clip_max_bytes=_mib(evidence_clip_max_mb))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with FleetManager(settings) as manager:
+    with parts.FleetManager(settings) as manager:
         click.echo(f"agents pin: update_public_key: {manager.key.public_key_b64()}", err=True)
         if manager.access.admin_token_file is not None:
             click.echo(f"admin token: {manager.access.admin_token_file} (mode 0600; first start) — use it with "
@@ -215,7 +217,7 @@ def canary_column(deployment: dict) -> str:
     canary = (deployment.get("options") or {}).get("canary_analysis") or {}
     if not canary.get("enabled") or not float((deployment.get("options") or {}).get("canary_pct") or 0):
         return "off"
-    return "waiting" if deployment.get("status") == "running" else "-"
+    return "waiting" if deployment.get("status") == DeploymentStatus.RUNNING else "-"
 
 
 def analysis_lines(analysis: Any) -> list[str]:
@@ -235,12 +237,13 @@ def analysis_lines(analysis: Any) -> list[str]:
 @click.option("--device", "devices", multiple=True, help="A target device id (repeatable).")
 @click.option("--group", help="Every device in this group.")
 @click.option("--all", "all_devices", is_flag=True, help="Every known device.")
-@click.option("--canary", "canary_pct", default=10.0, show_default=True, type=click.FloatRange(0, 100),
+@click.option("--canary", "canary_pct", default=DEFAULT_CANARY_PCT, show_default=True, type=click.FloatRange(0, 100),
               help="Percent of the targets in the first wave.")
 @click.option("--wave-size", type=click.IntRange(min=1), help="Devices per later wave (default: all the rest).")
 @click.option("--abort-failure-rate", default=0.0, show_default=True, type=click.FloatRange(0, 100),
               help="Stop the rollout when more than this percent of finished devices failed.")
-@click.option("--device-timeout", default=600.0, show_default=True, help="Seconds a device may take.")
+@click.option("--device-timeout", default=DEFAULT_DEVICE_TIMEOUT_S, show_default=True,
+              help="Seconds a device may take.")
 @click.option("--rollback", is_flag=True, help="Allow going back to an older version.")
 @click.option("--pipeline", help="Which of the agent's pipelines to update (default: its first).")
 @click.option("--canary-window", default="5m", show_default=True, callback=_duration,
@@ -276,20 +279,26 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
 
     Needs an operator token (--token-file / $EDGEINFER_FLEET_TOKEN).
     """
-    from ..fleet.manager import wait_for_deployment
+    schemas = import_optional("edgeinfer.fleet.schemas", "fleet", "edgeinfer deploy")  # pydantic: the fleet extra
+    from pydantic import ValidationError
+
+    from ..fleet.client import wait_for_deployment
     from ..runtime.model import inspect_model
 
     if sum(bool(x) for x in (devices, group, all_devices)) != 1:
         raise click.UsageError("give exactly one of --device, --group or --all")
     inspect_model(model)  # refuse a file that is not a model before anything is sent
     artifact = client.upload(model)
-    spec = {"sha256": artifact["sha256"], "model_name": model.name, "version": version, "canary_pct": canary_pct,
-            "wave_size": wave_size, "abort_failure_pct": abort_failure_rate, "device_timeout_s": device_timeout,
-            "rollback": rollback, "pipeline": pipeline,
-            "devices": list(devices), "group": group, "all": all_devices,
-            "canary_analysis": not no_canary_analysis, "canary_window_s": canary_window,
-            "max_latency_regression": max_latency_regression, "max_fps_drop": max_fps_drop,
-            "max_output_drift": max_output_drift, "max_error_rate": max_error_rate}
+    try:
+        spec = schemas.DeploymentSpec(sha256=artifact["sha256"], model_name=model.name, version=version,
+                              canary_pct=canary_pct, wave_size=wave_size, abort_failure_pct=abort_failure_rate,
+                              device_timeout_s=device_timeout, rollback=rollback, pipeline=pipeline,
+                              devices=list(devices) or None, group=group, all=all_devices,
+                              canary_analysis=not no_canary_analysis, canary_window_s=canary_window,
+                              max_latency_regression=max_latency_regression, max_fps_drop=max_fps_drop,
+                              max_output_drift=max_output_drift, max_error_rate=max_error_rate)
+    except ValidationError as exc:
+        raise ValueError(f"the deployment is not valid: {schemas.describe_error(exc)}") from None
     created = client.create_deployment(spec)
     deployment_id = created["deployment_id"]
     if not as_json:
@@ -310,14 +319,14 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
         print_json(final)
     else:
         for target in final["devices"]:
-            if target["state"] != "active":
+            if target["state"] != TargetState.ACTIVE:
                 click.echo(f"  {target['device_id']}: {target['state']} {target.get('detail') or ''}".rstrip(),
                            err=True)
         for line in analysis_lines(final.get("analysis")):
             click.echo(f"  {line}", err=True)
         click.echo(f"deployment {deployment_id}: {final['status']}" + (f" — {final['detail']}" if final.get("detail")
                                                                        else ""))
-    all_active = final["devices"] and all(t["state"] == "active" for t in final["devices"])
+    all_active = final["devices"] and all(t["state"] == TargetState.ACTIVE for t in final["devices"])
     sys.exit(0 if all_active else 1)
 
 

@@ -59,7 +59,7 @@ def token() -> None:
 @client_options
 def token_create(client: Any, role: str, name: str, expires: str | None, as_json: bool) -> None:
     """Create a token and print it — the only time it is shown; the manager keeps a hash."""
-    from ..fleet.auth import parse_duration
+    from ..fleet.client import parse_duration
 
     created = client.create_token(name, role, parse_duration(expires) if expires else None)
     if as_json:

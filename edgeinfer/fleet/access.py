@@ -1,35 +1,43 @@
 """Who may reach the fleet: the API's tokens, the audit log, devices' MQTT accounts on the managed
 Mosquitto, and the fleet's CA (``fleet serve --tls``). The manager owns one :class:`FleetAccess`;
-the API's admin routes call it (``api.py``)."""
+the API's access routes call it (``api/access.py``)."""
 
 from __future__ import annotations
 
 import logging
-import re
 import socket
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ..errors import ConfigError
-from ..link.protocol import ID_PATTERN
+from ..link.vocabulary import DEFAULT_FLEET
 from ..updates.signing import SigningKey, VerifyKey
 from .auth import TokenStore
+from .broker import ManagedMosquitto, free_port
+from .broker_auth import (
+    AuthFiles,
+    FleetCA,
+    ManagerAccount,
+    device_accounts,
+    device_username,
+    hash_password,
+    new_password,
+    write_auth_files,
+)
+from .db import FleetDB
 
 log = logging.getLogger(__name__)
 
 #: the fleet manager's own account on the Mosquitto it manages
 MANAGER_USER = "edgeinfer-manager"
-#: the fleet an enrolled device belongs to unless told (the agent's default too)
-DEFAULT_FLEET = "default"
 
 
 class FleetAccess:
     """Tokens (``TokenStore``), enrolment and the managed broker's password and ACL files."""
 
-    def __init__(self, db: Any, key: SigningKey, data_dir: Path, *, tls: bool, tls_hosts: Sequence[str] = (),
+    def __init__(self, db: FleetDB, key: SigningKey, data_dir: Path, *, tls: bool, tls_hosts: Sequence[str] = (),
                  listen_hosts: Sequence[str] = (), broker_url: str | None = None,
                  device_broker_url: str | None = None) -> None:
         """``listen_hosts``: where the broker and the API listen; with ``tls`` one server certificate names
@@ -42,7 +50,7 @@ class FleetAccess:
         self.tokens = TokenStore(db, grant_key=VerifyKey(key.public_key_b64()))
         self.certificate_hosts = _certificate_hosts(listen_hosts, tls_hosts)
         self.device_broker_url = device_broker_url
-        self.broker: Any = None  # the managed Mosquitto, once started
+        self.broker: ManagedMosquitto | None = None  # the managed Mosquitto, once started
         self.broker_url = broker_url
         self.manager_password: str | None = None
         self._lock = threading.Lock()
@@ -51,18 +59,11 @@ class FleetAccess:
         if self.admin_token_file is not None:
             log.warning("created an admin API token in %s (mode 0600): pass it as --token-file, or create "
                         "tokens with less power: edgeinfer fleet token create", self.admin_token_file)
-        self.ca: Any = None
-        if tls:
-            from .broker_auth import FleetCA
-
-            self.ca = FleetCA(self.data_dir / "tls").ensure()
+        self.ca: FleetCA | None = FleetCA(self.data_dir / "tls").ensure() if tls else None
 
     # ------------------------------------------------------------------------- the managed broker
-    def start_broker(self, host: str, port: int) -> Any:
+    def start_broker(self, host: str, port: int) -> ManagedMosquitto:
         """The managed Mosquitto: accounts for the manager and every enrolled device, no anonymous client."""
-        from .broker import ManagedMosquitto, free_port
-        from .broker_auth import new_password
-
         self.manager_password = new_password()  # a new one at every start: only this process needs it
         tls = self.ca.tls_files(self.certificate_hosts) if self.ca is not None else None
         self.broker = ManagedMosquitto(self.data_dir, host=host, port=port or free_port(),
@@ -77,10 +78,8 @@ class FleetAccess:
         cert, key = self.ca.server_cert(self.certificate_hosts)
         return str(cert), str(key)
 
-    def _write_accounts(self) -> Any:
+    def _write_accounts(self) -> AuthFiles:
         """Mosquitto's password and ACL files from the enrolled devices (revoked ones left out)."""
-        from .broker_auth import ManagerAccount, device_accounts, hash_password, write_auth_files
-
         manager = ManagerAccount(username=MANAGER_USER, password_hash=hash_password(self.manager_password or ""))
         return write_auth_files(self.data_dir / "mosquitto", manager, device_accounts(self.db.list_credentials()))
 
@@ -101,14 +100,8 @@ class FleetAccess:
         return self.enroll_devices([device_id], fleet)[0]
 
     def enroll_devices(self, device_ids: list[str], fleet: str = DEFAULT_FLEET) -> list[dict]:
-        """:meth:`enroll_device` for many devices with one broker reload (provisioning a batch)."""
-        from .broker_auth import device_username, hash_password, new_password
-
-        for what, value in (("fleet", fleet), *(("device id", d) for d in device_ids)):
-            if not isinstance(value, str) or not re.fullmatch(ID_PATTERN, value):
-                raise ValueError(f"{what} must be 1-64 of A-Z a-z 0-9 . _ - (got {value!r})")
-        if len(set(device_ids)) != len(device_ids):
-            raise ValueError("a device id appears twice")
+        """:meth:`enroll_device` for many devices with one broker reload (provisioning a batch); ids and fleet
+        as ``schemas.EnrollBatch`` checks them (``device_username`` refuses others)."""
         issued, rows, now = [], [], time.time()
         for device_id in device_ids:
             username, password = device_username(fleet, device_id), new_password()
@@ -133,16 +126,7 @@ class FleetAccess:
     def list_enrollments(self) -> list[dict]:
         return [{k: v for k, v in c.items() if k != "password_hash"} for c in self.db.list_credentials()]
 
-    # ------------------------------------------------------------------------- tokens, audit
-    def list_tokens(self) -> list[dict]:
-        return self.tokens.list()
-
-    def create_token(self, **spec: Any) -> dict:
-        return self.tokens.create(**spec)
-
-    def revoke_token(self, token_id: str) -> dict:
-        return self.tokens.revoke(token_id)
-
+    # ---------------------------------------------------------------------------------- audit
     def record_audit(self, *entries: dict) -> None:
         """Audit entries (actor, role, action, target, remote, detail), in one transaction."""
         self.db.audit_many(list(entries))

@@ -16,26 +16,41 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import re
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .._fs import atomic_write_bytes
 from ..errors import AuthError
+from ..link.vocabulary import Word
+from ..updates.signing import SigningKey, VerifyKey
+from .broker_auth import verify_password
+from .db import FleetDB
 
 log = logging.getLogger(__name__)
 
-ROLES = ("viewer", "operator", "admin")
+
+class Role(Word):
+    """What a token may do; each role may do what the ones before it may."""
+
+    #: reads
+    VIEWER = "viewer"
+    #: also deploys, rolls back, restarts and aborts
+    OPERATOR = "operator"
+    #: also manages tokens and enrols devices
+    ADMIN = "admin"
+
+
+ROLES = tuple(Role)
 TOKEN_PREFIX = "eit_"
+TOKEN_ID_PATTERN = r"^[0-9a-f]{12}$"
 TOKEN_RE = re.compile(r"eit_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._@-]{0,63}")
+#: a token's name
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._@-]{0,63}$"
+NAME_RE = re.compile(NAME_PATTERN)
 ADMIN_TOKEN_FILE = "admin.token"
-TOKEN_ENV = "EDGEINFER_FLEET_TOKEN"
-TOKEN_FILE_ENV = "EDGEINFER_FLEET_TOKEN_FILE"
 #: how often last_used_at is written for one token (a write per request would slow every read)
 LAST_USED_EVERY_S = 60.0
 
@@ -46,16 +61,10 @@ class Principal:
 
     token_id: str
     name: str
-    role: str
+    role: Role
 
-    def may(self, role: str) -> bool:
+    def may(self, role: Role) -> bool:
         return ROLES.index(self.role) >= ROLES.index(role)
-
-
-def role_rank(role: str) -> int:
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-    return ROLES.index(role)
 
 
 def token_hash(token: str) -> str:
@@ -68,19 +77,7 @@ def new_token() -> tuple[str, str]:
     return token_id, f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
 
 
-def parse_duration(text: str) -> float:
-    """``90d``, ``12h``, ``30m``, ``45s`` or plain seconds → seconds; ValueError otherwise."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text or "")
-    if not match:
-        raise ValueError(f"not a duration: {text!r} (e.g. 30d, 12h, 15m)")
-    scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}[match.group(2)]
-    seconds = float(match.group(1)) * scale
-    if seconds <= 0:
-        raise ValueError("a duration must be positive")
-    return seconds
-
-
-def issue_grant(key: Any, sha256: str, device_id: str, expires: float) -> str:
+def issue_grant(key: SigningKey, sha256: str, device_id: str, expires: float) -> str:
     """A download grant for one artifact: ``<expiry>.<device>.<signature>``, signed by the fleet key.
 
     It travels in the (signed) deploy command and is shown as ``?grant=`` on the artifact URL, so a
@@ -92,7 +89,7 @@ def issue_grant(key: Any, sha256: str, device_id: str, expires: float) -> str:
     return f"{int(expires)}.{device_id}.{signature}"
 
 
-def grant_allows(verify_key: Any, grant: str, sha256: str, *, now: float | None = None) -> bool:
+def grant_allows(verify_key: VerifyKey, grant: str, sha256: str, *, now: float | None = None) -> bool:
     """Whether ``grant`` (from :func:`issue_grant`) opens ``sha256`` now."""
     expires, _, rest = (grant or "").partition(".")
     device_id, _, signature = rest.rpartition(".")
@@ -107,7 +104,7 @@ class TokenStore:
     """Who may call the API: tokens in the fleet database (``api_tokens``), enrolled devices'
     credentials (``device_credentials``) and download grants for artifacts."""
 
-    def __init__(self, db: Any, *, grant_key: Any = None) -> None:
+    def __init__(self, db: FleetDB, *, grant_key: VerifyKey | None = None) -> None:
         """``grant_key``: the fleet's VerifyKey, to accept download grants (none: grants are refused)."""
         self.db = db
         self.grant_key = grant_key
@@ -116,18 +113,19 @@ class TokenStore:
     def grant_allows(self, grant: str, sha256: str) -> bool:
         return self.grant_key is not None and grant_allows(self.grant_key, grant, sha256)
 
-    def create(self, *, name: str, role: str, expires_in_s: float | None = None,
+    def create(self, *, name: str, role: Role | str, expires_in_s: float | None = None,
                created_by: str | None = None) -> dict:
         """A new token: the row as listed, plus ``token`` (the only time it is ever shown)."""
-        role_rank(role)
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(r.value for r in ROLES)}, not {role!r}")
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise ValueError("name must be 1-64 characters: letters, digits, space . _ @ -")
         if expires_in_s is not None and not 0 < expires_in_s <= 10 * 365 * 86_400:
             raise ValueError("expires must be within ten years")
         token_id, token = new_token()
         now = time.time()
-        row = {"token_id": token_id, "name": name, "role": role, "token_hash": token_hash(token), "created_at": now,
-               "created_by": created_by, "expires_at": now + expires_in_s if expires_in_s else None}
+        row = {"token_id": token_id, "name": name, "role": Role(role).value, "token_hash": token_hash(token),
+               "created_at": now, "created_by": created_by, "expires_at": now + expires_in_s if expires_in_s else None}
         self.db.insert_token(row)
         return _public(row) | {"token": token}
 
@@ -160,7 +158,7 @@ class TokenStore:
         if now - self._last_used.get(row["token_id"], 0.0) > LAST_USED_EVERY_S:
             self._last_used[row["token_id"]] = now
             self.db.touch_token(row["token_id"], now)
-        return Principal(row["token_id"], row["name"], row["role"])
+        return Principal(row["token_id"], row["name"], Role(row["role"]))
 
     def device_login(self, username: str, password: str) -> bool:
         """Whether an enrolled, not revoked device presents its MQTT credential (artifact downloads)."""
@@ -169,8 +167,6 @@ class TokenStore:
     def device_identity(self, username: str, password: str) -> str | None:
         """The device id of the enrolled, not revoked device whose MQTT credential this is; None otherwise.
         (An enrolled device's username is ``edgeinfer-<fleet>-<device id>``; its credential row says which.)"""
-        from .broker_auth import verify_password
-
         credential = self.db.credential_for(username)
         if credential and credential["revoked_at"] is None and verify_password(password, credential["password_hash"]):
             return str(credential["device_id"])
@@ -178,14 +174,14 @@ class TokenStore:
 
     def has_admin(self) -> bool:
         now = time.time()
-        return any(r["role"] == "admin" and r["revoked_at"] is None and (r["expires_at"] or now + 1) > now
+        return any(r["role"] == Role.ADMIN and r["revoked_at"] is None and (r["expires_at"] or now + 1) > now
                    for r in self.db.list_tokens())
 
     def ensure_admin_token(self, data_dir: Path) -> Path | None:
         """On a first start (no usable admin token): create one, write it to ``admin.token`` (0600); its path."""
         if self.has_admin():
             return None
-        created = self.create(name="admin", role="admin", created_by="fleet serve")
+        created = self.create(name="admin", role=Role.ADMIN, created_by="fleet serve")
         path = Path(data_dir) / ADMIN_TOKEN_FILE
         atomic_write_bytes(path, (created["token"] + "\n").encode(), mode=0o600)
         self.db.audit(actor="fleet serve", role=None, action="token.create", target=created["token_id"],
@@ -196,17 +192,3 @@ class TokenStore:
 def _public(row: dict) -> dict:
     """A token's row without its hash."""
     return {k: v for k, v in row.items() if k != "token_hash"}
-
-
-def read_token(token: str | None = None, token_file: str | os.PathLike | None = None) -> str | None:
-    """The token to send: given, else from a file (given, or ``$EDGEINFER_FLEET_TOKEN_FILE``), else
-    ``$EDGEINFER_FLEET_TOKEN``; None when there is none."""
-    if token:
-        return token.strip()
-    token_file = token_file or os.environ.get(TOKEN_FILE_ENV)
-    if token_file:
-        try:
-            return Path(token_file).read_text().strip() or None
-        except OSError as exc:
-            raise AuthError(401, f"cannot read the token file {token_file}: {exc.strerror or exc}") from None
-    return (os.environ.get(TOKEN_ENV) or "").strip() or None

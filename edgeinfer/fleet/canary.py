@@ -72,33 +72,6 @@ class Thresholds:
         return asdict(self)
 
 
-def thresholds_from_spec(spec: dict[str, Any]) -> Thresholds:
-    """A deployment spec's canary settings (the API's and ``edgeinfer deploy``'s); ValueError names a bad one."""
-    enabled = spec.get("canary_analysis", True)
-    if not isinstance(enabled, bool):
-        raise ValueError("canary_analysis must be true or false")
-    values: dict[str, Any] = {}
-    bounds = {"canary_window_s": ("window_s", 1.0, 7 * 86_400.0, "seconds"),
-              "canary_min_windows": ("min_windows", 1, 100_000, "windows"),
-              "max_latency_regression": ("max_latency_regression", 0.0, 100_000.0, "percent"),
-              "max_fps_drop": ("max_fps_drop", 0.0, 100.0, "percent"),
-              "max_output_drift": ("max_output_drift", 0.0, 1.0, "a total variation distance"),
-              "max_error_rate": ("max_error_rate", 0.0, 100.0, "percentage points")}
-    for key, (name, low, high, unit) in bounds.items():
-        raw = spec.get(key)
-        if raw is None:
-            continue
-        try:
-            value = float(raw) if not isinstance(raw, bool) else math.nan
-        except (TypeError, ValueError):
-            value = math.nan
-        if not (low <= value <= high) or (name == "min_windows" and value != int(value)):
-            raise ValueError(f"{key} must be {'an integer' if name == 'min_windows' else 'a number'} within "
-                             f"{low:g}-{high:g} ({unit}), not {raw!r}")
-        values[name] = int(value) if name == "min_windows" else value
-    return Thresholds(enabled=enabled, **values)
-
-
 @dataclass(frozen=True)
 class Metric:
     """One metric's verdict. ``change``: percent for fps and latency, points for the error rate, a distance

@@ -9,19 +9,27 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import EdgeInferError, FleetRequestError
-from .auth import read_token
+from ..errors import AuthError, EdgeInferError, FleetRequestError
+from .rollout import DeploymentStatus
+
+if TYPE_CHECKING:
+    from .schemas import DeploymentSpec
 
 DEFAULT_FLEET_URL = "http://127.0.0.1:8700"
 FLEET_URL_ENV = "EDGEINFER_FLEET_URL"
 FLEET_CA_ENV = "EDGEINFER_FLEET_CA"
+TOKEN_ENV = "EDGEINFER_FLEET_TOKEN"
+TOKEN_FILE_ENV = "EDGEINFER_FLEET_TOKEN_FILE"
 
 
 class FleetClient:
@@ -91,8 +99,9 @@ class FleetClient:
             return self._request("PUT", "/api/artifacts", body, {"Content-Length": str(size),
                                                                   "Content-Type": "application/octet-stream"})
 
-    def create_deployment(self, spec: dict) -> dict:
-        return self._post("/api/deployments", spec)
+    def create_deployment(self, spec: DeploymentSpec) -> dict:
+        """Start a rollout (operator); the deployment with its targets."""
+        return self._post("/api/deployments", spec.model_dump(mode="json", exclude_none=True))
 
     def abort(self, deployment_id: str) -> dict:
         return self._post(f"/api/deployments/{_quote(deployment_id)}/abort")
@@ -130,3 +139,47 @@ class FleetClient:
 
 def _quote(part: str) -> str:
     return urllib.parse.quote(part, safe="")
+
+
+def read_token(token: str | None = None, token_file: str | os.PathLike | None = None) -> str | None:
+    """The token to send: given, else from a file (given, or ``$EDGEINFER_FLEET_TOKEN_FILE``), else
+    ``$EDGEINFER_FLEET_TOKEN``; None when there is none."""
+    if token:
+        return token.strip()
+    token_file = token_file or os.environ.get(TOKEN_FILE_ENV)
+    if token_file:
+        try:
+            return Path(token_file).read_text().strip() or None
+        except OSError as exc:
+            raise AuthError(401, f"cannot read the token file {token_file}: {exc.strerror or exc}") from None
+    return (os.environ.get(TOKEN_ENV) or "").strip() or None
+
+
+def parse_duration(text: str) -> float:
+    """``90d``, ``12h``, ``30m``, ``45s`` or plain seconds → seconds; ValueError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text or "")
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (e.g. 30d, 12h, 15m)")
+    scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}[match.group(2)]
+    seconds = float(match.group(1)) * scale
+    if seconds <= 0:
+        raise ValueError("a duration must be positive")
+    return seconds
+
+
+def wait_for_deployment(fetch: Callable[[str], dict | None], deployment_id: str, *, timeout_s: float,
+                        on_progress: Callable[[dict], None] | None = None, poll_s: float = 0.5) -> dict:
+    """Poll ``fetch(deployment_id)`` until the deployment leaves 'running' (or time runs out)."""
+    deadline = time.monotonic() + timeout_s
+    last: str | None = None
+    while True:
+        current = fetch(deployment_id)
+        if current is None:
+            raise EdgeInferError(f"deployment {deployment_id} disappeared")
+        snapshot = json.dumps(current.get("counts"), sort_keys=True)
+        if on_progress and snapshot != last:
+            on_progress(current)
+            last = snapshot
+        if current["status"] != DeploymentStatus.RUNNING or time.monotonic() > deadline:
+            return current
+        time.sleep(poll_s)

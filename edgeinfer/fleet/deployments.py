@@ -1,25 +1,28 @@
-"""Deployments: a spec from ``edgeinfer deploy`` becomes a signed manifest, waves of targets in the
-database, and deploy commands; devices' ``update`` events become forward-only target states."""
+"""Deployments: a :class:`~.schemas.DeploymentSpec` becomes a signed manifest, waves of targets in the
+database and deploy commands; devices' ``update`` events (and their states) become forward-only target
+states. :class:`DeploymentService` does it; its :class:`~.rollout.RolloutDriver` drives the waves."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
 
+from ..link.vocabulary import Command, EventKind, TargetState
 from ..updates.signing import SigningKey, new_manifest
-from .canary import thresholds_from_spec
-from .rollout import ALL_STATES, plan_waves
+from .artifacts import ArtifactStore
+from .commands import CommandService
+from .db import FleetDB
+from .rollout import DEFAULT_LEASE_TTL_S, DeploymentStatus, RolloutDriver, plan_waves
+from .schemas import DeploymentSpec
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DEVICE_TIMEOUT_S = 600.0
-DEPLOY_COMMAND = "deploy"
-UPDATE_EVENT = "update"
+#: the deploy command's id is this and the deployment's id (one per deployment: a re-sent command is the same)
 COMMAND_PREFIX = "deploy-"
-ROLLBACK_COMMAND = "rollback"
+#: the id of the rollback a failed canary analysis sends, likewise
 ROLLBACK_PREFIX = "canary-rollback-"
+#: a manifest's target as the database keeps it, at most
+MAX_TARGET_LABEL = 1024
 
 
 def command_id(deployment_id: str) -> str:
@@ -27,72 +30,30 @@ def command_id(deployment_id: str) -> str:
     return f"{COMMAND_PREFIX}{deployment_id}"
 
 
-def resolve_targets(db: Any, spec: dict) -> list[str]:
-    """Device ids for --device / --group / --all."""
-    if spec.get("devices"):
+def resolve_targets(db: FleetDB, spec: DeploymentSpec) -> list[str]:
+    """Device ids for devices / group / all (the first given wins); LookupError when none is known."""
+    if spec.devices:
         known = {d["device_id"] for d in db.list_devices()}
-        unknown = [d for d in spec["devices"] if d not in known]
+        unknown = [d for d in spec.devices if d not in known]
         if unknown:
-            raise ValueError(f"unknown device(s): {', '.join(unknown)} — see `edgeinfer fleet devices`")
-        return list(dict.fromkeys(spec["devices"]))
-    if spec.get("group"):
-        return [d["device_id"] for d in db.list_devices(group=spec["group"])]
-    if spec.get("all"):
-        return [d["device_id"] for d in db.list_devices()]
-    raise ValueError("a deployment needs devices, a group or all")
+            raise LookupError(f"unknown device(s): {', '.join(unknown)} — see `edgeinfer fleet devices`")
+        return list(dict.fromkeys(spec.devices))
+    found = [d["device_id"] for d in db.list_devices(group=spec.group)] if spec.group or spec.all else []
+    if not found:
+        raise LookupError("no device matches the target" + ("" if spec.group or spec.all else
+                                                            ": a deployment needs devices, a group or all"))
+    return found
 
 
-def abort_fraction(spec: dict) -> float:
-    """The failure rate that aborts a rollout, as a fraction: ``abort_failure_pct`` (0-100, what the CLI and
-    the dashboard send) or ``abort_failure_rate`` (a fraction, 0-1). One meaning per key: "1" was either
-    1 % or 100 % when one key took both."""
-    if spec.get("abort_failure_pct") is not None:
-        percent = float(spec["abort_failure_pct"])
-        if not 0 <= percent <= 100:
-            raise ValueError(f"abort_failure_pct must be between 0 and 100 (a percent), not {percent:g}")
-        return percent / 100
-    fraction = float(spec.get("abort_failure_rate") or 0.0)
-    if not 0 <= fraction <= 1:
-        raise ValueError(f"abort_failure_rate is a fraction between 0 and 1, not {fraction:g} "
-                         "(for a percent, send abort_failure_pct)")
-    return fraction
-
-
-def create_deployment(db: Any, key: SigningKey, spec: dict, *, artifact_size: Callable[[str], int | None],
-                      public_url: str) -> str:
-    """Check ``spec``, sign its manifest and store the deployment with its waves; returns its id.
-
-    ValueError says what is wrong with the spec (the API answers 400 with it).
-    """
-    sha256 = str(spec.get("sha256", ""))
-    size = artifact_size(sha256)
-    if size is None:
-        raise ValueError(f"no artifact {sha256!r} — upload it first")
-    try:
-        version = int(spec["version"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError("version must be an integer") from None
-    devices = resolve_targets(db, spec)
-    if not devices:
-        raise ValueError("no device matches the target")
-    try:
-        canary = float(spec.get("canary_pct", 10.0))
-        wave_size = int(spec["wave_size"]) if spec.get("wave_size") else None
-        options = {"canary_pct": canary, "wave_size": wave_size, "abort_failure_rate": abort_fraction(spec),
-                   "device_timeout_s": float(spec.get("device_timeout_s", DEFAULT_DEVICE_TIMEOUT_S)),
-                   "pipeline": spec.get("pipeline")}
-    except (TypeError, ValueError) as exc:
-        raise ValueError(str(exc) if "abort_failure" in str(exc) else "canary_pct, wave_size, abort_failure_pct "
-                         "and device_timeout_s must be numbers") from None
-    options["canary_analysis"] = thresholds_from_spec(spec).to_options()
-    waves = plan_waves(devices, canary_pct=canary, wave_size=wave_size)
-    target = ("all" if spec.get("all") else f"group:{spec['group']}" if spec.get("group")
-              else "device:" + ",".join(devices))
-    manifest = new_manifest(model_name=str(spec.get("model_name") or sha256), version=version, sha256=sha256,
-                            size=size, url=f"{public_url}/artifacts/{sha256}", target=target,
-                            rollback=bool(spec.get("rollback", False)))
-    db.create_deployment(manifest.to_dict(), key.sign(manifest), options, waves)
-    return manifest.deployment_id
+def target_label(spec: DeploymentSpec, devices: list[str]) -> str:
+    """The manifest's ``target``: ``all``, ``group:<g>`` or ``device:<id>,...`` (a long list cut short)."""
+    if not spec.devices:
+        return f"group:{spec.group}" if spec.group else "all"
+    label = "device:" + ",".join(devices)
+    if len(label) <= MAX_TARGET_LABEL:
+        return label
+    shown = label[:MAX_TARGET_LABEL - 32].rpartition(",")[0]
+    return f"{shown},... ({len(devices)} devices)"
 
 
 def deploy_args(deployment: dict) -> dict:
@@ -104,15 +65,13 @@ def deploy_args(deployment: dict) -> dict:
     return args
 
 
-def rollback_command(deployment: dict, device: str) -> tuple[str, dict, str]:
-    """(command, args, id) of the rollback a failed canary analysis sends ``device``: one id per deployment,
-    so a command re-sent after a takeover runs once."""
+def rollback_args(deployment: dict) -> dict:
+    """The arguments of the rollback a failed canary analysis sends: the deployment's pipeline, if it named one."""
     pipeline = (deployment.get("options") or {}).get("pipeline")
-    return ROLLBACK_COMMAND, ({"pipeline": pipeline} if pipeline else {}), \
-        f"{ROLLBACK_PREFIX}{deployment['deployment_id']}"
+    return {"pipeline": pipeline} if pipeline else {}
 
 
-def progress_of(event: dict) -> tuple[str, str, str | None] | None:
+def progress_of(event: dict) -> tuple[str, TargetState, str | None] | None:
     """(deployment id, target state, detail) that a device event reports, or None."""
     data = event.get("data") or {}
     name = event.get("event")
@@ -121,18 +80,22 @@ def progress_of(event: dict) -> tuple[str, str, str | None] | None:
                                                   else None)
     if not deployment_id:
         return None
-    if name == UPDATE_EVENT:
-        state, detail = data.get("state"), data.get("reason") or event.get("message")
-    elif name == "cmd_rejected":
-        state, detail = "rejected", data.get("reason") or event.get("message")
+    if name == EventKind.UPDATE:
+        reported, detail = data.get("state"), data.get("reason") or event.get("message")
+    elif name == EventKind.CMD_REJECTED:
+        reported, detail = TargetState.REJECTED, data.get("reason") or event.get("message")
     else:
         return None
-    if state not in ALL_STATES or state in ("pending", "notified"):
+    try:
+        state = TargetState(reported)
+    except ValueError:
         return None
-    return str(deployment_id), str(state), detail
+    if state in (TargetState.PENDING, TargetState.NOTIFIED):  # the fleet's own states: not a device's to say
+        return None
+    return str(deployment_id), state, detail
 
 
-def follow_update(db: Any, device: str, event: dict) -> bool:
+def follow_update(db: FleetDB, device: str, event: dict) -> bool:
     """Record the progress an event reports (forward only); True when a target changed."""
     progress = progress_of(event)
     if progress is None:
@@ -141,7 +104,7 @@ def follow_update(db: Any, device: str, event: dict) -> bool:
     return bool(db.advance_target(deployment_id, device, state, detail, now=time.time()))
 
 
-def follow_state(db: Any, running: list[dict], device: str, state: dict) -> bool:
+def follow_state(db: FleetDB, running: list[dict], device: str, state: dict) -> bool:
     """A device whose state reports a running deployment's model has it active, whatever became of its
     events (another manager's share of them may wait for that manager to come back)."""
     if not state.get("online"):
@@ -150,7 +113,86 @@ def follow_state(db: Any, running: list[dict], device: str, state: dict) -> bool
     changed = False
     for deployment in running:
         if deployment.get("sha256") in models:
-            changed |= bool(db.advance_target(deployment["deployment_id"], device, "active",
+            changed |= bool(db.advance_target(deployment["deployment_id"], device, TargetState.ACTIVE,
                                               "its state reports the new model", now=time.time()))
     return changed
 
+
+class DeploymentService:
+    """Creates, lists and aborts deployments; follows devices' progress; its driver sends the commands."""
+
+    def __init__(self, db: FleetDB, key: SigningKey, artifacts: ArtifactStore, commands: CommandService, *,
+                 public_url: str, owner: str | None = None, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+        """``public_url``: how devices reach the artifacts; ``owner``: this manager's name for its leases."""
+        self.db = db
+        self.key = key
+        self.artifacts = artifacts
+        self.commands = commands
+        self.public_url = public_url
+        #: drives every running deployment this manager holds the lease of (started by the manager)
+        self.rollouts = RolloutDriver(db, self._send_deploy, owner=owner, lease_ttl_s=lease_ttl_s,
+                                      rollback=self._send_rollback)
+
+    # ------------------------------------------------------------------------------------- reads
+    def list(self) -> list[dict]:
+        return self.db.list_deployments()
+
+    def get(self, deployment_id: str) -> dict | None:
+        return self.db.get_deployment(deployment_id)
+
+    # ----------------------------------------------------------------------------------- changes
+    def create(self, spec: DeploymentSpec) -> dict:
+        """Sign a manifest for a stored artifact and start rolling it out; the deployment as stored.
+
+        LookupError when the artifact or a named device is unknown, or no device matches the target.
+        """
+        path = self.artifacts.get(spec.sha256)
+        if path is None:
+            raise LookupError(f"no artifact {spec.sha256!r} — upload it first")
+        devices = resolve_targets(self.db, spec)
+        waves = plan_waves(devices, canary_pct=spec.canary_pct, wave_size=spec.wave_size)
+        manifest = new_manifest(model_name=spec.model_name or spec.sha256, version=spec.version, sha256=spec.sha256,
+                                size=path.stat().st_size, url=f"{self.public_url}/artifacts/{spec.sha256}",
+                                target=target_label(spec, devices), rollback=spec.rollback)
+        options = {"canary_pct": spec.canary_pct, "wave_size": spec.wave_size,
+                   "abort_failure_rate": spec.abort_fraction(), "device_timeout_s": spec.device_timeout_s,
+                   "pipeline": spec.pipeline, "canary_analysis": spec.thresholds().to_options()}
+        self.db.create_deployment(manifest.to_dict(), self.key.sign(manifest), options, waves)
+        self.rollouts.poke()
+        created = self.db.get_deployment(manifest.deployment_id)
+        assert created is not None  # just written
+        return created
+
+    def abort(self, deployment_id: str, detail: str) -> dict:
+        """Stop a running rollout (no later wave); LookupError when there is none, ValueError when it has ended."""
+        found = self.db.get_deployment(deployment_id)
+        if found is None:
+            raise LookupError(f"no deployment {deployment_id}")
+        if not self.db.abort_deployment(deployment_id, detail):
+            raise ValueError(f"deployment {deployment_id} is {found['status']}, not {DeploymentStatus.RUNNING}")
+        aborted = self.db.get_deployment(deployment_id)
+        assert aborted is not None
+        return aborted
+
+    # ------------------------------------------------------------------------- devices' progress
+    def follow_event(self, device: str, event: dict) -> None:
+        """Ingest's ``on_event``: a device's ``update`` (or ``cmd_rejected``) moves its target."""
+        if follow_update(self.db, device, event):
+            self.rollouts.poke()
+
+    def follow_device_state(self, device: str, state: dict) -> None:
+        """Ingest's ``on_state``: a device reporting a running deployment's model has it active."""
+        running = self.rollouts.running
+        if running and follow_state(self.db, running, device, state):
+            self.rollouts.poke()
+
+    # ---------------------------------------------------------------------------- the driver's sends
+    def _send_deploy(self, deployment: dict, device: str) -> None:
+        args = deploy_args(deployment)
+        timeout = float((deployment.get("options") or {}).get("device_timeout_s") or 0)
+        args["grant"] = self.commands.grant(deployment["sha256"], device, timeout)
+        self.commands.send(device, Command.DEPLOY, args, command_id=command_id(deployment["deployment_id"]))
+
+    def _send_rollback(self, deployment: dict, device: str) -> None:
+        self.commands.send(device, Command.ROLLBACK, rollback_args(deployment),
+                           command_id=f"{ROLLBACK_PREFIX}{deployment['deployment_id']}")

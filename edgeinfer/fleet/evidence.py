@@ -3,7 +3,7 @@ kept in the fleet database, served back, played, and bounded in bytes.
 
 A device records, per triggered rule, ``snapshot.jpg`` (one JPEG) and ``clip.mjpeg`` (the kept JPEG
 frames concatenated: a plain MJPEG stream), named by an event id (:data:`EVENT_ID`), and uploads them
-with ``PUT /api/devices/<device>/events/<event id>/<file>`` (``evidence_api.py``). An upload is
+with ``PUT /api/devices/<device>/events/<event id>/<file>`` (``api/events.py``). An upload is
 streamed into a temporary file in the manager's data dir while it is hashed — never held in memory
 — checked (a JPEG's markers; a body cut short keeps nothing), then written to the database in one
 transaction, 1 MiB a row. The database rather than the data dir, because several managers behind
@@ -24,23 +24,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._evidence import CLIP_NAME, EVENT_ID, SNAPSHOT_NAME
 from .._fs import temp_path_for
-from ..link.protocol import ID_PATTERN
-from ..pipeline.evidence import CLIP_NAME, EVENT_ID, SNAPSHOT_NAME
 from .artifacts import UploadTooLarge
+from .db import FleetDB
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CLIP_NAME", "EVENT_ID", "SNAPSHOT_NAME", "EvidenceLimits", "EvidenceStore", "JpegFrames", "Stored"]
-
-FILES = (SNAPSHOT_NAME, CLIP_NAME)
-CONTENT_TYPES = {SNAPSHOT_NAME: "image/jpeg", CLIP_NAME: "video/x-motion-jpeg"}
 #: bytes per evidence_chunks row
 CHUNK_BYTES = 1 << 20
 MIB = 1 << 20
@@ -52,7 +47,6 @@ DEFAULT_FPS = 5.0
 MIN_FPS, MAX_FPS = 0.2, 60.0
 BOUNDARY = "edgeinfer-frame"
 SOI, EOI = b"\xff\xd8", b"\xff\xd9"
-_DEVICE_ID = re.compile(ID_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -81,18 +75,6 @@ class Stored:
     def answer(self) -> dict[str, Any]:
         return {"device_id": self.device_id, "event_id": self.event_id, "file": self.file, "size": self.size,
                 "sha256": self.sha256}
-
-
-def check_path(device_id: str, event_id: str, name: str) -> tuple[int, str] | None:
-    """(status, why) when a path's parts are not a device id, an evidence event id and one of FILES; None if
-    they are. Checked before anything is read or written."""
-    if name not in FILES:
-        return 404, f"no evidence file {name[:40]!r}: {' or '.join(FILES)}"
-    if not _DEVICE_ID.fullmatch(device_id):
-        return 400, "the device id must be 1-64 of A-Z a-z 0-9 . _ -"
-    if not EVENT_ID.match(event_id):
-        return 400, "not an event id (YYYYmmddTHHMMSSfffZ-<frame>-<6 hex>)"
-    return None
 
 
 class JpegFrames:
@@ -233,7 +215,7 @@ def flags(files: dict[str, dict] | None, event_id: str | None) -> dict[str, Any]
 class EvidenceStore:
     """Evidence files in the fleet database ``db`` (``FleetDB``); uploads pass through ``incoming``."""
 
-    def __init__(self, db: Any, incoming: Path, limits: EvidenceLimits = EvidenceLimits()) -> None:
+    def __init__(self, db: FleetDB, incoming: Path, limits: EvidenceLimits = EvidenceLimits()) -> None:
         self.db = db
         self.limits = limits
         self.incoming = Path(incoming)
@@ -330,6 +312,12 @@ class EvidenceStore:
                 yield (f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(frame)}\r\n\r\n".encode()
                        + frame + b"\r\n")
         yield f"--{BOUNDARY}--\r\n".encode()
+
+    def list_events(self, *, device_id: str | None = None, kind: str | None = None, event_id: str | None = None,
+                    limit: int = 100) -> list[dict]:
+        """Events newest first, each with its evidence (``GET /api/events``)."""
+        return self.with_evidence(self.db.list_events(device_id=device_id, kind=kind, event_id=event_id,
+                                                      limit=limit))
 
     def with_evidence(self, events: list[dict]) -> list[dict]:
         """``events`` (payloads, each with its ``device_id``, or a device's own) with an ``evidence`` object each."""

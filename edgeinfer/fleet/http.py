@@ -1,9 +1,10 @@
-"""The fleet manager's HTTP server: the FastAPI app (``api.py``) served by uvicorn on a thread.
+"""The fleet manager's HTTP server: an ASGI app (``api/app.py``) served by uvicorn on a thread.
 
 uvicorn is the ASGI server Starlette and FastAPI are built and tested with. It runs on its own
-event loop in a named daemon thread, on a socket bound before ``start()`` returns (so port 0
-works and a taken port fails at once), without installing signal handlers (the CLI owns SIGTERM).
-``close()`` is graceful: no new connections, in-flight requests get a few seconds to finish.
+event loop in a named daemon thread, on a socket bound when the server is made (so port 0 works, a
+taken port fails at once, and the URL is known before the app that needs it is built), without
+installing signal handlers (the CLI owns SIGTERM). ``close()`` is graceful: no new connections,
+in-flight requests get a few seconds to finish.
 """
 
 from __future__ import annotations
@@ -12,35 +13,33 @@ import asyncio
 import logging
 import socket
 import threading
-from typing import Any
 
-from .._optional import import_optional
-from .api import MAX_UPLOAD_BYTES, Authenticator, FleetAPI, build_app
-from .artifacts import ArtifactStore
+import uvicorn
+from starlette.types import ASGIApp
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FleetAPI", "FleetHTTPServer"]
+__all__ = ["FleetHTTPServer"]
 
 GRACEFUL_S = 5.0
 
 
-class FleetHTTPServer:
-    """Serves ``/artifacts/<sha256>``, ``/api/...``, ``/metrics`` and ``/openapi.json``."""
+class _Server(uvicorn.Server):
+    def install_signal_handlers(self) -> None:  # the CLI owns the signals
+        pass
 
-    def __init__(self, store: ArtifactStore, api: Any = None, host: str = "127.0.0.1", port: int = 0, *,
-                 auth: Authenticator, access: Any = None, max_upload_bytes: int = MAX_UPLOAD_BYTES,
-                 tls: tuple[str, str] | None = None) -> None:
-        """``auth`` checks every request's token; ``access`` serves the admin routes (``FleetAccess``);
-        ``tls``: (certificate, key) files to serve https."""
-        self.store = store
-        self.api = api
+
+class FleetHTTPServer:
+    """Serves an app on ``host:port`` (``https`` with ``tls``: certificate and key files). ``start(app)``,
+    then ``close()`` (or use it as a context manager once started)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, tls: tuple[str, str] | None = None) -> None:
         self.tls = tls
-        self.app = build_app(store, api, auth=auth, access=access, max_upload_bytes=max_upload_bytes)
         self._sock = socket.create_server((host, port), reuse_port=False)  # OSError when taken: the caller says so
-        self._server: Any = None
+        #: the app served, once started
+        self.app: ASGIApp | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self._started = threading.Event()
         self._closed = False
 
     @property
@@ -56,31 +55,27 @@ class FleetHTTPServer:
     def artifact_url(self, sha256: str) -> str:
         return f"{self.url}/artifacts/{sha256}"
 
-    def start(self) -> FleetHTTPServer:
+    def start(self, app: ASGIApp) -> FleetHTTPServer:
+        """Serve ``app`` (once); OSError when the server does not come up."""
         if self._thread is not None:
             return self
-        uvicorn = import_optional("uvicorn", "fleet", "the fleet manager's HTTP server")
-
-        class _Server(uvicorn.Server):
-            def install_signal_handlers(self) -> None:  # the CLI owns the signals
-                pass
-
+        self.app = app
         certfile, keyfile = self.tls or (None, None)
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=30,
                                 ssl_certfile=certfile, ssl_keyfile=keyfile)
-        self._server = _Server(config)
+        server = self._server = _Server(config)
 
         def serve() -> None:
-            asyncio.run(self._server.serve(sockets=[self._sock]))
+            asyncio.run(server.serve(sockets=[self._sock]))
 
         self._thread = threading.Thread(target=serve, name="edgeinfer-fleet-http", daemon=True)
         self._thread.start()
         for _ in range(500):
-            if self._server.started or not self._thread.is_alive():
+            if server.started or not self._thread.is_alive():
                 break
             self._thread.join(0.01)
-        if not self._server.started:
+        if not server.started:
             raise OSError(f"the HTTP server did not start on {self.url}")
         return self
 
@@ -95,7 +90,7 @@ class FleetHTTPServer:
         self._sock.close()
 
     def __enter__(self) -> FleetHTTPServer:
-        return self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -26,6 +26,7 @@ from typing import Any
 from .._backoff import Backoff
 from ..errors import ProtocolError
 from ..link.protocol import decode, parse_topic, payload_text
+from .db import FleetDB
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def _refused(exc: BaseException) -> bool:
 class Ingest:
     """A bounded queue and one writer thread between the MQTT link and the fleet database."""
 
-    def __init__(self, db: Any, *, on_event: Callable[[str, dict], None] | None = None,
+    def __init__(self, db: FleetDB, *, on_event: Callable[[str, dict], None] | None = None,
                  on_state: Callable[[str, dict], None] | None = None, queue_size: int = DEFAULT_QUEUE_SIZE,
                  batch_size: int = DEFAULT_BATCH_SIZE) -> None:
         self.db = db

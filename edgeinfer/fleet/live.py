@@ -21,6 +21,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+from .db import FleetDB
 from .overview import EVENTS_SHOWN, overview
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def frame(event: str, data: Any) -> bytes:
 class LiveFeed:
     """Polls ``db`` while listeners exist; fans what changed out to each of them."""
 
-    def __init__(self, db: Any, *, poll_s: float = POLL_S) -> None:
+    def __init__(self, db: FleetDB, *, poll_s: float = POLL_S) -> None:
         self.db = db
         self.poll_s = poll_s
         self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = set()

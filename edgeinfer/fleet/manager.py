@@ -1,9 +1,10 @@
 """The fleet manager behind ``edgeinfer fleet serve``.
 
-Parts, each in its own module: the broker (a supervised Mosquitto when no ``--broker`` is given),
-the database (SQLAlchemy + Alembic: SQLite or PostgreSQL), ingest (bounded queue, batched writes,
-acknowledged once stored), the HTTP API and artifacts (FastAPI on uvicorn), rollouts (driven from
-the database under a lease) and retention. Several managers can share one broker and one
+It starts and stops the parts, each in its own module: the broker (a supervised Mosquitto when no
+``--broker`` is given), the database (SQLAlchemy + Alembic: SQLite or PostgreSQL), the services the API
+serves from (access, commands, deployments with their rollout driver, devices, evidence), the HTTP API
+and artifacts (FastAPI on uvicorn), ingest (bounded queue, batched writes, acknowledged once stored),
+the MQTT link and retention. It does no work of its own. Several managers can share one broker and one
 PostgreSQL: telemetry and events arrive through MQTT 5 shared subscriptions, so each message is
 stored by one of them; every manager sees every ``state`` (retained, idempotent).
 """
@@ -11,7 +12,6 @@ stored by one of them; every manager sees every ``state`` (retained, idempotent)
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import socket
 import threading
@@ -19,14 +19,29 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..errors import ConfigError, EdgeInferError
-from ..link.protocol import Topics, encode, make_command, subscription
+from ..errors import ConfigError
+from ..link.mqtt import MqttLink
+from ..link.protocol import subscription
+from ..link.settings import LinkSettings
+from ..link.spool import Spool
 from ..updates.signing import PRIVATE_KEY_FILE, SigningKey
-from . import deployments
-from .access import MANAGER_USER
+from .access import MANAGER_USER, FleetAccess
+from .api.app import build_app
+from .api.deps import FleetServices
 from .artifacts import ArtifactStore
+from .auth import ADMIN_TOKEN_FILE
+from .broker import ManagedMosquitto
+from .commands import CommandService
+from .db import FleetDB
+from .deployments import DeploymentService
+from .devices import DeviceService
+from .evidence import EvidenceLimits, EvidenceStore
+from .http import FleetHTTPServer
+from .ingest import Ingest
+from .live import LiveFeed
+from .metrics import FleetMetrics
+from .rollout import RolloutDriver
 
 log = logging.getLogger(__name__)
 
@@ -92,25 +107,26 @@ class FleetSettings:
 
 
 class FleetManager:
-    """Ingest, storage, HTTP and rollouts. ``start()`` then ``close()`` (or use as a context manager)."""
+    """Starts and stops the fleet's parts: ``start()`` then ``close()`` (or use as a context manager)."""
 
     def __init__(self, settings: FleetSettings) -> None:
         self.settings = settings
         self.data_dir = Path(settings.data_dir)
         self.broker_url = settings.broker
-        self.db: Any = None
+        self.db: FleetDB | None = None
         self.store: ArtifactStore | None = None
         self.key: SigningKey | None = None
-        self.http: Any = None
-        self.broker: Any = None  # the managed Mosquitto, if we started one
-        self.access: Any = None  # tokens, enrolment, the broker's accounts (access.py)
-        self.live: Any = None  # the dashboard's live updates (live.py)
-        self.evidence: Any = None  # events' snapshots and clips (evidence.py)
-        self.link: Any = None
-        self.ingest: Any = None
-        self.rollouts: Any = None
-        self._spool: Any = None
-        self._registry: Any = None
+        self.access: FleetAccess | None = None  # tokens, enrolment, the broker's accounts, the audit log
+        self.broker: ManagedMosquitto | None = None  # the managed Mosquitto, if we started one
+        self.evidence: EvidenceStore | None = None  # events' snapshots and clips
+        self.live: LiveFeed | None = None  # the dashboard's live updates
+        self.http: FleetHTTPServer | None = None
+        self.commands: CommandService | None = None
+        self.deployments: DeploymentService | None = None
+        self.devices: DeviceService | None = None
+        self.ingest: Ingest | None = None
+        self.link: MqttLink | None = None
+        self._spool: Spool | None = None
         self._stop = threading.Event()
         self._maintenance: threading.Thread | None = None
         self._closed = False
@@ -125,59 +141,46 @@ class FleetManager:
         return self
 
     def _start(self) -> None:
-        from .access import FleetAccess
-        from .db import FleetDB
-        from .evidence import EvidenceLimits, EvidenceStore
-        from .ingest import Ingest
-        from .live import LiveFeed
-        from .metrics import registry_for
-        from .rollout import RolloutDriver
-
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.db = FleetDB(self.settings.db_url or f"sqlite:///{self.data_dir / 'fleet.sqlite3'}")
-        self.store = ArtifactStore(self.data_dir / "artifacts")
-        self.key = self._load_or_create_key()
         s = self.settings
-        self.access = FleetAccess(self.db, self.key, self.data_dir, tls=s.tls, tls_hosts=s.tls_hosts,
-                                  listen_hosts=(s.broker_host, s.http_address()[0]),
-                                  broker_url=s.broker, device_broker_url=s.device_broker_url)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        db = self.db = FleetDB(s.db_url or f"sqlite:///{self.data_dir / 'fleet.sqlite3'}")
+        store = self.store = ArtifactStore(self.data_dir / "artifacts")
+        key = self.key = self._load_or_create_key()
+        access = self.access = FleetAccess(db, key, self.data_dir, tls=s.tls, tls_hosts=s.tls_hosts,
+                                           listen_hosts=(s.broker_host, s.http_address()[0]),
+                                           broker_url=s.broker, device_broker_url=s.device_broker_url)
         if self.broker_url is None:
-            self.broker = self.access.start_broker(s.broker_host, s.broker_port)
-            self.broker_url = self.access.broker_url
-        self._registry = registry_for(self)
-        self.evidence = EvidenceStore(self.db, self.data_dir / "evidence-incoming",
-                                      EvidenceLimits(snapshot_bytes=s.evidence_snapshot_max_bytes,
-                                                     clip_bytes=s.evidence_clip_max_bytes,
-                                                     total_bytes=s.evidence_max_bytes))
-        self.live = LiveFeed(self.db).start()
-        self._start_http()
-        self.ingest = Ingest(self.db, on_event=self._on_event, on_state=self._on_state,
-                             queue_size=self.settings.ingest_queue,
-                             batch_size=self.settings.ingest_batch).start()
-        self._start_link()
-        owner = f"{self.settings.client_id()}-{uuid.uuid4().hex[:6]}"  # a restarted manager is a new owner
-        self.rollouts = RolloutDriver(self.db, self._send_deploy, owner=owner, lease_ttl_s=self.settings.lease_ttl_s,
-                                      rollback=self._send_rollback).start()
+            self.broker = access.start_broker(s.broker_host, s.broker_port)
+            self.broker_url = access.broker_url
+        evidence = self.evidence = EvidenceStore(db, self.data_dir / "evidence-incoming",
+                                                 EvidenceLimits(snapshot_bytes=s.evidence_snapshot_max_bytes,
+                                                                clip_bytes=s.evidence_clip_max_bytes,
+                                                                total_bytes=s.evidence_max_bytes))
+        live = self.live = LiveFeed(db).start()
+        host, port = s.http_address()
+        try:
+            self.http = FleetHTTPServer(host, port, tls=access.https_files())
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {s.http}: {exc.strerror or exc}") from None
+        self._spool = Spool(self.data_dir / "commands-out.sqlite3")
+        commands = self.commands = CommandService(db, key, self._spool)
+        owner = f"{s.client_id()}-{uuid.uuid4().hex[:6]}"  # a restarted manager is a new owner
+        deployments = self.deployments = DeploymentService(db, key, store, commands, public_url=self.public_url,
+                                                           owner=owner, lease_ttl_s=s.lease_ttl_s)
+        self.devices = DeviceService(db, evidence)
+        services = FleetServices(access=access, artifacts=store, commands=commands, deployments=deployments,
+                                 devices=self.devices, evidence=evidence, live=live, metrics=FleetMetrics(self))
+        self.http.start(build_app(services))
+        self.ingest = Ingest(db, on_event=deployments.follow_event, on_state=deployments.follow_device_state,
+                             queue_size=s.ingest_queue, batch_size=s.ingest_batch).start()
+        commands.link = self.link = self._start_link(self.ingest, self._spool)
+        deployments.rollouts.start()
         self._maintenance = threading.Thread(target=self._maintain, name="edgeinfer-fleet-retention", daemon=True)
         self._maintenance.start()
 
-    def _start_http(self) -> None:
-        from .http import FleetHTTPServer
-
-        host, port = self.settings.http_address()
-        try:
-            self.http = FleetHTTPServer(self.store, self, host=host, port=port, auth=self.access.tokens,
-                                        access=self.access, tls=self.access.https_files()).start()
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {self.settings.http}: {exc.strerror or exc}") from None
-
-    def _start_link(self) -> None:
-        from ..link.mqtt import MqttLink
-        from ..link.settings import LinkSettings
-        from ..link.spool import Spool
-
+    def _start_link(self, ingest: Ingest, spool: Spool) -> MqttLink:
         s = self.settings
-        self._spool = Spool(self.data_dir / "commands-out.sqlite3")
+        assert self.access is not None and self.broker_url is not None
         try:
             # the receive maximum keeps what the broker sends us within the ingest queue's bound
             managed, ca = self.broker is not None, self.access.ca
@@ -192,8 +195,8 @@ class FleetManager:
             raise ConfigError(f"--broker: {exc}") from None
         shared = f"$share/{s.shared_group}/" if s.shared_group else ""
         topics = [subscription("state"), shared + subscription("telemetry"), shared + subscription("events")]
-        self.link = MqttLink(link_settings, spool=self._spool, name="edgeinfer-fleet-mqtt", subscriptions=topics,
-                             on_delivery=self.ingest.deliver, on_connected=self._on_connected).start()
+        return MqttLink(link_settings, spool=spool, name="edgeinfer-fleet-mqtt", subscriptions=topics,
+                        on_delivery=ingest.deliver, on_connected=self._on_connected).start()
 
     def _on_connected(self, _offline_s: float | None) -> None:
         if self.broker is not None:  # our session (and its subscriptions) must survive a broker crash
@@ -202,7 +205,8 @@ class FleetManager:
     def _save_broker(self) -> None:
         time.sleep(1.0)  # the SUBACKs first
         try:
-            self.broker.save()
+            if self.broker is not None:
+                self.broker.save()
         except Exception as exc:
             log.warning("could not make Mosquitto save its persistence: %s", exc)
 
@@ -218,13 +222,20 @@ class FleetManager:
 
     @property
     def public_url(self) -> str:
-        return self.settings.public_url or self.http.url
+        """How devices reach the HTTP server (artifacts, evidence)."""
+        if self.settings.public_url:
+            return self.settings.public_url
+        assert self.http is not None, "start() the manager first"
+        return self.http.url
+
+    @property
+    def rollouts(self) -> RolloutDriver | None:
+        """The driver of this manager's rollouts (what /metrics reads)."""
+        return self.deployments.rollouts if self.deployments is not None else None
 
     @property
     def admin_token(self) -> str | None:
         """The admin token in ``<data_dir>/admin.token``, if that file is still there."""
-        from .auth import ADMIN_TOKEN_FILE
-
         path = self.data_dir / ADMIN_TOKEN_FILE
         return path.read_text().strip() if path.exists() else None
 
@@ -233,7 +244,7 @@ class FleetManager:
         return self.ingest.stats.invalid if self.ingest is not None else 0
 
     def wait_connected(self, timeout: float = 10.0) -> bool:
-        return self.link.wait_connected(timeout)
+        return self.link is not None and self.link.wait_connected(timeout)
 
     def close(self) -> None:
         if self._closed:
@@ -255,19 +266,11 @@ class FleetManager:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------------ ingest & retention
-    def _on_event(self, device: str, event: dict) -> None:
-        if deployments.follow_update(self.db, device, event) and self.rollouts is not None:
-            self.rollouts.poke()
-
-    def _on_state(self, device: str, state: dict) -> None:
-        running = self.rollouts.running if self.rollouts is not None else []
-        if running and deployments.follow_state(self.db, running, device, state):
-            self.rollouts.poke()
-
+    # ------------------------------------------------------------------------------- retention
     def _maintain(self) -> None:
         while not self._stop.is_set():
             try:
+                assert self.db is not None and self.evidence is not None
                 deleted = self.db.prune(raw_max_age_s=self.settings.raw_retention_days * DAY_S,
                                         rollup_max_age_s=self.settings.rollup_retention_days * DAY_S,
                                         audit_max_age_s=self.settings.audit_retention_days * DAY_S)
@@ -277,132 +280,3 @@ class FleetManager:
             except Exception as exc:
                 log.warning("retention pass failed: %s", exc)
             self._stop.wait(RETENTION_EVERY_S)
-
-    def metrics(self) -> bytes:
-        from .metrics import exposition
-
-        return exposition(self._registry)
-
-    # ---------------------------------------------------------------------------- commands
-    def send_command(self, device: str, cmd: str, args: dict, *, command_id: str | None = None) -> str:
-        """Queue a command for ``device`` (spooled, QoS 1), signed with the fleet key for that device only;
-        returns its id. It expires with its manifest (deploy) or COMMAND_TTL_S from now: agents refuse
-        unsigned state-changing commands, and a signed one cannot be replayed on another device or later."""
-        from ..updates.signing import COMMAND_TTL_S, sign_command
-
-        record = self.db.get_device(device)
-        if record is None:
-            raise ValueError(f"unknown device {device!r}")
-        if self.key is None:
-            raise ConfigError("the fleet signing key is not loaded: start() the manager before sending commands")
-        command_id = command_id or uuid.uuid4().hex
-        manifest = args.get("manifest") if cmd == deployments.DEPLOY_COMMAND else None
-        expires = manifest.get("expires_at") if isinstance(manifest, dict) else None
-        if not isinstance(expires, (int, float)) or isinstance(expires, bool):
-            expires = time.time() + COMMAND_TTL_S
-        if isinstance(manifest, dict) and "grant" not in args and isinstance(manifest.get("sha256"), str):
-            args = {**args, "grant": self._download_grant(manifest["sha256"], device, None)}
-        message = sign_command(self.key, make_command(command_id, cmd, args), device_id=device, expires=expires)
-        self._spool.append(Topics(record["fleet"], device).cmd, encode(message))
-        self.link.notify()
-        return command_id
-
-    def _download_grant(self, sha256: str, device: str, device_timeout_s: float | None) -> str:
-        """A short-lived signed URL grant: valid as long as a rollout waits for the device, an hour at least."""
-        from .auth import issue_grant
-
-        return issue_grant(self.key, sha256, device, time.time() + max(3600.0, 2 * (device_timeout_s or 0)))
-
-    def _send_deploy(self, deployment: dict, device: str) -> None:
-        args = deployments.deploy_args(deployment)
-        timeout = float((deployment.get("options") or {}).get("device_timeout_s") or 0)
-        args["grant"] = self._download_grant(deployment["sha256"], device, timeout)
-        self.send_command(device, deployments.DEPLOY_COMMAND, args,
-                          command_id=deployments.command_id(deployment["deployment_id"]))
-
-    def _send_rollback(self, deployment: dict, device: str) -> None:
-        cmd, args, command_id = deployments.rollback_command(deployment, device)
-        self.send_command(device, cmd, args, command_id=command_id)
-
-    # --------------------------------------------------------------------------- deployments
-    def put_artifact(self, path: str | Path) -> tuple[str, int]:
-        return self.store.put(path)
-
-    def create_deployment(self, spec: dict) -> dict:
-        """Sign a manifest for a stored artifact and start rolling it out; returns the summary."""
-
-        def size(sha256: str) -> int | None:
-            path = self.store.get(sha256)
-            return path.stat().st_size if path is not None else None
-
-        deployment_id = deployments.create_deployment(self.db, self.key, spec, artifact_size=size,
-                                                      public_url=self.public_url)
-        self.rollouts.poke()
-        return self.db.get_deployment(deployment_id)
-
-    # -------------------------------------------------------------------- FleetAPI (reads)
-    def list_devices(self) -> list[dict]:
-        return self.db.list_devices()
-
-    def get_device(self, device_id: str) -> dict | None:
-        device = self.db.get_device(device_id)
-        if device is not None:
-            events = [{**event, "device_id": device_id} for event in self.db.device_events(device_id, limit=50)]
-            device["events"] = self.evidence.with_evidence(events) if self.evidence is not None else events
-            device["slots"] = (device.get("state") or {}).get("slots")  # as the agent reports them
-            device["rollups"] = self.db.device_rollups(device_id)[-60:]
-        return device
-
-    def list_deployments(self) -> list[dict]:
-        return self.db.list_deployments()
-
-    def get_deployment(self, deployment_id: str) -> dict | None:
-        return self.db.get_deployment(deployment_id)
-
-    def device_telemetry(self, device_id: str, limit: int) -> list[dict]:
-        return self.db.device_telemetry(device_id, limit)
-
-    def list_events(self, *, device_id: str | None = None, kind: str | None = None, event_id: str | None = None,
-                    limit: int = 100) -> list[dict]:
-        """Events newest first, each with its evidence (``GET /api/events``)."""
-        return self.evidence.with_evidence(self.db.list_events(device_id=device_id, kind=kind, event_id=event_id,
-                                                               limit=limit))
-
-    def overview(self) -> dict:
-        from .overview import EVENTS_SHOWN, overview
-
-        return overview(self.db.list_devices(), self.db.events_after(None, EVENTS_SHOWN)[1])
-
-    # ----------------------------------------------------------------- FleetAPI (operators)
-    def abort_deployment(self, deployment_id: str, detail: str) -> dict:
-        """Stop a running rollout (no later wave); LookupError / ValueError when there is none running."""
-        found = self.db.get_deployment(deployment_id)
-        if found is None:
-            raise LookupError(f"no deployment {deployment_id}")
-        if not self.db.abort_deployment(deployment_id, detail):
-            raise ValueError(f"deployment {deployment_id} is {found['status']}, not running")
-        return self.db.get_deployment(deployment_id)
-
-    def device_command(self, device_id: str, cmd: str, args: dict) -> str:
-        """Send a signed command to a known device; its id (LookupError for an unknown device)."""
-        if self.db.get_device(device_id) is None:
-            raise LookupError(f"no device {device_id}")
-        return self.send_command(device_id, cmd, args)
-
-
-def wait_for_deployment(fetch, deployment_id: str, *, timeout_s: float, on_progress=None,
-                        poll_s: float = 0.5) -> dict:
-    """Poll ``fetch(deployment_id)`` until the deployment leaves 'running' (or time runs out)."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while True:
-        current = fetch(deployment_id)
-        if current is None:
-            raise EdgeInferError(f"deployment {deployment_id} disappeared")
-        snapshot = json.dumps(current.get("counts"), sort_keys=True)
-        if on_progress and snapshot != last:
-            on_progress(current)
-            last = snapshot
-        if current["status"] != "running" or time.monotonic() > deadline:
-            return current
-        time.sleep(poll_s)

@@ -22,25 +22,34 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
+from ..link.vocabulary import FAILED_STATES, FINISHED_STATES, WAITING_STATES, TargetState, Word
 from . import canary as canary_analysis
 
 log = logging.getLogger(__name__)
 
-#: device states, in the order a healthy update passes through them
-PROGRESS_STATES = ("pending", "notified", "downloading", "validating", "active")
-FAILED_STATES = ("failed", "rolled_back", "rejected", "timeout")
-FINISHED_STATES = ("active", *FAILED_STATES)
-ALL_STATES = (*PROGRESS_STATES, *FAILED_STATES)
-#: states in which a device owes an answer (the device timeout runs from notified_at)
-WAITING_STATES = ("notified", "downloading", "validating")
-
 DEFAULT_LEASE_TTL_S = 10.0
 DEFAULT_TICK_S = 0.25
+#: percent of a deployment's targets in its first (canary) wave, unless told
+DEFAULT_CANARY_PCT = 10.0
+#: seconds a device may take to answer a deploy command, unless told
+DEFAULT_DEVICE_TIMEOUT_S = 600.0
 
 
-def plan_waves(devices: list[str], *, canary_pct: float = 10.0, wave_size: int | None = None) -> list[list[str]]:
+class DeploymentStatus(Word):
+    """Where a deployment stands: running until every wave has finished or it was stopped."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    #: some device did not update, within the failure-rate rule
+    FAILED = "failed"
+    #: stopped: by an operator, the failure-rate rule or the canary analysis; no later wave is notified
+    ABORTED = "aborted"
+
+
+def plan_waves(devices: list[str], *, canary_pct: float = DEFAULT_CANARY_PCT,
+               wave_size: int | None = None) -> list[list[str]]:
     """Split ``devices`` into a canary wave (``canary_pct`` %, at least one) and waves of ``wave_size``."""
     if not devices:
         return []
@@ -68,28 +77,29 @@ class RolloutRules:
     """When to give up: the failure rate that aborts (a fraction) and how long one device may take."""
 
     abort_failure_rate: float = 0.0
-    device_timeout_s: float = 600.0
+    device_timeout_s: float = DEFAULT_DEVICE_TIMEOUT_S
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> RolloutRules:
-        rate = float(options.get("abort_failure_rate") or 0.0)  # stored as a fraction (deployments.abort_fraction)
+        rate = float(options.get("abort_failure_rate") or 0.0)  # stored as a fraction (DeploymentSpec.abort_fraction)
         return cls(abort_failure_rate=rate / 100 if rate > 1 else rate,  # rows stored before then: a percent
-                   device_timeout_s=float(options.get("device_timeout_s") or 600.0))
+                   device_timeout_s=float(options.get("device_timeout_s") or DEFAULT_DEVICE_TIMEOUT_S))
 
 
 class RolloutStore(Protocol):
     """What :func:`step` needs of the fleet database."""
 
     def deployment_targets(self, deployment_id: str) -> list[dict]: ...
-    def advance_target(self, deployment_id: str, device_id: str, state: str, detail: str | None = None, *,
+    def advance_target(self, deployment_id: str, device_id: str, state: TargetState, detail: str | None = None, *,
                        now: float | None = None) -> bool: ...
-    def set_deployment_status(self, deployment_id: str, status: str, detail: str | None = None) -> None: ...
+    def set_deployment_status(self, deployment_id: str, status: DeploymentStatus,
+                              detail: str | None = None) -> None: ...
     def set_deployment_analysis(self, deployment_id: str, analysis: dict) -> None: ...
     def telemetry_between(self, device_ids: list[str], since: float, until: float) -> list[tuple[str, float, dict]]: ...
 
 
 def step(store: RolloutStore, deployment: dict, notify: Callable[[str], None], *, now: float | None = None,
-         resend: bool = False, rollback: Callable[[str], None] | None = None) -> str | None:
+         resend: bool = False, rollback: Callable[[str], None] | None = None) -> DeploymentStatus | None:
     """Advance ``deployment`` as far as it can go now; its final status once it has ended, else None.
 
     Waves in order: a wave's pending devices are notified once every earlier wave has finished
@@ -117,32 +127,33 @@ def step(store: RolloutStore, deployment: dict, notify: Callable[[str], None], *
         if rate > rules.abort_failure_rate and index != max(waves):
             detail = (f"failure rate {rate:.0%} passed the threshold of {rules.abort_failure_rate:.0%} after wave "
                       f"{index + 1} of {len(waves)}; later waves not notified")
-            store.set_deployment_status(deployment_id, "aborted", detail)
-            return "aborted"
+            store.set_deployment_status(deployment_id, DeploymentStatus.ABORTED, detail)
+            return DeploymentStatus.ABORTED
         if index == 0 and has_canary(deployment):
             gate = canary_gate(store, deployment, waves, rollback or (lambda device: None), now=now)
             if gate != "pass":
                 return None if gate == "wait" else gate
-    status = "succeeded" if seen and all(s == "active" for s in seen) else "failed"
-    if status == "failed" and failure_rate(seen) > rules.abort_failure_rate:
-        status = "aborted"
-    store.set_deployment_status(deployment_id, status, None if status == "succeeded"
-                                else f"{sum(s != 'active' for s in seen)} of {len(seen)} device(s) did not update")
+    succeeded = bool(seen) and all(s == TargetState.ACTIVE for s in seen)
+    status = DeploymentStatus.SUCCEEDED if succeeded else DeploymentStatus.FAILED
+    if status == DeploymentStatus.FAILED and failure_rate(seen) > rules.abort_failure_rate:
+        status = DeploymentStatus.ABORTED
+    store.set_deployment_status(deployment_id, status, None if succeeded else
+                                f"{sum(s != TargetState.ACTIVE for s in seen)} of {len(seen)} device(s) did not update")
     return status
 
 
 def _advance(store: RolloutStore, deployment_id: str, target: dict, rules: RolloutRules,
              notify: Callable[[str], None], *, now: float, resend: bool) -> None:
     device, state = target["device_id"], target["state"]
-    if state == "pending":
-        if store.advance_target(deployment_id, device, "notified", now=now):
+    if state == TargetState.PENDING:
+        if store.advance_target(deployment_id, device, TargetState.NOTIFIED, now=now):
             notify(device)
-        target["state"] = "notified"
+        target["state"] = TargetState.NOTIFIED
     elif state in WAITING_STATES and now - float(target.get("notified_at") or now) > rules.device_timeout_s:
         detail = f"no result within {rules.device_timeout_s:.0f} s"
-        if store.advance_target(deployment_id, device, "timeout", detail, now=now):
-            target["state"] = "timeout"
-    elif state == "notified" and resend:
+        if store.advance_target(deployment_id, device, TargetState.TIMEOUT, detail, now=now):
+            target["state"] = TargetState.TIMEOUT
+    elif state == TargetState.NOTIFIED and resend:
         notify(device)
 
 
@@ -153,7 +164,7 @@ def has_canary(deployment: dict) -> bool:
 
 
 def canary_gate(store: RolloutStore, deployment: dict, waves: dict[int, list[dict]],
-                rollback: Callable[[str], None], *, now: float) -> str:
+                rollback: Callable[[str], None], *, now: float) -> Literal["pass", "wait"] | DeploymentStatus:
     """"pass", "wait" (the window is not over, or too few telemetry windows yet) or "aborted".
 
     The canary wave has finished. Its active devices are judged once ``window_s`` after the last of
@@ -164,12 +175,12 @@ def canary_gate(store: RolloutStore, deployment: dict, waves: dict[int, list[dic
     """
     deployment_id = deployment["deployment_id"]
     stored = deployment.get("analysis")
-    canary = [t for t in waves[0] if t["state"] == "active"]
+    canary = [t for t in waves[0] if t["state"] == TargetState.ACTIVE]
     if isinstance(stored, dict) and "passed" in stored:
         if stored["passed"]:
             return "pass"
         _abort_canary(store, deployment_id, canary, rollback, str(stored.get("summary") or "canary analysis failed"))
-        return "aborted"  # a manager that stopped half-way through the abort: finish it
+        return DeploymentStatus.ABORTED  # a manager that stopped half-way through the abort: finish it
     if not canary:
         return "pass"  # every canary device failed, within the failure-rate rule: nothing to judge
     thresholds = canary_analysis.Thresholds.from_options(deployment.get("options") or {})
@@ -202,7 +213,7 @@ def canary_gate(store: RolloutStore, deployment: dict, waves: dict[int, list[dic
     if verdict.passed:
         return "pass"
     _abort_canary(store, deployment_id, canary, rollback, verdict.summary)
-    return "aborted"
+    return DeploymentStatus.ABORTED
 
 
 def _abort_canary(store: RolloutStore, deployment_id: str, canary: list[dict], rollback: Callable[[str], None],
@@ -214,8 +225,8 @@ def _abort_canary(store: RolloutStore, deployment_id: str, canary: list[dict], r
             rollback(target["device_id"])
         except Exception as exc:  # an unknown device, a full spool: the abort goes on, the detail says so
             log.warning("rollout %s: could not send %s a rollback: %s", deployment_id, target["device_id"], exc)
-        store.advance_target(deployment_id, target["device_id"], "rolled_back", "canary analysis failed")
-    store.set_deployment_status(deployment_id, "aborted",
+        store.advance_target(deployment_id, target["device_id"], TargetState.ROLLED_BACK, "canary analysis failed")
+    store.set_deployment_status(deployment_id, DeploymentStatus.ABORTED,
                                 f"{summary}; canary device(s) rolled back, later waves not notified")
 
 

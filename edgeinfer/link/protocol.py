@@ -38,6 +38,7 @@ from ..errors import ProtocolError
 from ..pipeline.stats import PERCENTILES, STAGES
 from . import schema_fast
 from .schema_check import Check, compile_schema, nesting, schema_errors
+from .vocabulary import SCHEMA_EVENT_KINDS
 
 try:  # the fleet extra
     import orjson
@@ -350,12 +351,6 @@ TELEMETRY_SCHEMA: dict[str, Any] = {
     },
 }
 
-EVENT_KINDS = (
-    "agent_started", "agent_stopping", "pipeline_started", "pipeline_ended", "pipeline_failed",
-    "pipeline_restarting", "fallback", "delegate_fallback", "delegate_restored", "stream_failed", "stream_restored",
-    "stream_ended", "rule_triggered", "evidence_upload_failed", "mqtt_reconnected", "cmd_result", "cmd_rejected",
-    "error",
-)
 EVENT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "events",
@@ -368,7 +363,8 @@ EVENT_SCHEMA: dict[str, Any] = {
         "boot_id": _BOOT,
         "seq": _SEQ,
         "event": {"type": "string", "pattern": COMMAND_NAME_PATTERN,
-                  "description": "one of " + ", ".join(EVENT_KINDS) + " (readers must accept new ones)"},
+                  "description": "one of " + ", ".join(kind.value for kind in SCHEMA_EVENT_KINDS)
+                                 + " (readers must accept new ones)"},
         "level": {"enum": ["info", "warning", "error"]},
         "message": {"type": "string"},
         "pipeline": _NULLABLE_STR,

@@ -40,18 +40,15 @@ from typing import Any
 
 import numpy as np
 
+from .._evidence import CLIP_NAME, EVENT_ID, SNAPSHOT_NAME, new_event_id
 from .._fs import atomic_path, atomic_write_bytes
 from ..errors import InputMismatch, OutputError
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_NAME = "snapshot.jpg"
-CLIP_NAME = "clip.mjpeg"
 META_NAME = "event.json"
 #: the version of event.json's layout
 META_VERSION = 1
-#: what an event id looks like: UTC time to the millisecond, the frame id, random hex
-EVENT_ID = re.compile(r"\A\d{8}T\d{9}Z-\d+-[0-9a-f]{6}\Z")
 #: a safe folder name for get(): no separators, no leading dot, bounded
 _SAFE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,127}\Z")
 
@@ -63,13 +60,6 @@ class EncodedFrame:
     frame_id: int
     timestamp: float
     jpeg: bytes
-
-
-def new_event_id(frame_id: int, now: float | None = None) -> str:
-    """``YYYYmmddTHHMMSSmmmZ-<frame id>-<6 hex>``: sorts by time as text, unique by its random part."""
-    now = time.time() if now is None else now
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}Z"
-    return f"{stamp}-{max(int(frame_id), 0)}-{os.urandom(3).hex()}"  # secrets' source, without its hmac/OpenSSL import
 
 
 def check_frame(frame: Any) -> np.ndarray:

@@ -33,6 +33,7 @@ from edgeinfer.agent.config import parse_config
 from edgeinfer.agent.deploy import UpdateService
 from edgeinfer.agent.telemetry import BootSequence
 from edgeinfer.link.protocol import MAX_PAYLOAD_BYTES, Topics, make_command
+from edgeinfer.link.vocabulary import Command
 from edgeinfer.updates.signing import MAX_COMMAND_TTL_S, SigningKey, canonical_json, sign_command
 
 DEVICE = "cam-01"
@@ -250,7 +251,7 @@ def world(tmp_path_factory):
     router = RecordingRouter(agent, data / "commands.sqlite3", key=updates.key, device_id=DEVICE)
     register_builtin_commands(router)
     updates.register(router)
-    assert router.names == ["deploy", "ping", "restart_pipeline", "rollback"]
+    assert router.names == sorted(command.value for command in Command)  # every word of the vocabulary, no other
     caught = Exceptions()
     logging.getLogger("edgeinfer").addHandler(caught)
     try:

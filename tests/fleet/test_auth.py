@@ -22,10 +22,13 @@ from support.fleet import state_message
 from support.processes import edgeinfer_cmd
 from support.processes import wait_until as wait
 
+from edgeinfer.fleet.api import web
+from edgeinfer.fleet.api.app import ROUTERS
 from edgeinfer.fleet.auth import issue_grant
 from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient, FleetRequestError
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.fleet.schemas import DeploymentSpec
 from edgeinfer.link.protocol import Topics
 
 BIRDS = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
@@ -67,9 +70,9 @@ def call(url: str, method: str = "GET", token: str | None = None, body: bytes | 
 
 
 def every_route(fleet) -> list[tuple[str, str]]:
-    """(method, path) of every route the app serves, path parameters filled in."""
+    """(method, path) of every route the app serves (its own and its routers'), path parameters filled in."""
     routes = []
-    for route in fleet.http.app.routes:
+    for route in [*fleet.http.app.routes, *(route for router in (*ROUTERS, web.router) for route in router.routes)]:
         for method in sorted(getattr(route, "methods", None) or ()):
             path = re.sub(r"\{sha256\}", "0" * 64, route.path)
             routes.append((method, re.sub(r"\{[a-z_]+\}", "x", path)))
@@ -95,8 +98,9 @@ def test_roles_decide_what_a_token_may_do(fleet, admin):
     viewer = FleetClient(fleet.http.url, token=admin.create_token("dashboard", "viewer")["token"])
     operator = FleetClient(fleet.http.url, token=admin.create_token("ci-deployer", "operator")["token"])
     assert viewer.whoami()["role"] == "viewer" and isinstance(viewer.devices(), list)
-    for forbidden in (lambda: viewer.upload(BIRDS), lambda: viewer.create_deployment({"version": 2, "all": True}),
-                      lambda: viewer.abort("x"), lambda: viewer.rollback("cam-1"), lambda: viewer.tokens(),
+    spec = DeploymentSpec(sha256="0" * 64, version=2, all=True)
+    for forbidden in (lambda: viewer.upload(BIRDS), lambda: viewer.create_deployment(spec), lambda: viewer.abort("x"),
+                      lambda: viewer.rollback("cam-1"), lambda: viewer.tokens(),
                       lambda: operator.tokens(), lambda: operator.create_token("x", "admin"),
                       lambda: operator.enroll("cam-1"), lambda: operator.audit()):
         with pytest.raises(FleetRequestError) as info:
@@ -104,7 +108,7 @@ def test_roles_decide_what_a_token_may_do(fleet, admin):
         assert info.value.status == 403, info.value
     assert operator.upload(BIRDS)["size"] == BIRDS.stat().st_size  # an operator may deploy
     with pytest.raises(FleetRequestError, match="no device"):
-        operator.create_deployment({"sha256": operator.upload(BIRDS)["sha256"], "version": 2, "all": True})
+        operator.create_deployment(DeploymentSpec(sha256=operator.upload(BIRDS)["sha256"], version=2, all=True))
     listed = {t["name"]: t for t in admin.tokens()}
     assert {"admin", "dashboard", "ci-deployer"} <= set(listed)
     assert all("token" not in t and "token_hash" not in t for t in listed.values())  # never shown again
@@ -237,8 +241,8 @@ def test_the_audit_log_says_who_did_what_from_where(fleet, admin):
                               qos=1)
         assert wait(lambda: fleet.db.get_device("cam-audit") is not None)
         sha = operator.upload(BIRDS)["sha256"]
-        created = operator.create_deployment({"sha256": sha, "model_name": "birds", "version": 5,
-                                              "devices": ["cam-audit"]})
+        created = operator.create_deployment(DeploymentSpec(sha256=sha, model_name="birds", version=5,
+                                                            devices=["cam-audit"]))
         assert operator.abort(created["deployment_id"])["status"] == "aborted"
         with pytest.raises(FleetRequestError) as info:
             operator.abort(created["deployment_id"])

@@ -15,15 +15,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pydantic import ValidationError
 from support.assets import IMAGES, MODELS
 from support.canary import AgentThread, simulated_fleet, window
 from support.fleet import admin_token_file
 from support.processes import edgeinfer_cmd
 from support.processes import wait_until as wait
 
-from edgeinfer.fleet.canary import Thresholds, analyse, thresholds_from_spec, total_variation
+from edgeinfer.fleet.canary import Thresholds, analyse, total_variation
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.rollout import step
+from edgeinfer.fleet.schemas import DeploymentSpec, describe_error
 
 HEALTHY_TOP = {"macaw": 20, "tabby": 8, "toucan": 2}
 CANARY = [f"cam-{i}" for i in range(2)]
@@ -114,14 +116,21 @@ def test_a_metric_without_figures_is_not_judged_and_does_not_fail():
 
 
 def test_bad_thresholds_are_refused_with_the_reason():
-    assert thresholds_from_spec({}) == Thresholds()
-    assert not thresholds_from_spec({"canary_analysis": False}).enabled
-    assert thresholds_from_spec({"canary_window_s": 30, "max_output_drift": 0.5}).window_s == 30.0
-    for spec, words in (({"max_output_drift": 2}, "max_output_drift must be a number within 0-1"),
-                        ({"max_fps_drop": "lots"}, "max_fps_drop"), ({"canary_window_s": 0}, "canary_window_s"),
-                        ({"canary_min_windows": 2.5}, "an integer"), ({"canary_analysis": "yes"}, "true or false")):
-        with pytest.raises(ValueError, match=words):
-            thresholds_from_spec(spec)
+    def spec(**given) -> DeploymentSpec:
+        return DeploymentSpec.model_validate({"sha256": "0" * 64, "version": 1, "all": True, **given})
+
+    assert spec().thresholds() == Thresholds()
+    assert not spec(canary_analysis=False).thresholds().enabled
+    assert spec(canary_window_s=30, max_output_drift=0.5).thresholds().window_s == 30.0
+    assert spec(max_fps_drop=None).thresholds().max_fps_drop == Thresholds().max_fps_drop  # null: the default
+    for given, words in (({"max_output_drift": 2}, "max_output_drift: Input should be less than or equal to 1"),
+                         ({"max_fps_drop": "lots"}, "max_fps_drop: Input should be a valid number"),
+                         ({"canary_window_s": 0}, "canary_window_s"),
+                         ({"canary_min_windows": 2.5}, "canary_min_windows: Input should be a valid integer"),
+                         ({"canary_analysis": "yes"}, "canary_analysis: Input should be a valid boolean")):
+        with pytest.raises(ValidationError) as info:
+            spec(**given)
+        assert words in describe_error(info.value), describe_error(info.value)
 
 
 # ------------------------------------------------------------------------------- the summary on the wire
@@ -214,9 +223,9 @@ def sim_deploy(sim, name: str, version: int, tmp_path: Path) -> dict:
     model = tmp_path / name
     model.write_bytes(name.encode() * 64)  # the simulator runs whatever it is told a model does
     sha = sim.admin.upload(model)["sha256"]
-    created = sim.admin.create_deployment({
-        "sha256": sha, "model_name": name, "version": version, "all": True, "canary_pct": 10,
-        "device_timeout_s": 30, "canary_window_s": 4, "canary_min_windows": 20})
+    created = sim.admin.create_deployment(DeploymentSpec(
+        sha256=sha, model_name=name, version=version, all=True, canary_pct=10, device_timeout_s=30,
+        canary_window_s=4, canary_min_windows=20))
     deployment_id = created["deployment_id"]
     assert wait(lambda: sim.admin.deployment(deployment_id)["status"] != "running", 90, 0.2), \
         sim.admin.deployment(deployment_id)["counts"]
@@ -340,7 +349,7 @@ def test_real_agents_a_much_slower_model_is_aborted_and_the_canary_rolled_back(t
         latency = next(m for m in deployment["analysis"]["metrics"] if m["name"] == "latency")
         assert not latency["passed"] and latency["canary"] > 5 * latency["control"], latency
         print("real agents, slower model:", latency["message"])
-        canary = next(t["device_id"] for t in manager.get_deployment(deployment["deployment_id"])["devices"]
+        canary = next(t["device_id"] for t in manager.deployments.get(deployment["deployment_id"])["devices"]
                       if t["wave"] == 0)
         by_id = {a.device_id: a for a in agents}
         assert wait(lambda: by_id[canary].version() == "1", 30)  # the signed rollback ran on the device
@@ -367,7 +376,7 @@ def test_real_agents_a_model_that_answers_other_classes_is_aborted_on_drift(tmp_
         drift = next(m for m in deployment["analysis"]["metrics"] if m["name"] == "output_drift")
         assert not drift["passed"] and drift["canary"] > 0.5, drift
         print("real agents, bird model:", drift["message"])
-        canary = next(t["device_id"] for t in manager.get_deployment(deployment["deployment_id"])["devices"]
+        canary = next(t["device_id"] for t in manager.deployments.get(deployment["deployment_id"])["devices"]
                       if t["wave"] == 0)
         assert wait(lambda: next(a for a in agents if a.device_id == canary).version() == "1", 30)
     finally:

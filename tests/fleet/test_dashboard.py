@@ -27,6 +27,8 @@ from support.browser import (
 )
 from support.dashboard import fill, go, rows, running_dashboard, settle, sign_in, sign_out, submit_token, wait_live
 
+from edgeinfer.fleet.schemas import DeploymentSpec
+
 BIRDS = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
 DOCS_IMG = Path(__file__).parents[2] / "docs" / "img"
 DEVICES = 50
@@ -128,9 +130,24 @@ def test_a_deployment_from_the_page_reaches_every_device_live(dash, browser):
     wait_for(browser, "[data-testid=deploy-form]", 10)
     browser.driver.execute_script("window.__noReload = true")
 
+    # the form's bounds are the API's: the DeploymentSpec of /openapi.json, checked before the upload starts
+    spec = DeploymentSpec.model_json_schema()["properties"]
+    bounds = browser.driver.execute_script("""
+        return Object.fromEntries(Array.from(document.querySelectorAll('[data-spec-key]'))
+          .map(i => [i.dataset.specKey, [i.min, i.max]]));""")
+    for key, (low, high) in bounds.items():
+        field = next(b for b in spec[key].get("anyOf", [spec[key]]) if b.get("type") != "null")
+        assert (float(low), float(high) if high else None) == (field.get("minimum", field.get("exclusiveMinimum")),
+                                                               field.get("maximum")), (key, low, high, field)
+    assert {"canary_pct", "wave_size", "max_output_drift"} <= set(bounds)
+    uploads = len([e for e in dash.clients["admin"].audit(limit=1000) if e["action"] == "artifact.upload"])
     fill(browser, "deploy-file", str(BIRDS))
     fill(browser, "deploy-version", "2")
     fill(browser, "deploy-target", "all")
+    fill(browser, "deploy-canary", "150")
+    browser.driver.execute_script("document.querySelector('[data-testid=deploy-form]').requestSubmit()")
+    wait_text(browser, "[data-testid=deploy-error]", lambda text: "between 0 and 100" in text, 5)
+    assert len([e for e in dash.clients["admin"].audit(limit=1000) if e["action"] == "artifact.upload"]) == uploads
     fill(browser, "deploy-canary", "10")
     fill(browser, "deploy-wave-size", "15")
     fill(browser, "deploy-canary-window", "3")  # the simulator runs the bird model as healthy: the canary passes
@@ -220,9 +237,9 @@ def a_deployment(dash) -> str:
     if listed:
         return max(listed, key=lambda d: d.get("created_at", 0))["deployment_id"]
     sha256 = dash.clients["operator"].upload(BIRDS)["sha256"]
-    created = dash.clients["operator"].create_deployment({"sha256": sha256, "version": 2, "all": True,
-                                                         "canary_pct": 10, "wave_size": 15,
-                                                         "canary_window_s": 3, "canary_min_windows": 10})
+    created = dash.clients["operator"].create_deployment(DeploymentSpec(sha256=sha256, version=2, all=True,
+                                                                        canary_pct=10, wave_size=15,
+                                                                        canary_window_s=3, canary_min_windows=10))
     deployment_id = created["deployment_id"]
     assert wait_until(lambda: (admin.deployment(deployment_id) or {}).get("status") == "succeeded", 60, 0.2)
     return deployment_id

@@ -15,6 +15,7 @@ from support.fleet import admin_client, state_message, telemetry_message
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.overview import device_summary, overview
+from edgeinfer.fleet.schemas import DeploymentSpec
 from edgeinfer.link.protocol import Topics
 
 
@@ -112,8 +113,8 @@ def test_the_live_stream_pushes_what_changed_to_a_viewer(manager, broker):
             rows = [d for e, data in frames if e == "devices" for d in data]
             assert rows[-1]["last_telemetry"]["pipelines"][0]["fps"] == 12.5
             sha = admin.upload(MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite")["sha256"]
-            created = admin.create_deployment({"sha256": sha, "model_name": "birds", "version": 2,
-                                               "devices": ["cam-1"]})
+            created = admin.create_deployment(DeploymentSpec(sha256=sha, model_name="birds", version=2,
+                                                             devices=["cam-1"]))
             frames = stream.frames(lambda f: any(e == "deployment" for e, _ in f))
             (full,) = [data for e, data in frames if e == "deployment"][:1]
             assert full["deployment_id"] == created["deployment_id"] and full["devices"][0]["device_id"] == "cam-1"

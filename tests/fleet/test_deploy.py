@@ -24,7 +24,10 @@ from edgeinfer.agent.config import parse_config
 from edgeinfer.agent.daemon import Agent
 from edgeinfer.capture import make_test_clip
 from edgeinfer.fleet.auth import issue_grant
-from edgeinfer.fleet.manager import FleetManager, FleetSettings, wait_for_deployment
+from edgeinfer.fleet.client import wait_for_deployment
+from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.fleet.schemas import DeploymentSpec
+from edgeinfer.link.vocabulary import Command
 from edgeinfer.runtime.model import inspect_model
 from edgeinfer.updates.signing import SigningKey, new_manifest
 from edgeinfer.updates.slots import ModelSlots
@@ -123,7 +126,7 @@ def test_failing_canary_aborts_and_nobody_else_is_notified(tmp_path, broker, fle
         assert "aborted" in result.stdout and "validation_failed" in result.stderr
         (deployment,) = fleet.db.list_deployments()
         assert deployment["counts"] == {"failed": 2, "pending": 4}
-        canary = {t["device_id"] for t in fleet.get_deployment(deployment["deployment_id"])["devices"]
+        canary = {t["device_id"] for t in fleet.deployments.get(deployment["deployment_id"])["devices"]
                   if t["wave"] == 0}
         for agent in agents:
             update_events = [e for e in fleet.db.device_events(agent.agent.config.device_id) if e["event"] == "update"]
@@ -136,7 +139,7 @@ def test_failing_canary_aborts_and_nobody_else_is_notified(tmp_path, broker, fle
 
 def signed_command(fleet: FleetManager, model: Path, version: int, *, key: SigningKey | None = None,
                    deployment_id: str | None = None, sha256: str | None = None) -> dict:
-    digest, size = fleet.put_artifact(model)
+    digest, size = fleet.store.put(model)
     manifest = new_manifest(model_name=model.name, version=version, sha256=sha256 or digest, size=size,
                             url=f"{fleet.public_url}/artifacts/{digest}", target="device:cam-00",
                             deployment_id=deployment_id)
@@ -162,22 +165,23 @@ def outcome(fleet: FleetManager, command_id: str, timeout: float = 60) -> dict:
 def test_bad_updates_are_rejected_each_with_its_reason(tmp_path, broker, fleet, clip):
     (agent,) = start_agents(tmp_path, broker, fleet, clip, 1)
     try:
-        wrong_key = fleet.send_command("cam-00", "deploy", signed_command(fleet, BIRDS, 2, key=SigningKey.generate()))
+        wrong_key = fleet.commands.send("cam-00", Command.DEPLOY,
+                                        signed_command(fleet, BIRDS, 2, key=SigningKey.generate()))
         assert outcome(fleet, wrong_key)["data"]["reason"] == "bad_signature"
         # the artifact the server holds is not the one the manifest names
-        tampered = fleet.send_command("cam-00", "deploy", signed_command(fleet, BIRDS, 2, sha256="ab" * 32))
+        tampered = fleet.commands.send("cam-00", Command.DEPLOY, signed_command(fleet, BIRDS, 2, sha256="ab" * 32))
         event = outcome(fleet, tampered)
         assert (event["event"], event["data"]["state"], event["data"]["reason"]) == ("update", "failed",
                                                                                      "sha256_mismatch")
         good = signed_command(fleet, BIRDS, 2)
-        installed = fleet.send_command("cam-00", "deploy", good)
+        installed = fleet.commands.send("cam-00", Command.DEPLOY, good)
         assert outcome(fleet, installed)["data"]["state"] == "active"
         assert agent.version() == "2"
-        replayed = fleet.send_command("cam-00", "deploy", good)  # the same signed manifest, a new command id
+        replayed = fleet.commands.send("cam-00", Command.DEPLOY, good)  # the same signed manifest, a new command id
         assert outcome(fleet, replayed)["data"]["reason"] == "replay"
-        downgrade = fleet.send_command("cam-00", "deploy", signed_command(fleet, V1, 1))
+        downgrade = fleet.commands.send("cam-00", Command.DEPLOY, signed_command(fleet, V1, 1))
         assert outcome(fleet, downgrade)["data"]["reason"] == "downgrade"
-        again = fleet.send_command("cam-00", "deploy", good, command_id=installed)  # a duplicate command
+        again = fleet.commands.send("cam-00", Command.DEPLOY, good, command_id=installed)  # a duplicate command
         time.sleep(1.0)
         downloads = [e for e in fleet.db.device_events("cam-00", 500) if e.get("cmd_id") == again
                      and e["event"] == "update" and e["data"]["state"] == "downloading"]
@@ -195,7 +199,7 @@ def test_an_update_to_a_pipeline_of_several_sources_swaps_its_engine_and_every_s
                   "task": "classify", "loop": True, "max_fps": 3, "threads": 1, "version": "1"}]
     (agent,) = start_agents(tmp_path, broker, fleet, clip, 1, pipelines=pipelines)
     try:
-        command = fleet.send_command("cam-00", "deploy", signed_command(fleet, BIRDS, 2))
+        command = fleet.commands.send("cam-00", Command.DEPLOY, signed_command(fleet, BIRDS, 2))
         event = outcome(fleet, command)
         assert event["data"]["state"] == "active", event
         runner = agent.agent.runners[0]
@@ -220,7 +224,7 @@ def test_download_cut_several_times_still_installs(tmp_path, broker, clip):
             assert fleet.wait_connected(10)
             (agent,) = start_agents(tmp_path, broker, fleet, clip, 1)
             try:
-                command = fleet.send_command("cam-00", "deploy", signed_command(fleet, BIRDS, 2))
+                command = fleet.commands.send("cam-00", Command.DEPLOY, signed_command(fleet, BIRDS, 2))
                 assert outcome(fleet, command)["data"]["state"] == "active"
                 assert proxy.connections >= 4 and agent.version() == "2"
             finally:
@@ -235,7 +239,7 @@ def test_agent_killed_mid_update_comes_back_on_one_version(tmp_path, broker, fle
     config = write_config(tmp_path / "agent.yaml", **agent_settings(tmp_path, broker.url, "cam-00", key, clip))
     with AgentProcess(config, tmp_path / "agent.log") as process:
         assert wait(lambda: any(d["online"] for d in fleet.db.list_devices()), 60), process.output()
-        command = fleet.send_command("cam-00", "deploy", signed_command(fleet, BIRDS, 2))
+        command = fleet.commands.send("cam-00", Command.DEPLOY, signed_command(fleet, BIRDS, 2))
         assert wait(lambda: any(e.get("cmd_id") == command and e["data"].get("state") == kill_after
                                 for e in fleet.db.device_events("cam-00", 500)), 60), process.output()
         process.kill()
@@ -271,18 +275,18 @@ def test_tls_end_to_end_an_enrolled_agent_takes_a_rollout_over_mqtts_and_https(t
         try:
             assert wait(lambda: (d := fleet.db.get_device("cam-tls")) is not None and d["online"], 60)
             sha = admin.upload(BIRDS)["sha256"]
-            created = admin.create_deployment({"sha256": sha, "model_name": BIRDS.name, "version": 2,
-                                               "devices": ["cam-tls"], "canary_analysis": False})
+            created = admin.create_deployment(DeploymentSpec(sha256=sha, model_name=BIRDS.name, version=2,
+                                                             devices=["cam-tls"], canary_analysis=False))
             assert created["devices"][0]["device_id"] == "cam-tls"
             final = wait_for_deployment(admin.deployment, created["deployment_id"], timeout_s=120)
             assert final["status"] == "succeeded", final
             assert agent.version() == "2" and fleet.public_url.startswith("https://")
             # the agent's state says what runs and what a rollback would go back to (the dashboard shows it)
             def slots() -> dict:
-                return (fleet.get_device("cam-tls") or {}).get("slots") or {}
+                return (fleet.devices.get("cam-tls") or {}).get("slots") or {}
 
             assert wait(lambda: (slots().get("active") or {}).get("version") == 2, 30), \
-                json.dumps(fleet.get_device("cam-tls")["state"])[:3000]
+                json.dumps(fleet.devices.get("cam-tls")["state"])[:3000]
             slots = slots()
             assert (slots["pipeline"], slots["previous"]["version"], slots["previous"]["sha256"]) == (
                 "main", 1, hashlib.sha256(V1.read_bytes()).hexdigest())

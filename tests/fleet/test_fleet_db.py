@@ -10,13 +10,12 @@ import threading
 import urllib.request
 
 import pytest
+from support.fleet import api_server
 from support.processes import run_without
 
 from edgeinfer.errors import ConfigError
-from edgeinfer.fleet.artifacts import ArtifactStore
 from edgeinfer.fleet.auth import TokenStore
 from edgeinfer.fleet.db import FleetDB
-from edgeinfer.fleet.http import FleetHTTPServer
 
 
 @pytest.fixture
@@ -223,7 +222,7 @@ def test_http_api_reads_the_database(db, tmp_path):
     def get(path: str):
         return urllib.request.urlopen(urllib.request.Request(f"{server.url}{path}", headers=viewer))
 
-    with FleetHTTPServer(ArtifactStore(tmp_path / "store"), db, auth=tokens) as server:
+    with api_server(db, tmp_path / "api") as (server, _):
         with get("/api/devices") as response:
             devices = json.loads(response.read())
         with get("/api/devices/cam-1/telemetry?limit=5") as response:
@@ -258,3 +257,21 @@ except MissingDependency as exc:
 """)
     assert done.returncode == 0 and done.stderr == "", done.stderr  # nothing left half-open behind it
     assert package in done.stdout and "pip install 'edgeinfer[fleet]'" in done.stdout
+
+
+@pytest.mark.parametrize(("package", "command"), [("fastapi", "fleet serve"), ("pydantic", "deploy")])
+def test_the_fleet_commands_name_the_pip_extra_they_need(package, command, tmp_path):
+    """`edgeinfer fleet ...` is where the fleet manager's packages are imported: one line naming the extra."""
+    model = tmp_path / "m.tflite"
+    args = ["fleet", "serve", "--data-dir", str(tmp_path / "data")] if command == "fleet serve" else \
+        ["deploy", str(model), "--version", "2", "--all"]
+    model.write_bytes(b"not a model at all")
+    done = run_without({package}, f"""
+import sys
+from edgeinfer.cli import main
+sys.argv = ["edgeinfer", *{args!r}]
+main()
+""")
+    assert done.returncode == 1 and package in done.stderr and "pip install 'edgeinfer[fleet]'" in done.stderr, \
+        done.stderr
+    assert done.stderr.count("\n") == 1  # one line, no traceback

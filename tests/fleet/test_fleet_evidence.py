@@ -23,23 +23,22 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import cv2
 import numpy as np
 import pytest
+from support.fleet import api_server
 from support.processes import edgeinfer_cmd, wait_until
 
-from edgeinfer.fleet.artifacts import ArtifactStore
+from edgeinfer._evidence import EVENT_ID, new_event_id
+from edgeinfer.fleet.api.deps import FleetServices
 from edgeinfer.fleet.auth import TokenStore
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.db import FleetDB
-from edgeinfer.fleet.evidence import EvidenceLimits, EvidenceStore, JpegFrames
-from edgeinfer.fleet.http import FleetHTTPServer
+from edgeinfer.fleet.evidence import EvidenceLimits, JpegFrames
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.link.protocol import Topics
-from edgeinfer.pipeline.evidence import EVENT_ID, new_event_id
 
 FLEET = "evi"
 SNAPSHOT_LIMIT = 256 << 10
@@ -360,29 +359,28 @@ def test_events_list_a_rule_triggered_event_with_its_evidence(fleet):
     connection.close()
     assert frames == parts
     assert arrived[-1] - arrived[0] >= 5 / 6 * 0.8, arrived  # paced, not sent at once
-    status, _, body = fleet.get("cam-b", with_evidence, "snapshot.jpg", query="?play=1")
-    assert status == 400
+    status, headers, body = fleet.get("cam-b", with_evidence, "snapshot.jpg", query="?play=1")
+    assert (status, headers["Content-Type"], body) == (200, "image/jpeg", snapshot)  # play is a clip's only
 
 
 @contextlib.contextmanager
-def evidence_server(db_url: str, folder: Path, limits: EvidenceLimits) -> Iterator[tuple[Any, FleetDB, str]]:
-    """The manager's HTTP server with only its evidence store (``limits``) on ``db_url``: (server, db, an
-    operator's bearer header)."""
+def evidence_server(db_url: str, folder: Path, limits: EvidenceLimits
+                    ) -> Iterator[tuple[Any, FleetDB, str, FleetServices]]:
+    """The manager's HTTP API with its evidence store bounded by ``limits``, on ``db_url``, without a broker:
+    (server, db, an operator's bearer header, the services)."""
     db = FleetDB(db_url)
     try:
-        store = EvidenceStore(db, folder / "incoming", limits)
-        tokens = TokenStore(db)
-        token = tokens.create(name="evidence", role="operator")["token"]
-        api = SimpleNamespace(evidence=store, list_events=lambda **kw: store.with_evidence(db.list_events(**kw)))
-        with FleetHTTPServer(ArtifactStore(folder / "artifacts"), api, auth=tokens) as server:
-            yield server, db, f"Bearer {token}"
+        token = TokenStore(db).create(name="evidence", role="operator")["token"]
+        with api_server(db, folder / "api", evidence=limits) as (server, services):
+            yield server, db, f"Bearer {token}", services
     finally:
         db.close()
 
 
 def test_retention_deletes_the_oldest_events_evidence_first(db_url, tmp_path):
     """Evidence bounded at 100 KiB: uploads past it delete the events stored first, whole (SQLite and PostgreSQL)."""
-    with evidence_server(db_url, tmp_path, EvidenceLimits(total_bytes=100 << 10)) as (server, db, operator):
+    with evidence_server(db_url, tmp_path, EvidenceLimits(total_bytes=100 << 10)) as (server, db, operator,
+                                                                                   services):
         events, sizes = [], []
         for n in range(8):
             event_id, snapshot = new_event_id(n), jpeg(160, 120, 300 + n, quality=95)
@@ -406,7 +404,7 @@ def test_retention_deletes_the_oldest_events_evidence_first(db_url, tmp_path):
                 db.t.evidence_chunks.c.event_id)).scalars().all()
         assert set(chunks) == set(kept)
         # the manager's retention pass (a tighter bound after a restart) deletes the same way
-        store = server.api.evidence
+        store = services.evidence
         store.limits = EvidenceLimits(total_bytes=sizes[-1])
         assert store.prune() == len(kept) - 1
         assert [e for e in events if db.evidence_file("cam-r", e, "snapshot.jpg")] == events[-1:]
@@ -421,7 +419,7 @@ def test_a_large_clip_never_passes_through_memory_whole_and_retries_race_safely(
         while out.tell() < 32 << 20:
             out.write(frame)
     size, event_id = movie.stat().st_size, new_event_id(9)
-    with evidence_server(db_url, tmp_path, EvidenceLimits(clip_bytes=48 << 20)) as (server, db, operator):
+    with evidence_server(db_url, tmp_path, EvidenceLimits(clip_bytes=48 << 20)) as (server, db, operator, _):
         host, port = server.url.removeprefix("http://").split(":")
         tracemalloc.start()
         try:

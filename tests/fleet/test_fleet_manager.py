@@ -16,6 +16,7 @@ from support.fleet import admin_client, state_message, telemetry_message
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.client import FleetClient
+from edgeinfer.fleet.schemas import DeploymentSpec
 from edgeinfer.link.protocol import Topics
 
 
@@ -52,10 +53,10 @@ def test_canary_failure_stops_the_rollout(manager, broker):
         for d in devices:
             fleet_side.publish(Topics("f", d).state, json.dumps(state_message(d, boots[d])))
         assert wait(lambda: len(manager.db.list_devices()) == 10)
-        sha, _ = manager.put_artifact(MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite")
-        created = manager.create_deployment({"sha256": sha, "model_name": "birds.tflite", "version": 2,
-                                             "all": True, "canary_pct": 10, "wave_size": 3,
-                                             "abort_failure_rate": 0, "device_timeout_s": 30})
+        sha, _ = manager.store.put(MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite")
+        created = manager.deployments.create(DeploymentSpec(sha256=sha, model_name="birds.tflite", version=2,
+                                                            all=True, canary_pct=10, wave_size=3,
+                                                            abort_failure_rate=0, device_timeout_s=30))
         deployment_id = created["deployment_id"]
         canary = [t["device_id"] for t in created["devices"] if t["wave"] == 0]
         assert len(canary) == 1
@@ -65,10 +66,10 @@ def test_canary_failure_stops_the_rollout(manager, broker):
         fleet_side.publish(Topics("f", canary[0]).events, json.dumps(event(
             canary[0], boots[canary[0]], 1, "update", command["id"],
             {"deployment_id": deployment_id, "state": "failed", "reason": "validation_failed"})))
-        assert wait(lambda: manager.get_deployment(deployment_id)["status"] == "aborted")
+        assert wait(lambda: manager.deployments.get(deployment_id)["status"] == "aborted")
         time.sleep(0.5)
         assert len(fleet_side.of_kind("cmd")) == 1  # no other device was notified
-    final = manager.get_deployment(deployment_id)
+    final = manager.deployments.get(deployment_id)
     assert final["counts"] == {"failed": 1, "pending": 9}
     assert "threshold" in final["detail"]
 
@@ -76,11 +77,11 @@ def test_canary_failure_stops_the_rollout(manager, broker):
 def test_deploy_api_errors(manager):
     client = admin_client(manager)
     with pytest.raises(Exception, match="no artifact"):
-        client.create_deployment({"sha256": "0" * 64, "version": 2, "all": True})
+        client.create_deployment(DeploymentSpec(sha256="0" * 64, version=2, all=True))
     artifact = client.upload(MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite")
     with pytest.raises(Exception, match="no device"):
-        client.create_deployment({"sha256": artifact["sha256"], "version": 2, "all": True})
+        client.create_deployment(DeploymentSpec(sha256=artifact["sha256"], version=2, all=True))
     with pytest.raises(Exception, match="unknown device"):
-        client.create_deployment({"sha256": artifact["sha256"], "version": 2, "devices": ["ghost"]})
+        client.create_deployment(DeploymentSpec(sha256=artifact["sha256"], version=2, devices=["ghost"]))
     with pytest.raises(Exception, match="cannot reach"):
         FleetClient("http://127.0.0.1:9").devices()

@@ -16,43 +16,13 @@ import urllib.error
 import urllib.request
 
 import pytest
+from support.fleet import api_server, state_message, telemetry_message
 
 from edgeinfer.fleet.artifacts import ArtifactStore
 from edgeinfer.fleet.auth import TokenStore
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.http import FleetHTTPServer
-
-
-class Api:
-    """The manager's side of the API, as small as a test needs (the real one: FleetManager)."""
-
-    def __init__(self) -> None:
-        self.created: list[dict] = []
-
-    def list_devices(self) -> list[dict]:
-        return [{"device_id": "cam-1", "online": True}]
-
-    def get_device(self, device_id: str) -> dict | None:
-        return {"device_id": device_id} if device_id == "cam-1" else None
-
-    def list_deployments(self) -> list[dict]:
-        return []
-
-    def get_deployment(self, deployment_id: str) -> dict | None:
-        return None
-
-    def device_telemetry(self, device_id: str, limit: int) -> list[dict]:
-        return [{"seq": n} for n in range(1, limit + 1)][:3]
-
-    def create_deployment(self, spec: dict) -> dict:
-        if "version" not in spec:
-            raise ValueError("version must be an integer")
-        self.created.append(spec)
-        return {"deployment_id": "d1", **spec}
-
-    def metrics(self) -> bytes:
-        return b"edgeinfer_fleet_messages_invalid_total 0.0\n"
 
 
 @pytest.fixture
@@ -66,20 +36,23 @@ def artifact(tmp_path):
 
 
 @pytest.fixture
-def tokens(tmp_path):
-    """Real tokens in a real (SQLite) fleet database; ADMIN set to an admin token for ``get``."""
+def db(tmp_path):
+    """A real (SQLite) fleet database that knows one device, cam-1, with three telemetry windows; ADMIN set to
+    an admin token for ``get``."""
     db = FleetDB(f"sqlite:///{tmp_path / 'fleet.sqlite3'}")
-    store = TokenStore(db)
+    db.record_state("f", "cam-1", state_message("cam-1", "b" * 32))
+    for seq in (1, 2, 3):
+        db.record_telemetry("f", "cam-1", telemetry_message("cam-1", "b" * 32, seq))
     global ADMIN
-    ADMIN = store.create(name="test-admin", role="admin")["token"]
-    yield store
+    ADMIN = TokenStore(db).create(name="test-admin", role="admin")["token"]
+    yield db
     db.close()
 
 
 @pytest.fixture
-def server(artifact, tokens):
+def server(artifact, db, tmp_path):
     store, _, _ = artifact
-    with FleetHTTPServer(store, Api(), auth=tokens) as srv:
+    with api_server(db, tmp_path / "api", artifacts=store) as (srv, _):
         yield srv
 
 
@@ -129,7 +102,7 @@ def test_an_interrupted_download_resumes_with_range(server, artifact):
     assert code == 200 and headers["Content-Length"] == str(len(data)) and body == b""
 
 
-def test_uploads_stream_to_disk(tmp_path, server):
+def test_uploads_stream_to_disk(tmp_path, server, artifact):
     big = tmp_path / "big.bin"
     with open(big, "wb") as out:
         for _ in range(64):
@@ -141,7 +114,7 @@ def test_uploads_stream_to_disk(tmp_path, server):
     finally:
         tracemalloc.stop()
     assert answer == {"sha256": hashlib.sha256(big.read_bytes()).hexdigest(), "size": 64 << 20}
-    assert server.store.get(answer["sha256"]).read_bytes() == big.read_bytes()
+    assert artifact[0].get(answer["sha256"]).read_bytes() == big.read_bytes()
     assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB traced while uploading 64 MiB: the file went through memory"
 
 
@@ -149,9 +122,9 @@ def leftovers(store: ArtifactStore) -> list[str]:
     return [p.name for p in store.root.rglob("*") if p.is_file()]
 
 
-def test_refused_and_broken_uploads_keep_nothing(tmp_path, tokens):
+def test_refused_and_broken_uploads_keep_nothing(tmp_path, db):
     store = ArtifactStore(tmp_path / "store")
-    with FleetHTTPServer(store, Api(), auth=tokens, max_upload_bytes=1000) as server:
+    with api_server(db, tmp_path / "api", artifacts=store, max_upload_bytes=1000) as (server, _):
         code, _, body = get(f"{server.url}/api/artifacts", method="PUT")
         assert code == 411 and "Content-Length" in json.loads(body)["error"]
         request = urllib.request.Request(f"{server.url}/api/artifacts", data=b"x" * 2000, method="PUT",
@@ -167,13 +140,15 @@ def test_refused_and_broken_uploads_keep_nothing(tmp_path, tokens):
     assert leftovers(store) == []
 
 
-def test_json_api_routes_and_hostile_requests(server):
+def test_json_api_routes_and_hostile_requests(server, artifact):
     base = server.url
-    assert json.loads(get(f"{base}/api/devices")[2]) == [{"device_id": "cam-1", "online": True}]
+    assert [(d["device_id"], d["online"]) for d in json.loads(get(f"{base}/api/devices")[2])] == [("cam-1", True)]
     assert get(f"{base}/api/devices/cam-1")[0] == 200
     code, _, body = get(f"{base}/api/devices/ghost")
     assert code == 404 and json.loads(body) == {"error": "no device ghost"}
-    assert json.loads(get(f"{base}/api/devices/cam-1/telemetry?limit=2")[2]) == [{"seq": 1}, {"seq": 2}]
+    code, _, body = get(f"{base}/api/devices/no%20such")
+    assert code == 400 and "device id must be 1-64" in json.loads(body)["error"]
+    assert [m["seq"] for m in json.loads(get(f"{base}/api/devices/cam-1/telemetry?limit=2")[2])] == [2, 3]
     for bad in ("limit=0", "limit=999999", "limit=abc"):
         code, _, body = get(f"{base}/api/devices/cam-1/telemetry?{bad}")
         assert code == 400 and "limit" in json.loads(body)["error"]
@@ -187,12 +162,18 @@ def test_json_api_routes_and_hostile_requests(server):
                            headers=bearer({"Content-Type": "application/json"}))
         response = connection.getresponse()
         assert response.status == 400 and json.loads(response.read())["error"]
-    connection.request("POST", "/api/deployments", body=b'{"version": 2, "all": true}',
-                       headers=bearer({"Content-Type": "application/json"}))
+    good = json.dumps({"sha256": artifact[1], "version": 2, "all": True}).encode()
+    connection.request("POST", "/api/deployments", body=good, headers=bearer({"Content-Type": "application/json"}))
     response = connection.getresponse()
-    assert response.status == 201 and json.loads(response.read())["deployment_id"] == "d1"
-    assert get(f"{base}/metrics")[2] == b"edgeinfer_fleet_messages_invalid_total 0.0\n"
+    created = json.loads(response.read())
+    assert response.status == 201 and [t["device_id"] for t in created["devices"]] == ["cam-1"], created
+    code, headers, body = get(f"{base}/metrics")
+    assert code == 200 and headers["Content-Type"].startswith("text/plain") and b"process_cpu_seconds" in body
     assert get(f"{base}/healthz")[0] == 200
+    code, headers, _ = get(f"{base}/api/devices/cam-1", method="DELETE")  # a method the path does not take
+    assert code == 405 and headers["Allow"] == "GET"
+    code, headers, _ = get(f"{base}/artifacts/{artifact[1]}", method="DELETE")  # two routes, one path
+    assert code == 405 and headers["Allow"] == "GET, HEAD"
 
 
 def test_openapi_describes_the_api(server):
@@ -203,12 +184,21 @@ def test_openapi_describes_the_api(server):
         assert path in schema["paths"], path
 
 
-def test_close_lets_a_download_in_flight_finish_then_refuses(tmp_path, tokens):
+def test_close_lets_a_download_in_flight_finish_then_refuses(tmp_path, db):
     store = ArtifactStore(tmp_path / "store")
     source = tmp_path / "m.bin"
     source.write_bytes(os.urandom(32 << 20))
     sha, _ = store.put(source)
-    server = FleetHTTPServer(store, auth=tokens).start()
+    with api_server(db, tmp_path / "api", artifacts=store) as (server, _):
+        download_while_closing(server, sha)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            FleetHTTPServer(port=taken.getsockname()[1])
+
+
+def download_while_closing(server: FleetHTTPServer, sha: str) -> None:
     received = bytearray()
     response = urllib.request.urlopen(urllib.request.Request(server.artifact_url(sha), headers=bearer()), timeout=30)
     received += response.read(1 << 20)
@@ -222,8 +212,3 @@ def test_close_lets_a_download_in_flight_finish_then_refuses(tmp_path, tokens):
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2)
     server.close()  # idempotent
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        with pytest.raises(OSError):
-            FleetHTTPServer(store, port=taken.getsockname()[1], auth=tokens)

@@ -287,7 +287,7 @@ def test_hostile_messages_through_mosquitto_are_counted_and_the_manager_goes_on(
                               qos=1).wait_for_publish(10)
             assert wait(lambda: stats.stored["telemetry"] == 2, 10), "the manager no longer ingests"
             assert [m["seq"] for m in manager.db.device_telemetry(KNOWN)] == [1, 2]
-            assert [d["device_id"] for d in manager.list_devices()] == [KNOWN]
+            assert [d["device_id"] for d in manager.devices.list()] == [KNOWN]
         finally:
             publisher.disconnect()
             publisher.loop_stop()

@@ -136,15 +136,21 @@ def test_a_state_reporting_the_new_model_completes_a_device_whose_events_went_el
 def test_the_abort_rate_has_one_meaning_per_key():
     """The CLI and the dashboard send a percent (abort_failure_pct), the stored rule is a fraction; a bare
     abort_failure_rate is a fraction only — "1" used to mean 100 % when the CLI meant 1 %."""
-    from edgeinfer.fleet.deployments import abort_fraction
-    from edgeinfer.fleet.rollout import RolloutRules
+    from pydantic import ValidationError
 
-    assert abort_fraction({"abort_failure_pct": 1}) == 0.01
-    assert abort_fraction({"abort_failure_pct": 20}) == 0.2
-    assert abort_fraction({"abort_failure_rate": 0.2}) == 0.2 and abort_fraction({}) == 0.0
-    with pytest.raises(ValueError, match="abort_failure_pct"):
-        abort_fraction({"abort_failure_rate": 20})
-    with pytest.raises(ValueError, match="between 0 and 100"):
-        abort_fraction({"abort_failure_pct": 150})
-    assert RolloutRules.from_options({"abort_failure_rate": abort_fraction({"abort_failure_pct": 1})}) \
+    from edgeinfer.fleet.rollout import RolloutRules
+    from edgeinfer.fleet.schemas import DeploymentSpec, describe_error
+
+    def abort_fraction(**given) -> float:
+        return DeploymentSpec(sha256="0" * 64, version=1, all=True, **given).abort_fraction()
+
+    assert abort_fraction(abort_failure_pct=1) == 0.01
+    assert abort_fraction(abort_failure_pct=20) == 0.2
+    assert abort_fraction(abort_failure_rate=0.2) == 0.2 and abort_fraction() == 0.0
+    for given, words in (({"abort_failure_rate": 20}, "abort_failure_rate: Input should be less than or equal to 1"),
+                         ({"abort_failure_pct": 150}, "abort_failure_pct: Input should be less than or equal to 100")):
+        with pytest.raises(ValidationError) as info:
+            abort_fraction(**given)
+        assert words in describe_error(info.value)
+    assert RolloutRules.from_options({"abort_failure_rate": abort_fraction(abort_failure_pct=1)}) \
         .abort_failure_rate == 0.01

@@ -12,6 +12,7 @@ from support.processes import wait_until as wait
 
 from edgeinfer.errors import CommandRejected
 from edgeinfer.link.protocol import Topics, validate
+from edgeinfer.link.vocabulary import Command
 from edgeinfer.updates.signing import COMMAND_TTL_S, VerifyKey
 
 
@@ -25,9 +26,9 @@ def test_commands_are_signed_for_their_device_and_expire(tmp_path, broker):
         assert wait(lambda: len(manager.db.list_devices()) == 2)
         pinned = VerifyKey(manager.key.public_key_b64())
         sent_at = time.time()
-        manager.send_command("cam-01", "rollback", {}, command_id="c-rollback")
+        manager.commands.send("cam-01", Command.ROLLBACK, {}, command_id="c-rollback")
         expires_at = sent_at + 3 * 24 * 3600
-        manager.send_command("cam-02", "deploy", {"manifest": {"deployment_id": "d1", "expires_at": expires_at},
+        manager.commands.send("cam-02", Command.DEPLOY, {"manifest": {"deployment_id": "d1", "expires_at": expires_at},
                                                   "signature": "s"}, command_id="c-deploy")
         assert wait(lambda: len(wire.of_kind("cmd")) == 2)
         rollback, deploy = sorted(wire.of_kind("cmd"), key=lambda m: m["id"], reverse=True)

@@ -12,13 +12,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgeinfer.fleet.access import FleetAccess
+from edgeinfer.fleet.api.app import build_app
+from edgeinfer.fleet.api.deps import MAX_UPLOAD_BYTES, FleetServices
 from edgeinfer.fleet.artifacts import ArtifactStore
-from edgeinfer.fleet.auth import ADMIN_TOKEN_FILE, TokenStore
+from edgeinfer.fleet.auth import ADMIN_TOKEN_FILE
 from edgeinfer.fleet.broker_auth import hash_password
 from edgeinfer.fleet.client import FleetClient
+from edgeinfer.fleet.commands import CommandService
 from edgeinfer.fleet.db import FleetDB
+from edgeinfer.fleet.deployments import DeploymentService
+from edgeinfer.fleet.devices import DeviceService
+from edgeinfer.fleet.evidence import EvidenceLimits, EvidenceStore
 from edgeinfer.fleet.http import FleetHTTPServer
+from edgeinfer.fleet.live import LiveFeed
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.fleet.metrics import FleetMetrics
+from edgeinfer.link.spool import Spool
+from edgeinfer.updates.signing import SigningKey
 
 from .processes import wait_until
 
@@ -116,6 +127,37 @@ DEVICE_LOGIN = ("edgeinfer-test-cam-1", "a-device-password")
 
 
 @contextlib.contextmanager
+def api_server(db: FleetDB, folder: Path, *, artifacts: ArtifactStore | None = None,
+               evidence: EvidenceLimits | None = None,
+               max_upload_bytes: int = MAX_UPLOAD_BYTES) -> Iterator[tuple[FleetHTTPServer, FleetServices]]:
+    """The fleet manager's HTTP API on ``db`` without a manager or a broker: its real services (tokens and the
+    admin token file in ``folder``, a signing key, the artifacts, an evidence store, a command spool; no rollout
+    driver, no MQTT link), served by uvicorn on a free port."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = SigningKey.generate()
+    store = artifacts or ArtifactStore(folder / "artifacts")
+    spool = Spool(folder / "commands-out.sqlite3")
+    evidence_store = EvidenceStore(db, folder / "evidence-incoming", evidence or EvidenceLimits())
+    commands = CommandService(db, key, spool)
+    try:
+        with FleetHTTPServer() as server:
+            services = FleetServices(
+                access=FleetAccess(db, key, folder, tls=False), artifacts=store, commands=commands,
+                deployments=DeploymentService(db, key, store, commands, public_url=server.url),
+                devices=DeviceService(db, evidence_store), evidence=evidence_store, live=LiveFeed(db),
+                metrics=FleetMetrics(None), max_upload_bytes=max_upload_bytes)
+            server.start(build_app(services))
+            yield server, services
+    finally:
+        spool.close()
+
+
+def admin_of(folder: Path) -> str:
+    """The admin token an :func:`api_server` on ``folder`` wrote on its first start."""
+    return (folder / ADMIN_TOKEN_FILE).read_text().strip()
+
+
+@contextlib.contextmanager
 def artifact_server(store: ArtifactStore, folder: Path) -> Iterator[FleetHTTPServer]:
     """The fleet manager's HTTP server on ``store`` with real access checks: one device enrolled in a
     real (SQLite) fleet database, whose login is DEVICE_LOGIN (what an agent shows when it downloads)."""
@@ -123,7 +165,7 @@ def artifact_server(store: ArtifactStore, folder: Path) -> Iterator[FleetHTTPSer
     db.put_credentials([{"device_id": "cam-1", "fleet": "test", "username": DEVICE_LOGIN[0],
                          "password_hash": hash_password(DEVICE_LOGIN[1]), "created_at": 0.0, "revoked_at": None}])
     try:
-        with FleetHTTPServer(store, auth=TokenStore(db)) as server:
+        with api_server(db, folder, artifacts=store) as (server, _):
             yield server
     finally:
         db.close()

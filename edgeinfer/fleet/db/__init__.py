@@ -14,6 +14,8 @@ from typing import Any
 
 from ..._optional import import_optional
 from ...errors import ConfigError
+from ...link.vocabulary import TargetState
+from ..rollout import DeploymentStatus
 from . import evidence, rollouts, security, writes
 from .schema import tables
 
@@ -134,13 +136,13 @@ class FleetDB:
     def create_deployment(self, manifest: dict, signature: str, options: dict, waves: list[list[str]]) -> None:
         rollouts.create(self.engine, self.t, manifest, signature, options, waves)
 
-    def advance_target(self, deployment_id: str, device_id: str, state: str, detail: str | None = None, *,
+    def advance_target(self, deployment_id: str, device_id: str, state: TargetState, detail: str | None = None, *,
                        now: float | None = None) -> bool:
         """Move a target forward to ``state`` (never backwards, never out of a finished state)."""
         return rollouts.advance(self.engine, self.t, deployment_id, device_id, state, detail,
                                 time.time() if now is None else now)
 
-    def set_deployment_status(self, deployment_id: str, status: str, detail: str | None = None) -> None:
+    def set_deployment_status(self, deployment_id: str, status: DeploymentStatus, detail: str | None = None) -> None:
         rollouts.set_status(self.engine, self.t, deployment_id, status, detail)
 
     def abort_deployment(self, deployment_id: str, detail: str) -> bool:

@@ -6,26 +6,31 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..rollout import FAILED_STATES, PROGRESS_STATES, WAITING_STATES
+from ...link.vocabulary import FAILED_STATES, PROGRESS_STATES, WAITING_STATES, TargetState
+from ..rollout import DeploymentStatus
 from .schema import Tables
 
+RUNNING = DeploymentStatus.RUNNING.value
 
-def predecessors(state: str) -> tuple[str, ...]:
+
+def predecessors(state: TargetState) -> tuple[str, ...]:
     """The states a target may move to ``state`` from: progress only goes forward, finished is final."""
-    if state == "notified":
-        return ("pending",)
-    if state in PROGRESS_STATES:  # a device's answer: only to a command it was sent
-        return tuple(s for s in PROGRESS_STATES[:PROGRESS_STATES.index(state)] if s in WAITING_STATES)
-    if state == "rejected":
-        return ("pending", *WAITING_STATES)
-    if state == "rolled_back":
+    if state == TargetState.NOTIFIED:
+        found: tuple[TargetState, ...] = (TargetState.PENDING,)
+    elif state in PROGRESS_STATES:  # a device's answer: only to a command it was sent
+        found = tuple(s for s in PROGRESS_STATES[:PROGRESS_STATES.index(state)] if s in WAITING_STATES)
+    elif state == TargetState.REJECTED:
+        found = (TargetState.PENDING, *WAITING_STATES)
+    elif state == TargetState.ROLLED_BACK:
         # The device's own verdict outranks what its state implied: its state shows the new model as
         # soon as the trial swaps it in (follow_state counts that as active), before the health gate
         # decides.
-        return (*WAITING_STATES, "active")
-    if state in FAILED_STATES:
-        return WAITING_STATES
-    raise ValueError(f"unknown target state {state!r}")
+        found = (*WAITING_STATES, TargetState.ACTIVE)
+    elif state in FAILED_STATES:
+        found = WAITING_STATES
+    else:
+        raise ValueError(f"unknown target state {state!r}")
+    return tuple(s.value for s in found)
 
 
 def create(engine: Any, t: Tables, manifest: dict, signature: str, options: dict,
@@ -35,18 +40,19 @@ def create(engine: Any, t: Tables, manifest: dict, signature: str, options: dict
         conn.execute(t.deployments.insert().values(
             deployment_id=manifest["deployment_id"], model_name=manifest["model_name"],
             version=manifest["version"], sha256=manifest["sha256"], size=manifest["size"],
-            target=manifest["target"], options=options, status="running", manifest=manifest,
+            target=manifest["target"], options=options, status=RUNNING, manifest=manifest,
             signature=signature, created_at=now, updated_at=now))
         rows = [{"deployment_id": manifest["deployment_id"], "device_id": device_id, "wave": wave,
-                 "state": "pending", "updated_at": now} for wave, devices in enumerate(waves) for device_id in devices]
+                 "state": TargetState.PENDING.value, "updated_at": now}
+                for wave, devices in enumerate(waves) for device_id in devices]
         if rows:
             conn.execute(t.targets.insert(), rows)
 
 
-def advance(engine: Any, t: Tables, deployment_id: str, device_id: str, state: str, detail: str | None,
+def advance(engine: Any, t: Tables, deployment_id: str, device_id: str, state: TargetState, detail: str | None,
             now: float) -> bool:
-    values: dict[str, Any] = {"state": state, "detail": detail, "updated_at": now}
-    if state == "notified":
+    values: dict[str, Any] = {"state": TargetState(state).value, "detail": detail, "updated_at": now}
+    if state == TargetState.NOTIFIED:
         values["notified_at"] = now
     c = t.targets.c
     with engine.begin() as conn:
@@ -56,9 +62,9 @@ def advance(engine: Any, t: Tables, deployment_id: str, device_id: str, state: s
     return result.rowcount == 1
 
 
-def set_status(engine: Any, t: Tables, deployment_id: str, status: str, detail: str | None) -> None:
-    values: dict[str, Any] = {"status": status, "detail": detail, "updated_at": time.time()}
-    if status != "running":
+def set_status(engine: Any, t: Tables, deployment_id: str, status: DeploymentStatus, detail: str | None) -> None:
+    values: dict[str, Any] = {"status": DeploymentStatus(status).value, "detail": detail, "updated_at": time.time()}
+    if status != DeploymentStatus.RUNNING:
         values.update(lease_owner=None, lease_until=None)
     with engine.begin() as conn:
         conn.execute(t.deployments.update().where(t.deployments.c.deployment_id == deployment_id).values(**values))
@@ -68,9 +74,9 @@ def abort(engine: Any, t: Tables, deployment_id: str, detail: str) -> bool:
     """Stop a running deployment (no later wave is notified); False when it was not running."""
     c = t.deployments.c
     with engine.begin() as conn:
-        result = conn.execute(t.deployments.update().where((c.deployment_id == deployment_id) & (c.status == "running"))
-                              .values(status="aborted", detail=detail, updated_at=time.time(), lease_owner=None,
-                                      lease_until=None))
+        result = conn.execute(t.deployments.update().where((c.deployment_id == deployment_id) & (c.status == RUNNING))
+                              .values(status=DeploymentStatus.ABORTED.value, detail=detail, updated_at=time.time(),
+                                      lease_owner=None, lease_until=None))
     return result.rowcount == 1
 
 
@@ -99,7 +105,7 @@ def try_lease(engine: Any, t: Tables, deployment_id: str, owner: str, ttl_s: flo
     free = c.lease_owner.is_(None) | (c.lease_owner == owner) | (c.lease_until < now)
     with engine.begin() as conn:
         result = conn.execute(t.deployments.update().where(
-            (c.deployment_id == deployment_id) & (c.status == "running") & free
+            (c.deployment_id == deployment_id) & (c.status == RUNNING) & free
         ).values(lease_owner=owner, lease_until=now + ttl_s))
     return result.rowcount == 1
 
@@ -112,7 +118,7 @@ def release_lease(engine: Any, t: Tables, deployment_id: str, owner: str) -> Non
 
 
 def running(sa: Any, engine: Any, t: Tables) -> list[dict]:
-    query = sa.select(t.deployments).where(t.deployments.c.status == "running").order_by(t.deployments.c.created_at)
+    query = sa.select(t.deployments).where(t.deployments.c.status == RUNNING).order_by(t.deployments.c.created_at)
     with engine.connect() as conn:
         return [dict(r) for r in conn.execute(query).mappings()]
 

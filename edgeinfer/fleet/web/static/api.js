@@ -70,6 +70,22 @@ export async function api(path, { method = "GET", body, signal } = {}) {
 }
 
 /**
+ * A schema of the API's OpenAPI document (/openapi.json, the contract), e.g. "DeploymentSpec": fetched once
+ * per page load, with the token. Forms take their bounds and defaults from it instead of repeating them.
+ */
+let contract = null;
+export async function apiSchema(name) {
+  if (!contract) {
+    contract = fetch("openapi.json", { headers: headers() })
+      .then(async (resp) => { if (!resp.ok) throw await errorFrom(resp); return resp.json(); })
+      .catch((e) => { contract = null; throw e; });
+  }
+  const schema = ((await contract).components || {}).schemas || {};
+  if (!schema[name]) throw new ApiError(0, `the API describes no ${name}`);
+  return schema[name];
+}
+
+/**
  * A file from the API as a Blob (evidence: a snapshot, a clip). Fetched with the token in a header, since
  * an <img src> cannot send one; show it through URL.createObjectURL (the page's CSP allows blob: images).
  */

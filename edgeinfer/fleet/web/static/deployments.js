@@ -1,7 +1,8 @@
 // Deployments: the list (+ create form for operators) and one deployment's live wave view.
-import { api } from "./api.js";
+import { api, apiSchema } from "./api.js";
 import { h, clear, setText, emptyState, fmtTime, canOperate, confirmDialog, deviceLink, fact, shortId, DASH } from "./dom.js";
 
+// The target states in the order a device passes through them (link/vocabulary.py TargetState).
 const DEVICE_STATES = ["pending", "notified", "downloading", "validating", "active", "failed", "rolled_back", "rejected", "timeout"];
 
 function countsText(counts) {
@@ -53,7 +54,7 @@ export async function deploymentsPage(root, ctx) {
 
   root.replaceChildren(h("div", { "data-testid": "deployments" },
     h("h1", {}, "Deployments"),
-    canOperate(ctx.me.role) ? deployForm() : null,
+    canOperate(ctx.me.role) ? deployForm(await apiSchema("DeploymentSpec")) : null,
     h("section", { class: "card" },
       h("h2", {}, "All deployments"),
       h("div", { class: "table-wrap" }, h("table", { class: "data" },
@@ -76,9 +77,40 @@ export async function deploymentsPage(root, ctx) {
   };
 }
 
-function deployForm() {
+// One field of the API's DeploymentSpec: its type, bounds and default (a nullable field's non-null branch).
+function specField(spec, key) {
+  const prop = spec.properties[key] || {};
+  const value = (prop.anyOf || [prop]).find((p) => p.type && p.type !== "null") || prop;
+  return {
+    integer: value.type === "integer", low: value.minimum ?? value.exclusiveMinimum, high: value.maximum,
+    lowOpen: value.exclusiveMinimum !== undefined, fallback: prop.default ?? null,
+  };
+}
+
+// What is wrong with a number typed for `field`, by the DeploymentSpec's own bounds; null when nothing is.
+function numberProblem(field, label, text) {
+  const v = Number(text);
+  const range = field.high === undefined ? `${field.lowOpen ? "above" : "at least"} ${field.low}`
+    : `between ${field.low} and ${field.high}`;
+  const what = field.integer ? "a whole number" : "a number";
+  const ok = text !== "" && Number.isFinite(v) && (!field.integer || Number.isInteger(v))
+    && (field.low === undefined || (field.lowOpen ? v > field.low : v >= field.low))
+    && (field.high === undefined || v <= field.high);
+  return ok ? null : `${label} must be ${what} ${range}.`;
+}
+
+// The create form. Its bounds, steps and placeholders come from the DeploymentSpec schema of the API's OpenAPI
+// document, so they cannot drift from what the manager checks; the manager's 400 says the rest.
+function deployForm(spec) {
   const field = (id, label, input, hint) => h("div", { class: "field" },
     h("label", { for: id }, label), input, hint ? h("small", { class: "muted", id: `${id}-hint` }, hint) : null);
+  const number = (id, key, testid) => {
+    const f = specField(spec, key);
+    return h("input", { id, type: "number", min: f.low, max: f.high, step: f.integer ? 1 : "any",
+      "data-testid": testid, dataset: { specKey: key },
+      placeholder: f.fallback === null ? "server default" : String(f.fallback) });
+  };
+  const bounds = (key) => { const f = specField(spec, key); return `${f.low}–${f.high}`; };
   const file = h("input", { id: "deploy-file", type: "file", "data-testid": "deploy-file", required: true });
   const name = h("input", { id: "deploy-name", type: "text", "data-testid": "deploy-model-name", autocomplete: "off",
     placeholder: "the file's name" });
@@ -89,14 +121,14 @@ function deployForm() {
     h("option", { value: "devices" }, "Device ids"));
   const targetValue = h("input", { id: "deploy-target-value", type: "text", "data-testid": "deploy-target-value",
     autocomplete: "off", placeholder: "group name, or ids separated by commas/spaces" });
-  const canary = h("input", { id: "deploy-canary", type: "number", min: 0, max: 100, step: "any", "data-testid": "deploy-canary", placeholder: "server default" });
-  const wave = h("input", { id: "deploy-wave-size", type: "number", min: 1, step: 1, "data-testid": "deploy-wave-size", placeholder: "server default" });
-  const abortRate = h("input", { id: "deploy-abort-rate", type: "number", min: 0, max: 100, step: "any", "data-testid": "deploy-abort-rate", placeholder: "0" });
-  const timeout = h("input", { id: "deploy-timeout", type: "number", min: 1, step: 1, "data-testid": "deploy-timeout", placeholder: "server default" });
+  const canary = number("deploy-canary", "canary_pct", "deploy-canary");
+  const wave = number("deploy-wave-size", "wave_size", "deploy-wave-size");
+  const abortRate = number("deploy-abort-rate", "abort_failure_pct", "deploy-abort-rate");
+  const timeout = number("deploy-timeout", "device_timeout_s", "deploy-timeout");
   const analysis = h("input", { id: "deploy-canary-analysis", type: "checkbox", checked: true, "data-testid": "deploy-canary-analysis" });
-  const canaryWindow = h("input", { id: "deploy-canary-window", type: "number", min: 1, step: "any", "data-testid": "deploy-canary-window", placeholder: "300" });
-  const maxLatency = h("input", { id: "deploy-max-latency", type: "number", min: 0, step: "any", "data-testid": "deploy-max-latency", placeholder: "50" });
-  const maxDrift = h("input", { id: "deploy-max-drift", type: "number", min: 0, max: 1, step: "any", "data-testid": "deploy-max-drift", placeholder: "0.2" });
+  const canaryWindow = number("deploy-canary-window", "canary_window_s", "deploy-canary-window");
+  const maxLatency = number("deploy-max-latency", "max_latency_regression", "deploy-max-latency");
+  const maxDrift = number("deploy-max-drift", "max_output_drift", "deploy-max-drift");
   const submit = h("button", { type: "submit", class: "primary", "data-testid": "deploy-submit" }, "Upload and deploy");
   const error = h("p", { class: "error", "data-testid": "deploy-error", role: "alert", "aria-live": "assertive" });
   const progress = h("p", { class: "muted", role: "status", "aria-live": "polite" });
@@ -114,14 +146,14 @@ function deployForm() {
       field("deploy-version", "Version", version),
       field("deploy-target", "Target", target),
       targetField,
-      field("deploy-canary", "Canary %", canary, "0–100"),
+      field("deploy-canary", "Canary %", canary, bounds("canary_pct")),
       field("deploy-wave-size", "Wave size", wave, "devices per wave"),
-      field("deploy-abort-rate", "Abort failure rate (%)", abortRate, "0–100, e.g. 20, as edgeinfer deploy --abort-failure-rate"),
+      field("deploy-abort-rate", "Abort failure rate (%)", abortRate, `${bounds("abort_failure_pct")}, e.g. 20, as edgeinfer deploy --abort-failure-rate`),
       field("deploy-timeout", "Device timeout (s)", timeout),
       field("deploy-canary-analysis", "Canary analysis", analysis, "judge the canary on its telemetry"),
       field("deploy-canary-window", "Canary window (s)", canaryWindow, "telemetry watched before judging"),
       field("deploy-max-latency", "Max latency regression (%)", maxLatency),
-      field("deploy-max-drift", "Max output drift", maxDrift, "total variation, 0–1")),
+      field("deploy-max-drift", "Max output drift", maxDrift, `total variation, ${bounds("max_output_drift")}`)),
     h("div", { class: "row" }, submit), progress, error);
 
   form.addEventListener("submit", async (ev) => {
@@ -131,10 +163,10 @@ function deployForm() {
     const body = {
       model_name: name.value.trim() || (f ? f.name : ""), // like the CLI: the file's name by default
     };
-    // Validate here so the operator gets a clear message before a large upload starts.
+    // Checked here, by the DeploymentSpec's bounds, so the operator learns of a mistake before a large upload.
     if (!f) return setText(error, "Choose a model file.");
-    // The manager requires an integer version (it compares versions numerically).
-    if (!/^\d+$/.test(version.value.trim())) return setText(error, "Enter the version as a whole number, e.g. 3.");
+    const versionProblem = numberProblem(specField(spec, "version"), "The version", version.value.trim());
+    if (versionProblem) return setText(error, versionProblem);
     body.version = Number(version.value.trim());
     const tv = targetValue.value.trim();
     if (target.value === "all") body.all = true;
@@ -146,17 +178,14 @@ function deployForm() {
       if (!ids.length) return setText(error, "Enter at least one device id.");
       body.devices = ids;
     }
-    const num = (input, key, lo, hi) => {
-      if (input.value.trim() === "") return true;
-      const v = Number(input.value);
-      if (!Number.isFinite(v) || v < lo || v > hi) { setText(error, `${input.labels[0].textContent} must be between ${lo} and ${hi}.`); return false; }
-      body[key] = v;
-      return true;
-    };
-    if (!num(canary, "canary_pct", 0, 100) || !num(wave, "wave_size", 1, 1e9)
-      || !num(abortRate, "abort_failure_pct", 0, 100) || !num(timeout, "device_timeout_s", 1, 1e9)
-      || !num(canaryWindow, "canary_window_s", 1, 604800) || !num(maxLatency, "max_latency_regression", 0, 100000)
-      || !num(maxDrift, "max_output_drift", 0, 1)) return;
+    for (const input of [canary, wave, abortRate, timeout, canaryWindow, maxLatency, maxDrift]) {
+      const text = input.value.trim();
+      if (text === "") continue;
+      const key = input.dataset.specKey;
+      const problem = numberProblem(specField(spec, key), input.labels[0].textContent, text);
+      if (problem) return setText(error, problem);
+      body[key] = Number(text);
+    }
     body.canary_analysis = analysis.checked;
 
     submit.disabled = true;

@@ -1,0 +1,96 @@
+"""The words both ends of the link use, defined once: the commands a fleet sends, the kinds of event a
+device reports, the states a device passes through in a deployment, and the fleet a device is in by default.
+
+The agent and the fleet manager import these; ``docs/protocol.md`` (generated from ``protocol.py``) and
+the fleet's OpenAPI document derive their lists from them. Each is a ``str`` enum whose value is the word
+on the wire: a payload is built with ``.value`` and reads the same as before the enum existed, and a word
+read from the wire compares equal to its member (``"active" == TargetState.ACTIVE``).
+
+The form of an event id, which the pipeline shares too, lives in ``edgeinfer/_evidence.py``: the pipeline
+is below the link in the layers.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+#: the fleet an agent and an enrolled device belong to unless told otherwise
+DEFAULT_FLEET = "default"
+
+
+class Word(str, Enum):
+    """A word of the protocol: ``str()`` and f-strings give its value on every Python (3.10's and 3.12's
+    ``format()`` of a mixed-in enum differ)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Command(Word):
+    """What a ``cmd`` message asks a device to do (``cmd``); docs/protocol.md, *Commands*."""
+
+    #: answer with the boot id and uptime (unsigned allowed: it changes nothing)
+    PING = "ping"
+    #: restart one pipeline now (``args.pipeline``)
+    RESTART_PIPELINE = "restart_pipeline"
+    #: install a signed model update (``args.manifest``, ``args.signature``, ``args.pipeline``, ``args.grant``)
+    DEPLOY = "deploy"
+    #: go back to the previous model (``args.pipeline``)
+    ROLLBACK = "rollback"
+
+
+class EventKind(Word):
+    """What an ``events`` message reports (``event``); docs/protocol.md, *Events*. In the order the
+    protocol lists them; readers must accept kinds they do not know."""
+
+    AGENT_STARTED = "agent_started"
+    AGENT_STOPPING = "agent_stopping"
+    PIPELINE_STARTED = "pipeline_started"
+    PIPELINE_ENDED = "pipeline_ended"
+    PIPELINE_FAILED = "pipeline_failed"
+    PIPELINE_RESTARTING = "pipeline_restarting"
+    FALLBACK = "fallback"
+    DELEGATE_FALLBACK = "delegate_fallback"
+    DELEGATE_RESTORED = "delegate_restored"
+    STREAM_FAILED = "stream_failed"
+    STREAM_RESTORED = "stream_restored"
+    STREAM_ENDED = "stream_ended"
+    RULE_TRIGGERED = "rule_triggered"
+    EVIDENCE_UPLOAD_FAILED = "evidence_upload_failed"
+    MQTT_RECONNECTED = "mqtt_reconnected"
+    CMD_RESULT = "cmd_result"
+    CMD_REJECTED = "cmd_rejected"
+    ERROR = "error"
+    #: a deploy command's progress (``data.deployment_id``, ``data.state``: a :class:`TargetState`)
+    UPDATE = "update"
+
+
+#: the kinds the ``events`` schema's description lists (docs/protocol.md is generated from it and does not
+#: change: ``update`` is described with the deploy command in docs/fleet.md)
+SCHEMA_EVENT_KINDS = tuple(kind for kind in EventKind if kind is not EventKind.UPDATE)
+
+
+class TargetState(Word):
+    """Where one device stands in a deployment. The agent reports ``downloading``, ``validating``,
+    ``active``, ``failed`` and ``rolled_back`` in its ``update`` events; the fleet sets the others."""
+
+    PENDING = "pending"
+    NOTIFIED = "notified"
+    DOWNLOADING = "downloading"
+    VALIDATING = "validating"
+    ACTIVE = "active"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled_back"
+    #: the device refused the deploy command (``cmd_rejected``)
+    REJECTED = "rejected"
+    #: no answer within the deployment's device timeout
+    TIMEOUT = "timeout"
+
+
+#: the states of a healthy update, in the order a device passes through them
+PROGRESS_STATES = (TargetState.PENDING, TargetState.NOTIFIED, TargetState.DOWNLOADING, TargetState.VALIDATING,
+                   TargetState.ACTIVE)
+FAILED_STATES = (TargetState.FAILED, TargetState.ROLLED_BACK, TargetState.REJECTED, TargetState.TIMEOUT)
+FINISHED_STATES = (TargetState.ACTIVE, *FAILED_STATES)
+#: states in which a device owes an answer (the device timeout runs from its notification)
+WAITING_STATES = (TargetState.NOTIFIED, TargetState.DOWNLOADING, TargetState.VALIDATING)

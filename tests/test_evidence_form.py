@@ -1,0 +1,21 @@
+"""The form of an event's evidence (edgeinfer/_evidence.py): the id every part names an event's files by."""
+
+from __future__ import annotations
+
+import re
+
+from edgeinfer._evidence import CLIP_NAME, CONTENT_TYPES, EVENT_ID, EVENT_ID_PATTERN, SNAPSHOT_NAME, new_event_id
+
+
+def test_a_new_event_id_has_the_form_and_sorts_by_time():
+    first, later = new_event_id(84, now=1_700_000_000.123), new_event_id(7, now=1_700_000_001.5)
+    assert first.startswith("20231114T221320123Z-84-") and EVENT_ID.match(first)
+    assert re.fullmatch(EVENT_ID_PATTERN, later) and first < later
+    assert new_event_id(1) != new_event_id(1)  # its random part
+
+
+def test_the_form_takes_nothing_else():
+    good = new_event_id(3, now=1_700_000_000.5)  # 20231114T221320500Z-3-...: a 1 to replace
+    for bad in (good + "\n", good.lower(), good.replace("1", "١", 1), "../" + good, good + "/x", ""):
+        assert not EVENT_ID.match(bad), bad
+    assert CONTENT_TYPES == {SNAPSHOT_NAME: "image/jpeg", CLIP_NAME: "video/x-motion-jpeg"}
