@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._backoff import EQUAL_JITTER, Backoff
 from ..errors import EdgeInferError
+from ..link.vocabulary import EventKind
 from ..pipeline.stats import PipelineStats, combine_streams, merge_stats
 from .pipeline_config import PipelineConfig
 
@@ -243,7 +244,7 @@ class PipelineRunner:
                 if requested:
                     self.restarts += 1
                     attempt = 0
-                    self._emit("pipeline_restarting", "info", f"pipeline {self.name} restarting on request",
+                    self._emit(EventKind.PIPELINE_RESTARTING, "info", f"pipeline {self.name} restarting on request",
                                pipeline=self.name, data={"reason": "requested", "restarts": self.restarts})
                     continue
                 if error is None:
@@ -267,13 +268,13 @@ class PipelineRunner:
     def _report_ended(self) -> None:
         self.last_error = None
         self._set_status("ended")
-        self._emit("pipeline_ended", "info", f"pipeline {self.name} ended (its source has no more frames)",
+        self._emit(EventKind.PIPELINE_ENDED, "info", f"pipeline {self.name} ended (its source has no more frames)",
                    pipeline=self.name, data={"frames": self.last_run_frames})
 
     def _report_failed(self, error: BaseException) -> None:
         self.last_error = f"{type(error).__name__}: {' '.join(str(error).split())}"
         self._set_status("failed")
-        self._emit("pipeline_failed", "error", f"pipeline {self.name} failed: {self.last_error}",
+        self._emit(EventKind.PIPELINE_FAILED, "error", f"pipeline {self.name} failed: {self.last_error}",
                    pipeline=self.name, data={"error": self.last_error, "type": type(error).__name__})
 
     def _restart_delay(self, attempt: int) -> float:
@@ -281,7 +282,7 @@ class PipelineRunner:
         delay = self._backoff.delay(attempt)
         self._set_status("restarting")
         self.restarts += 1
-        self._emit("pipeline_restarting", "warning",
+        self._emit(EventKind.PIPELINE_RESTARTING, "warning",
                    f"pipeline {self.name} restarts in {delay:.1f} s (attempt {attempt})", pipeline=self.name,
                    data={"delay_s": round(delay, 2), "attempt": attempt, "restarts": self.restarts})
         return delay
@@ -339,7 +340,7 @@ class PipelineRunner:
         data = rule_event_data(event, upload=self._on_evidence is not None)
         what = event.get("kind", "event") + (f" {event['name']}" if event.get("name") else "")
         where = f"{self.name}/{event['stream']}" if event.get("stream") else self.name
-        self._emit("rule_triggered", "info", f"pipeline {where}: {what} by {event.get('label')}"
+        self._emit(EventKind.RULE_TRIGGERED, "info", f"pipeline {where}: {what} by {event.get('label')}"
                    + (f" #{event['track_id']}" if event.get("track_id") is not None else ""),
                    pipeline=self.name, data=data)
         if self._on_evidence is not None and event.get("clip"):
@@ -351,7 +352,7 @@ class PipelineRunner:
 
     def _on_delegate_event(self, event: DelegateEvent) -> None:
         self.delegate = event.delegate
-        self.degraded = event.kind == "delegate_fallback"
+        self.degraded = event.kind == EventKind.DELEGATE_FALLBACK
         self.delegate_wanted = event.wanted if self.degraded else None
         if self.degraded:
             message = (f"pipeline {self.name}: delegate {event.previous} failed ({event.reason}); "
@@ -375,8 +376,9 @@ class PipelineRunner:
         pipeline.add_observer(self._first_result)
         self.last_error = None
         self._set_status("running")
-        self._emit("pipeline_started", "info", f"pipeline {self.name} running on {self.delegate}",
+        self._emit(EventKind.PIPELINE_STARTED, "info", f"pipeline {self.name} running on {self.delegate}",
                    pipeline=self.name, data={"delegate": self.delegate, "model": self.model})
         if self.fallback_reason:
-            self._emit("fallback", "warning", f"pipeline {self.name} runs on {self.delegate}: {self.fallback_reason}",
+            self._emit(EventKind.FALLBACK, "warning",
+                       f"pipeline {self.name} runs on {self.delegate}: {self.fallback_reason}",
                        pipeline=self.name, data={"delegate": self.delegate, "reason": self.fallback_reason})

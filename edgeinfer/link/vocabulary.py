@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from ..pipeline import failover, streams
+
 #: the fleet an agent and an enrolled device belong to unless told otherwise
 DEFAULT_FLEET = "default"
 
@@ -41,7 +43,8 @@ class Command(Word):
 
 class EventKind(Word):
     """What an ``events`` message reports (``event``); docs/protocol.md, *Events*. In the order the
-    protocol lists them; readers must accept kinds they do not know."""
+    protocol lists them; readers must accept kinds they do not know. What a running pipeline reports of
+    its delegates and streams it names itself (the pipeline is below the link): those members take its words."""
 
     AGENT_STARTED = "agent_started"
     AGENT_STOPPING = "agent_stopping"
@@ -50,11 +53,11 @@ class EventKind(Word):
     PIPELINE_FAILED = "pipeline_failed"
     PIPELINE_RESTARTING = "pipeline_restarting"
     FALLBACK = "fallback"
-    DELEGATE_FALLBACK = "delegate_fallback"
-    DELEGATE_RESTORED = "delegate_restored"
-    STREAM_FAILED = "stream_failed"
-    STREAM_RESTORED = "stream_restored"
-    STREAM_ENDED = "stream_ended"
+    DELEGATE_FALLBACK = failover.FALLBACK
+    DELEGATE_RESTORED = failover.RESTORED
+    STREAM_FAILED = streams.STREAM_FAILED
+    STREAM_RESTORED = streams.STREAM_RESTORED
+    STREAM_ENDED = streams.STREAM_ENDED
     RULE_TRIGGERED = "rule_triggered"
     EVIDENCE_UPLOAD_FAILED = "evidence_upload_failed"
     MQTT_RECONNECTED = "mqtt_reconnected"
