@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ..link.vocabulary import FINISHED_STATES, EventKind
+
 if TYPE_CHECKING:
     from ..fleet.manager import FleetManager
 
@@ -132,10 +134,10 @@ def _watch_and_deploy(fleet: FleetManager, agent: subprocess.Popen, model_v2: Pa
         echo(f"   {line}")
     _wait(lambda: db.get_device(DEVICE)["model_version"] == 2, 20, agent)
     # the rollout may finish on the agent's new state before its last update event is stored
-    _wait(lambda: any(e["event"] == "update" and e["data"].get("state") in ("active", "failed", "rolled_back")
+    _wait(lambda: any(e["event"] == EventKind.UPDATE and e["data"].get("state") in FINISHED_STATES
                       for e in db.device_events(DEVICE, 200)), 20, agent)
     after = db.get_device(DEVICE)
-    events = [e for e in db.device_events(DEVICE, 200) if e["event"] == "update"]
+    events = [e for e in db.device_events(DEVICE, 200) if e["event"] == EventKind.UPDATE]
     echo(f"   registry   {DEVICE}: {after['model_name']} v{after['model_version']} on {after['delegate']}")
     audit = [f"{e['actor']} {e['action']} {e['target']}" for e in db.list_audit(20)]
     echo(f"   audit      {'; '.join(audit[-3:])}")

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._backoff import EQUAL_JITTER, Backoff
-from ...agent.config import DEFAULT_FLEET
 from ...errors import ClosedError
 from ...link.settings import parse_broker_url
+from ...link.vocabulary import DEFAULT_FLEET, Command, TargetState
 from .device import Behaviour, SimDevice, fails
 
 log = logging.getLogger(__name__)
@@ -399,10 +399,10 @@ class Simulation:
         except ValueError:
             return
         self.commands += 1
-        if isinstance(command, dict) and command.get("cmd") == "rollback":
+        if isinstance(command, dict) and command.get("cmd") == Command.ROLLBACK:
             self._later(self._rng.uniform(*self.settings.update_delay_s), lambda: self._roll_back(device, command))
             return
-        if not isinstance(command, dict) or command.get("cmd") != "deploy":
+        if not isinstance(command, dict) or command.get("cmd") != Command.DEPLOY:
             return
         for delay, state in device.update_plan(command, self._rng, self.settings.update_delay_s):
             self._later(delay, lambda s=state: self._report_update(device, command, s))
@@ -411,7 +411,7 @@ class Simulation:
         device.client.publish(device.topics.events, device.update_event(command, state), qos=1)
         if state in self.updates:
             self.updates[state] += 1
-        if state == "active":  # the agent re-publishes its birth with the new model
+        if state == TargetState.ACTIVE:  # the agent re-publishes its birth with the new model
             device.client.publish(device.topics.state, device.state(), qos=1, retain=True)
 
     def _roll_back(self, device: SimDevice, command: dict) -> None:

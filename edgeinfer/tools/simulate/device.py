@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...link.protocol import PROTOCOL_VERSION, Topics, encode
+from ...link.vocabulary import EventKind, TargetState
 
 #: the real agent's update states, in the order it reports them
-UPDATE_STEPS = ("downloading", "validating")
+UPDATE_STEPS = (TargetState.DOWNLOADING, TargetState.VALIDATING)
 MODEL_PATH = "/var/lib/edgeinfer/models/model.tflite"
 #: the simulated classifier's classes and how often each is the top-1 answer (Zipf: a few dominate)
 LABELS = tuple(f"class-{i:02d}" for i in range(20))
@@ -172,8 +173,8 @@ class SimDevice:
         deployment_id = str(manifest.get("deployment_id") or "")
         if not deployment_id or deployment_id in self.deployments:
             return []  # the agent answers a repeated command from its log, without running it again
-        self.deployments[deployment_id] = "notified"
-        states = [*UPDATE_STEPS, "failed" if self.failing else "active"]
+        self.deployments[deployment_id] = TargetState.NOTIFIED
+        states = [*UPDATE_STEPS, TargetState.FAILED if self.failing else TargetState.ACTIVE]
         due, plan = 0.0, []
         for state in states:
             due += rng.uniform(*delays)
@@ -187,16 +188,16 @@ class SimDevice:
         self.deployments[deployment_id] = state
         data: dict[str, Any] = {"deployment_id": deployment_id, "state": state, "version": version}
         level, message = "info", f"update to v{version}: {state}"
-        if state == "failed":
+        if state == TargetState.FAILED:
             data.update(reason="validation_failed", detail="simulated: the model failed validation")
             level, message = "error", f"update to v{version}: failed (validation_failed)"
-        elif state == "active":
+        elif state == TargetState.ACTIVE:
             self.previous = (self.version, self.model_sha256, self.behaviour)
             self.version = version
             self.model_sha256 = str(manifest.get("sha256") or self.model_sha256)
             named = self.behaviours.get(str(manifest.get("model_name")))
             self.behaviour = self.behaviours.get(self.model_sha256) or named or HEALTHY
-        return self.event("update", level, message, cmd_id=command.get("id"), data=data)
+        return self.event(EventKind.UPDATE, level, message, cmd_id=command.get("id"), data=data)
 
     def roll_back(self, command: dict) -> bytes | None:
         """Answer a ``rollback`` command as the agent does (the previous model runs again); None for one seen
@@ -206,12 +207,12 @@ class SimDevice:
             return None
         self.commands_seen.add(command_id)
         if self.previous is None:
-            return self.event("cmd_rejected", "warning", "rollback: no previous model", cmd_id=command_id,
+            return self.event(EventKind.CMD_REJECTED, "warning", "rollback: no previous model", cmd_id=command_id,
                               data={"reason": "no_previous"})
         self.version, self.model_sha256, self.behaviour = self.previous
         self.previous = None
-        return self.event("update", "warning", f"rolled back to v{self.version}", cmd_id=command_id,
-                          data={"state": "rolled_back", "version": self.version})
+        return self.event(EventKind.UPDATE, "warning", f"rolled back to v{self.version}", cmd_id=command_id,
+                          data={"state": TargetState.ROLLED_BACK.value, "version": self.version})
 
 
 def _figures(ms: float) -> dict[str, float]:
