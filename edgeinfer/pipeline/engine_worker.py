@@ -114,7 +114,6 @@ class EngineWorker:
         self._next = 0
         self._stopping = False
         self.invokes = 0
-        self.error: BaseException | None = None
         self._options, self._index = options, index
         # the watchdog's view: when the invoke in progress began (0: none), and how many frames it holds
         self.invoke_started = 0.0
@@ -213,7 +212,6 @@ class EngineWorker:
 
     def _stopped_on(self, error: BaseException) -> None:
         """The worker cannot go on (no delegate left): its streams' run is over."""
-        self.error = error
         log.error("inference stopped: %s", error)
         self._on_error(error)
 

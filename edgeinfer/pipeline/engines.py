@@ -55,10 +55,6 @@ class EnginePool:
             worker.start()
         return worker
 
-    @property
-    def first(self) -> EngineWorker:
-        return self.workers[0]
-
     def start(self) -> None:
         self._started = True
         for worker in self.workers:

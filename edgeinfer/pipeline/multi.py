@@ -128,8 +128,8 @@ class MultiPipeline:
         its frames)."""
         worker = record.worker
         stream = Stream.open(record.name, record.source, self.options, row=worker.row(), task=worker.task,
-                             labels=self.labels, wake=worker.wake)
-        stream.callback_errors = lambda: self._delivery.callback_errors
+                             labels=self.labels, wake=worker.wake,
+                             callback_errors=lambda: self._delivery.callback_errors)
         for listener in self._event_listeners if stream.events is not None else ():
             stream.events.add_listener(listener)  # type: ignore[union-attr]
         return stream
@@ -214,12 +214,8 @@ class MultiPipeline:
                 self.error = error
             streams = self._streams.open_streams()
         self._engines.end()
-        for stream in streams:
-            stream.stop()
-        for stream in streams:
-            stream.close_events()
-        self._delivery.end()
-        self._finished.set()
+        self._streams.end()
+        self._wind_down(streams)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the run is over (every stream done, an engine failed, max_frames, or stop()); True if so."""
@@ -231,10 +227,14 @@ class MultiPipeline:
             self._stopping = True
             streams = self._streams.open_streams()
         self._streams.stop()
+        self._delivery.wake_producer()  # an engine's thread waiting for an iterating consumer gone
+        self._engines.stop()
+        self._wind_down(streams)
+
+    def _wind_down(self, streams: list[Stream]) -> None:
+        """Stop capturing, finish the recordings in progress, end the results: the run is over."""
         for stream in streams:
             stream.stop()
-        self._delivery.wake_producer()
-        self._engines.stop()
         for stream in streams:
             stream.close_events()
         self._delivery.end()

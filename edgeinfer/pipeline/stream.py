@@ -48,7 +48,8 @@ class Stream:
     """One source of a run, served by an engine's thread: ring, capture thread, per-stream state and stats."""
 
     def __init__(self, name: str, source: FrameSource, owns_source: bool, *, row: Engine, task: Task,
-                 options: PipelineOptions, labels: Labels | None, wake: Any) -> None:
+                 options: PipelineOptions, labels: Labels | None, wake: Callable[[], None],
+                 callback_errors: Callable[[], int]) -> None:
         self.name = name
         self.source = source
         self.owns_source = owns_source
@@ -79,20 +80,20 @@ class Stream:
         self.ended = False
         self.next_due = 0.0  # max_fps with ``latest``: when the engine's thread serves this stream next
         self.last: tuple[int, Any] = (-1, None)  # (plan generation, result) a frame that did not change reuses
-        self.callback_errors = lambda: 0  # the run's callback failures (its delivery), for the stats
+        self.callback_errors = callback_errors  # the run's callback failures (its delivery), for the stats
 
     @classmethod
-    def open(cls, name: str, source: Any, options: PipelineOptions, *, row: Engine, task: Task,
-             labels: Labels | None, wake: Any) -> Stream:
+    def open(cls, name: str, source: Any, options: PipelineOptions, **parts: Any) -> Stream:
         """Open ``source`` (anything :func:`~edgeinfer.capture.open_source` takes; a FrameSource stays the
-        caller's) as a stream; the source is closed again when the model cannot take its frames."""
+        caller's) as a stream (``parts``: the constructor's keywords); the source is closed again when the model
+        cannot take its frames."""
         from ..capture import FrameSource, open_source
 
         owns = not isinstance(source, FrameSource)
         opened = open_source(source, size=options.size, fps=options.fps, fourcc=options.fourcc, loop=options.loop,
                              backoff=options.backoff, reduced=options.decode_reduced)
         try:
-            return cls(name, opened, owns, row=row, task=task, options=options, labels=labels, wake=wake)
+            return cls(name, opened, owns, options=options, **parts)
         except BaseException:
             if owns:
                 opened.close()

@@ -74,7 +74,7 @@ class StreamRecord:
 
 
 class StreamSet:
-    """The streams of one run (see the module); ``open_record`` opens a record's source and serves it."""
+    """The streams of one run (see the module); ``make_stream`` opens a record's source as a stream of the run."""
 
     def __init__(self, *, name: str, backoff: Backoff, reopen: bool, make_stream: Callable[[StreamRecord], Stream],
                  started: Callable[[], bool]) -> None:
@@ -165,21 +165,22 @@ class StreamSet:
             record = self._records.get(stream.name)
             if record is None or record.stream is not stream:
                 return None
+            outage = None
             if stream.error is None:
                 record.status = "ended"
-                if stream.name:
-                    log.info("%sstream %s ended (%s has no more frames)", self.prefix(), stream.name,
-                             stream.source.description)
-                    self._emit(record, STREAM_ENDED, "info", f"stream {stream.name} ended (its source has no more "
-                                                             "frames)")
             else:
+                outage = self._mark_failed(record, stream.error)
                 if self._reopen:  # closed now; its last window goes into the next one
                     record.worker.remove(stream)
                     record.stream = None
                     self._closed_windows[stream.name] = merge_stats(self._closed_windows.get(stream.name),
                                                                     record.stats(stream, window=True))
-                self.failed(record, stream.error)
             running = any(r.status == "running" for r in self._records.values())
+        if outage is not None:
+            self._report_failed(record, stream.error, *outage)  # type: ignore[arg-type]
+        elif stream.name:
+            log.info("%sstream %s ended (%s has no more frames)", self.prefix(), stream.name, stream.source.description)
+            self._emit(record, STREAM_ENDED, "info", f"stream {stream.name} ended (its source has no more frames)")
         if record.stream is None:
             stream.close_source()  # its capture thread has left
             self._wake.set()
@@ -189,16 +190,26 @@ class StreamSet:
         """``record``'s stream could not be opened, or its capture failed: reported once per outage, and opened
         again on the backoff with ``reopen``."""
         with self.lock:
-            first = record.status != "failed"
-            record.status, record.error = "failed", error
-            record.failures += 1
-            now = time.monotonic()
-            if record.failed_since is None:
-                record.failed_since = now
-            give_up, delay = self._backoff.give_up_s, None
-            if self._reopen and (give_up is None or now - record.failed_since < give_up):
-                delay = self._backoff.delay(record.failures)
-            record.retry_at = None if delay is None else now + delay
+            first, delay = self._mark_failed(record, error)
+        self._report_failed(record, error, first, delay)
+
+    def _mark_failed(self, record: StreamRecord, error: BaseException) -> tuple[bool, float | None]:
+        """(With the lock held.) Whether this failure starts an outage, and the delay before the next opening
+        (None: not again)."""
+        first = record.status != "failed"
+        record.status, record.error = "failed", error
+        record.failures += 1
+        now = time.monotonic()
+        if record.failed_since is None:
+            record.failed_since = now
+        give_up, delay = self._backoff.give_up_s, None
+        if self._reopen and (give_up is None or now - record.failed_since < give_up):
+            delay = self._backoff.delay(record.failures)
+        record.retry_at = None if delay is None else now + delay
+        return first, delay
+
+    def _report_failed(self, record: StreamRecord, error: BaseException, first: bool, delay: float | None) -> None:
+        """Log a failure; tell the listeners of the first of an outage (never under the lock)."""
         if not record.name:
             return  # a run of one unnamed stream (a Pipeline): its error is the run's, and the capture logged it
         again = f"; opening it again in {delay:.1f} s" if delay is not None else ""
@@ -250,9 +261,14 @@ class StreamSet:
             self._thread = threading.Thread(target=self._reopen_failed, name="edgeinfer-reopen", daemon=True)
             self._thread.start()
 
-    def stop(self) -> None:
+    def end(self) -> None:
+        """Open nothing again (the run is over)."""
         self._stopped = True
         self._wake.set()
+
+    def stop(self) -> None:
+        """end(), and wait for the reopening thread."""
+        self.end()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(30.0)
