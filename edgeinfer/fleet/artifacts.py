@@ -1,6 +1,6 @@
 """Content-addressed artifact storage (by sha256): copied in, or streamed in from an upload.
 
-Serving, with Range requests, is Starlette's ``FileResponse`` (``api.py``).
+Serving, with Range requests, is Starlette's ``FileResponse`` (``api/artifacts.py``).
 """
 
 from __future__ import annotations

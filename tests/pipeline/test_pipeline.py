@@ -164,13 +164,15 @@ def test_a_model_update_swaps_the_engine_between_two_frames_and_no_frame_is_lost
     """Both faces: the new engine serves every stream from the next frame on (capture goes on), a model that
     cannot serve the task is refused with the run untouched, every frame of every stream is answered right."""
     started = threading.Event()
-    with face.build(MOBILENET_V2, clip, labels=IMAGENET_LABELS, top_k=1, policy="every", max_fps=60) as pipeline:
+    new = edgeinfer.load(MOBILENET_V2_ONNX, "onnxruntime")  # loaded first: the swaps below take a frame's time
+    with edgeinfer.load(ULTRAFACE) as wrong, face.build(MOBILENET_V2, clip, labels=IMAGENET_LABELS, top_k=1,
+                                                       policy="every", max_fps=60) as pipeline:
         first = pipeline.engine
         results = face.collect(pipeline, lambda result: result.frame_id == 3 and started.set())
         assert started.wait(30)
-        with pytest.raises(ValueError, match="1xN class-score"), edgeinfer.load(ULTRAFACE) as wrong:
+        with pytest.raises(ValueError, match="1xN class-score"):
             pipeline.swap_engine(wrong)  # does not fit the task: refused, the run goes on
-        old = pipeline.swap_engine(edgeinfer.load(MOBILENET_V2_ONNX, "onnxruntime"))
+        old = pipeline.swap_engine(new)
         at_swap = sum(len(r) for r in results.values())
         assert old is first and not old.closed
         old.close()  # the engine swapped out is the caller's
