@@ -31,6 +31,7 @@ from typing import Any
 from ..errors import ClosedError
 from ..runtime.engine import Engine
 from ._opencv import OpenCVThreads
+from .decoders import model_labels
 from .delivery import Observer, ResultDelivery
 from .engine_worker import BatchRow, EngineWorker, batch_size
 from .engines import EnginePool
@@ -40,7 +41,7 @@ from .options import PipelineOptions
 from .stats import FrameResult, PipelineStats
 from .stream import Stream
 from .streams import STREAM_ENDED, STREAM_FAILED, STREAM_RESTORED, StreamEvent, StreamRecord, StreamSet
-from .tasks import get_task
+from .tasks import get_task, read_model
 
 log = logging.getLogger("edgeinfer.pipeline")
 
@@ -90,9 +91,8 @@ class MultiPipeline:
         owns = not isinstance(model, Engine)
         engine = self._engines.load(model) if owns else model  # type: ignore[arg-type]
         try:
-            if self.labels is None and get_task(options.task).embedded_labels:
-                self.labels = Labels.embedded(engine.model)
-            self._engines.labels = self.labels
+            self.options = options = self._read_model(engine, options)
+            self._engines.options, self._engines.labels = options, self.labels
             self._default = self._engines.worker_for(engine, owns)
             for stream_name, source in named:
                 self._streams.add(stream_name, source, self._default, given=True)
@@ -103,6 +103,22 @@ class MultiPipeline:
                 engine.close()
             self.close()
             raise
+
+    def _read_model(self, engine: Engine, options: PipelineOptions) -> PipelineOptions:
+        """The options with the run's task decided from the model (ValueError when no layout fits it, or when
+        tracking is asked of results without boxes); the labels the model carries when none were given."""
+        import dataclasses
+
+        settings = options.decoder_settings()
+        reading = read_model(engine, task=options.task, decoder=options.decoder, labels=self.labels,
+                             settings=settings)
+        if self.labels is None:
+            packed = Labels.embedded(engine.model) if get_task(reading.task).embedded_labels else None
+            self.labels = packed or model_labels(engine.model)
+        if options.tracking and not reading.gives_boxes:
+            raise ValueError(f"tracking, lines and zones need results with boxes; {engine.model.path} read as "
+                             f"{reading.task!r} ({reading.layout.name}) gives none")
+        return dataclasses.replace(options, task=reading.task)
 
     # ------------------------------------------------------------------------ streams
     @property

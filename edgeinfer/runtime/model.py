@@ -16,6 +16,7 @@ from pathlib import Path
 from .._fs import sha256_file
 from ..errors import FlatbufferError, ModelFormatError, ModelNotFound
 from . import _onnx_schema, _tflite_schema
+from .metadata import ModelMetadata, read_metadata
 
 EDGETPU_CUSTOM_OP = "edgetpu-custom-op"
 
@@ -69,6 +70,8 @@ class ModelInfo:
     associated_files: tuple[str, ...] = ()
     weights_path: str | None = None  # OpenVINO IR .bin
     notes: tuple[str, ...] = field(default=())
+    #: what the model says about itself (task, class names, input size ...): runtime.metadata
+    metadata: ModelMetadata = field(default_factory=ModelMetadata)
 
     @property
     def is_edgetpu(self) -> bool:
@@ -77,6 +80,7 @@ class ModelInfo:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["format"] = self.format.value
+        data["metadata"] = self.metadata.to_dict()
         return data
 
 
@@ -212,7 +216,7 @@ _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6:
 _LAYOUT_OPS = {"Transpose", "Reshape", "Identity", "Squeeze", "Unsqueeze"}
 
 
-def _onnx_specs(path: Path) -> tuple[tuple, tuple]:
+def _onnx_specs(path: Path) -> tuple[tuple, tuple, dict[str, str]]:
     """Specs of an ONNX model, quantisation included: an integer input's scale and zero point are
     those of the DequantizeLinear it feeds, an output's those of the QuantizeLinear that makes it
     (through layout-only ops). The graph is read by the ``onnx`` package when installed, else by
@@ -263,14 +267,14 @@ def _onnx_specs(path: Path) -> tuple[tuple, tuple]:
 
     inputs = tuple(spec(v, input_quant) for v in graph.inputs if v.name not in graph.initializers)
     outputs = tuple(spec(v, output_quant) for v in graph.outputs)
-    return inputs, outputs
+    return inputs, outputs, graph.metadata
 
 
 _IR_DTYPES = {"f32": "float32", "f16": "float16", "u8": "uint8", "i8": "int8", "i32": "int32",
               "i64": "int64", "boolean": "bool", "f64": "float64"}
 
 
-def _ir_specs(xml_path: Path) -> tuple[tuple, tuple]:
+def _ir_specs(xml_path: Path) -> tuple[tuple, tuple, object]:
     import xml.etree.ElementTree as ET  # only OpenVINO IR needs an XML parser (0.5 MiB in the agent)
 
     try:
@@ -295,7 +299,7 @@ def _ir_specs(xml_path: Path) -> tuple[tuple, tuple]:
             dtype = {"fp32": "float32", "fp16": "float16", "u8": "uint8", "i64": "int64",
                      "i32": "int32"}.get(precision, "unknown")
             outputs.append(TensorSpec(layer.get("name", ""), dims, dtype, guess_layout(dims)))
-    return tuple(inputs), tuple(outputs)
+    return tuple(inputs), tuple(outputs), root
 
 
 @lru_cache(maxsize=64)
@@ -306,10 +310,12 @@ def _inspect_cached(path: str, mtime_ns: int, size: int, sidecar: tuple | None) 
     associated: tuple[str, ...] = ()
     weights: str | None = None
     notes: list[str] = []
+    onnx_props: dict[str, str] = {}
+    xml_root = None
     if fmt is ModelFormat.TFLITE:
         fmt, inputs, outputs, custom_ops, associated = _tflite_specs(model_path)
     elif fmt is ModelFormat.ONNX:
-        inputs, outputs = _onnx_specs(model_path)
+        inputs, outputs, onnx_props = _onnx_specs(model_path)
         notes += [f"output {s.name!r} is {s.dtype} with no QuantizeLinear scale in the graph: its values are "
                   "raw integers (a classifier reads uint8 steps as shares of their sum)" for s in outputs
                   if s.dtype in ("uint8", "int8")
@@ -321,16 +327,39 @@ def _inspect_cached(path: str, mtime_ns: int, size: int, sidecar: tuple | None) 
                 f"OpenVINO IR {model_path} has no weights file {bin_path.name} beside it — copy both files"
             )
         weights = str(bin_path)
-        inputs, outputs = _ir_specs(model_path)
+        inputs, outputs, xml_root = _ir_specs(model_path)
     else:
         inputs, outputs = (), ()
         notes.append("tensor specs of a TensorRT plan need TensorRT installed (delegate 'tensorrt')")
     digest = sha256_file(model_path, *([weights] if weights else []))
+    metadata = read_metadata(model_path, fmt.value, onnx_props=onnx_props, xml_root=xml_root)
+    inputs = _sized_inputs(inputs, metadata, notes)
     return ModelInfo(
         path=str(model_path), format=fmt, size_bytes=size, sha256=digest, inputs=inputs,
         outputs=outputs, custom_ops=custom_ops, associated_files=associated, weights_path=weights,
-        notes=tuple(notes),
+        notes=tuple(notes) + metadata.notes, metadata=metadata,
     )
+
+
+def _sized_inputs(inputs: tuple[TensorSpec, ...], metadata: ModelMetadata, notes: list[str]) -> tuple[TensorSpec, ...]:
+    """A dynamic image input (height and width unknown: -1) given the size the model's metadata states."""
+    if not metadata.imgsz:
+        return inputs
+    sized = []
+    for spec in inputs:
+        shape = list(spec.shape)
+        if len(shape) == 4 and (shape[1] in (1, 3) or shape[3] in (1, 3)):
+            channels_first = shape[1] in (1, 3) and not (shape[3] in (1, 3) and shape[1] < 0)
+            spatial = (2, 3) if channels_first else (1, 2)
+            if any(shape[i] < 0 for i in spatial):
+                shape[spatial[0]], shape[spatial[1]] = metadata.imgsz
+                shape[0] = shape[0] if shape[0] > 0 else 1
+                notes.append(f"input {spec.name!r} has a dynamic size; {metadata.imgsz[0]}x{metadata.imgsz[1]} "
+                             f"(height x width) from the model's metadata ({metadata.source})")
+                spec = TensorSpec(spec.name, tuple(shape), spec.dtype, "NCHW" if channels_first else "NHWC",
+                                  spec.scale, spec.zero_point)
+        sized.append(spec)
+    return tuple(sized)
 
 
 def inspect_model(path: str | os.PathLike) -> ModelInfo:
