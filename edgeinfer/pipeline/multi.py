@@ -41,7 +41,7 @@ from .options import PipelineOptions
 from .stats import FrameResult, PipelineStats
 from .stream import Stream
 from .streams import STREAM_ENDED, STREAM_FAILED, STREAM_RESTORED, StreamEvent, StreamRecord, StreamSet
-from .tasks import get_task, read_model
+from .tasks import ModelReading, get_task, read_model
 
 log = logging.getLogger("edgeinfer.pipeline")
 
@@ -83,6 +83,8 @@ class MultiPipeline:
         self._finished = threading.Event()
         #: why the run ended, if it failed: an engine with no delegate left, or its streams' failure
         self.error: BaseException | None = None
+        #: how the model is read (its task, output layout, preprocessing): known once it is loaded
+        self.reading: ModelReading | None = None
         self._event_listeners: tuple[Callable[[dict], Any], ...] = ()
         self._results = 0  # results delivered (max_frames)
         self._opencv = OpenCVThreads(options.opencv_threads)
@@ -110,14 +112,15 @@ class MultiPipeline:
         import dataclasses
 
         settings = options.decoder_settings()
-        reading = read_model(engine, task=options.task, decoder=options.decoder, labels=self.labels,
-                             settings=settings)
+        row: Any = BatchRow(engine, 0)  # a batch of one: what each decoder reads
+        reading = read_model(row, task=options.task, decoder=options.decoder, labels=self.labels, settings=settings)
         if self.labels is None:
             packed = Labels.embedded(engine.model) if get_task(reading.task).embedded_labels else None
             self.labels = packed or model_labels(engine.model)
         if options.tracking and not reading.gives_boxes:
             raise ValueError(f"tracking, lines and zones need results with boxes; {engine.model.path} read as "
                              f"{reading.task!r} ({reading.layout.name}) gives none")
+        self.reading = reading
         return dataclasses.replace(options, task=reading.task)
 
     # ------------------------------------------------------------------------ streams

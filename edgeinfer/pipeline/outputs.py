@@ -1,7 +1,8 @@
 """What a pipeline answered over a window: the small output summary a canary analysis compares.
 
 :class:`OutputSummary` counts, per window, each frame's top-1 class (classifiers) or the detections
-by label (detectors, pose, instance masks, oriented boxes: every task whose results are boxes), and the mean score. ``take()`` returns the window's summary and starts the
+by label (every task whose results are boxes: detect, pose, instance masks, oriented boxes), and the
+mean score. ``take()`` returns the window's summary and starts the
 next one; telemetry carries it (``outputs`` in a pipeline's entry), and the fleet compares a
 canary's distribution with the devices still on the old model. It costs a few dictionary updates
 per frame; only the :data:`TOP_LABELS` most frequent labels of a window are reported.

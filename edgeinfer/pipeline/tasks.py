@@ -70,6 +70,14 @@ class ModelReading:
     resize: str
     mean: float | tuple[float, ...] | None
     std: float | tuple[float, ...] | None
+    #: where the task came from: "given", "the model's metadata" or "its outputs"
+    task_from: str = "given"
+
+    def __str__(self) -> str:
+        values = "as the quantised input states" if self.mean is None and self.std is None else \
+            f"(pixel - {_values(self.mean)}) / {_values(self.std)}"
+        return (f"task {self.task} ({self.task_from}), outputs read as {self.layout.name} ({self.layout.summary}); "
+                f"frames {self.resize}, {values}")
 
     @property
     def gives_boxes(self) -> bool:
@@ -84,8 +92,12 @@ def read_model(engine: Engine, *, task: str | None, decoder: str | None, labels:
     layout, built = choose_layout(decoder_input(engine, labels, settings), task=task, decoder=decoder,
                                   model=engine.model.path)
     metadata = engine.model.metadata
-    resolved = task if task is not None else (
-        metadata.task if metadata.task in layout.tasks else layout.task)
+    if task is not None:
+        resolved, task_from = task, "given"
+    elif metadata.task in layout.tasks:
+        resolved, task_from = metadata.task, "the model's metadata"
+    else:
+        resolved, task_from = layout.task, "its outputs"
     hints = layout.preprocessing
     if resize is None:
         resize = ("letterbox" if metadata.letterbox else None) or hints.resize or get_task(resolved).resize
@@ -93,4 +105,10 @@ def read_model(engine: Engine, *, task: str | None, decoder: str | None, labels:
         mean, std = metadata.mean, metadata.std
         if mean is None and std is None and engine.inputs[0].dtype.startswith("float"):
             mean, std = hints.mean, hints.std
-    return ModelReading(resolved, layout, built, resize, mean, std)
+    return ModelReading(resolved, layout, built, resize, mean, std, task_from)
+
+
+def _values(value: Any) -> str:
+    if value is None:
+        return "default"
+    return ",".join(f"{v:g}" for v in value) if isinstance(value, tuple) else f"{value:g}"
