@@ -145,6 +145,8 @@ def finite_rows(*arrays: np.ndarray) -> np.ndarray:
     import numpy as np
 
     mask = np.ones(arrays[0].shape[0], bool)
+    if not mask.size:
+        return mask
     for array in arrays:
         flat = array.reshape(array.shape[0], -1)
         mask &= np.isfinite(flat).all(axis=1)

@@ -16,14 +16,15 @@ class SegmentationDecoder:
             raise LayoutMismatch(f"a class map is one output, not {len(source.outputs)}")
         output, labels = source.outputs[0], source.labels
         shape = tuple(output.shape)
-        if len(shape) == 3 or (len(shape) == 4 and shape[-1] == 1):
+        integral = np.issubdtype(output.dtype, np.integer)
+        if (len(shape) == 3 or (len(shape) == 4 and shape[-1] == 1)) and integral:
             self._argmax = False
             height, width = shape[1], shape[2]
-        elif len(shape) == 4 and shape[-1] > 1:
+        elif len(shape) == 4 and 1 < shape[-1] < min(shape[1], shape[2]):  # class scores a pixel, channels last
             self._argmax = True
             height, width = shape[1], shape[2]
         else:
-            raise LayoutMismatch(f"needs a 1xHxW class map or 1xHxWxC scores, not {list(shape)}")
+            raise LayoutMismatch(f"needs a 1xHxW integer class map or 1xHxWxC scores, not {list(shape)} {output.dtype}")
         self._output = output.reshape(height, width, -1) if self._argmax else output.reshape(height, width)
         self.labels = labels
         self._map = np.empty((height, width), np.uint8)
