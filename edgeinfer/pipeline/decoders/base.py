@@ -12,6 +12,7 @@ result itself (and, for the layouts that select candidates, arrays the size of t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -148,7 +149,7 @@ def finite_rows(*arrays: np.ndarray) -> np.ndarray:
     if not mask.size:
         return mask
     for array in arrays:
-        flat = array.reshape(array.shape[0], -1)
+        flat = array.reshape(array.shape[0], math.prod(array.shape[1:]))  # not -1: no rows is a shape too
         mask &= np.isfinite(flat).all(axis=1)
     return mask
 

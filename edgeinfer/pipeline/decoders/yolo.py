@@ -3,16 +3,23 @@
 * ``yolo``: ``[1, 4+nc, N]`` (or its transpose): cx, cy, w, h, one score per class; no objectness, no NMS.
 * ``yolo-pose``: ``[1, 4+nc+K*D, N]``: the same, then K keypoints of (x, y[, visibility]) — K and D from the
   metadata's ``kpt_shape`` (17 x 3 when it says nothing).
-* ``yolo-seg``: ``[1, 4+nc+nm, N]`` and prototype masks ``[1, nm, mh, mw]``: each kept box's coefficients
-  times the prototypes, cropped to the box, at source resolution.
+* ``yolo-seg``: ``[1, 4+nc+nm, N]`` and prototype masks ``[1, nm, mh, mw]`` (TFLite: ``[1, mh, mw, nm]``): each
+  kept box's coefficients times the prototypes, cropped to the box, at source resolution.
 * ``yolo-obb``: ``[1, 4+nc+1, N]``: the same, then the angle (radians); NMS on the rotated boxes.
 * ``yolov5``: ``[1, N, 5+nc]``: cx, cy, w, h, objectness, class probabilities (score = objectness x class).
 * ``yolo-end2end``: ``[1, K, 6(+extra)]``: x1, y1, x2, y2, score, class — the graph selected its own boxes
-  (YOLOv10, YOLO26, ``nms=True`` exports); extra columns are mask coefficients, keypoints or the angle.
+  (YOLOv10, YOLO26, ``nms=True`` exports); extra columns are mask coefficients (with the prototypes as a
+  second output), keypoints, or the angle (an oriented box's row is cx, cy, w, h, score, class, angle).
+
+N is a grid's candidate count (one a cell at strides 8, 16, 32 — and 64, or 4 — of the input; YOLOv5: three a
+cell). The metadata's ``end2end`` sends a model to ``yolo-end2end`` or keeps it away from it. NMS is per class,
+in input pixels, as Ultralytics does it.
 
 Coordinates are input pixels, or normalised to the input (Ultralytics' TFLite exports): told apart per
 frame from the kept boxes themselves (no box of a real object fits in 2 pixels). Quantised outputs are
-dequantised. Rows with NaN or inf are never a box; a class past the names keeps its number as its label.
+dequantised (the score threshold is compared in the quantised steps, so nothing the size of the candidate table
+is allocated per frame). Rows with NaN or inf are never a box; a class past the names keeps its number as its
+label; an end-to-end row whose class is not a whole number >= 0 is skipped.
 """
 
 from __future__ import annotations
@@ -42,14 +49,20 @@ if TYPE_CHECKING:
 
 #: Ultralytics' preprocessing: RGB in [0, 1], letterboxed (its pad grey, 114, is the preprocessor's own)
 ULTRALYTICS = Preprocessing(resize="letterbox", mean=0.0, std=255.0)
-#: the anchor-free heads' strides (P3-P5; P6 models add 64)
-STRIDES = ((8, 16, 32), (8, 16, 32, 64))
+#: the anchor-free heads' strides: P3-P5, P3-P6 (``-p6`` models), P2-P5 (``-p2`` models)
+STRIDES = ((8, 16, 32), (8, 16, 32, 64), (4, 8, 16, 32))
 #: boxes whose every coordinate is at most this are normalised to the input
 NORMALISED_MAX = 2.0
+#: an end-to-end output with more rows than this is a candidate table, unless the metadata says end2end
+END2END_MAX_ROWS = 1000
+#: an end-to-end row's class (a float) at or past this is not a class
+MAX_CLASS = 1 << 24
+#: Ultralytics' prototype masks are at stride 4 of the input
+PROTO_STRIDE = 4
 
 
 def grid_sizes(width: int, height: int) -> set[int]:
-    """The candidate counts an anchor-free head has for this input (P3-P5 and P3-P6)."""
+    """The candidate counts an anchor-free head has for this input (P3-P5, P3-P6 and P2-P5)."""
     return {sum(math.ceil(width / s) * math.ceil(height / s) for s in strides) for strides in STRIDES}
 
 
@@ -60,16 +73,26 @@ def _classes(source: DecoderInput) -> int | None:
     return len(source.labels) if source.labels else None
 
 
+def _kpt_shape(source: DecoderInput) -> tuple[int, int]:
+    k, d = source.metadata.kpt_shape or (len(KEYPOINT_NAMES), 3)
+    if d not in (2, 3):
+        raise LayoutMismatch(f"keypoints of {d} values are neither (x, y) nor (x, y, visibility)")
+    return k, d
+
+
+def _keypoint_names(count: int) -> tuple[str, ...]:
+    return KEYPOINT_NAMES if count == len(KEYPOINT_NAMES) else tuple(f"kp{i}" for i in range(count))
+
+
 def _table(source: DecoderInput, index: int, *, min_columns: int) -> tuple[np.ndarray, bool]:
     """Output ``index`` as an (N, C) view of candidates (a transposed view of ``[1, C, N]``), and whether it
     was transposed. The candidate axis is the one of a grid size, else the longer one."""
     output = source.outputs[index]
-    shape = tuple(output.shape)
-    squeezed = [d for d in shape]
+    squeezed = list(output.shape)
     while len(squeezed) > 2 and squeezed[0] == 1:
         squeezed.pop(0)
     if len(squeezed) != 2:
-        raise LayoutMismatch(f"needs a [1, C, N] or [1, N, C] table, not {list(shape)}")
+        raise LayoutMismatch(f"needs a [1, C, N] or [1, N, C] table, not {list(output.shape)}")
     first, second = squeezed
     grids = grid_sizes(*source.input_size)
     transposed = second in grids or (first not in grids and second > first)  # [C, N]: candidates on axis 1
@@ -80,172 +103,99 @@ def _table(source: DecoderInput, index: int, *, min_columns: int) -> tuple[np.nd
     return table, transposed
 
 
-class YoloDecoder:
-    """Candidates → thresholded, NMS'd detections (and their keypoints, masks or angles)."""
+# -------------------------------------------------------------------------- shared parts
 
-    def __init__(self, source: DecoderInput, *, kind: str) -> None:
-        import numpy as np
+class Prototypes:
+    """A segmentation model's prototype masks; a box's mask is its coefficients times them, in its box."""
 
-        self.source, self.kind = source, kind
-        main = 0
-        self._protos = None
-        if kind == "segment":
-            main, self._protos = self._split_protos(source)
-        elif len(source.outputs) != 1:
-            raise LayoutMismatch(f"needs one output, not {len(source.outputs)}")
-        self._table, transposed = _table(source, main, min_columns=5)
-        self._spec = source.specs[main]
-        n, columns = self._table.shape
-        grids = grid_sizes(*source.input_size)
-        if kind != "yolov5" and n not in grids and not (source.metadata.producer and transposed):
-            raise LayoutMismatch(f"{n} candidates is not an anchor-free grid of a {source.input_size[0]}x"
-                                 f"{source.input_size[1]} input ({', '.join(map(str, sorted(grids)))})")
-        extra = self._extra_columns(source, columns)
-        self.classes = columns - 4 - extra - (1 if kind == "yolov5" else 0)
-        stated = _classes(source)
-        if self.classes < 1 or (stated is not None and kind != "detect" and stated != self.classes):
-            raise LayoutMismatch(f"{columns} values a candidate do not split into 4 box values, "
-                                 f"{stated or 'some'} class scores and {extra} {kind} values")
-        if kind == "detect" and stated is not None and stated != self.classes:
-            raise LayoutMismatch(f"{columns} values a candidate is 4 + {self.classes} classes; the model names "
-                                 f"{stated}")
-        if kind == "yolov5" and n not in {3 * g for g in grids}:
-            raise LayoutMismatch(f"{n} candidates is not 3 anchors a cell of a {source.input_size[0]}x"
-                                 f"{source.input_size[1]} input's grid")
-        first_score = 5 if kind == "yolov5" else 4
-        self._scores = self._table[:, first_score:first_score + self.classes]
-        self._extra = self._table[:, first_score + self.classes:]
-        self._best = np.empty(n, np.float32)
-        self._mask = np.empty(n, bool)
+    def __init__(self, source: DecoderInput, index: int) -> None:
+        output, self._spec = source.outputs[index], source.specs[index]
+        view = output.reshape(output.shape[-3:])
+        width, height = source.input_size
+        self._view = view.transpose(2, 0, 1) if _channels_last(view.shape, width, height) else view
+        self.count, mh, mw = self._view.shape
+        self._fx, self._fy = mw / width, mh / height
 
-    def _split_protos(self, source: DecoderInput) -> tuple[int, Any]:
-        if len(source.outputs) != 2:
-            raise LayoutMismatch(f"needs 2 outputs (candidates and prototype masks), not {len(source.outputs)}")
-        ranks = [len([d for d in o.shape if d > 1]) for o in source.outputs]
-        if sorted(ranks) != [2, 3]:
-            raise LayoutMismatch("needs a candidate table and a 1 x nm x H x W prototype output")
-        proto_i = ranks.index(3)
-        protos = source.outputs[proto_i]
-        shape = [d for d in protos.shape if d > 1] if protos.ndim > 3 else list(protos.shape)
-        shape = list(protos.shape[-3:])
-        channels_last = shape[2] < shape[0] and shape[2] <= 64  # TFLite: 1 x H x W x nm
-        self._proto_spec = source.specs[proto_i]
-        view = protos.reshape(shape)
-        self._proto_view = view.transpose(2, 0, 1) if channels_last else view
-        return 1 - proto_i, self._proto_view
-
-    def _extra_columns(self, source: DecoderInput, columns: int) -> int:
-        if self.kind == "pose":
-            k, d = source.metadata.kpt_shape or (len(KEYPOINT_NAMES), 3)
-            if d not in (2, 3):
-                raise LayoutMismatch(f"keypoints of {d} values are neither (x, y) nor (x, y, visibility)")
-            self._kpt_shape = (k, d)
-            return k * d
-        if self.kind == "obb":
-            return 1
-        if self.kind == "segment":
-            return int(self._proto_view.shape[0])
-        return 0
-
-    # ------------------------------------------------------------------------------ per frame
-    def __call__(self, transform: Transform) -> Detections:
-        import numpy as np
-
-        settings = self.source.settings
-        scores = self._scores
-        spec = self._spec
-        if spec.quantized:
-            scores = spec.dequantize(scores)
-        if self.kind == "yolov5":
-            objectness = spec.dequantize(self._table[:, 4])
-            np.greater(objectness, settings.score_threshold, out=self._mask)
-            keep = np.flatnonzero(self._mask)
-            table = scores[keep] * objectness[keep, None]
-            best, classes = table.max(axis=1), table.argmax(axis=1)
-            chosen_mask = best > settings.score_threshold
-            keep, best, classes = keep[chosen_mask], best[chosen_mask], classes[chosen_mask]
-        else:
-            np.max(scores, axis=1, out=self._best)
-            np.greater(self._best, settings.score_threshold, out=self._mask)  # NaN compares False
-            keep = np.flatnonzero(self._mask)
-            best = self._best[keep]
-            classes = scores[keep].argmax(axis=1)
-        rows = spec.dequantize(self._table[keep, :4]).astype(np.float32, copy=False)
-        finite = finite_rows(rows, self._extra[keep]) if self._extra.shape[1] else finite_rows(rows)
-        keep, best, classes, rows = keep[finite], best[finite].astype(np.float32), classes[finite], rows[finite]
-        normalised = bool(rows.size) and float(np.abs(rows).max()) <= NORMALISED_MAX
-        scale = np.array(self.source.input_size * 2, np.float32) if normalised else None
-        if scale is not None:
-            rows = rows * scale
-        if self.kind == "obb":
-            return self._oriented(rows, best, classes, keep, transform)
-        boxes = to_source_boxes(centre_to_corners(rows), transform)
-        chosen = nms(boxes, best, classes, settings.iou_threshold, settings.max_detections)
-        return self._finish(boxes, best, classes, keep, chosen, transform, normalised)
-
-    def _finish(self, boxes, best, classes, keep, chosen, transform, normalised: bool) -> Detections:
-        keypoints = names = masks = None
-        if self.kind == "pose":
-            keypoints, names = self._keypoints(keep, transform, normalised), _keypoint_names(self._kpt_shape[0])
-        elif self.kind == "segment":
-            masks = [self._instance_mask(keep[i], boxes[i], transform) for i in chosen]
-        return detections(boxes, best, classes, chosen, self.source, keypoints=keypoints,
-                          keypoint_names=names or (), masks=masks)
-
-    def _keypoints(self, keep: np.ndarray, transform: Transform, normalised: bool) -> np.ndarray:
-        import numpy as np
-
-        k, d = self._kpt_shape
-        raw = self._spec.dequantize(self._extra[keep]).reshape(-1, k, d).astype(np.float32)
-        points = np.ones((raw.shape[0], k, 3), np.float32)
-        points[..., :2] = raw[..., :2]
-        if d == 3:
-            points[..., 2] = raw[..., 2]
-        if normalised:
-            points[..., 0] *= self.source.input_size[0]
-            points[..., 1] *= self.source.input_size[1]
-        to_source_points(points[..., :2], transform)
-        return points
-
-    def _instance_mask(self, row: int, box, transform: Transform) -> InstanceMask:
-        """The box's mask: its coefficients times the prototypes, sampled at the box's source pixels."""
+    def mask(self, coefficients: np.ndarray, box: np.ndarray, transform: Transform) -> InstanceMask:
+        """The mask of ``box`` (x1, y1, x2, y2 source pixels): the logits of the prototype cells under the box
+        only, sampled bilinearly at each source pixel's centre (Ultralytics' upsampling), > 0 (sigmoid > 0.5)."""
         import cv2
         import numpy as np
 
-        protos = self._proto_spec.dequantize(self._proto_view) if self._proto_spec.quantized else self._proto_view
-        nm, mh, mw = protos.shape
-        coefficients = self._spec.dequantize(self._extra[row]).astype(np.float32)
-        logits = (coefficients @ protos.reshape(nm, -1).astype(np.float32, copy=False)).reshape(mh, mw)
+        _, mh, mw = self._view.shape
         x0, y0 = math.floor(box[0]), math.floor(box[1])
-        x1, y1 = max(x0 + 1, math.ceil(box[2])), max(y0 + 1, math.ceil(box[3]))
-        # source pixel (u, v) -> input (u * sx + px) -> prototype (* mw / input width); centres aligned
-        fx, fy = mw / self.source.input_size[0], mh / self.source.input_size[1]
-        ax, ay = transform.scale_x * fx, transform.scale_y * fy
-        matrix = np.array([[ax, 0.0, (x0 + 0.5) * ax + transform.pad_x * fx - 0.5],
-                           [0.0, ay, (y0 + 0.5) * ay + transform.pad_y * fy - 0.5]], np.float64)
-        crop = cv2.warpAffine(logits, matrix, (x1 - x0, y1 - y0), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-                              borderMode=cv2.BORDER_CONSTANT, borderValue=-1.0)
-        return InstanceMask(x0, y0, crop > 0.0)  # sigmoid > 0.5
-
-    def _oriented(self, rows, best, classes, keep, transform: Transform) -> Detections:
-        import numpy as np
-
-        angles = self._spec.dequantize(self._extra[keep, 0]).astype(np.float32)
-        settings = self.source.settings
-        chosen = rotated_nms(rows, angles, best, classes, settings.iou_threshold, settings.max_detections)
-        rotated = np.empty((rows.shape[0], 5), np.float32)
-        centres = rows[:, :2].copy()
-        to_source_points(centres, transform)
-        rotated[:, :2] = centres
-        rotated[:, 2] = rows[:, 2] / transform.scale_x
-        rotated[:, 3] = rows[:, 3] / transform.scale_y
-        rotated[:, 4] = angles
-        boxes = upright_boxes(rotated, transform)
-        return detections(boxes, best, classes, chosen, self.source, rotated=rotated)
+        width, height = max(1, math.ceil(box[2]) - x0), max(1, math.ceil(box[3]) - y0)
+        # source pixel centre u + 0.5 -> input (u + 0.5) * scale + pad -> prototype cell (input * f) - 0.5
+        ax, ay = transform.scale_x * self._fx, transform.scale_y * self._fy
+        tx = (x0 + 0.5) * ax + transform.pad_x * self._fx - 0.5
+        ty = (y0 + 0.5) * ay + transform.pad_y * self._fy - 0.5
+        cx0, cx1 = _cells(tx, tx + (width - 1) * ax, mw)
+        cy0, cy1 = _cells(ty, ty + (height - 1) * ay, mh)
+        region = self._spec.dequantize(self._view[:, cy0:cy1, cx0:cx1])
+        logits = np.tensordot(np.asarray(coefficients, np.float32), region, axes=1)
+        matrix = np.array([[ax, 0.0, tx - cx0], [0.0, ay, ty - cy0]], np.float64)
+        # the cells past the map's edge repeat its edge, as align_corners=False upsampling does
+        crop = cv2.warpAffine(logits, matrix, (width, height), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                              borderMode=cv2.BORDER_REPLICATE)
+        return InstanceMask(x0, y0, crop > 0.0)
 
 
-def _keypoint_names(count: int) -> tuple[str, ...]:
-    return KEYPOINT_NAMES if count == len(KEYPOINT_NAMES) else tuple(f"kp{i}" for i in range(count))
+def _cells(first: float, last: float, size: int) -> tuple[int, int]:
+    """The prototype cells bilinear sampling from ``first`` to ``last`` reads, within the map."""
+    start = min(max(math.floor(first), 0), size - 1)
+    return start, min(max(math.floor(last) + 2, start + 1), size)
+
+
+def _channels_last(shape: tuple[int, ...], width: int, height: int) -> bool:
+    """Whether prototypes are H x W x nm (TFLite) rather than nm x H x W: the axes that are the input's size at
+    stride 4 say, else the smaller axis is the masks'."""
+    sizes = {(height // PROTO_STRIDE, width // PROTO_STRIDE),
+             (math.ceil(height / PROTO_STRIDE), math.ceil(width / PROTO_STRIDE))}
+    if tuple(shape[1:]) in sizes:
+        return False
+    return tuple(shape[:2]) in sizes or shape[2] < shape[0]
+
+
+def _split_protos(source: DecoderInput) -> tuple[int, Prototypes]:
+    """The index of the table and the prototypes of a segmentation model's two outputs."""
+    if len(source.outputs) != 2:
+        raise LayoutMismatch(f"needs 2 outputs (candidates and prototype masks), not {len(source.outputs)}")
+    ranks = [len([d for d in o.shape if d > 1]) for o in source.outputs]
+    if sorted(ranks) != [2, 3] or source.outputs[ranks.index(3)].ndim < 3:
+        raise LayoutMismatch("needs a table and a 1 x nm x H x W prototype output, not "
+                             f"{' and '.join(str(list(o.shape)) for o in source.outputs)}")
+    proto = ranks.index(3)
+    return 1 - proto, Prototypes(source, proto)
+
+
+def _keypoints(raw: np.ndarray, shape: tuple[int, int], normalised: bool, source: DecoderInput,
+               transform: Transform) -> np.ndarray:
+    """(n, K*D) keypoint values (input pixels, or normalised) -> (n, K, 3) x, y, visibility in source pixels
+    (visibility 1.0 when the model gives none)."""
+    import numpy as np
+
+    k, d = shape
+    points = np.ones((raw.shape[0], k, 3), np.float32)
+    points[..., :d] = raw.reshape(-1, k, d)
+    if normalised:
+        points[..., 0] *= source.input_size[0]
+        points[..., 1] *= source.input_size[1]
+    to_source_points(points[..., :2], transform)
+    return points
+
+
+def _oriented(rows: np.ndarray, angles: np.ndarray, transform: Transform) -> tuple[np.ndarray, np.ndarray]:
+    """(cx, cy, w, h) input-pixel rows and their angles -> the rotated boxes (cx, cy, w, h, angle) in source
+    pixels and the upright boxes that hold them."""
+    import numpy as np
+
+    rotated = np.empty((rows.shape[0], 5), np.float32)
+    rotated[:, :2] = rows[:, :2]
+    to_source_points(rotated[:, :2], transform)
+    rotated[:, 2] = rows[:, 2] / transform.scale_x
+    rotated[:, 3] = rows[:, 3] / transform.scale_y
+    rotated[:, 4] = angles
+    return rotated, upright_boxes(rotated, transform)
 
 
 def upright_boxes(rotated: np.ndarray, transform: Transform) -> np.ndarray:
@@ -290,73 +240,175 @@ def rotated_nms(rows: np.ndarray, angles: np.ndarray, scores: np.ndarray, classe
     return kept
 
 
+# ---------------------------------------------------------------------------- decoders
+
+class YoloDecoder:
+    """Candidates → thresholded, NMS'd detections (and their keypoints, masks or angles)."""
+
+    def __init__(self, source: DecoderInput, *, kind: str) -> None:
+        import numpy as np
+
+        if source.metadata.end2end:
+            raise LayoutMismatch("the model's metadata says its graph selects its own boxes (end2end)")
+        self.source, self.kind = source, kind
+        main, self._protos = 0, None
+        if kind == "segment":
+            main, self._protos = _split_protos(source)
+        elif len(source.outputs) != 1:
+            raise LayoutMismatch(f"needs one output, not {len(source.outputs)}")
+        self._table, transposed = _table(source, main, min_columns=5)
+        self._spec = source.specs[main]
+        n, columns = self._table.shape
+        grids = grid_sizes(*source.input_size)
+        size = f"a {source.input_size[0]}x{source.input_size[1]} input"
+        if kind == "yolov5":
+            if n not in {3 * g for g in grids}:
+                raise LayoutMismatch(f"{n} candidates is not 3 anchors a cell of {size}'s grid")
+        elif n not in grids and not (source.metadata.producer and transposed):
+            raise LayoutMismatch(f"{n} candidates is not an anchor-free grid of {size} "
+                                 f"({', '.join(map(str, sorted(grids)))})")
+        self._kpt_shape = _kpt_shape(source) if kind == "pose" else (0, 0)
+        extra = {"pose": self._kpt_shape[0] * self._kpt_shape[1], "obb": 1,
+                 "segment": self._protos.count if self._protos is not None else 0}.get(kind, 0)
+        first = 5 if kind == "yolov5" else 4
+        self.classes = columns - first - extra
+        stated = _classes(source)
+        if self.classes < 1 or (stated is not None and stated != self.classes):
+            raise LayoutMismatch(f"{columns} values a candidate do not split into {first} box values, "
+                                 f"{stated if stated is not None else 'some'} class scores and {extra} {kind} values")
+        self._scores = self._table[:, first:first + self.classes]
+        self._extra = self._table[:, first + self.classes:]
+        self._best = np.empty(n, self._table.dtype)  # quantised steps, or the output's own floats
+        self._over = np.empty(n, bool)
+        self._input_scale = np.array(source.input_size * 2, np.float32)
+
+    def _threshold(self, threshold: float) -> float:
+        """The score threshold in the output's own values (quantised steps are monotonic in the score)."""
+        spec = self._spec
+        return threshold / float(spec.scale or 1.0) + (spec.zero_point or 0) if spec.quantized else threshold
+
+    # ------------------------------------------------------------------------------ per frame
+    def __call__(self, transform: Transform) -> Detections:
+        import numpy as np
+
+        settings, spec = self.source.settings, self._spec
+        threshold = self._threshold(settings.score_threshold)
+        if self.kind == "yolov5":  # score = objectness x class: no score passes unless its objectness does
+            np.greater(self._table[:, 4], threshold, out=self._over)  # NaN compares False
+            keep = np.flatnonzero(self._over)
+            scores = spec.dequantize(self._scores[keep]) * spec.dequantize(self._table[keep, 4])[:, None]
+        else:
+            np.max(self._scores, axis=1, out=self._best)
+            np.greater(self._best, threshold, out=self._over)  # a NaN score makes the max NaN: False
+            keep = np.flatnonzero(self._over)
+            scores = spec.dequantize(self._scores[keep])
+        classes = scores.argmax(axis=1)
+        best = scores[np.arange(keep.size), classes]
+        rows = spec.dequantize(self._table[keep, :4])
+        ok = (best > settings.score_threshold) & finite_rows(rows, scores, self._extra[keep])
+        keep, best, classes, rows = keep[ok], best[ok], classes[ok], rows[ok]
+        normalised = bool(rows.size) and float(np.abs(rows).max()) <= NORMALISED_MAX
+        if normalised:
+            rows *= self._input_scale
+        if self.kind == "obb":
+            angles = spec.dequantize(self._extra[keep, 0])
+            chosen = np.asarray(rotated_nms(rows, angles, best, classes, settings.iou_threshold,
+                                            settings.max_detections), np.intp)
+            rotated, boxes = _oriented(rows[chosen], angles[chosen], transform)
+            return detections(boxes, best[chosen], classes[chosen], range(chosen.size), self.source, rotated=rotated)
+        corners = centre_to_corners(rows)
+        chosen = np.asarray(nms(corners, best, classes, settings.iou_threshold, settings.max_detections), np.intp)
+        boxes, keep = to_source_boxes(corners[chosen], transform), keep[chosen]
+        extra: dict[str, Any] = {}
+        if self.kind == "pose":
+            extra = {"keypoints": _keypoints(spec.dequantize(self._extra[keep]), self._kpt_shape, normalised,
+                                             self.source, transform),
+                     "keypoint_names": _keypoint_names(self._kpt_shape[0])}
+        elif self._protos is not None:
+            extra = {"masks": [self._protos.mask(spec.dequantize(self._extra[row]), box, transform)
+                               for row, box in zip(keep, boxes)]}
+        return detections(boxes, best[chosen], classes[chosen], range(chosen.size), self.source, **extra)
+
+
 class EndToEndDecoder:
-    """``[1, K, 6(+extra)]`` rows of x1, y1, x2, y2, score, class: the graph chose them (no NMS here)."""
+    """``[1, K, 6(+extra)]`` rows of x1, y1, x2, y2, score, class: the graph chose them (no NMS here). The kind
+    of rows is the metadata's task; a second output of prototypes makes them a segmentation model's."""
 
     def __init__(self, source: DecoderInput) -> None:
+        import numpy as np
+
+        metadata = source.metadata
+        if metadata.end2end is False:
+            raise LayoutMismatch("the model's metadata says its graph leaves the candidates to NMS (end2end False)")
         self.source = source
-        kind = source.metadata.task or "detect"
-        protos = None
-        main = 0
-        if len(source.outputs) == 2 and kind == "segment":
-            helper = YoloDecoder.__new__(YoloDecoder)
-            main, protos = YoloDecoder._split_protos(helper, source)
-            self._proto_helper = helper
+        main, self._protos = 0, None
+        kind = metadata.task or "detect"
+        if len(source.outputs) == 2:
+            if metadata.task not in (None, "segment"):
+                raise LayoutMismatch(f"a {kind} model's selected boxes are one output, not 2")
+            kind, (main, self._protos) = "segment", _split_protos(source)
         elif len(source.outputs) != 1:
             raise LayoutMismatch(f"needs one output of selected boxes, not {len(source.outputs)}")
+        elif kind == "segment":
+            raise LayoutMismatch("a segmentation model's selected boxes need their prototype masks: a second output")
         output = source.outputs[main]
-        shape = [d for d in output.shape]
+        shape = list(output.shape)
         if len(shape) != 3 or shape[0] != 1 or shape[2] < 6:
-            raise LayoutMismatch(f"needs [1, K, 6+] rows (x1, y1, x2, y2, score, class), not {list(output.shape)}")
-        if shape[1] in grid_sizes(*source.input_size) or shape[1] > 1000:
-            raise LayoutMismatch(f"{shape[1]} rows is a candidate grid, not selected boxes")
-        if shape[2] > 6 and kind == "detect":
-            raise LayoutMismatch(f"{shape[2]} values a row; a selected box has 6 (x1, y1, x2, y2, score, class)")
-        self.kind, self._protos = kind, protos
-        self._rows = output.reshape(shape[1], shape[2])
+            raise LayoutMismatch(f"needs [1, K, 6+] rows (x1, y1, x2, y2, score, class), not {shape}")
+        rows, columns = shape[1], shape[2]
+        grids = grid_sizes(*source.input_size)
+        if rows in grids or rows in {3 * g for g in grids} or (rows > END2END_MAX_ROWS and not metadata.end2end):
+            raise LayoutMismatch(f"{rows} rows is a candidate grid, not selected boxes")
+        self._kpt_shape = _kpt_shape(source) if kind == "pose" else (0, 0)
+        extra = {"obb": 1, "pose": self._kpt_shape[0] * self._kpt_shape[1],
+                 "segment": self._protos.count if self._protos is not None else 0}.get(kind, 0)
+        if columns != 6 + extra:
+            raise LayoutMismatch(f"{columns} values a row; a selected {kind} box has 6 (x1, y1, x2, y2, score, "
+                                 f"class){f' + {extra}' if extra else ''}")
+        self.kind = kind
         self._spec = source.specs[main]
-        if kind == "pose":
-            k, d = source.metadata.kpt_shape or (len(KEYPOINT_NAMES), 3)
-            if shape[2] != 6 + k * d:
-                raise LayoutMismatch(f"{shape[2]} values a row is not 6 + {k} keypoints x {d}")
-            self._kpt_shape = (k, d)
+        self._view = output.reshape(rows, columns)
+        self._real = np.empty((rows, columns), np.float32) if self._spec.quantized else None
+        self._input_scale = np.array(source.input_size * 2, np.float32)
+
+    def _rows(self) -> np.ndarray:
+        """This frame's rows as real values (a quantised output dequantised into a preallocated buffer)."""
+        import numpy as np
+
+        spec, real = self._spec, self._real
+        if real is None:
+            return self._view
+        np.subtract(self._view, spec.zero_point or 0, out=real, casting="unsafe")
+        np.multiply(real, spec.scale, out=real)
+        return real
 
     def __call__(self, transform: Transform) -> Detections:
         import numpy as np
 
         settings = self.source.settings
-        rows = self._spec.dequantize(self._rows).astype(np.float32, copy=False)
-        scores = rows[:, 4]
-        keep = np.flatnonzero((scores > settings.score_threshold) & finite_rows(rows))
+        rows = self._rows()
+        scores, classes = rows[:, 4], rows[:, 5]
+        valid = (scores > settings.score_threshold) & finite_rows(rows)
+        valid &= (classes >= 0) & (classes < MAX_CLASS) & (classes == np.floor(classes))  # a class is a whole number
+        keep = np.flatnonzero(valid)
         keep = keep[np.argsort(-scores[keep], kind="stable")][: settings.max_detections]
-        classes = rows[keep, 5]
-        valid = (classes >= 0) & (classes == np.floor(classes))
-        keep = keep[valid]
-        selected = rows[keep]
-        boxes = selected[:, :4].copy()
-        if self.kind == "obb":  # cx, cy, w, h, score, class, angle
-            boxes = centre_to_corners(boxes)
+        selected = rows[keep].astype(np.float32)  # a copy: scaled in place
+        boxes = selected[:, :4]
         normalised = bool(boxes.size) and float(np.abs(boxes).max()) <= NORMALISED_MAX
         if normalised:
-            boxes *= np.array(self.source.input_size * 2, np.float32)
-        boxes = to_source_boxes(boxes, transform)
-        chosen = list(range(len(keep)))
+            boxes *= self._input_scale
         extra: dict[str, Any] = {}
+        if self.kind == "obb":  # cx, cy, w, h, score, class, angle
+            extra["rotated"], boxes = _oriented(boxes, selected[:, 6], transform)
+        else:
+            boxes = to_source_boxes(boxes, transform)
         if self.kind == "pose":
-            k, d = self._kpt_shape
-            raw = selected[:, 6:].reshape(-1, k, d)
-            points = np.ones((raw.shape[0], k, 3), np.float32)
-            points[..., :d] = raw
-            if normalised:
-                points[..., 0] *= self.source.input_size[0]
-                points[..., 1] *= self.source.input_size[1]
-            to_source_points(points[..., :2], transform)
-            extra = {"keypoints": points, "keypoint_names": _keypoint_names(k)}
-        elif self.kind == "segment" and self._protos is not None:
-            helper = self._proto_helper
-            helper.source, helper._spec, helper._extra = self.source, self._spec, self._rows[:, 6:]
-            extra = {"masks": [helper._instance_mask(int(keep[i]), boxes[i], transform) for i in chosen]}
-        return detections(boxes, selected[:, 4], selected[:, 5].astype(np.int64), chosen, self.source, **extra)
+            extra = {"keypoints": _keypoints(selected[:, 6:], self._kpt_shape, normalised, self.source, transform),
+                     "keypoint_names": _keypoint_names(self._kpt_shape[0])}
+        elif self._protos is not None:
+            extra = {"masks": [self._protos.mask(row[6:], box, transform) for row, box in zip(selected, boxes)]}
+        return detections(boxes, selected[:, 4], selected[:, 5].astype(np.int64), range(keep.size), self.source,
+                          **extra)
 
 
 def _layout(name: str, task: str, summary: str, kind: str, *, guessed: bool) -> Layout:
