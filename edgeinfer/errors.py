@@ -10,8 +10,10 @@ where it is data the program received at run time (a frame of the wrong shape), 
     │   ├── ModelNotFound             the path does not exist / is not a file
     │   ├── ModelFormatError          not a model we know, or corrupt / truncated
     │   │   └── FlatbufferError       a .tflite's flatbuffer points outside the file (read by runtime._tflite_schema)
-    │   └── ModelLoadError            a runtime refused a well-formed model
-    │       └── UnsupportedOperator   the model needs an op this runtime lacks (custom op, Edge TPU op)
+    │   ├── ModelLoadError            a runtime refused a well-formed model
+    │   │   └── UnsupportedOperator   the model needs an op this runtime lacks (custom op, Edge TPU op)
+    │   └── LayoutMismatch            (also ValueError) the outputs have no layout edgeinfer can decode (for
+    │                                 this task / this --decoder); the message names each output and layout
     ├── DelegateError
     │   ├── DelegateUnavailable       one delegate cannot run here; ``.reason`` says why
     │   └── NoDelegateAvailable       nothing can run this model; ``.reasons`` maps name -> reason
@@ -78,6 +80,10 @@ class UnsupportedOperator(ModelLoadError):
     def __init__(self, message: str, operators: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.operators = operators
+
+
+class LayoutMismatch(ModelError, ValueError):
+    """A model's outputs are not arranged as a decoder needs (edgeinfer.pipeline.decoders); the message says why."""
 
 
 class DelegateError(EdgeInferError):

@@ -108,8 +108,8 @@ def test_the_coral_ssd_through_the_pipeline_finds_what_litert_found():
         found, task = _decode_image(COCO_SSD, image, labels=LABELS / "coco_labels.txt", score_threshold=0.25)
         assert task == "detect"
         for want in expected:
-            _got, iou = _match(found, want)
-            assert iou > 0.6, (image, want)  # small boxes: a few pixels of a 25 px kite are a lot of IoU
+            got, iou = _match(found, want)  # small boxes: a few pixels of a 25 px kite are a lot of IoU
+            assert iou > 0.4 and np.abs(np.subtract(got.box, want["box_xyxy_px"])).max() < 12, (image, want, got)
 
 
 def test_explicit_options_win_over_what_the_model_says(tmp_path):

@@ -297,7 +297,7 @@ def test_cli_run_human_status_and_errors(tmp_path):
     assert missing.returncode == 1 and missing.stdout == ""
     assert missing.stderr.count("\n") == 1 and "source not found" in missing.stderr
     wrong = _cli("run", str(MOBILENET_TINY), "--source", str(IMAGES / "cat.bmp"), "--task", "detect")
-    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
     assert "no output layout edgeinfer knows fits" in wrong.stderr and "tflite-ssd: needs 4 outputs" in wrong.stderr
 
 

@@ -61,7 +61,7 @@ def choose_layout(source: DecoderInput, *, task: str | None = None, decoder: str
         try:
             return layout, layout.build(source)
         except LayoutMismatch as exc:
-            raise ValueError(f"decoder {decoder!r} does not fit {model}: {exc} "
+            raise LayoutMismatch(f"decoder {decoder!r} does not fit {model}: {exc} "
                              f"(outputs: {source.describe()})") from None
     wanted = task or source.metadata.task
     candidates = [layout for layout in LAYOUTS.values()
@@ -74,7 +74,7 @@ def choose_layout(source: DecoderInput, *, task: str | None = None, decoder: str
         except LayoutMismatch as exc:
             tried.append(f"{layout.name}: {exc}")
     what = f"task {wanted!r}" if wanted else "any task"
-    raise ValueError(f"no output layout edgeinfer knows fits {model} for {what}; its outputs are "
+    raise LayoutMismatch(f"no output layout edgeinfer knows fits {model} for {what}; its outputs are "
                      f"{source.describe()}. Tried: {'; '.join(tried) or 'none'}. Name one with --decoder "
                      f"({', '.join(DECODER_NAMES)}) or --task.")
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ...errors import LayoutMismatch
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -28,10 +30,6 @@ if TYPE_CHECKING:
 DEFAULT_SCORE_THRESHOLD = 0.5
 DEFAULT_IOU_THRESHOLD = 0.45
 DEFAULT_MAX_DETECTIONS = 100
-
-
-class LayoutMismatch(ValueError):
-    """The outputs do not have this layout; the message says why (shown when no layout fits)."""
 
 
 @dataclass(frozen=True)
