@@ -146,7 +146,7 @@ def finite_rows(*arrays: np.ndarray) -> np.ndarray:
 
     mask = np.ones(arrays[0].shape[0], bool)
     for array in arrays:
-        flat = array.reshape(array.shape[0], -1)
+        flat = array.reshape(array.shape[0], int(np.prod(array.shape[1:])))  # -1 fails on 0 rows
         mask &= np.isfinite(flat).all(axis=1)
     return mask
 
