@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .anchors import SSD_ANCHORS
 from .base import (
     DEFAULT_IOU_THRESHOLD,
     DEFAULT_MAX_DETECTIONS,
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 #: every layout, in the order they are tried (the classifier last: a 1xN output fits it whatever it means)
 LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (
-    TFLITE_SSD, *YOLO_LAYOUTS, SSD, MOVENET, SEMANTIC, CLASSIFY,
+    TFLITE_SSD, *YOLO_LAYOUTS, SSD, SSD_ANCHORS, MOVENET, SEMANTIC, CLASSIFY,
 )}
 #: every ``--decoder`` word
 DECODER_NAMES = tuple(LAYOUTS)
