@@ -23,6 +23,7 @@ from .base import (
     Preprocessing,
 )
 from .classify import CLASSIFY
+from .detr import DETR, DFINE, RF_DETR
 from .movenet import MOVENET
 from .semantic import SEMANTIC
 from .ssd import SSD, TFLITE_SSD
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 #: every layout, in the order they are tried (the classifier last: a 1xN output fits it whatever it means)
 LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (
-    TFLITE_SSD, *YOLO_LAYOUTS, SSD, SSD_ANCHORS, MOVENET, SEMANTIC, CLASSIFY,
+    TFLITE_SSD, *YOLO_LAYOUTS, DFINE, RF_DETR, DETR, SSD, SSD_ANCHORS, MOVENET, SEMANTIC, CLASSIFY,
 )}
 #: every ``--decoder`` word
 DECODER_NAMES = tuple(LAYOUTS)
