@@ -4,65 +4,31 @@ out at its place in source pixels, through the stretch or the letterbox."""
 
 from __future__ import annotations
 
-import cv2
 import numpy as np
 import pytest
 from support.detr_models import (
+    FRAME,
+    OBJECTS,
     ULTRALYTICS_METADATA,
-    Planted,
+    assert_found,
+    detect,
     detr_outputs,
     dfine_outputs,
+    in_source,
     planted_onnx,
+    reading,
     ultralytics_rtdetr_output,
+    write_frame,
 )
 from support.pipeline import ULTRAFACE
 
 import edgeinfer
-from edgeinfer.pipeline.decoders import DecoderSettings
 from edgeinfer.pipeline.labels import Labels
-from edgeinfer.pipeline.tasks import ModelReading, read_model
-
-FRAME = (960, 540)
-#: planted in model-input pixels (640x640), inside the letterboxed image (rows 140-500)
-OBJECTS = (Planted((100, 200, 300, 400), 3, 0.9), Planted((400, 150, 600, 480), 17, 0.8),
-           Planted((20, 300, 80, 360), 0, 0.6))
 
 
 @pytest.fixture
 def frame(tmp_path):
-    path = tmp_path / "frame.png"
-    cv2.imwrite(str(path), np.random.default_rng(7).integers(0, 255, (FRAME[1], FRAME[0], 3), np.uint8))
-    return path
-
-
-def in_source(box, resize: str) -> list[float]:
-    """A box in 640x640 input pixels in the 960x540 frame's pixels."""
-    x1, y1, x2, y2 = box
-    if resize == "stretch":
-        sx, sy, pad_y = FRAME[0] / 640, FRAME[1] / 640, 0.0
-    else:  # letterbox: scale 2/3, the image 360 rows high, centred (140 rows above)
-        sx = sy = FRAME[0] / 640
-        pad_y = 140.0
-    return [x1 * sx, (y1 - pad_y) * sy, x2 * sx, (y2 - pad_y) * sy]
-
-
-def detect(model, frame, **options):
-    with edgeinfer.Pipeline(model, frame, max_frames=1, **options) as pipeline:
-        results = [result.result for result in pipeline]
-    assert len(results) == 1
-    return results[0]
-
-
-def reading(model, *, task: str | None = None, decoder: str | None = None, labels=None) -> ModelReading:
-    with edgeinfer.load(model, "onnxruntime") as engine:
-        return read_model(engine, task=task, decoder=decoder, labels=labels, settings=DecoderSettings())
-
-
-def assert_found(found, objects, resize: str, *, labels=None) -> None:
-    assert [(d.class_id, round(d.score, 4)) for d in found] == [(o.class_id, o.score) for o in objects]
-    for detection, obj in zip(found, objects):
-        assert detection.box == pytest.approx(in_source(obj.box, resize), abs=0.01)
-        assert detection.label == (labels[obj.class_id] if labels else str(obj.class_id))
+    return write_frame(tmp_path / "frame.png")
 
 
 def sigmoid_model(tmp_path, objects=OBJECTS, names=("logits", "pred_boxes"), **kwargs):

@@ -1,8 +1,10 @@
-"""Small real ONNX detectors with planted outputs, for the layouts no shared asset has (DETR, D-FINE, YOLOX).
+"""Small real ONNX detectors with planted outputs, for the layouts no shared asset has (DETR, D-FINE, YOLOX),
+and what their tests share: a 960x540 frame, the planted objects, where they must land in it.
 
 Each graph's outputs are constants plus ``ReduceMean(image) * 0``: they depend on the input only trivially,
 so whatever frame goes in, the planted objects come out, and ONNX Runtime runs the graph like any model.
-The builders return the planted objects in model-input pixels; the tests map them to the source themselves.
+Objects are planted in model-input pixels (640x640); :func:`in_source` maps them to the frame by its own
+arithmetic, not the pipeline's.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +25,62 @@ class Planted:
     box: Box
     class_id: int
     score: float
+
+
+#: the source frame's (width, height): not square, so stretch and letterbox differ
+FRAME = (960, 540)
+#: planted in model-input pixels (640x640), inside the letterboxed image (rows 140-500)
+OBJECTS = (Planted((100, 200, 300, 400), 3, 0.9), Planted((400, 150, 600, 480), 17, 0.8),
+           Planted((20, 300, 80, 360), 0, 0.6))
+
+
+def write_frame(path: Path) -> Path:
+    """A FRAME-sized noise image at ``path`` (the planted models ignore what they see)."""
+    import cv2
+
+    cv2.imwrite(str(path), np.random.default_rng(7).integers(0, 255, (FRAME[1], FRAME[0], 3), np.uint8))
+    return path
+
+
+def in_source(box: Box, resize: str) -> list[float]:
+    """A box in 640x640 input pixels in FRAME's pixels, through a stretch or the centred letterbox."""
+    x1, y1, x2, y2 = box
+    if resize == "stretch":
+        sx, sy, pad_y = FRAME[0] / 640, FRAME[1] / 640, 0.0
+    else:  # letterbox: scale 2/3, the image 360 rows high, centred (140 rows above)
+        sx = sy = FRAME[0] / 640
+        pad_y = 140.0
+    return [x1 * sx, (y1 - pad_y) * sy, x2 * sx, (y2 - pad_y) * sy]
+
+
+def detect(model: Path, frame: Path, **options: Any) -> Any:
+    """The detections of one frame through a real Pipeline."""
+    import edgeinfer
+
+    with edgeinfer.Pipeline(model, frame, max_frames=1, **options) as pipeline:
+        results = [result.result for result in pipeline]
+    assert len(results) == 1
+    return results[0]
+
+
+def reading(model: Path, *, task: str | None = None, decoder: str | None = None, labels: Any = None) -> Any:
+    """How the pipeline reads ``model`` (its ModelReading: layout, decoder, resize, mean, std)."""
+    import edgeinfer
+    from edgeinfer.pipeline.decoders import DecoderSettings
+    from edgeinfer.pipeline.tasks import read_model
+
+    with edgeinfer.load(model, "onnxruntime") as engine:
+        return read_model(engine, task=task, decoder=decoder, labels=labels, settings=DecoderSettings())
+
+
+def assert_found(found: Any, objects: Sequence[Planted], resize: str, *, labels: Sequence[str] = ()) -> None:
+    """``found`` are ``objects``, best first, at their places in FRAME's pixels."""
+    import pytest
+
+    assert [(d.class_id, round(d.score, 4)) for d in found] == [(o.class_id, o.score) for o in objects]
+    for detection, obj in zip(found, objects):
+        assert detection.box == pytest.approx(in_source(obj.box, resize), abs=0.01)
+        assert detection.label == (labels[obj.class_id] if labels else str(obj.class_id))
 
 
 def planted_onnx(path: Path, outputs: Mapping[str, np.ndarray], *, size: tuple[int, int] = (640, 640),
