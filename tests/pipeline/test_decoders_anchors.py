@@ -19,6 +19,7 @@ import cv2
 import numpy as np
 import pytest
 from support.assets import FACE_DETECTION, FACE_DETECTION_REFERENCE, IMAGES
+from support.detr_models import planted_onnx, reading, write_frame
 from support.pipeline import ULTRAFACE
 
 import edgeinfer
@@ -142,3 +143,50 @@ def test_a_threshold_nothing_passes_gives_no_faces():
     with edgeinfer.Pipeline(FACE_DETECTION, IMAGES / "grace_hopper.bmp", max_frames=1,
                             score_threshold=0.999) as pipeline:
         assert [len(result.result) for result in pipeline] == [0]
+
+
+def _planted_blazeface(tmp_path, regressors, logits, name="blazeface.onnx"):
+    outputs = {"regressors": regressors, "classificators": logits}
+    return planted_onnx(tmp_path / name, outputs, size=(128, 128))
+
+
+def test_bad_rows_never_become_faces(tmp_path):
+    frame = write_frame(tmp_path / "frame.png")  # 960x540: letterboxed to 128x72 at rows 28-100
+    centres = anchor_centres(128, 128, *SCHEMES[0][1:])
+    regressors = np.zeros((1, 896, 16), np.float32)
+    logits = np.full((1, 896, 1), -20.0, np.float32)
+    face, twin = 680, 681  # two anchors of one stride-16 cell, centre (72, 56)
+    regressors[0, face, :4], logits[0, face] = [2, -3, 40, 48], 3.0
+    regressors[0, twin, :4], logits[0, twin] = [4, -1, 44, 50], 1.0
+    regressors[0, 100, :4], logits[0, 100] = [np.nan, 0, 10, 10], 5.0
+    regressors[0, 200, :4], logits[0, 200] = [0, 0, -10, 10], 5.0  # a negative width
+    logits[0, 300] = np.nan
+    model = _planted_blazeface(tmp_path, regressors, logits)
+    with edgeinfer.Pipeline(model, frame, max_frames=1) as pipeline:
+        found = next(iter(pipeline)).result
+    assert len(found) == 1 and found[0].score == pytest.approx(1 / (1 + np.exp(-3.0)))
+    weights = 1 / (1 + np.exp(-np.array([3.0, 1.0])))
+    rows = regressors[0, [face, twin], :4]
+    corners = np.concatenate([centres[[face, twin]] + rows[:, :2] - rows[:, 2:] / 2,
+                              centres[[face, twin]] + rows[:, :2] + rows[:, 2:] / 2], axis=1)
+    box = (corners * weights[:, None]).sum(axis=0) / weights.sum()  # input pixels
+    expected = [box[0] * 7.5, (box[1] - 28) * 7.5, box[2] * 7.5, (box[3] - 28) * 7.5]
+    assert found[0].box == pytest.approx(expected, abs=0.05)
+    assert [k.name for k in found[0].keypoints] == list(FACE_KEYPOINT_NAMES)
+    quiet = _planted_blazeface(tmp_path, regressors, np.full((1, 896, 1), -100.0, np.float32), "quiet.onnx")
+    with edgeinfer.Pipeline(quiet, frame, max_frames=1) as pipeline:
+        assert [len(result.result) for result in pipeline] == [0]
+
+
+def test_outputs_that_are_no_anchor_scheme_are_refused(tmp_path):
+    odd = _planted_blazeface(tmp_path, np.zeros((1, 896, 15), np.float32), np.zeros((1, 896, 1), np.float32))
+    with pytest.raises(ValueError, match="regressors"):
+        reading(odd, decoder="ssd-anchors")
+    other = _planted_blazeface(tmp_path, np.zeros((1, 900, 16), np.float32), np.zeros((1, 900, 1), np.float32),
+                               "900.onnx")
+    with pytest.raises(ValueError, match="900 anchors is no MediaPipe anchor scheme"):
+        reading(other, decoder="ssd-anchors")
+    two = _planted_blazeface(tmp_path, np.zeros((1, 896, 16), np.float32), np.zeros((1, 896, 2), np.float32),
+                             "two.onnx")
+    with pytest.raises(ValueError, match="regressors"):
+        reading(two, decoder="ssd-anchors")

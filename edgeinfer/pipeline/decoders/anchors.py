@@ -152,7 +152,7 @@ class AnchorDecoder:
         np.greater(logits, self._threshold_logit(), out=self._mask)  # NaN compares False: never kept
         keep = np.flatnonzero(self._mask)
         raw = reg_spec.dequantize(self._regressors[keep]).astype(np.float32, copy=True)
-        finite = finite_rows(raw)
+        finite = finite_rows(raw) & (raw[:, 2] >= 0) & (raw[:, 3] >= 0)  # a negative size is no box
         keep, raw = keep[finite], raw[finite]
         clipped = np.clip(logits[keep].astype(np.float64), -SCORE_CLIP, SCORE_CLIP)
         scores = (1.0 / (1.0 + np.exp(-clipped))).astype(np.float32)
