@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from .tasks import ModelReading, Task
 
 
+def size_inputs(decoder: object) -> tuple[int, ...]:
+    """The inputs past the image a decoder wants filled with the image input's (width, height) once per plan
+    (its ``size_inputs``; most decoders have none)."""
+    return tuple(getattr(decoder, "size_inputs", ()))
+
+
 class InferencePlan:
     """Everything that depends on (engine, frame size): preprocessors, staged inputs, the transform."""
 
@@ -64,10 +70,12 @@ class ModelBinding:
     # -------------------------------------------------------------------------- checks
     def check(self, engine: Engine) -> None:
         """ValueError, before anything runs, when ``engine`` cannot serve this pipeline's task."""
-        if len(engine.inputs) != 1:
-            raise ValueError(f"the pipeline feeds one image input; {engine.model.path} has {len(engine.inputs)}")
         input_geometry(engine.inputs[0])  # ValueError when the input is not an image
-        self._decoder(engine)
+        claimed = size_inputs(self._decoder(engine).decoder)
+        others = [spec.name or str(i) for i, spec in enumerate(engine.inputs) if i and i not in claimed]
+        if others:
+            raise ValueError(f"the pipeline feeds one image input (and a size input its layout names); "
+                             f"{engine.model.path} also has {', '.join(others)}")
 
     def offer_input_size(self, engine: Engine) -> None:
         """Let the source decode frames as small as the model input (MJPEG: 1/2, 1/4, 1/8 scale)."""
@@ -93,6 +101,8 @@ class ModelBinding:
                                         std=reading.std) for _ in range(2))
         # results are in the source's own pixels even when its frames arrive reduced
         transform = pre.transform if native is None else pre.transform.for_source_size(*native)
+        for index in size_inputs(reading.decoder):  # D-FINE's orig_target_sizes: boxes in input pixels
+            engine.input_view(index)[...] = (pre.width, pre.height)
         with self._gen_lock:
             self._gen += 1
             gen = self._gen

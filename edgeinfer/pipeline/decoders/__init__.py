@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .anchors import SSD_ANCHORS
 from .base import (
     DEFAULT_IOU_THRESHOLD,
     DEFAULT_MAX_DETECTIONS,
@@ -22,17 +23,19 @@ from .base import (
     Preprocessing,
 )
 from .classify import CLASSIFY
+from .detr import DETR, DFINE, RF_DETR
 from .movenet import MOVENET
 from .semantic import SEMANTIC
 from .ssd import SSD, TFLITE_SSD
 from .yolo import YOLO_LAYOUTS
+from .yolox import YOLOX
 
 if TYPE_CHECKING:
     from ...runtime.model import ModelInfo
 
 #: every layout, in the order they are tried (the classifier last: a 1xN output fits it whatever it means)
 LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (
-    TFLITE_SSD, *YOLO_LAYOUTS, SSD, MOVENET, SEMANTIC, CLASSIFY,
+    TFLITE_SSD, YOLOX, *YOLO_LAYOUTS, DFINE, RF_DETR, DETR, SSD, SSD_ANCHORS, MOVENET, SEMANTIC, CLASSIFY,
 )}
 #: every ``--decoder`` word
 DECODER_NAMES = tuple(LAYOUTS)
