@@ -27,10 +27,7 @@ COCO_SSD = MODELS / "mobilenet_ssd_v2_coco_quant_postprocess.tflite"
 REFERENCES = ASSETS / "references"
 #: the settings the Ultralytics references were made with: predict(conf=0.25, iou=0.7)
 ULTRALYTICS_SETTINGS = {"score_threshold": 0.25, "iou_threshold": 0.7}
-#: Ultralytics scores the two small people of this 1352x900 photo higher (0.65 / 0.56 against 0.47 / 0.40) with
-#: the same boxes within 1 px and the same letterbox; the detector on the same frame agrees within 0.01.
-#: Not explained yet: their scores are held to a looser bound, their boxes and keypoints are not.
-LOOSE_SCORES = {("yolo11n-pose.onnx", "kite_and_cold.jpg"): 0.2}
+
 
 
 def _reference(name: str) -> dict:
@@ -63,8 +60,9 @@ def test_ultralytics_yolo_matches_ultralytics_predict_reading_the_model_alone(mo
         assert len(found) == len(expected), (image, found.to_dict())
         for want in expected:
             got, iou = _match(found, want)
-            assert iou > 0.95, (image, want, got)
-            assert got.score == pytest.approx(want["score"], abs=LOOSE_SCORES.get((model.name, image), 0.05))
+            # the same letterbox (grey 114 pad), the same decode: the same numbers, to the references' rounding
+            assert iou > 0.99 and np.abs(np.subtract(got.box, want["box_xyxy_px"])).max() < 0.1, (image, want, got)
+            assert got.score == pytest.approx(want["score"], abs=0.002)
             if "keypoints_xy_conf" in want:
                 _check_keypoints(got, np.array(want["keypoints_xy_conf"]), image)
 
@@ -72,10 +70,10 @@ def test_ultralytics_yolo_matches_ultralytics_predict_reading_the_model_alone(mo
 def _check_keypoints(got, want: np.ndarray, image: str) -> None:
     mine = np.array([[k.x, k.y, k.score] for k in got.keypoints])
     assert [k.name for k in got.keypoints][:3] == ["nose", "left_eye", "right_eye"]
-    seen = want[:, 2] > 0.5  # where a keypoint is visible its place is sharp; hidden ones wander
+    seen = want[:, 2] > 0.0
     error = np.linalg.norm(mine[seen, :2] - want[seen, :2], axis=1)
-    assert error.max() < 8.0, (image, error.round(1))
-    assert np.abs(mine[:, 2] - want[:, 2]).max() < 0.05
+    assert error.max() < 0.5, (image, error.round(1))
+    assert np.abs(mine[:, 2] - want[:, 2]).max() < 0.002
 
 
 def test_the_coral_ssd_decodes_exactly_what_litert_gave_on_the_same_input():
@@ -109,7 +107,9 @@ def test_the_coral_ssd_through_the_pipeline_finds_what_litert_found():
         assert task == "detect"
         for want in expected:
             got, iou = _match(found, want)  # small boxes: a few pixels of a 25 px kite are a lot of IoU
-            assert iou > 0.4 and np.abs(np.subtract(got.box, want["box_xyxy_px"])).max() < 12, (image, want, got)
+            box = np.array(want["box_xyxy_px"])
+            bound = max(8.0, 0.05 * max(box[2] - box[0], box[3] - box[1]))  # 5 % of the box: resampling
+            assert iou > 0.4 and np.abs(np.subtract(got.box, box)).max() < bound, (image, want, got)
 
 
 def test_explicit_options_win_over_what_the_model_says(tmp_path):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...errors import LayoutMismatch
+from ...errors import LayoutMismatch  # noqa: F401  (re-exported: every layout module raises it)
 
 if TYPE_CHECKING:
     import numpy as np

@@ -62,6 +62,10 @@ def yolox_grid(width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(cells).astype(np.float32), np.concatenate(strides).astype(np.float32)
 
 
+#: YOLOX's released heads are COCO's 80 classes
+COCO_CLASSES = 80
+
+
 class YoloxDecoder:
     """Rows of a YOLOX head (raw or decoded) -> thresholded, NMS'd detections."""
 
@@ -85,6 +89,11 @@ class YoloxDecoder:
         if classes < 1 or (stated is not None and stated != classes):
             raise LayoutMismatch(f"{shape[2]} values a row is not 4 box values, objectness and "
                                  f"{stated or 'at least one'} class scores")
+        if stated is None and classes != COCO_CLASSES:
+            # [1, N, C] with no names is a transposed Ultralytics table as much as a YOLOX one: shapes alone
+            # say YOLOX only for its COCO head (85 = 5 + 80; Ultralytics' COCO table is 84)
+            raise LayoutMismatch(f"[1, N, {shape[2]}] with no class names is not told from a transposed YOLO "
+                                 f"table: name the labels or --decoder yolox")
         self.source = source
         self._table = source.outputs[0].reshape(n, shape[2])
         self._spec = source.specs[0]
