@@ -16,7 +16,7 @@ from pathlib import Path
 from .._fs import sha256_file
 from ..errors import FlatbufferError, ModelFormatError, ModelNotFound
 from . import _onnx_schema, _tflite_schema
-from .metadata import ModelMetadata, read_metadata
+from .metadata import SIDECAR, ModelMetadata, read_metadata
 
 EDGETPU_CUSTOM_OP = "edgetpu-custom-op"
 
@@ -303,7 +303,7 @@ def _ir_specs(xml_path: Path) -> tuple[tuple, tuple, object]:
 
 
 @lru_cache(maxsize=64)
-def _inspect_cached(path: str, mtime_ns: int, size: int, sidecar: tuple | None) -> ModelInfo:
+def _inspect_cached(path: str, mtime_ns: int, size: int, siblings: tuple) -> ModelInfo:
     model_path = Path(path)
     fmt = detect_format(model_path)
     custom_ops: tuple[str, ...] = ()
@@ -371,6 +371,15 @@ def inspect_model(path: str | os.PathLike) -> ModelInfo:
         raise ModelNotFound(f"model not found: {model_path} — check the path") from None
     if not model_path.is_file():
         raise ModelNotFound(f"model path is not a file: {model_path}")
-    weights = model_path.with_suffix(".bin")  # an IR's weights are part of its identity
-    sidecar = (weights.stat().st_mtime_ns, weights.stat().st_size) if weights.is_file() else None
-    return _inspect_cached(str(model_path.resolve()), stat.st_mtime_ns, stat.st_size, sidecar)
+    # an IR's weights are part of its identity, and what a metadata.yaml beside it says part of its reading
+    siblings = (_stamp(model_path.with_suffix(".bin")), _stamp(model_path.parent / SIDECAR))
+    return _inspect_cached(str(model_path.resolve()), stat.st_mtime_ns, stat.st_size, siblings)
+
+
+def _stamp(path: Path) -> tuple[int, ...]:
+    """(mtime, size) of a file beside a model, () when there is none."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return ()
+    return (stat.st_mtime_ns, stat.st_size) if path.is_file() else ()
