@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from support.assets import MODELS
+from support.assets import DOCS, MODELS
 from support.metadata import YOLO_FALL, YOLO_POSE, onnx_variant
 from support.optimize import run_cli
 
@@ -69,3 +69,11 @@ def test_info_of_a_dynamic_input_with_no_size(tmp_path):
     assert "images  float32[?x3x?x?]  NCHW" in result.stdout
     assert "imgsz" not in _metadata_block(result.stdout)
     assert re.search(r"^note: input 'images' has a dynamic image size .* loading it fails", result.stdout, re.M)
+
+
+def test_docs_show_what_info_prints():
+    """docs/models.md's example is the real output (the model's folder left out of its path)."""
+    result = run_cli("info", YOLO_POSE)
+    assert result.returncode == 0, result.stderr
+    printed = result.stdout.replace(f"{YOLO_POSE.parent}/", "")
+    assert f"$ edgeinfer info {YOLO_POSE.name}\n{printed}```" in (DOCS / "models.md").read_text()
