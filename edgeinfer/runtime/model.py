@@ -14,9 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from .._fs import sha256_file
-from ..errors import FlatbufferError, ModelFormatError, ModelNotFound
+from ..errors import FlatbufferError, ModelFormatError, ModelNotFound, UnsizedInput
 from . import _onnx_schema, _tflite_schema
-from .metadata import ModelMetadata, read_metadata
+from .metadata import SIDECAR, ModelMetadata, read_metadata
 
 EDGETPU_CUSTOM_OP = "edgetpu-custom-op"
 
@@ -303,7 +303,7 @@ def _ir_specs(xml_path: Path) -> tuple[tuple, tuple, object]:
 
 
 @lru_cache(maxsize=64)
-def _inspect_cached(path: str, mtime_ns: int, size: int, sidecar: tuple | None) -> ModelInfo:
+def _inspect_cached(path: str, mtime_ns: int, size: int, siblings: tuple) -> ModelInfo:
     model_path = Path(path)
     fmt = detect_format(model_path)
     custom_ops: tuple[str, ...] = ()
@@ -341,23 +341,63 @@ def _inspect_cached(path: str, mtime_ns: int, size: int, sidecar: tuple | None) 
     )
 
 
+def image_axes(shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """The (height, width) axes of a 4-D image tensor, told by where its channels (1, 3 or 4) are; None when
+    it is not one or cannot be told (every dimension dynamic)."""
+    if len(shape) != 4:
+        return None
+    if shape[1] in (1, 3, 4) and shape[3] not in (1, 3, 4):
+        return 2, 3
+    if shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4):
+        return 1, 2
+    return None
+
+
+def _unsized_axes(spec: TensorSpec) -> tuple[int, int] | None:
+    """The image axes of ``spec`` when its height or width is unknown (-1), else None."""
+    axes = image_axes(spec.shape)
+    return axes if axes is not None and any(spec.shape[i] < 0 for i in axes) else None
+
+
+def unsized_inputs(inputs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+    """The image inputs whose height or width is still unknown (-1): dynamic, and no metadata sized them."""
+    return tuple(spec for spec in inputs if _unsized_axes(spec) is not None)
+
+
+def _unsized_words(spec: TensorSpec) -> str:
+    shape = "x".join(str(d) if d > 0 else "?" for d in spec.shape)
+    return (f"input {spec.name!r} has a dynamic image size ({shape}) and neither the model nor a "
+            f"{SIDECAR} beside it states a size")
+
+
+UNSIZED_FIX = (f"export the model with a fixed input size (Ultralytics: imgsz=640 without dynamic=True), or put a "
+               f"{SIDECAR} with 'imgsz: [height, width]' beside it")
+
+
+def require_sized_inputs(model: ModelInfo) -> None:
+    """Raise UnsizedInput when an image input of ``model`` has no size: an engine's buffers, and the frames a
+    pipeline resizes into them, need one."""
+    unsized = unsized_inputs(model.inputs)
+    if unsized:
+        raise UnsizedInput(f"{model.path}: {_unsized_words(unsized[0])} — {UNSIZED_FIX}", unsized[0].name)
+
+
 def _sized_inputs(inputs: tuple[TensorSpec, ...], metadata: ModelMetadata, notes: list[str]) -> tuple[TensorSpec, ...]:
     """A dynamic image input (height and width unknown: -1) given the size the model's metadata states."""
-    if not metadata.imgsz:
-        return inputs
     sized = []
     for spec in inputs:
-        shape = list(spec.shape)
-        if len(shape) == 4 and (shape[1] in (1, 3) or shape[3] in (1, 3)):
-            channels_first = shape[1] in (1, 3) and not (shape[3] in (1, 3) and shape[1] < 0)
-            spatial = (2, 3) if channels_first else (1, 2)
-            if any(shape[i] < 0 for i in spatial):
-                shape[spatial[0]], shape[spatial[1]] = metadata.imgsz
-                shape[0] = shape[0] if shape[0] > 0 else 1
-                notes.append(f"input {spec.name!r} has a dynamic size; {metadata.imgsz[0]}x{metadata.imgsz[1]} "
-                             f"(height x width) from the model's metadata ({metadata.source})")
-                spec = TensorSpec(spec.name, tuple(shape), spec.dtype, "NCHW" if channels_first else "NHWC",
-                                  spec.scale, spec.zero_point)
+        axes = _unsized_axes(spec)
+        if axes is not None and metadata.imgsz:
+            shape = list(spec.shape)
+            for axis, size in zip(axes, metadata.imgsz):
+                shape[axis] = shape[axis] if shape[axis] > 0 else size
+            shape[0] = shape[0] if shape[0] > 0 else 1
+            notes.append(f"input {spec.name!r} has a dynamic size; {metadata.imgsz[0]}x{metadata.imgsz[1]} "
+                         f"(height x width) from the model's metadata ({metadata.source})")
+            spec = TensorSpec(spec.name, tuple(shape), spec.dtype, "NCHW" if axes == (2, 3) else "NHWC",
+                              spec.scale, spec.zero_point)
+        elif axes is not None:
+            notes.append(f"{_unsized_words(spec)}: loading it fails — {UNSIZED_FIX}")
         sized.append(spec)
     return tuple(sized)
 
@@ -371,6 +411,15 @@ def inspect_model(path: str | os.PathLike) -> ModelInfo:
         raise ModelNotFound(f"model not found: {model_path} — check the path") from None
     if not model_path.is_file():
         raise ModelNotFound(f"model path is not a file: {model_path}")
-    weights = model_path.with_suffix(".bin")  # an IR's weights are part of its identity
-    sidecar = (weights.stat().st_mtime_ns, weights.stat().st_size) if weights.is_file() else None
-    return _inspect_cached(str(model_path.resolve()), stat.st_mtime_ns, stat.st_size, sidecar)
+    # an IR's weights are part of its identity, and what a metadata.yaml beside it says part of its reading
+    siblings = (_stamp(model_path.with_suffix(".bin")), _stamp(model_path.parent / SIDECAR))
+    return _inspect_cached(str(model_path.resolve()), stat.st_mtime_ns, stat.st_size, siblings)
+
+
+def _stamp(path: Path) -> tuple[int, ...]:
+    """(mtime, size) of a file beside a model, () when there is none."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return ()
+    return (stat.st_mtime_ns, stat.st_size) if path.is_file() else ()
