@@ -47,7 +47,8 @@ _LAZY = {
 }
 _ERRORS = (
     "EdgeInferError", "ModelError", "ModelNotFound", "ModelFormatError", "ModelLoadError",
-    "UnsupportedOperator", "UnsizedInput", "DelegateError", "DelegateUnavailable", "NoDelegateAvailable",
+    "UnsupportedOperator", "UnsizedInput", "LayoutMismatch", "DelegateError", "DelegateUnavailable",
+    "NoDelegateAvailable",
     "InferenceError", "DelegateFailed", "InputMismatch", "ImageError", "LabelsError", "ProfileError", "CaptureError",
     "ConfigError", "ProtocolError", "UpdateRejected", "CommandRejected", "OutputError", "OptimizeError",
     "AccuracyRejected", "BenchmarkError", "MissingDependency", "DownloadError", "ClosedError",

@@ -22,6 +22,7 @@ set when one failed (an unnamed single stream's own error; else one naming every
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -31,7 +32,6 @@ from typing import Any
 from ..errors import ClosedError
 from ..runtime.engine import Engine
 from ._opencv import OpenCVThreads
-from .decoders import model_labels
 from .delivery import Observer, ResultDelivery
 from .engine_worker import BatchRow, EngineWorker, batch_size
 from .engines import EnginePool
@@ -41,7 +41,7 @@ from .options import PipelineOptions
 from .stats import FrameResult, PipelineStats
 from .stream import Stream
 from .streams import STREAM_ENDED, STREAM_FAILED, STREAM_RESTORED, StreamEvent, StreamRecord, StreamSet
-from .tasks import ModelReading, get_task, read_model
+from .tasks import ModelReading, read_run_model
 
 log = logging.getLogger("edgeinfer.pipeline")
 
@@ -83,8 +83,7 @@ class MultiPipeline:
         self._finished = threading.Event()
         #: why the run ended, if it failed: an engine with no delegate left, or its streams' failure
         self.error: BaseException | None = None
-        #: how the model is read (its task, output layout, preprocessing): known once it is loaded
-        self.reading: ModelReading | None = None
+        self.reading: ModelReading | None = None  # how the model is read: its task, output layout, preprocessing
         self._event_listeners: tuple[Callable[[dict], Any], ...] = ()
         self._results = 0  # results delivered (max_frames)
         self._opencv = OpenCVThreads(options.opencv_threads)
@@ -93,7 +92,8 @@ class MultiPipeline:
         owns = not isinstance(model, Engine)
         engine = self._engines.load(model) if owns else model  # type: ignore[arg-type]
         try:
-            self.options = options = self._read_model(engine, options)
+            self.reading, self.labels = read_run_model(BatchRow(engine, 0), options, self.labels)  # type: ignore[arg-type]
+            self.options = options = dataclasses.replace(options, task=self.reading.task)
             self._engines.options, self._engines.labels = options, self.labels
             self._default = self._engines.worker_for(engine, owns)
             for stream_name, source in named:
@@ -105,23 +105,6 @@ class MultiPipeline:
                 engine.close()
             self.close()
             raise
-
-    def _read_model(self, engine: Engine, options: PipelineOptions) -> PipelineOptions:
-        """The options with the run's task decided from the model (ValueError when no layout fits it, or when
-        tracking is asked of results without boxes); the labels the model carries when none were given."""
-        import dataclasses
-
-        settings = options.decoder_settings()
-        row: Any = BatchRow(engine, 0)  # a batch of one: what each decoder reads
-        reading = read_model(row, task=options.task, decoder=options.decoder, labels=self.labels, settings=settings)
-        if self.labels is None:
-            packed = Labels.embedded(engine.model) if get_task(reading.task).embedded_labels else None
-            self.labels = packed or model_labels(engine.model)
-        if options.tracking and not reading.gives_boxes:
-            raise ValueError(f"tracking, lines and zones need results with boxes; {engine.model.path} read as "
-                             f"{reading.task!r} ({reading.layout.name}) gives none")
-        self.reading = reading
-        return dataclasses.replace(options, task=reading.task)
 
     # ------------------------------------------------------------------------ streams
     @property

@@ -112,3 +112,24 @@ def _values(value: Any) -> str:
     if value is None:
         return "default"
     return ",".join(f"{v:g}" for v in value) if isinstance(value, tuple) else f"{value:g}"
+
+
+def read_run_model(engine: Engine, options: Any, labels: Labels | None) -> tuple[ModelReading, Labels | None]:
+    """How a run reads its first engine (a batch row of it) for ``options`` (its PipelineOptions), and its labels: the caller's, else
+    the labels file packed in the model (classifiers), else the class names its metadata states. LayoutMismatch
+    when no layout fits; ValueError when tracking is asked of results without boxes."""
+    from .decoders import model_labels
+    from .labels import Labels
+
+    reading = read_model(engine, task=options.task, decoder=options.decoder, labels=labels,
+                         settings=options.decoder_settings())
+    if labels is None:
+        packed = Labels.embedded(engine.model) if get_task(reading.task).embedded_labels else None
+        labels = packed or model_labels(engine.model)
+        if labels is not None:  # the decoder names classes by the labels it was built with
+            reading = read_model(engine, task=reading.task, decoder=reading.layout.name, labels=labels,
+                                 settings=options.decoder_settings())
+    if options.tracking and not reading.gives_boxes:
+        raise ValueError(f"tracking, lines and zones need results with boxes; {engine.model.path} read as "
+                         f"{reading.task!r} ({reading.layout.name}) gives none")
+    return reading, labels
