@@ -115,9 +115,9 @@ def _values(value: Any) -> str:
 
 
 def read_run_model(engine: Engine, options: Any, labels: Labels | None) -> tuple[ModelReading, Labels | None]:
-    """How a run reads its first engine (a batch row of it) for ``options`` (its PipelineOptions), and its labels: the caller's, else
-    the labels file packed in the model (classifiers), else the class names its metadata states. LayoutMismatch
-    when no layout fits; ValueError when tracking is asked of results without boxes."""
+    """How a run reads its first engine (a batch row of it) for ``options`` (its PipelineOptions), and its
+    labels: the caller's, else the labels file packed in the model (classifiers), else the class names its
+    metadata states. LayoutMismatch when no layout fits; ValueError when tracking is asked of boxless results."""
     from .decoders import model_labels
     from .labels import Labels
 

@@ -117,9 +117,9 @@ def test_explicit_options_win_over_what_the_model_says(tmp_path):
     labels.write_text("upright\nfallen\n")
     found, _ = _decode_image(YOLO_DETECT, "squat.bmp", labels=labels, **ULTRALYTICS_SETTINGS)
     assert [d.label for d in found] == ["upright"]
-    with pytest.raises(ValueError, match=r"decoder 'yolo' does not fit"):
+    with pytest.raises(ValueError, match="decoder 'yolo' does not fit"):
         Pipeline(YOLO_POSE, IMAGES / "squat.bmp", decoder="yolo")  # 56 values a row are not 4 + 1 class
-    with pytest.raises(ValueError, match="no output layout edgeinfer knows fits .* for task 'segment'"):
+    with pytest.raises(ValueError, match=r"no output layout edgeinfer knows fits .* for task 'segment'"):
         Pipeline(YOLO_POSE, IMAGES / "squat.bmp", task="segment")
 
 
