@@ -127,7 +127,7 @@ def read_run_model(engine: Engine, options: Any, labels: Labels | None) -> tuple
         packed = Labels.embedded(engine.model) if get_task(reading.task).embedded_labels else None
         labels = packed or model_labels(engine.model)
         if labels is not None:  # the decoder names classes by the labels it was built with
-            reading = read_model(engine, task=reading.task, decoder=reading.layout.name, labels=labels,
+            reading = read_model(engine, task=options.task, decoder=reading.layout.name, labels=labels,
                                  settings=options.decoder_settings())
     if options.tracking and not reading.gives_boxes:
         raise ValueError(f"tracking, lines and zones need results with boxes; {engine.model.path} read as "

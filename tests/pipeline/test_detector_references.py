@@ -146,3 +146,30 @@ def test_zero_candidates_is_an_empty_result_not_an_error(tmp_path):
     with Pipeline(YOLO_POSE, blank, score_threshold=0.25) as pipeline:
         (result,) = [r.result for r in pipeline]
     assert len(result) == 0 and result.to_dict() == []
+
+
+def _run_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgeinfer", "run", *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_edgeinfer_run_says_how_it_read_the_model_and_takes_a_decoder_and_the_normalisation():
+    told = _run_cli(YOLO_POSE, "--source", IMAGES / "squat.bmp")
+    assert told.returncode == 0, told.stderr
+    assert "note: task pose (the model's metadata), outputs read as yolo-pose" in told.stderr
+    assert "frames letterbox, (pixel - 0,0,0) / 255,255,255" in told.stderr
+    wrong = _run_cli(YOLO_POSE, "--source", IMAGES / "squat.bmp", "--decoder", "yolo")
+    assert wrong.returncode == 1 and wrong.stderr.count("\n") == 1
+    assert "decoder 'yolo' does not fit" in wrong.stderr and "output0 [1, 56, 8400]" in wrong.stderr
+    # a float model that states no normalisation: --mean/--std are what it was trained with, or not
+    float_model = MODELS / "mobilenet_v2_1.0_224_float.onnx"
+    top = {}
+    for name, values in (("right", ("128", "128")), ("wrong", ("0,0,0", "1,1,1"))):
+        done = _run_cli(float_model, "--source", IMAGES / "parrot.jpg", "--labels", LABELS / "imagenet_labels.txt",
+                        "--mean", values[0], "--std", values[1], "--json")
+        assert done.returncode == 0, done.stderr
+        top[name] = json.loads(done.stdout.splitlines()[0])["result"][0]
+    assert top["right"]["label"] == "macaw" and top["right"]["score"] > 0.9
+    assert top["wrong"]["score"] < top["right"]["score"] - 0.1 or top["wrong"]["label"] != "macaw"
+    refused = _run_cli(float_model, "--source", IMAGES / "parrot.jpg", "--std", "1,0,1")
+    assert refused.returncode == 2 and "none zero" in refused.stderr
