@@ -235,6 +235,12 @@ def _exported_with_nms(args: Any) -> bool:
     return isinstance(args, Mapping) and args.get("nms") is True
 
 
+def is_rtdetr(pairs: Mapping[str, Any]) -> bool:
+    """Whether Ultralytics' pairs describe an RT-DETR (its description names the model's yaml or weights)."""
+    text = f"{_text(pairs.get('description', ''))} {_text(pairs.get('model_type', ''))}".lower()
+    return "rtdetr" in text or "rt-detr" in text
+
+
 def from_pairs(pairs: Mapping[str, Any], source: str, notes: tuple[str, ...] = ()) -> ModelMetadata:
     """Metadata from an exporter's key/value pairs (Ultralytics' keys; a value that does not read is noted).
     ``notes`` are what reading the pairs already found wrong."""
@@ -249,6 +255,9 @@ def from_pairs(pairs: Mapping[str, Any], source: str, notes: tuple[str, ...] = (
         found["end2end"] = True
     author = f"{_text(pairs.get('author', ''))} {_text(pairs.get('docs', ''))}"
     producer = "ultralytics" if "ultralytics" in author.lower() else None
+    if producer and is_rtdetr(pairs):  # Ultralytics' RT-DETR: no NMS, and frames stretched, not letterboxed
+        found.setdefault("end2end", False)
+        found.setdefault("letterbox", False)
     if producer:  # Ultralytics' preprocessing, where the pairs do not say: RGB in [0, 1], letterboxed in grey
         classify = found.get("task") == "classify"  # its classifiers resize and crop
         for key, value in (("mean", (0.0, 0.0, 0.0)), ("std", (255.0, 255.0, 255.0)),

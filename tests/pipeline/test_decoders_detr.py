@@ -10,6 +10,7 @@ from support.detr_models import (
     FRAME,
     OBJECTS,
     ULTRALYTICS_METADATA,
+    Planted,
     assert_found,
     detect,
     detr_outputs,
@@ -88,10 +89,15 @@ def test_ultralytics_rtdetr_single_output(tmp_path, frame):
                          metadata=ULTRALYTICS_METADATA)
     chosen = reading(model)
     assert (chosen.layout.name, chosen.decoder.activation) == ("detr", "none")
-    assert chosen.resize == "letterbox"  # the model's metadata comes before the layout's stretch
+    assert chosen.resize == "stretch"  # its metadata says RT-DETR: Ultralytics stretches those frames
     names = [f"c{i}" for i in range(80)]
-    assert_found(detect(model, frame), OBJECTS, "letterbox", labels=names)
-    assert_found(detect(model, frame, resize="stretch"), OBJECTS, "stretch", labels=names)
+    assert_found(detect(model, frame), OBJECTS, "stretch", labels=names)
+    assert_found(detect(model, frame, resize="letterbox"), OBJECTS, "letterbox", labels=names)
+    # two classes: [1, 300, 6] is also the shape of an end-to-end YOLO's selected boxes; the metadata tells
+    rows = ultralytics_rtdetr_output([Planted((100, 200, 300, 400), 1, 0.9)], classes=2)
+    two = planted_onnx(tmp_path / "rtdetr-2.onnx", {"output0": rows},
+                       metadata={**ULTRALYTICS_METADATA, "names": "{0: 'a', 1: 'b'}"})
+    assert reading(two).layout.name == "detr"
     unlabelled = planted_onnx(tmp_path / "plain.onnx", {"output0": ultralytics_rtdetr_output(OBJECTS)})
     with pytest.raises(ValueError, match="Ultralytics"):
         reading(unlabelled, decoder="detr")
