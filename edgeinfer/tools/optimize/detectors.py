@@ -87,7 +87,11 @@ def detect_images(engine: Engine, reading: ModelReading, images: Sequence[Path],
         if not all(np.all(np.isfinite(out)) for out in outputs):
             raise OptimizeError(f"the model produced NaN/inf on {image.name} — the conversion is broken")
         raw.append(np.concatenate(outputs))
-        boxes.append([Box(tuple(map(float, d.box)), float(d.score), int(d.class_id)) for d in decode(transform)])
+        try:
+            found = decode(transform)
+        except ValueError as exc:  # a decoder's own failure, not the caller's argument: name the image
+            raise OptimizeError(f"decoding {engine.model.path}'s outputs on {image.name} failed: {exc}") from exc
+        boxes.append([Box(tuple(map(float, d.box)), float(d.score), int(d.class_id)) for d in found])
         if say:
             say(f"validating: image {number}/{len(images)} ({image.name})")
     return DetectorOutputs(boxes, raw, dict(engine.model.metadata.names or {}))
