@@ -68,7 +68,8 @@ def _decoder(engine: Engine, reading: ModelReading, score_threshold: float) -> A
     except ValueError as exc:
         from ...errors import OptimizeError
 
-        raise OptimizeError(f"the optimised model's outputs no longer read as {reading.layout.name}: {exc}") from None
+        raise OptimizeError(f"the outputs of {Path(engine.model.path).name} do not read as "
+                            f"{reading.layout.name}, as the original's do: {exc}") from None
 
 
 def detect_images(engine: Engine, reading: ModelReading, images: Sequence[Path], feeder: ImageFeeder,
@@ -112,8 +113,9 @@ def compare_detections(reference: DetectorOutputs, engine: Engine, reading: Mode
         diffs.append(np.abs(a - b))
     boxes = box_agreement([image.name for image in images], reference.boxes, ranked.boxes,
                           score_threshold=options.score_threshold, names=reference.names)
-    return Accuracy(len(images), 0, None, None, None, float(np.mean([d.mean() for d in diffs])),
-                    float(max(d.max() for d in diffs)), (), boxes)
+    return Accuracy(images=len(images), decisive=0, top1_agreement=None, top1_agreement_all=None,
+                    top5_agreement=None, mean_abs_diff=float(np.mean([d.mean() for d in diffs])),
+                    max_abs_diff=float(max(d.max() for d in diffs)), boxes=boxes)
 
 
 def box_refusal(label: str, accuracy: Accuracy, options: OptimizeOptions) -> str | None:
