@@ -7,24 +7,11 @@ from typing import TYPE_CHECKING
 import click
 
 from ..pipeline.preprocess import RESIZE_MODES
-from .output import handle_errors, print_json
+from .output import handle_errors, parse_values, print_json
 
 if TYPE_CHECKING:
     from ..pipeline.labels import Labels
     from ..tools.optimize import Artifact, Latency, OptimizeReport
-
-
-def parse_values(text: str | None) -> float | tuple[float, ...] | None:
-    """``"128"`` -> 128.0; ``"123.7,116.3,103.5"`` -> a per-channel (R, G, B) tuple."""
-    if text is None:
-        return None
-    try:
-        values = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a number or a comma-separated list of 3 numbers") from None
-    if len(values) not in (1, 3):
-        raise click.BadParameter(f"{text!r}: give one value or three (R,G,B)")
-    return values[0] if len(values) == 1 else values
 
 
 def _mb(size: int) -> str:
@@ -234,7 +221,7 @@ def optimize(model: str, mode: str | None, calibration: str | None, output: str,
     options = OptimizeOptions(
         mode=mode, calibration=calibration, validation=validation, min_agreement=min_agreement,
         ambiguous_margin=ambiguous_margin, force=force, export_ir=export_ir,
-        mean=parse_values(mean), std=parse_values(std), resize=resize, per_channel=not per_tensor,
+        mean=parse_values(mean), std=parse_values(std, nonzero=True), resize=resize, per_channel=not per_tensor,
         activations=activations, float_outputs=not quantize_outputs, quantize_all=quantize_all,
         min_recall=min_recall, min_precision=min_precision, min_map50=min_map50, min_mean_iou=min_mean_iou,
         score_threshold=score_threshold, threads=threads, delegate=delegate, bench_seconds=bench_seconds,

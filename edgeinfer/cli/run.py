@@ -14,7 +14,7 @@ from ..pipeline.decoders import DECODER_NAMES
 from ..pipeline.options import POLICIES
 from ..pipeline.preprocess import RESIZE_MODES
 from ..pipeline.tasks import TASK_NAMES
-from .output import handle_errors
+from .output import handle_errors, parse_values
 from .run_events import event_printer, print_event_counts
 
 #: where ``--event`` keeps its evidence unless ``--evidence-dir`` says
@@ -36,17 +36,7 @@ def _parse_size(_ctx: click.Context, _param: click.Parameter, value: str | None)
 
 
 def _parse_values(_ctx: click.Context, param: click.Parameter, value: str | None) -> float | tuple[float, ...] | None:
-    """``--mean`` / ``--std``: one number for every channel, or three (R,G,B)."""
-    if value is None:
-        return None
-    try:
-        values = tuple(float(v) for v in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a number or three numbers R,G,B") from None
-    if len(values) not in (1, 3) or (param.name == "std" and any(v == 0 for v in values)):
-        zero = ", none zero" if param.name == "std" else ""
-        raise click.BadParameter(f"{value!r}: give one number or three (R,G,B){zero}")
-    return values[0] if len(values) == 1 else values
+    return parse_values(value, nonzero=param.name == "std")
 
 
 def _brief(result: object) -> str:

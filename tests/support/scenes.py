@@ -147,6 +147,10 @@ def render_frames() -> list[np.ndarray]:
 
 def make_scene_clip(path: Path, quality: int = 92) -> Path:
     """Write the scene as an MJPEG ``.avi`` (what ``make_test_clip`` writes) and return its path."""
+    return _write_clip(path, render_frames(), quality)
+
+
+def _write_clip(path: Path, frames: list[np.ndarray], quality: int) -> Path:
     import cv2
 
     writer = cv2.VideoWriter(str(path), cv2.CAP_OPENCV_MJPEG, cv2.VideoWriter_fourcc(*"MJPG"), FPS, SIZE)
@@ -154,7 +158,7 @@ def make_scene_clip(path: Path, quality: int = 92) -> Path:
         raise RuntimeError(f"cannot write {path}")
     try:
         writer.set(cv2.VIDEOWRITER_PROP_QUALITY, quality)
-        for frame in render_frames():
+        for frame in frames:
             writer.write(frame)
     finally:
         writer.release()
@@ -197,15 +201,4 @@ def render_people_frames() -> list[np.ndarray]:
 
 def make_people_clip(path: Path, quality: int = 92) -> Path:
     """Write the people clip as an MJPEG ``.avi`` and return its path."""
-    import cv2
-
-    writer = cv2.VideoWriter(str(path), cv2.CAP_OPENCV_MJPEG, cv2.VideoWriter_fourcc(*"MJPG"), FPS, SIZE)
-    if not writer.isOpened():
-        raise RuntimeError(f"cannot write {path}")
-    try:
-        writer.set(cv2.VIDEOWRITER_PROP_QUALITY, quality)
-        for frame in render_people_frames():
-            writer.write(frame)
-    finally:
-        writer.release()
-    return path
+    return _write_clip(path, render_people_frames(), quality)
