@@ -29,7 +29,7 @@ _LAZY = {
     "Detection": "edgeinfer.pipeline.postprocess",
     "Detections": "edgeinfer.pipeline.postprocess",
     "Keypoint": "edgeinfer.pipeline.postprocess",
-    "Pose": "edgeinfer.pipeline.postprocess",
+    "InstanceMask": "edgeinfer.pipeline.postprocess",
     "Segmentation": "edgeinfer.pipeline.postprocess",
     "Pipeline": "edgeinfer.pipeline.core",
     "MultiPipeline": "edgeinfer.pipeline.multi",
@@ -47,7 +47,8 @@ _LAZY = {
 }
 _ERRORS = (
     "EdgeInferError", "ModelError", "ModelNotFound", "ModelFormatError", "ModelLoadError",
-    "UnsupportedOperator", "DelegateError", "DelegateUnavailable", "NoDelegateAvailable",
+    "UnsupportedOperator", "UnsizedInput", "LayoutMismatch", "DelegateError", "DelegateUnavailable",
+    "NoDelegateAvailable",
     "InferenceError", "DelegateFailed", "InputMismatch", "ImageError", "LabelsError", "ProfileError", "CaptureError",
     "ConfigError", "ProtocolError", "UpdateRejected", "CommandRejected", "OutputError", "OptimizeError",
     "AccuracyRejected", "BenchmarkError", "MissingDependency", "DownloadError", "ClosedError",
@@ -81,7 +82,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .pipeline.core import Pipeline
     from .pipeline.labels import Labels
     from .pipeline.options import PipelineOptions
-    from .pipeline.postprocess import Classification, Detection, Detections, Keypoint, Pose, Segmentation
+    from .pipeline.postprocess import Classification, Detection, Detections, InstanceMask, Keypoint, Segmentation
     from .pipeline.preprocess import Preprocessor, Transform
     from .pipeline.stats import FrameResult, PipelineStats, StageTimings
     from .runtime.delegates.base import Delegate

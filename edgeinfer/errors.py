@@ -10,8 +10,11 @@ where it is data the program received at run time (a frame of the wrong shape), 
     │   ├── ModelNotFound             the path does not exist / is not a file
     │   ├── ModelFormatError          not a model we know, or corrupt / truncated
     │   │   └── FlatbufferError       a .tflite's flatbuffer points outside the file (read by runtime._tflite_schema)
-    │   └── ModelLoadError            a runtime refused a well-formed model
-    │       └── UnsupportedOperator   the model needs an op this runtime lacks (custom op, Edge TPU op)
+    │   ├── ModelLoadError            a runtime refused a well-formed model
+    │   │   └── UnsupportedOperator   the model needs an op this runtime lacks (custom op, Edge TPU op)
+    │   ├── UnsizedInput              an image input has a dynamic size and nothing states one; ``.input``
+    │   └── LayoutMismatch            (also ValueError) the outputs have no layout edgeinfer can decode (for
+    │                                 this task / this --decoder); the message names each output and layout
     ├── DelegateError
     │   ├── DelegateUnavailable       one delegate cannot run here; ``.reason`` says why
     │   └── NoDelegateAvailable       nothing can run this model; ``.reasons`` maps name -> reason
@@ -78,6 +81,19 @@ class UnsupportedOperator(ModelLoadError):
     def __init__(self, message: str, operators: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.operators = operators
+
+
+class UnsizedInput(ModelError):
+    """An image input's height or width is dynamic and neither the model's metadata nor a metadata.yaml beside it
+    states a size: no engine can allocate its buffers. ``input`` is the input's name."""
+
+    def __init__(self, message: str, input_name: str = "") -> None:
+        super().__init__(message)
+        self.input = input_name
+
+
+class LayoutMismatch(ModelError, ValueError):
+    """A model's outputs are not arranged as a decoder needs (edgeinfer.pipeline.decoders); the message says why."""
 
 
 class DelegateError(EdgeInferError):

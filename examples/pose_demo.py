@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Track one person's body keypoints with MoveNet Lightning: 17 points in source pixels, a skeleton drawn.
 
+A multi-person pose model (Ultralytics YOLO pose) gives the same kind of result: one Detection with keypoints
+per person; MoveNet's is a list of one.
+
     python examples/pose_demo.py                                  # camera, or a sample clip without one
     python examples/pose_demo.py --source workout.mp4 --save-annotated out/
 
@@ -32,18 +35,18 @@ SKELETON = [
 ]
 
 
-def table(pose: edgeinfer.Pose, min_score: float) -> str:
+def table(pose: edgeinfer.Detection, min_score: float) -> str:
     rows = [f"  {k.name:<15} {k.x:7.1f} {k.y:7.1f}  {k.score:.2f}" + ("  low" if k.score < min_score else "")
             for k in pose.keypoints]
     return "\n".join(rows)
 
 
-def annotate(frame, pose: edgeinfer.Pose, min_score: float):
+def annotate(frame, pose: edgeinfer.Detection, min_score: float):
     """Bones between confident keypoints, and a dot on each confident keypoint."""
     import cv2
 
     for a, b in SKELETON:
-        ka, kb = pose[a], pose[b]
+        ka, kb = pose.keypoint(a), pose.keypoint(b)
         if ka.score >= min_score and kb.score >= min_score:
             cv2.line(frame, (round(ka.x), round(ka.y)), (round(kb.x), round(kb.y)), (255, 200, 0), 2, cv2.LINE_AA)
     for k in pose.keypoints:
@@ -77,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
             for result in pipeline:
                 if not every.due():
                     continue
-                pose = result.result
+                if not result.result:  # no person
+                    continue
+                pose = result.result[0]  # a single-pose model: a list of one person
                 confident = sum(k.score >= args.min_score for k in pose.keypoints)
                 print(f"frame {result.frame_id}: pose score {pose.score:.2f}, "
                       f"{confident}/{len(pose.keypoints)} keypoints >= {args.min_score:g}")

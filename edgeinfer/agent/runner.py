@@ -199,7 +199,10 @@ class PipelineRunner:
     def describe(self) -> dict[str, Any]:
         """This pipeline's entry in the ``state`` message (with several sources: each stream's too)."""
         sources = self.config.sources
-        entry = {"name": self.name, "status": self.status, "task": self.config.task, "source": source_text(self.config),
+        running = self.pipeline
+        # the task the model was read for; before it loads, the configured one ("auto": from the model)
+        task = running.options.task if running is not None else self.config.task or "auto"
+        entry = {"name": self.name, "status": self.status, "task": task, "source": source_text(self.config),
                  "delegate": self.delegate, "fallback_reason": self.fallback_reason, "error": self.last_error,
                  "restarts": self.restarts, "model": dict(self.model), "degraded": self.degraded,
                  "delegate_wanted": self.delegate_wanted}

@@ -16,8 +16,8 @@ from .output import handle_errors, print_json
 @click.option("--all", "all_delegates", is_flag=True, help="Every registered delegate (the default).")
 @click.option("--source", help="Also measure the whole pipeline per stage on this source (camera index, video or "
               "image folder, URL, synthetic:WxH[@FPS]); file sources loop.")
-@click.option("--task", type=click.Choice(TASK_NAMES), default="classify",
-              show_default=True, help="What the pipeline decodes (with --source).")
+@click.option("--task", type=click.Choice(TASK_NAMES),
+              help="What the pipeline decodes (with --source). Default: the task each model is read for.")
 @click.option("--seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
               help="Measured time per target, split over the interleaved rounds.")
 @click.option("--rounds", default=5, show_default=True, type=click.IntRange(min=1),
@@ -27,8 +27,9 @@ from .output import handle_errors, print_json
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @handle_errors
-def bench(models: tuple[str, ...], delegates: tuple[str, ...], all_delegates: bool, source: str | None, task: str,
-          seconds: float, rounds: int, threads: int | None, plot: str | None, as_json: bool, quiet: bool) -> None:
+def bench(models: tuple[str, ...], delegates: tuple[str, ...], all_delegates: bool, source: str | None,
+          task: str | None, seconds: float, rounds: int, threads: int | None, plot: str | None, as_json: bool,
+          quiet: bool) -> None:
     """Benchmark MODELS on every delegate that can run them, side by side in one run.
 
     Give a model's twins (mobilenet.tflite mobilenet.onnx) to compare delegates that read

@@ -11,8 +11,51 @@ from .output import handle_errors, print_json
 
 def _format_spec(spec) -> str:
     quant = f"  scale={spec.scale:.6g} zero_point={spec.zero_point}" if spec.quantized else ""
-    shape = "x".join(str(d) for d in spec.shape) or "scalar"
+    shape = "x".join(str(d) if d >= 0 else "?" for d in spec.shape) or "scalar"  # ?: a dynamic dimension
     return f"{spec.name or '(unnamed)'}  {spec.dtype}[{shape}]  {spec.layout or '-'}{quant}"
+
+
+#: class names shown before the rest are counted
+SHOWN_NAMES = 8
+
+
+def _class_names(names) -> str:
+    shown = [f"{k}={v}" if k != i else v for i, (k, v) in enumerate(sorted(names.items()))][:SHOWN_NAMES]
+    more = f", … (+{len(names) - SHOWN_NAMES} more)" if len(names) > SHOWN_NAMES else ""
+    return f"{len(names)}: {', '.join(shown)}{more}"
+
+
+def _numbers(values: tuple[float, ...]) -> str:
+    """``0`` when every channel is the same, else ``[123.7, 116.3, 103.5]``."""
+    if len(set(values)) == 1:
+        return f"{values[0]:g}"
+    return "[" + ", ".join(f"{v:g}" for v in values) + "]"
+
+
+def _metadata_lines(meta) -> list[tuple[str, str]]:
+    """What the model says about itself, one (key, value) per stated field."""
+    yes_no = {True: "yes", False: "no"}
+    lines = [("task", meta.task), ("classes", _class_names(meta.names) if meta.names else None),
+             ("imgsz", f"{meta.imgsz[0]}x{meta.imgsz[1]} (height x width)" if meta.imgsz else None),
+             ("stride", meta.stride),
+             ("kpt_shape", f"{meta.kpt_shape[0]} keypoints x {meta.kpt_shape[1]} values" if meta.kpt_shape else None),
+             ("end2end", yes_no.get(meta.end2end)),
+             ("normalise", f"(pixel - {_numbers(meta.mean)}) / {_numbers(meta.std)}, RGB"
+              if meta.mean and meta.std else None),
+             ("letterbox", None if meta.letterbox is None else
+              yes_no[meta.letterbox] + (f", padded with {meta.pad_value}" if meta.letterbox and meta.pad_value
+                                        is not None else ""))]
+    return [(key, str(value)) for key, value in lines if value is not None]
+
+
+def _echo_metadata(meta) -> None:
+    if meta.empty:
+        click.echo("metadata: none (the model states no task, classes or input size)")
+        return
+    producer = f", {meta.producer}" if meta.producer else ""
+    click.echo(f"metadata ({meta.source}{producer}):")
+    for key, value in _metadata_lines(meta):
+        click.echo(f"  {key:<10} {value}")
 
 
 @click.command()
@@ -20,7 +63,8 @@ def _format_spec(spec) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @handle_errors
 def info(model: str, as_json: bool) -> None:
-    """Describe MODEL: format (from its content), tensors, quantisation, custom ops, sha256."""
+    """Describe MODEL: format (from its content), tensors, quantisation, custom ops, sha256, and what the
+    model says about itself (task, class names, input size, normalisation: its metadata)."""
     from ..runtime.model import inspect_model
 
     details = inspect_model(model)
@@ -39,6 +83,7 @@ def info(model: str, as_json: bool) -> None:
         click.echo(f"packed files: {', '.join(details.associated_files)}")
     if details.custom_ops:
         click.echo(f"custom ops: {', '.join(details.custom_ops)}")
+    _echo_metadata(details.metadata)
     for note in details.notes:
         click.echo(f"note: {note}")
 

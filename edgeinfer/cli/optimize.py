@@ -7,24 +7,11 @@ from typing import TYPE_CHECKING
 import click
 
 from ..pipeline.preprocess import RESIZE_MODES
-from .output import handle_errors, print_json
+from .output import handle_errors, parse_values, print_json
 
 if TYPE_CHECKING:
     from ..pipeline.labels import Labels
-    from ..tools.optimize import Artifact, OptimizeReport
-
-
-def parse_values(text: str | None) -> float | tuple[float, ...] | None:
-    """``"128"`` -> 128.0; ``"123.7,116.3,103.5"`` -> a per-channel (R, G, B) tuple."""
-    if text is None:
-        return None
-    try:
-        values = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a number or a comma-separated list of 3 numbers") from None
-    if len(values) not in (1, 3):
-        raise click.BadParameter(f"{text!r}: give one value or three (R,G,B)")
-    return values[0] if len(values) == 1 else values
+    from ..tools.optimize import Artifact, Latency, OptimizeReport
 
 
 def _mb(size: int) -> str:
@@ -42,20 +29,10 @@ def print_report(report: OptimizeReport, labels: Labels | None = None) -> None:
                f"validation images {report.validation_images}")
     pre = report.preprocessing
     click.echo(f"preprocess resize={pre['resize']} rgb mean={pre['mean']} std={pre['std']}")
-    header = (f"{'artifact':<13} {'delegate':<12} {'size':>10} {'smaller':>8}  {'top-1 agree':>16} "
-              f"{'all images':>11} {'top-5':>6} {'mean|Δ|':>9}  "
-              f"{'original ms':>11} {'optimised ms':>12} {'speedup':>8}")
-    click.echo("")
-    click.echo(header)
-    click.echo("-" * len(header))
-    for art in report.artifacts:
-        click.echo(_artifact_row(art, report.mode))
-    onnx = report.onnx
-    if onnx.latency:
-        lat = onnx.latency
-        click.echo(f"(latency: medians of {lat.samples[0]}+{lat.samples[1]} invokes in {lat.rounds} interleaved "
-                   f"rounds, {lat.threads} threads, same process)")
-    _print_moved(report, labels)
+    if report.artifacts[0].accuracy.boxes is not None:
+        _print_detector(report)
+    else:
+        _print_classifier(report, labels)
     for note in report.notes:
         click.echo(f"note: {note}")
     click.echo("")
@@ -65,14 +42,86 @@ def print_report(report: OptimizeReport, labels: Labels | None = None) -> None:
         click.echo(f"wrote {report.output}{extra}{forced}")
 
 
+def _print_classifier(report: OptimizeReport, labels: Labels | None) -> None:
+    """Top-1 agreement per artifact, then the images where the top-1 moved."""
+    header = (f"{'artifact':<13} {'delegate':<12} {'size':>10} {'smaller':>8}  {'top-1 agree':>16} "
+              f"{'all images':>11} {'top-5':>6} {'mean|Δ|':>9}  "
+              f"{'original ms':>11} {'optimised ms':>12} {'speedup':>8}")
+    click.echo("")
+    click.echo(header)
+    click.echo("-" * len(header))
+    for art in report.artifacts:
+        click.echo(_artifact_row(art, report.mode))
+    _print_latency_note(report)
+    _print_moved(report, labels)
+
+
+def _print_latency_note(report: OptimizeReport) -> None:
+    lat = report.onnx.latency
+    if lat:
+        click.echo(f"(latency: medians of {lat.samples[0]}+{lat.samples[1]} invokes in {lat.rounds} interleaved "
+                   f"rounds, {lat.threads} threads, same process)")
+
+
+def _timing(lat: Latency | None) -> str:
+    return (f"{lat.original_ms:>11.3f} {lat.optimized_ms:>12.3f} {lat.speedup:>7.2f}x" if lat
+            else f"{'-':>11} {'-':>12} {'-':>8}")
+
+
+def _print_detector(report: OptimizeReport) -> None:
+    """Box agreement per artifact, the thresholds, the images whose boxes moved, the nodes kept float."""
+    from ..tools.optimize.agreement import FIGURES, value_text
+
+    header = (f"{'artifact':<13} {'delegate':<12} {'size':>10} {'smaller':>8}  {'recall':>7} {'precision':>9} "
+              f"{'mAP50':>6} {'mean IoU':>8} {'boxes o/q/m':>12}  {'original ms':>11} {'optimised ms':>12} "
+              f"{'speedup':>8}")
+    click.echo(f"task       {report.task}: boxes at score >= {report.score_threshold:g}, matched by class at "
+               "IoU >= 0.5 (o/q/m: the original's boxes, the optimised model's, matched)")
+    click.echo("")
+    click.echo(header)
+    click.echo("-" * len(header))
+    moved = []
+    for art in report.artifacts:
+        boxes = art.accuracy.boxes
+        if boxes is None:
+            continue
+        kind = f"{art.kind} {report.mode}" if art.kind == "onnx" else art.kind
+        counts = f"{boxes.reference_boxes}/{boxes.candidate_boxes}/{boxes.matched}"
+        click.echo(f"{kind:<13} {art.delegate:<12} {_mb(art.size_bytes):>10} {art.size_ratio:>7.2f}x  "
+                   f"{value_text('recall', boxes.recall):>7} {value_text('precision', boxes.precision):>9} "
+                   f"{value_text('map50', boxes.map50):>6} {value_text('mean_iou', boxes.mean_iou):>8} "
+                   f"{counts:>12}  {_timing(art.latency)}")
+        moved += [(art.kind, row) for row in boxes.per_image if not row.agrees]
+    _print_latency_note(report)
+    click.echo("thresholds " + ", ".join(f"{FIGURES[name]} >= {value_text(name, value)}"
+                                         for name, value in report.box_minimums.items()))
+    for kind, row in moved:
+        click.echo(f"boxes moved [{kind}]: {row.image}: {row.matched} of {row.reference} found, {row.extra} extra")
+    if report.mode == "int8":
+        click.echo(f"kept float {_float_summary(report.float_nodes)}")
+
+
+def _float_summary(nodes: dict[str, str]) -> str:
+    """``24 nodes under /model.22 (Concat x6, Reshape x5, …)``: how many, where, which ops (--json names them)."""
+    if not nodes:
+        return "no node: every node quantised"
+    parts = [name.split("/")[:-1] for name in nodes]
+    shared = next((i for i, level in enumerate(zip(*parts)) if len(set(level)) > 1), min(map(len, parts)))
+    where = "/".join(parts[0][:shared])
+    ops: dict[str, int] = {}
+    for op in nodes.values():
+        ops[op] = ops.get(op, 0) + 1
+    listed = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in sorted(ops.items(), key=lambda i: -i[1]))
+    return f"{len(nodes)} node{'s' if len(nodes) > 1 else ''}{f' under {where}' if where else ''} ({listed})"
+
+
 def _artifact_row(art: Artifact, mode: str) -> str:
     """One artifact's line of the table: size, agreement, score difference, timing."""
     acc, lat = art.accuracy, art.latency
     agreeing = sum(r.agrees for r in acc.per_image if not r.ambiguous)
     agree = f"{agreeing}/{acc.decisive} {_pct(acc.top1_agreement)}" if acc.top1_agreement is not None else "-"
     kind = f"{art.kind} {mode}" if art.kind == "onnx" else art.kind
-    timing = (f"{lat.original_ms:>11.3f} {lat.optimized_ms:>12.3f} {lat.speedup:>7.2f}x" if lat
-              else f"{'-':>11} {'-':>12} {'-':>8}")
+    timing = _timing(lat)
     return (f"{kind:<13} {art.delegate:<12} {_mb(art.size_bytes):>10} {art.size_ratio:>7.2f}x  {agree:>16} "
             f"{_pct(acc.top1_agreement_all):>11} {_pct(acc.top5_agreement):>6} "
             f"{acc.mean_abs_diff:>9.2g}  {timing}")
@@ -114,13 +163,27 @@ def _print_moved(report: OptimizeReport, labels: Labels | None) -> None:
 @click.option("--mean", help="Input normalisation: (pixel - mean) / std; one value or R,G,B. "
               "Default: what inference uses for a float model (127.5).")
 @click.option("--std", help="See --mean. Default 127.5. MobileNet (TF) uses --mean 128 --std 128.")
-@click.option("--resize", type=click.Choice(RESIZE_MODES), default="stretch", show_default=True,
-              help="How images are fitted to the input, as at inference time.")
+@click.option("--resize", type=click.Choice(RESIZE_MODES),
+              help="How images are fitted to the input. Default: as inference reads the model "
+              "(its metadata; letterbox for a detector, stretch for a classifier).")
 @click.option("--per-tensor", is_flag=True, help="Per-tensor weight scales (default per-channel; see docs).")
 @click.option("--activations", type=click.Choice(["uint8", "int8"]), default="uint8", show_default=True,
               help="INT8 activation type (uint8 is ONNX Runtime's fast path on x86).")
 @click.option("--quantize-outputs", is_flag=True,
               help="Quantise the last layer's output too (faster; 8-bit logits make close classes tie).")
+@click.option("--quantize-all", is_flag=True,
+              help="Quantise every node: no Softmax, detector decode tail or output kept float (to compare).")
+@click.option("--min-recall", default=0.8, show_default=True, type=click.FloatRange(0.0, 1.0),
+              help="Detectors: refuse below this share of the original's boxes found (same class, IoU >= 0.5).")
+@click.option("--min-precision", default=0.8, show_default=True, type=click.FloatRange(0.0, 1.0),
+              help="Detectors: refuse below this share of the optimised model's boxes that the original has.")
+@click.option("--min-map50", default=0.8, show_default=True, type=click.FloatRange(0.0, 1.0),
+              help="Detectors: refuse below this mAP50 against the original's boxes.")
+@click.option("--min-mean-iou", default=0.8, show_default=True, type=click.FloatRange(0.0, 1.0),
+              help="Detectors: refuse below this mean IoU of the matched boxes.")
+@click.option("--score-threshold", default=0.25, show_default=True,
+              type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+              help="Detectors: the score at which both models' boxes are compared.")
 @click.option("--delegate", default="onnxruntime", show_default=True, help="Delegate that validates and times.")
 @click.option("--threads", type=click.IntRange(min=1), help="Threads for both models (default: all cores).")
 @click.option("--bench-seconds", default=4.0, show_default=True, type=click.FloatRange(min=0.0),
@@ -131,12 +194,16 @@ def _print_moved(report: OptimizeReport, labels: Labels | None) -> None:
 @handle_errors
 def optimize(model: str, mode: str | None, calibration: str | None, output: str, validation: str | None,
              min_agreement: float, ambiguous_margin: float, force: bool, export_ir: bool, mean: str | None,
-             std: str | None, resize: str, per_tensor: bool, activations: str, quantize_outputs: bool, delegate: str,
-             threads: int | None, bench_seconds: float, labels: str | None, as_json: bool, quiet: bool) -> None:
+             std: str | None, resize: str | None, per_tensor: bool, activations: str, quantize_outputs: bool,
+             quantize_all: bool, min_recall: float, min_precision: float, min_map50: float, min_mean_iou: float,
+             score_threshold: float, delegate: str, threads: int | None, bench_seconds: float, labels: str | None,
+             as_json: bool, quiet: bool) -> None:
     """Quantise (--int8) or convert (--fp16) MODEL into -o OUT, after proving it agrees with MODEL.
 
-    Sizes, top-1 agreement, score differences and the speedup (measured here, in this run) are
-    printed as one table. A model below --min-agreement is not written unless --force.
+    Sizes, agreement and the speedup (measured here, in this run) are printed as one table. A
+    classifier is judged by top-1 agreement (--min-agreement), a detector by its boxes against the
+    original's (--min-recall, --min-precision, --min-map50, --min-mean-iou); below, the model is not
+    written unless --force.
     """
     from ..errors import AccuracyRejected
     from ..tools.optimize import OptimizeOptions, optimize_model
@@ -154,9 +221,10 @@ def optimize(model: str, mode: str | None, calibration: str | None, output: str,
     options = OptimizeOptions(
         mode=mode, calibration=calibration, validation=validation, min_agreement=min_agreement,
         ambiguous_margin=ambiguous_margin, force=force, export_ir=export_ir,
-        mean=parse_values(mean), std=parse_values(std), resize=resize, per_channel=not per_tensor,
-        activations=activations, float_outputs=not quantize_outputs, threads=threads, delegate=delegate,
-        bench_seconds=bench_seconds,
+        mean=parse_values(mean), std=parse_values(std, nonzero=True), resize=resize, per_channel=not per_tensor,
+        activations=activations, float_outputs=not quantize_outputs, quantize_all=quantize_all,
+        min_recall=min_recall, min_precision=min_precision, min_map50=min_map50, min_mean_iou=min_mean_iou,
+        score_threshold=score_threshold, threads=threads, delegate=delegate, bench_seconds=bench_seconds,
     )
     progress = StderrProgress(enabled=not quiet)
     try:

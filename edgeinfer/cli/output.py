@@ -43,3 +43,19 @@ def handle_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+def parse_values(text: str | None, *, nonzero: bool = False) -> float | tuple[float, ...] | None:
+    """``--mean`` / ``--std``: ``"128"`` -> 128.0; ``"123.7,116.3,103.5"`` -> a per-channel (R, G, B) tuple.
+    ``nonzero``: a value of 0 is refused too (a standard deviation divides)."""
+    if text is None:
+        return None
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a number or a comma-separated list of 3 numbers") from None
+    if len(values) not in (1, 3):
+        raise click.BadParameter(f"{text!r}: give one value or three (R,G,B)")
+    if nonzero and any(v == 0 for v in values):
+        raise click.BadParameter(f"{text!r}: none zero (it divides)")
+    return values[0] if len(values) == 1 else values

@@ -10,10 +10,11 @@ import time
 
 import click
 
+from ..pipeline.decoders import DECODER_NAMES
 from ..pipeline.options import POLICIES
 from ..pipeline.preprocess import RESIZE_MODES
 from ..pipeline.tasks import TASK_NAMES
-from .output import handle_errors
+from .output import handle_errors, parse_values
 from .run_events import event_printer, print_event_counts
 
 #: where ``--event`` keeps its evidence unless ``--evidence-dir`` says
@@ -34,6 +35,10 @@ def _parse_size(_ctx: click.Context, _param: click.Parameter, value: str | None)
         raise click.BadParameter(str(exc)) from None
 
 
+def _parse_values(_ctx: click.Context, param: click.Parameter, value: str | None) -> float | tuple[float, ...] | None:
+    return parse_values(value, nonzero=param.name == "std")
+
+
 def _brief(result: object) -> str:
     """A few words about one frame's result for the status line."""
     if isinstance(result, list):
@@ -42,8 +47,6 @@ def _brief(result: object) -> str:
     if name == "Detections":
         best = f", best {result[0].label} {result[0].score:.2f}" if len(result) else ""  # type: ignore[arg-type, index]
         return f"{len(result)} detection(s){best}"  # type: ignore[arg-type]
-    if name == "Pose":
-        return f"pose score {result.score:.2f}"  # type: ignore[attr-defined]
     if name == "Segmentation":
         top = sorted(zip(result.fractions, result.labels), reverse=True)[:3]  # type: ignore[attr-defined]
         return ", ".join(f"{label} {fraction:.0%}" for fraction, label in top)
@@ -58,8 +61,16 @@ def _brief(result: object) -> str:
                    "one engine (NAME=SOURCE names a stream).")
 @click.option("--batch", type=click.IntRange(min=1),
               help="Several streams: frames per invoke (a delegate that batches: openvino). Default: 1.")
-@click.option("--task", type=click.Choice(TASK_NAMES), default="classify",
-              show_default=True)
+@click.option("--task", type=click.Choice(TASK_NAMES),
+              help="What to do with the model. Default: the task its metadata states, else the first output layout "
+                   "that fits (a 1xN output: classify).")
+@click.option("--decoder", type=click.Choice(DECODER_NAMES),
+              help="How the outputs are read, for a model whose layout is ambiguous. Default: chosen from the "
+                   "outputs' shapes and names and the model's metadata (docs/models.md).")
+@click.option("--mean", callback=_parse_values, metavar="V|R,G,B",
+              help="Float input normalisation (pixel - mean) / std, for a model that states none. Default: the "
+                   "model's metadata, else its family's, else 127.5.")
+@click.option("--std", callback=_parse_values, metavar="V|R,G,B", help="See --mean. Default: as --mean, else 127.5.")
 @click.option("--labels", type=click.Path(dir_okay=False, path_type=str),
               help="Labels file. Default: the labels packed in the model, if any.")
 @click.option("--delegate", help="Delegate name, optionally with a device (openvino:CPU), or a fallback order "
@@ -96,7 +107,8 @@ def _brief(result: object) -> str:
 @click.option("--motion-gate", is_flag=True, help="Skip inference on frames that did not change (reuse the result).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
 @handle_errors
-def run(model: str, sources: tuple[str, ...], batch: int | None, task: str, labels: str | None,
+def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | None, decoder: str | None,
+        mean: float | tuple[float, ...] | None, std: float | tuple[float, ...] | None, labels: str | None,
         delegate: str | None, strict: bool, threads: int | None,
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
         resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
@@ -110,7 +122,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str, labe
     if strict:
         os.environ[STRICT_ENV] = "1"
     analysis = {"lines": lines, "zones": zones, "track": track, "events": events,
-                "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None}
+                "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None,
+                "decoder": decoder, "mean": mean, "std": std}
     if len(sources) > 1 or batch:
         from .run_multi import run_streams
 
@@ -135,6 +148,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str, labe
         engine = pipeline.engine
         if engine.fallback_reason and not as_json:
             click.echo(f"note: using {engine.description} ({engine.fallback_reason})", err=True)
+        if not as_json and task is None:
+            click.echo(f"note: {pipeline.reading}", err=True)
         tty = sys.stdout.isatty() and not as_json
         if events:
             pipeline.add_event_listener(event_printer(as_json, tty))

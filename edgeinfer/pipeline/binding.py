@@ -9,7 +9,7 @@ the frame size or the engine changes.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .preprocess import Preprocessor, Transform, input_geometry
 
@@ -18,10 +18,13 @@ if TYPE_CHECKING:
     from ..runtime.engine import Engine
     from .labels import Labels
     from .options import PipelineOptions
-    from .tasks import Task
+    from .tasks import ModelReading, Task
 
-#: the pytorch-ssd family (Ultraface) normalises float input as (pixel - 127) / 128
-SSD_FLOAT_MEAN, SSD_FLOAT_STD = 127.0, 128.0
+
+def size_inputs(decoder: object) -> tuple[int, ...]:
+    """The inputs past the image a decoder wants filled with the image input's (width, height) once per plan
+    (its ``size_inputs``; most decoders have none)."""
+    return tuple(getattr(decoder, "size_inputs", ()))
 
 
 class InferencePlan:
@@ -59,7 +62,6 @@ class ModelBinding:
         self.labels = labels
         self.plan: InferencePlan | None = None
         self._options = options
-        self._resize = options.resize or task.resize
         self._source = source
         self._slots = slots
         self._gen = 0
@@ -68,10 +70,12 @@ class ModelBinding:
     # -------------------------------------------------------------------------- checks
     def check(self, engine: Engine) -> None:
         """ValueError, before anything runs, when ``engine`` cannot serve this pipeline's task."""
-        if len(engine.inputs) != 1:
-            raise ValueError(f"the pipeline feeds one image input; {engine.model.path} has {len(engine.inputs)}")
         input_geometry(engine.inputs[0])  # ValueError when the input is not an image
-        self._decoder(engine)
+        claimed = size_inputs(self._decoder(engine).decoder)
+        others = [spec.name or str(i) for i, spec in enumerate(engine.inputs) if i and i not in claimed]
+        if others:
+            raise ValueError(f"the pipeline feeds one image input (and a size input its layout names); "
+                             f"{engine.model.path} also has {', '.join(others)}")
 
     def offer_input_size(self, engine: Engine) -> None:
         """Let the source decode frames as small as the model input (MJPEG: 1/2, 1/4, 1/8 scale)."""
@@ -80,24 +84,25 @@ class ModelBinding:
             self._source.prefer_min_size((width, height))
 
     # --------------------------------------------------------------------------- plans
-    def _decoder(self, engine: Engine) -> Any:
-        return self.task.decoder(engine, self.labels, self._options.decoder_settings())
+    def _decoder(self, engine: Engine) -> ModelReading:
+        """How ``engine`` is read for this run's task: its decoder, its resize and normalisation."""
+        from .tasks import read_model
 
-    def _normalisation(self, engine: Engine, decoder: Any) -> tuple[Any, Any]:
-        mean, std = self._options.mean, self._options.std
-        if (mean is None and std is None and engine.inputs[0].dtype.startswith("float")
-                and getattr(decoder, "layout", None) == "ssd"):
-            return SSD_FLOAT_MEAN, SSD_FLOAT_STD
-        return mean, std
+        options = self._options
+        return read_model(engine, task=options.task, decoder=options.decoder, labels=self.labels,
+                          settings=options.decoder_settings(), resize=options.resize, mean=options.mean,
+                          std=options.std)
 
     def build(self, engine: Engine, frame_shape: tuple[int, ...], native: tuple[int, int] | None) -> InferencePlan:
         """A new plan for ``engine`` and frames of ``frame_shape`` (decoded from ``native`` when reduced)."""
-        mean, std = self._normalisation(engine, self._decoder(engine))
+        reading = self._decoder(engine)
         size = (frame_shape[1], frame_shape[0])
-        pre, pre_staged = (Preprocessor(engine.inputs[0], size, resize=self._resize, mean=mean, std=std)  # type: ignore[arg-type]
-                           for _ in range(2))
+        pre, pre_staged = (Preprocessor(engine.inputs[0], size, resize=reading.resize, mean=reading.mean,  # type: ignore[arg-type]
+                                        std=reading.std) for _ in range(2))
         # results are in the source's own pixels even when its frames arrive reduced
         transform = pre.transform if native is None else pre.transform.for_source_size(*native)
+        for index in size_inputs(reading.decoder):  # D-FINE's orig_target_sizes: boxes in input pixels
+            engine.input_view(index)[...] = (pre.width, pre.height)
         with self._gen_lock:
             self._gen += 1
             gen = self._gen

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .failover import DelegateEvent, DelegateStatus
     from .labels import Labels
     from .stream import Stream
+    from .tasks import ModelReading
 
 
 class Pipeline:
@@ -61,8 +62,9 @@ class Pipeline:
 
     def __init__(self, model: str | os.PathLike | Engine, source: str | int | os.PathLike | FrameSource,
                  options: PipelineOptions | None = None, **option_values: Any) -> None:
-        self.options = options = PipelineOptions.merged(options, option_values)
-        self._run = MultiPipeline(model, {"": source}, options)
+        self._run = MultiPipeline(model, {"": source}, PipelineOptions.merged(options, option_values))
+        #: the run's options, its task decided from the model when none was given
+        self.options = self._run.options
         self._stream: Stream = self._run.get_stream("")
         self._callback: Callable[[FrameResult], None] | None = None
         self._closed = False
@@ -82,6 +84,11 @@ class Pipeline:
     @property
     def labels(self) -> Labels | None:
         return self._run.labels
+
+    @property
+    def reading(self) -> ModelReading:
+        """How the model is read: its task (and where that came from), its output layout, its preprocessing."""
+        return self._run.reading
 
     @property
     def engine(self) -> Engine:

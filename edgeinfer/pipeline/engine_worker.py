@@ -33,7 +33,7 @@ from ..errors import DelegateFailed, EdgeInferError, InferenceError, InputMismat
 from .failover import WorkerFailover
 from .ring import END
 from .stats import FrameResult
-from .tasks import get_task
+from .tasks import get_task, read_model
 from .watchdog import InvokeTimes, InvokeWatchdog
 
 if TYPE_CHECKING:
@@ -91,8 +91,9 @@ class EngineWorker:
     def __init__(self, engine: Engine, owns_engine: bool, options: PipelineOptions, labels: Labels | None, *,
                  index: int, deliver: Callable[[FrameResult], None], on_end: Callable[[Stream], None],
                  on_error: Callable[[BaseException], None]) -> None:
-        self.task = get_task(options.task)
+        self.task = get_task(options.task or "classify")
         self._labels, self._settings = labels, options.decoder_settings()
+        self._options_for_decoders = options
         self.streams: tuple[Stream, ...] = ()
         self.watchdog: InvokeWatchdog | None = None  # started with the worker (start())
         #: the recent invoke times, for the watchdog's bound
@@ -135,7 +136,9 @@ class EngineWorker:
         self.engine = engine
         self.batch = batch_size(engine)
         # one decoder per batch row (a decoder reads its row's outputs; the transform comes from the stream)
-        self._decoders = [self.task.decoder(BatchRow(engine, b), self._labels, self._settings)  # type: ignore[arg-type]
+        options = self._options_for_decoders
+        self._decoders = [read_model(BatchRow(engine, b), task=options.task, decoder=options.decoder,  # type: ignore[arg-type]
+                                     labels=self._labels, settings=self._settings).decoder
                           for b in range(self.batch)]
         self._rows = [BatchRow(engine, b).input_view(0) for b in range(self.batch)]
         for stream in self.streams:

@@ -27,7 +27,8 @@ class EnginePool:
 
     def __init__(self, options: PipelineOptions, *, batch: int | None, deliver: Callable[[FrameResult], None],
                  on_end: Callable[[Stream], None], on_error: Callable[[BaseException], None]) -> None:
-        self._options = options
+        #: the run's options (its task decided once the first engine is loaded)
+        self.options = options
         self._batch = batch
         self._deliver, self._on_end, self._on_error = deliver, on_end, on_error
         self.workers: list[EngineWorker] = []
@@ -39,14 +40,14 @@ class EnginePool:
     def load(self, model: str | os.PathLike) -> Engine:
         from ..runtime.selection import load
 
-        return load(model, self._options.delegate, threads=self._options.threads, batch=self._batch)
+        return load(model, self.options.delegate, threads=self.options.threads, batch=self._batch)
 
     def worker_for(self, engine: Engine, owns: bool) -> EngineWorker:
         """The worker serving ``engine`` (a new one, started if the run is, for an engine not seen yet)."""
         for worker in self.workers:
             if worker.engine is engine:
                 return worker
-        worker = EngineWorker(engine, owns, self._options, self.labels, index=len(self.workers),
+        worker = EngineWorker(engine, owns, self.options, self.labels, index=len(self.workers),
                               deliver=self._deliver, on_end=self._on_end, on_error=self._on_error)
         for listener in self._listeners:
             worker.failover.add_listener(listener)

@@ -22,6 +22,7 @@ set when one failed (an unnamed single stream's own error; else one naming every
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -40,7 +41,7 @@ from .options import PipelineOptions
 from .stats import FrameResult, PipelineStats
 from .stream import Stream
 from .streams import STREAM_ENDED, STREAM_FAILED, STREAM_RESTORED, StreamEvent, StreamRecord, StreamSet
-from .tasks import get_task
+from .tasks import ModelReading, read_run_model
 
 log = logging.getLogger("edgeinfer.pipeline")
 
@@ -82,6 +83,7 @@ class MultiPipeline:
         self._finished = threading.Event()
         #: why the run ended, if it failed: an engine with no delegate left, or its streams' failure
         self.error: BaseException | None = None
+        self.reading: ModelReading | None = None  # how the model is read: its task, output layout, preprocessing
         self._event_listeners: tuple[Callable[[dict], Any], ...] = ()
         self._results = 0  # results delivered (max_frames)
         self._opencv = OpenCVThreads(options.opencv_threads)
@@ -90,9 +92,9 @@ class MultiPipeline:
         owns = not isinstance(model, Engine)
         engine = self._engines.load(model) if owns else model  # type: ignore[arg-type]
         try:
-            if self.labels is None and get_task(options.task).embedded_labels:
-                self.labels = Labels.embedded(engine.model)
-            self._engines.labels = self.labels
+            self.reading, self.labels = read_run_model(BatchRow(engine, 0), options, self.labels)  # type: ignore[arg-type]
+            self.options = options = dataclasses.replace(options, task=self.reading.task)
+            self._engines.options, self._engines.labels = options, self.labels
             self._default = self._engines.worker_for(engine, owns)
             for stream_name, source in named:
                 self._streams.add(stream_name, source, self._default, given=True)

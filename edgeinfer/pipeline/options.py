@@ -16,9 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from .._backoff import Backoff
 from ..capture import DEFAULT_BACKOFF
-from .postprocess import DEFAULT_IOU_THRESHOLD, DEFAULT_MAX_DETECTIONS, DEFAULT_SCORE_THRESHOLD
+from .decoders import (
+    DECODER_NAMES,
+    DEFAULT_IOU_THRESHOLD,
+    DEFAULT_MAX_DETECTIONS,
+    DEFAULT_SCORE_THRESHOLD,
+    DecoderSettings,
+)
 from .preprocess import RESIZE_MODES
-from .tasks import TASK_NAMES, DecoderSettings
+from .tasks import TASK_NAMES, get_task
 
 if TYPE_CHECKING:
     from .labels import Labels
@@ -47,7 +53,10 @@ class PipelineOptions:
     """How a pipeline loads its model, opens its source, paces, preprocesses and decodes."""
 
     # what to do
-    task: str = field(default="classify", metadata=_choices(*TASK_NAMES))
+    #: None: the task the model's metadata states, else the first output layout that fits (a 1xN output: classify)
+    task: str | None = field(default=None, metadata=_choices(*TASK_NAMES))
+    #: how the outputs are read (edgeinfer.pipeline.decoders): None chooses from the outputs and the metadata
+    decoder: str | None = field(default=None, metadata=_choices(*DECODER_NAMES))
     labels: str | os.PathLike | Labels | None = None
     top_k: int = 5
     score_threshold: float = DEFAULT_SCORE_THRESHOLD
@@ -85,7 +94,7 @@ class PipelineOptions:
     #: frames kept for the caller stay full size; otherwise sources that can decode less may
     reduced_decode: bool = True
     keep_frames: bool = False
-    # tracking and counting (edgeinfer.pipeline.analytics, task "detect"; docs/analytics.md)
+    # tracking and counting (edgeinfer.pipeline.analytics, tasks with boxes; docs/analytics.md)
     #: give detections track ids (implied by lines or zones)
     track: bool = False
     #: counting lines, each ``"x1,y1,x2,y2"`` or ``"NAME=x1,y1,x2,y2"`` in source pixels
@@ -138,8 +147,9 @@ class PipelineOptions:
             raise ValueError(f"watchdog_factor must be >= 1, not {self.watchdog_factor}")
         at_least_one = {"max_frames": self.max_frames, "queue_size": self.queue_size, "threads": self.threads,
                         "top_k": self.top_k, "track_min_hits": self.track_min_hits}
-        if (self.track or self.lines or self.zones) and self.task != "detect":
-            raise ValueError(f"tracking, lines and zones need task 'detect', not {self.task!r}")
+        if self.tracking and self.task is not None and not get_task(self.task).boxes:
+            raise ValueError(f"tracking, lines and zones need a task with boxes (detect, pose, segment, obb), "
+                             f"not {self.task!r}")
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0, not {value}")

@@ -1,7 +1,8 @@
 """What a pipeline answered over a window: the small output summary a canary analysis compares.
 
 :class:`OutputSummary` counts, per window, each frame's top-1 class (classifiers) or the detections
-by label (detectors), and the mean score. ``take()`` returns the window's summary and starts the
+by label (every task whose results are boxes: detect, pose, instance masks, oriented boxes), and the
+mean score. ``take()`` returns the window's summary and starts the
 next one; telemetry carries it (``outputs`` in a pipeline's entry), and the fleet compares a
 canary's distribution with the devices still on the old model. It costs a few dictionary updates
 per frame; only the :data:`TOP_LABELS` most frequent labels of a window are reported.
@@ -13,7 +14,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from .postprocess import Classification, Detections, Pose, Segmentation
+from .postprocess import Classification, Detections, Segmentation
 
 #: labels reported per window (the most frequent)
 TOP_LABELS = 10
@@ -55,9 +56,6 @@ class OutputSummary:
                     self._labels[_label(top.label, top.index)] += 1
                     self._score_sum += top.score
                     self._scores += 1
-            elif isinstance(result, Pose):
-                self._score_sum += result.score
-                self._scores += 1
             elif isinstance(result, Segmentation):
                 for class_id, label in zip(result.class_ids, result.labels):
                     self._labels[_label(label, class_id)] += 1

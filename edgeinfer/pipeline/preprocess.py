@@ -99,6 +99,8 @@ class Preprocessor:
         if self._float_plan is not None:
             self._real = np.empty((self.height, self.width, 3), np.float32)
             self._work = np.empty((rh, rw, 3), np.float32)
+            # the letterbox's grey (114) as the model sees it, normalised and quantised like the pixels
+            self._pad = self._values(np.full((1, 1, 3), LETTERBOX_PAD, np.float32))
 
     # -- planning ------------------------------------------------------------------------
     def _plan(self):
@@ -138,6 +140,21 @@ class Preprocessor:
             return mean_arr, inv_std, scale, zero, info.min, info.max
         return mean_arr, inv_std, None, None, None, None
 
+    def _values(self, pixels: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``(pixels - mean) / std``, quantised when the input is an integer tensor, into ``out``."""
+        import numpy as np
+
+        mean, inv_std, scale, zero, lo, hi = self._float_plan  # type: ignore[misc]
+        work = np.empty(pixels.shape, np.float32) if out is None else out
+        np.subtract(pixels, mean, out=work, casting="unsafe")
+        np.multiply(work, inv_std, out=work)
+        if scale is not None:  # quantise: q = real / scale + zero_point
+            np.multiply(work, 1.0 / scale, out=work)
+            np.add(work, zero, out=work)
+            np.rint(work, out=work)
+            np.clip(work, lo, hi, out=work)
+        return work
+
     # -- per frame -----------------------------------------------------------------------
     def __call__(self, frame: np.ndarray, dst: np.ndarray) -> Transform:
         """Write ``frame`` (HxWx3 BGR uint8) into ``dst`` (the engine's input view)."""
@@ -168,18 +185,10 @@ class Preprocessor:
                 target = image[y0:y1, x0:x1] if self.layout == "NHWC" else image[:, y0:y1, x0:x1].transpose(1, 2, 0)
                 np.copyto(target, pixels)
             return self.transform
-        mean, inv_std, scale, zero, lo, hi = self._float_plan
-        work = self._work
-        np.subtract(pixels, mean, out=work, casting="unsafe")
-        np.multiply(work, inv_std, out=work)
-        if scale is not None:  # quantise: q = real / scale + zero_point
-            np.multiply(work, 1.0 / scale, out=work)
-            np.add(work, zero, out=work)
-            np.rint(work, out=work)
-            np.clip(work, lo, hi, out=work)
+        work = self._values(pixels, self._work)
         real = self._real
         if not full:
-            real.fill(0.0)
+            real[...] = self._pad
             real[y0:y1, x0:x1] = work
             work = real
         target = image if self.layout == "NHWC" else image.transpose(1, 2, 0)

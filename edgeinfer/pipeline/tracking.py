@@ -13,6 +13,7 @@ that report 97 crossings for 7 (tentative tracks on detector noise).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .._optional import import_optional
@@ -106,4 +107,4 @@ class Tracker:
 def _with_track(detection: Detection, track_id: int | None) -> Detection:
     if detection.track_id == track_id:
         return detection
-    return Detection(detection.box, detection.score, detection.class_id, detection.label, track_id)
+    return dataclasses.replace(detection, track_id=track_id)  # keypoints, mask and angle kept

@@ -55,6 +55,8 @@ class OnnxGraph:
     initializers: frozenset[str]
     #: one-element initializers and Constant outputs: name -> value
     scalars: dict[str, float | int | bool] = field(default_factory=dict)
+    #: the model's ``metadata_props`` (what an exporter says of the model: Ultralytics' task, names, imgsz ...)
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 def varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -238,13 +240,19 @@ def _constant_attribute(buf: bytes, start: int, end: int,
 def parse_model(data: bytes) -> OnnxGraph:
     """The main graph of a serialised ModelProto (graph: field 7); raise ModelFormatError if malformed.
 
-    GraphProto: node (1), initializer (5), input (11), output (12).
+    GraphProto: node (1), initializer (5), input (11), output (12); ModelProto's metadata_props (14) are
+    StringStringEntryProto records: key (1), value (2).
     """
     try:
         graph = None
+        metadata: dict[str, str] = {}
         for number, wire, a, b in _fields(data, 0, len(data)):
             if number == 7 and wire == 2:
                 graph = (a, b)
+            elif number == 14 and wire == 2:
+                entry = {n: _string(data, ea, eb) for n, w, ea, eb in _fields(data, a, b) if w == 2}
+                if 1 in entry:
+                    metadata[entry[1]] = entry.get(2, "")
         if graph is None:
             raise ModelFormatError("no graph")
         nodes, inputs, outputs, initializers, scalars = [], [], [], set(), {}
@@ -264,7 +272,7 @@ def parse_model(data: bytes) -> OnnxGraph:
                 outputs.append(_value_info(data, a, b))
     except struct.error as exc:
         raise ModelFormatError(f"corrupt ONNX protobuf: {exc}") from None
-    return OnnxGraph(tuple(inputs), tuple(outputs), tuple(nodes), frozenset(initializers), scalars)
+    return OnnxGraph(tuple(inputs), tuple(outputs), tuple(nodes), frozenset(initializers), scalars, metadata)
 
 
 def graph_from_onnx(model: Any) -> OnnxGraph:
@@ -305,7 +313,8 @@ def graph_from_onnx(model: Any) -> OnnxGraph:
             scalars[node.output[0]] = value
     nodes = tuple(Node(n.op_type, tuple(n.input), tuple(n.output)) for n in graph.node)
     return OnnxGraph(tuple(map(info, graph.input)), tuple(map(info, graph.output)), nodes,
-                     frozenset(t.name for t in graph.initializer), scalars)
+                     frozenset(t.name for t in graph.initializer), scalars,
+                     {entry.key: entry.value for entry in model.metadata_props})
 
 
 def read_graph(path: Path) -> OnnxGraph:

@@ -14,8 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from .._fs import sha256_file
-from ..errors import FlatbufferError, ModelFormatError, ModelNotFound
+from ..errors import FlatbufferError, ModelFormatError, ModelNotFound, UnsizedInput
 from . import _onnx_schema, _tflite_schema
+from .metadata import SIDECAR, ModelMetadata, read_metadata
 
 EDGETPU_CUSTOM_OP = "edgetpu-custom-op"
 
@@ -69,6 +70,8 @@ class ModelInfo:
     associated_files: tuple[str, ...] = ()
     weights_path: str | None = None  # OpenVINO IR .bin
     notes: tuple[str, ...] = field(default=())
+    #: what the model says about itself (task, class names, input size ...): runtime.metadata
+    metadata: ModelMetadata = field(default_factory=ModelMetadata)
 
     @property
     def is_edgetpu(self) -> bool:
@@ -77,6 +80,7 @@ class ModelInfo:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["format"] = self.format.value
+        data["metadata"] = self.metadata.to_dict()
         return data
 
 
@@ -212,7 +216,7 @@ _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6:
 _LAYOUT_OPS = {"Transpose", "Reshape", "Identity", "Squeeze", "Unsqueeze"}
 
 
-def _onnx_specs(path: Path) -> tuple[tuple, tuple]:
+def _onnx_specs(path: Path) -> tuple[tuple, tuple, dict[str, str]]:
     """Specs of an ONNX model, quantisation included: an integer input's scale and zero point are
     those of the DequantizeLinear it feeds, an output's those of the QuantizeLinear that makes it
     (through layout-only ops). The graph is read by the ``onnx`` package when installed, else by
@@ -263,14 +267,14 @@ def _onnx_specs(path: Path) -> tuple[tuple, tuple]:
 
     inputs = tuple(spec(v, input_quant) for v in graph.inputs if v.name not in graph.initializers)
     outputs = tuple(spec(v, output_quant) for v in graph.outputs)
-    return inputs, outputs
+    return inputs, outputs, graph.metadata
 
 
 _IR_DTYPES = {"f32": "float32", "f16": "float16", "u8": "uint8", "i8": "int8", "i32": "int32",
               "i64": "int64", "boolean": "bool", "f64": "float64"}
 
 
-def _ir_specs(xml_path: Path) -> tuple[tuple, tuple]:
+def _ir_specs(xml_path: Path) -> tuple[tuple, tuple, object]:
     import xml.etree.ElementTree as ET  # only OpenVINO IR needs an XML parser (0.5 MiB in the agent)
 
     try:
@@ -295,21 +299,23 @@ def _ir_specs(xml_path: Path) -> tuple[tuple, tuple]:
             dtype = {"fp32": "float32", "fp16": "float16", "u8": "uint8", "i64": "int64",
                      "i32": "int32"}.get(precision, "unknown")
             outputs.append(TensorSpec(layer.get("name", ""), dims, dtype, guess_layout(dims)))
-    return tuple(inputs), tuple(outputs)
+    return tuple(inputs), tuple(outputs), root
 
 
 @lru_cache(maxsize=64)
-def _inspect_cached(path: str, mtime_ns: int, size: int, sidecar: tuple | None) -> ModelInfo:
+def _inspect_cached(path: str, mtime_ns: int, size: int, siblings: tuple) -> ModelInfo:
     model_path = Path(path)
     fmt = detect_format(model_path)
     custom_ops: tuple[str, ...] = ()
     associated: tuple[str, ...] = ()
     weights: str | None = None
     notes: list[str] = []
+    onnx_props: dict[str, str] = {}
+    xml_root = None
     if fmt is ModelFormat.TFLITE:
         fmt, inputs, outputs, custom_ops, associated = _tflite_specs(model_path)
     elif fmt is ModelFormat.ONNX:
-        inputs, outputs = _onnx_specs(model_path)
+        inputs, outputs, onnx_props = _onnx_specs(model_path)
         notes += [f"output {s.name!r} is {s.dtype} with no QuantizeLinear scale in the graph: its values are "
                   "raw integers (a classifier reads uint8 steps as shares of their sum)" for s in outputs
                   if s.dtype in ("uint8", "int8")
@@ -321,16 +327,79 @@ def _inspect_cached(path: str, mtime_ns: int, size: int, sidecar: tuple | None) 
                 f"OpenVINO IR {model_path} has no weights file {bin_path.name} beside it — copy both files"
             )
         weights = str(bin_path)
-        inputs, outputs = _ir_specs(model_path)
+        inputs, outputs, xml_root = _ir_specs(model_path)
     else:
         inputs, outputs = (), ()
         notes.append("tensor specs of a TensorRT plan need TensorRT installed (delegate 'tensorrt')")
     digest = sha256_file(model_path, *([weights] if weights else []))
+    metadata = read_metadata(model_path, fmt.value, onnx_props=onnx_props, xml_root=xml_root)
+    inputs = _sized_inputs(inputs, metadata, notes)
     return ModelInfo(
         path=str(model_path), format=fmt, size_bytes=size, sha256=digest, inputs=inputs,
         outputs=outputs, custom_ops=custom_ops, associated_files=associated, weights_path=weights,
-        notes=tuple(notes),
+        notes=tuple(notes) + metadata.notes, metadata=metadata,
     )
+
+
+def image_axes(shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """The (height, width) axes of a 4-D image tensor, told by where its channels (1, 3 or 4) are; None when
+    it is not one or cannot be told (every dimension dynamic)."""
+    if len(shape) != 4:
+        return None
+    if shape[1] in (1, 3, 4) and shape[3] not in (1, 3, 4):
+        return 2, 3
+    if shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4):
+        return 1, 2
+    return None
+
+
+def _unsized_axes(spec: TensorSpec) -> tuple[int, int] | None:
+    """The image axes of ``spec`` when its height or width is unknown (-1), else None."""
+    axes = image_axes(spec.shape)
+    return axes if axes is not None and any(spec.shape[i] < 0 for i in axes) else None
+
+
+def unsized_inputs(inputs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+    """The image inputs whose height or width is still unknown (-1): dynamic, and no metadata sized them."""
+    return tuple(spec for spec in inputs if _unsized_axes(spec) is not None)
+
+
+def _unsized_words(spec: TensorSpec) -> str:
+    shape = "x".join(str(d) if d > 0 else "?" for d in spec.shape)
+    return (f"input {spec.name!r} has a dynamic image size ({shape}) and neither the model nor a "
+            f"{SIDECAR} beside it states a size")
+
+
+UNSIZED_FIX = (f"export the model with a fixed input size (Ultralytics: imgsz=640 without dynamic=True), or put a "
+               f"{SIDECAR} with 'imgsz: [height, width]' beside it")
+
+
+def require_sized_inputs(model: ModelInfo) -> None:
+    """Raise UnsizedInput when an image input of ``model`` has no size: an engine's buffers, and the frames a
+    pipeline resizes into them, need one."""
+    unsized = unsized_inputs(model.inputs)
+    if unsized:
+        raise UnsizedInput(f"{model.path}: {_unsized_words(unsized[0])} — {UNSIZED_FIX}", unsized[0].name)
+
+
+def _sized_inputs(inputs: tuple[TensorSpec, ...], metadata: ModelMetadata, notes: list[str]) -> tuple[TensorSpec, ...]:
+    """A dynamic image input (height and width unknown: -1) given the size the model's metadata states."""
+    sized = []
+    for spec in inputs:
+        axes = _unsized_axes(spec)
+        if axes is not None and metadata.imgsz:
+            shape = list(spec.shape)
+            for axis, size in zip(axes, metadata.imgsz):
+                shape[axis] = shape[axis] if shape[axis] > 0 else size
+            shape[0] = shape[0] if shape[0] > 0 else 1
+            notes.append(f"input {spec.name!r} has a dynamic size; {metadata.imgsz[0]}x{metadata.imgsz[1]} "
+                         f"(height x width) from the model's metadata ({metadata.source})")
+            spec = TensorSpec(spec.name, tuple(shape), spec.dtype, "NCHW" if axes == (2, 3) else "NHWC",
+                              spec.scale, spec.zero_point)
+        elif axes is not None:
+            notes.append(f"{_unsized_words(spec)}: loading it fails — {UNSIZED_FIX}")
+        sized.append(spec)
+    return tuple(sized)
 
 
 def inspect_model(path: str | os.PathLike) -> ModelInfo:
@@ -342,6 +411,15 @@ def inspect_model(path: str | os.PathLike) -> ModelInfo:
         raise ModelNotFound(f"model not found: {model_path} — check the path") from None
     if not model_path.is_file():
         raise ModelNotFound(f"model path is not a file: {model_path}")
-    weights = model_path.with_suffix(".bin")  # an IR's weights are part of its identity
-    sidecar = (weights.stat().st_mtime_ns, weights.stat().st_size) if weights.is_file() else None
-    return _inspect_cached(str(model_path.resolve()), stat.st_mtime_ns, stat.st_size, sidecar)
+    # an IR's weights are part of its identity, and what a metadata.yaml beside it says part of its reading
+    siblings = (_stamp(model_path.with_suffix(".bin")), _stamp(model_path.parent / SIDECAR))
+    return _inspect_cached(str(model_path.resolve()), stat.st_mtime_ns, stat.st_size, siblings)
+
+
+def _stamp(path: Path) -> tuple[int, ...]:
+    """(mtime, size) of a file beside a model, () when there is none."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return ()
+    return (stat.st_mtime_ns, stat.st_size) if path.is_file() else ()

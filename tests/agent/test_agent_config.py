@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def test_full_config_with_relative_paths(tmp_path):
         ({"pipelines": [{"name": "main", "source": "0"}]}, "pipelines[0].model: required"),
         ({"pipelines": [{"model": MODEL}]}, "pipelines[0].source: required"),
         ({"pipelines": [{"model": MODEL, "source": 0, "task": "dance"}]},
-         "pipelines[0].task: must be one of classify, detect, pose, segment, got 'dance'"),
+         "pipelines[0].task: must be one of classify, detect, pose, segment, obb, got 'dance'"),
         ({"pipelines": [{"model": MODEL, "source": 0, "max_fps": -1}]}, "pipelines[0].max_fps: must be a number > 0"),
         ({"pipelines": [{"model": MODEL, "source": 0, "loop": "yes"}]}, "pipelines[0].loop: must be true or false"),
         ({"pipelines": [{"model": MODEL, "source": 0, "modle": "x"}]}, "pipelines[0].modle: unknown key"),
@@ -127,7 +128,8 @@ def test_each_mistake_names_its_key(tmp_path, values, message):
 def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
     (tmp_path / "labels.txt").write_text("a\nb\n")
     every = {
-        "task": "detect", "labels": "labels.txt", "top_k": 3, "score_threshold": 0.3, "iou_threshold": 0.6,
+        "task": "detect", "decoder": "ssd", "labels": "labels.txt", "top_k": 3, "score_threshold": 0.3,
+        "iou_threshold": 0.6,
         "max_detections": 10, "delegate": "coral,xnnpack", "threads": 2, "failover": False, "watchdog": False,
         "watchdog_floor_s": 2.5, "watchdog_factor": 4, "probe_backoff": {"initial_s": 5, "max_s": 120},
         "motion_gate": True, "motion_threshold": 12, "motion_min_area": 0.01, "motion_max_skip": 15,
@@ -149,6 +151,7 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
     options = pipeline.options
     assert type(options) is PipelineOptions
     assert (options.task, options.labels, options.top_k) == ("detect", str(tmp_path / "labels.txt"), 3)
+    assert options.decoder == "ssd"
     assert (options.score_threshold, options.iou_threshold, options.max_detections) == (0.3, 0.6, 10)
     assert (options.size, options.fps, options.fourcc, options.loop) == ((1280, 720), 15.0, "MJPG", True)
     assert (options.backoff.initial_s, options.backoff.max_s, options.backoff.give_up_s) == (1.0, 30.0, 600.0)
@@ -185,7 +188,8 @@ def test_pipeline_options_reach_the_pipeline_the_agent_builds(tmp_path):
         "opencv_threads": None, "keep_frames": True}]}, base=tmp_path)
     pipeline = default_pipeline_factory(config.pipelines[0])  # what the runner builds (not started)
     try:
-        assert pipeline.options == config.pipelines[0].options
+        # the same options, the task decided from the model (a classifier: one 1xN output) where none was given
+        assert pipeline.options == dataclasses.replace(config.pipelines[0].options, task="classify")
         assert (pipeline.options.queue_size, pipeline.options.score_threshold, pipeline.options.top_k) == \
             (3, 0.25, 2)
     finally:

@@ -22,19 +22,21 @@ from support.pipeline import (
 )
 
 import edgeinfer
+from edgeinfer.pipeline.decoders import DecoderInput, DecoderSettings, LayoutMismatch, get_layout
+from edgeinfer.pipeline.decoders.base import nms
+from edgeinfer.pipeline.decoders.classify import ClassificationDecoder
 from edgeinfer.pipeline.labels import Labels
-from edgeinfer.pipeline.postprocess import (
-    KEYPOINT_NAMES,
-    ClassificationDecoder,
-    DetectionDecoder,
-    PoseDecoder,
-    SegmentationDecoder,
-    class_scores,
-    nms,
-    top_k,
-)
+from edgeinfer.pipeline.postprocess import KEYPOINT_NAMES, class_scores, top_k
 from edgeinfer.pipeline.preprocess import Preprocessor, Transform
+from edgeinfer.runtime.metadata import ModelMetadata
 from edgeinfer.runtime.model import TensorSpec
+
+
+def _decoder(layout, outputs, specs, input_size, labels=None, **settings):
+    """The named layout's decoder over these outputs (what the pipeline builds from an engine)."""
+    source = DecoderInput(list(outputs), tuple(specs), input_size, labels, DecoderSettings(**settings),
+                          ModelMetadata())
+    return get_layout(layout).build(source)
 
 
 def _run(engine, image, resize, **options):
@@ -51,7 +53,7 @@ def test_ultraface_finds_grace_hoppers_face(delegate, resize):
     with edgeinfer.load(ULTRAFACE, delegate) as engine:
         transform = _run(engine, image, resize, mean=127.0, std=128.0)
         outputs = [engine.output_view(i) for i in range(2)]
-        found = DetectionDecoder(outputs, engine.outputs, (320, 240))(transform)
+        found = _decoder("ssd", outputs, engine.outputs, (320, 240))(transform)
     assert len(found) == 1, found.to_dict()
     face = found[0]
     assert face.score > 0.99 and face.class_id == 1
@@ -71,13 +73,16 @@ def test_movenet_keypoints_match_the_reference(model, delegate, resize):
     height, width = image.shape[:2]
     with edgeinfer.load(model, delegate) as engine:
         transform = _run(engine, image, resize)
-        pose = PoseDecoder(engine.output_view(0), engine.outputs[0], (192, 192))(transform)
+        people = _decoder("movenet", [engine.output_view(0)], engine.outputs, (192, 192))(transform)
+    assert len(people) == 1  # single-pose: a list of one
+    pose = people[0]
     assert [k.name for k in pose.keypoints] == list(KEYPOINT_NAMES)
     found = np.array([[k.x, k.y] for k in pose.keypoints])
     error = np.linalg.norm(found - _movenet_reference(width, height), axis=1) / max(width, height)
     assert error.mean() < 0.025 and error.max() < 0.06, error.round(3)
     assert 0.3 < pose.score <= 1.0
-    assert pose["left_ankle"].y > pose["left_hip"].y > pose["left_shoulder"].y  # a person standing up
+    assert pose.keypoint("left_ankle").y > pose.keypoint("left_hip").y > pose.keypoint("left_shoulder").y  # standing
+    assert pose.box[1] <= min(k.y for k in pose.keypoints) and pose.box[3] >= max(k.y for k in pose.keypoints)
 
 
 def _iou(a, b):
@@ -91,7 +96,7 @@ def test_deeplab_mask_overlaps_the_dog_mask():
     labels = Labels.load(PASCAL_LABELS)
     with edgeinfer.load(DEEPLAB, "xnnpack") as engine:
         transform = _run(engine, image, "letterbox")
-        result = SegmentationDecoder(engine.output_view(0), engine.outputs[0], labels)(transform)
+        result = _decoder("semantic", [engine.output_view(0)], engine.outputs, (513, 513), labels)(transform)
     assert result.mask.shape == image.shape[:2] and result.mask.dtype == np.uint8
     assert PASCAL_DOG in result.class_ids and "dog" in result.labels
     sure = reference != 2
@@ -106,7 +111,7 @@ def test_segmentation_maps_back_through_a_letterbox():
     model_map = np.zeros((1, 64, 64), np.int64)
     model_map[0, 16:48, 32:64] = 5  # the right half of the frame
     transform = Transform(0.64, 0.64, 0.0, 16.0, 100, 50)
-    result = SegmentationDecoder(model_map, TensorSpec("m", (1, 64, 64), "int64"))(transform)
+    result = _decoder("semantic", [model_map], [TensorSpec("m", (1, 64, 64), "int64")], (64, 64))(transform)
     assert result.mask.shape == (50, 100)
     assert (result.mask[:, 52:] == 5).all() and (result.mask[:, :48] == 0).all()
     assert result.class_ids == (0, 5) and result.fractions[1] == pytest.approx(0.5, abs=0.03)
@@ -158,7 +163,7 @@ def test_ssd_decoder_thresholds_and_maps_boxes():
     specs = (TensorSpec("scores", scores.shape, "float32"), TensorSpec("boxes", boxes.shape, "float32"))
     # 200x100 source letterboxed into a 100x100 input: scale 0.5, 25 px bands above and below
     transform = Transform(0.5, 0.5, 0.0, 25.0, 200, 100)
-    found = DetectionDecoder([scores, boxes], specs, (100, 100), Labels({1: "face"}))(transform)
+    found = _decoder("ssd", [scores, boxes], specs, (100, 100), Labels({1: "face"}))(transform)
     assert len(found) == 1  # box 2 overlaps box 0 and scores lower; box 1 is below the threshold
     assert found[0].label == "face" and found[0].score == pytest.approx(0.9)
     assert found[0].box == pytest.approx((50.0, 50.0, 150.0, 100.0))  # clipped to the frame
@@ -172,30 +177,41 @@ def test_tflite_postprocessed_layout():
     count = np.array([2.0], np.float32)
     specs = tuple(TensorSpec(n, a.shape, "float32") for n, a in
                   (("boxes", boxes), ("classes", classes), ("scores", scores), ("count", count)))
-    decoder = DetectionDecoder([boxes, classes, scores, count], specs, (300, 300), score_threshold=0.3)
+    decoder = _decoder("tflite-ssd", [boxes, classes, scores, count], specs, (300, 300), score_threshold=0.3)
     found = decoder(Transform(1.0, 1.0, 0.0, 0.0, 300, 300))
     assert [d.class_id for d in found] == [3, 17]
     assert found[1].box == pytest.approx((60.0, 30.0, 180.0, 150.0))
 
 
-def test_a_model_that_does_not_fit_the_task_is_a_value_error():
+def test_a_model_that_does_not_fit_a_layout_says_why():
     with edgeinfer.load(MOBILENET_V2, "xnnpack") as engine:
         outputs = [engine.output_view(0)]
-        with pytest.raises(ValueError, match="needs SSD-style outputs"):
-            DetectionDecoder(outputs, engine.outputs, (224, 224))
-        with pytest.raises(ValueError, match="single-pose output"):
-            PoseDecoder(outputs[0], engine.outputs[0], (224, 224))
-        with pytest.raises(ValueError, match="class map"):
-            SegmentationDecoder(outputs[0], engine.outputs[0])
+        for layout, reason in (("ssd", "needs 2 outputs"), ("tflite-ssd", "needs 4 outputs"),
+                               ("movenet", "MoveNet 1x1x17x3"), ("semantic", "class map"),
+                               ("yolo", "candidate"), ("yolo-end2end", "rows")):
+            with pytest.raises(LayoutMismatch, match=reason):
+                _decoder(layout, outputs, engine.outputs, (224, 224))
+
+
+def test_nan_or_inf_in_an_output_is_never_a_box():
+    scores = np.array([[[0.1, 0.9], [0.0, np.nan], [0.1, 0.95]]], np.float32)
+    boxes = np.array([[[0.1, 0.1, 0.2, 0.2], [0.5, 0.5, 0.6, 0.6], [np.inf, 0.0, 1.0, 1.0]]], np.float32)
+    specs = (TensorSpec("scores", scores.shape, "float32"), TensorSpec("boxes", boxes.shape, "float32"))
+    found = _decoder("ssd", [scores, boxes], specs, (100, 100))(Transform(1.0, 1.0, 0.0, 0.0, 100, 100))
+    assert [d.box for d in found] == [pytest.approx((10.0, 10.0, 20.0, 20.0))]
+    people = _decoder("movenet", [np.full((1, 1, 17, 3), np.nan, np.float32)],
+                      [TensorSpec("p", (1, 1, 17, 3), "float32")], (192, 192))(Transform(1, 1, 0, 0, 192, 192))
+    assert len(people) == 0
 
 
 def test_results_are_frozen_and_serialise():
-    pose = PoseDecoder(np.full((1, 1, 17, 3), 0.5, np.float32), TensorSpec("p", (1, 1, 17, 3), "float32"),
-                       (192, 192))(Transform(1.0, 1.0, 0.0, 0.0, 192, 192))
-    data = json.loads(json.dumps(pose.to_dict()))
-    assert data["score"] == 0.5 and data["keypoints"][0] == {"name": "nose", "x": 96.0, "y": 96.0, "score": 0.5}
+    people = _decoder("movenet", [np.full((1, 1, 17, 3), 0.5, np.float32)], [TensorSpec("p", (1, 1, 17, 3), "float32")],
+                      (192, 192))(Transform(1.0, 1.0, 0.0, 0.0, 192, 192))
+    data = json.loads(json.dumps(people.to_dict()))
+    assert data[0]["score"] == 0.5 and data[0]["label"] == "person"
+    assert data[0]["keypoints"][0] == {"name": "nose", "x": 96.0, "y": 96.0, "score": 0.5}
     with pytest.raises(AttributeError):
-        pose.score = 1.0  # type: ignore[misc]
+        people[0].score = 1.0  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("resize", ["stretch", "letterbox", "crop"])

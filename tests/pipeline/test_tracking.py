@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from support import scenes
-from support.assets import REPO
+from support.assets import MOBILENET_TINY, REPO
 from support.pipeline import ULTRAFACE
 
 from edgeinfer import MultiPipeline, Pipeline
@@ -288,8 +288,10 @@ def test_the_pipeline_tracks_and_counts_from_its_options(tmp_path):
     assert [e.direction for e in events if e.kind == "line_crossed"] == ["in", "in", "out"]
     tracked = {d.track_id for r in results for d in r.result if d.track_id is not None}
     assert len(tracked) == 3 and "track_id" in results[-1].to_dict()["result"][0]
-    with pytest.raises(ValueError, match="need task 'detect'"):
-        Pipeline(ULTRAFACE, clip, lines=[line])
+    with pytest.raises(ValueError, match="need results with boxes"):
+        Pipeline(MOBILENET_TINY, clip, lines=[line])  # a classifier: nothing to count
+    with pytest.raises(ValueError, match="need a task with boxes"):
+        Pipeline(ULTRAFACE, clip, task="classify", lines=[line])
 
 
 def test_edgeinfer_run_counts_a_line_and_a_zone(tmp_path):

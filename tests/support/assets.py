@@ -28,3 +28,8 @@ REFERENCE_TOP1 = {
     "dog_segmentation.bmp": ("Samoyed", 0.97),
     "squat.bmp": ("dumbbell", 0.95),
 }
+
+REFERENCES = ASSETS / "references"
+#: MediaPipe BlazeFace short range and MediaPipe 0.10.21's own results on the shared photos
+FACE_DETECTION = MODELS / "face_detection_short_range.tflite"
+FACE_DETECTION_REFERENCE = REFERENCES / "face_detection_short_range_mediapipe.json"

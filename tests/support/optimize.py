@@ -14,11 +14,20 @@ from .assets import (
     MOBILENET_V2,
     MOBILENET_V2_FLOAT_ONNX,
     MOBILENET_V2_ONNX,
+    MODELS,
 )
 from .processes import edgeinfer_cmd
 
 #: MobileNet v2 (TF) normalisation: (pixel - 128) / 128, see ../shared/assets/README.md
 MOBILENET_NORM = ("--mean", "128", "--std", "128")
+
+#: the Ultralytics YOLO detectors (AGPL: test data, read in place, never copied into the repository)
+YOLO_FALL = MODELS / "yolo_fall_detection.onnx"
+YOLO_POSE = MODELS / "yolo11n-pose.onnx"
+#: a detector's calibration photos, and the held-back ones it is judged on (people in both)
+DETECTOR_CALIBRATION = ("squat.bmp", "pets.jpg", "cat.bmp", "face.jpg")
+DETECTOR_VALIDATION = ("grace_hopper.bmp", "kite_and_cold.jpg", "cat_720p.jpg", "dog_segmentation.bmp",
+                       "parrot.jpg")
 
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -40,12 +49,22 @@ def error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def image_folder(folder: Path, names: tuple[str, ...]) -> Path:
+    """``folder`` made to hold the named photos (links to the shared assets, not copies)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).symlink_to(IMAGES / name)
+    return folder
+
+
 def leftovers(folder: Path) -> list[str]:
     """Temporary files an interrupted or refused write would leave behind."""
     return sorted(p.name for p in folder.iterdir() if ".tmp" in p.name or p.name.endswith(".probe"))
 
 
 __all__ = [
+    "DETECTOR_CALIBRATION",
+    "DETECTOR_VALIDATION",
     "IMAGENET_LABELS",
     "IMAGES",
     "MOBILENET_NORM",
@@ -54,7 +73,10 @@ __all__ = [
     "MOBILENET_V2",
     "MOBILENET_V2_FLOAT_ONNX",
     "MOBILENET_V2_ONNX",
+    "YOLO_FALL",
+    "YOLO_POSE",
     "error_line",
+    "image_folder",
     "json_out",
     "leftovers",
     "run_cli",

@@ -147,6 +147,10 @@ def render_frames() -> list[np.ndarray]:
 
 def make_scene_clip(path: Path, quality: int = 92) -> Path:
     """Write the scene as an MJPEG ``.avi`` (what ``make_test_clip`` writes) and return its path."""
+    return _write_clip(path, render_frames(), quality)
+
+
+def _write_clip(path: Path, frames: list[np.ndarray], quality: int) -> Path:
     import cv2
 
     writer = cv2.VideoWriter(str(path), cv2.CAP_OPENCV_MJPEG, cv2.VideoWriter_fourcc(*"MJPG"), FPS, SIZE)
@@ -154,8 +158,47 @@ def make_scene_clip(path: Path, quality: int = 92) -> Path:
         raise RuntimeError(f"cannot write {path}")
     try:
         writer.set(cv2.VIDEOWRITER_PROP_QUALITY, quality)
-        for frame in render_frames():
+        for frame in frames:
             writer.write(frame)
     finally:
         writer.release()
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# People walking across a line, for a YOLO person detector (tests/pipeline/test_detector_references.py)
+# ---------------------------------------------------------------------------------------------
+
+#: the person in squat.bmp with a margin round its box (Ultralytics finds it at 104,134-368,602)
+_PERSON = ("squat.bmp", (90, 120, 385, 612), 0.55)
+PEOPLE_FRAMES = 56
+#: the counting line for the people clip: vertical at x = 320, drawn upwards (left → right is "in")
+PEOPLE_LINE = LINE
+#: one person walks left → right (in), then, mirrored, one walks right → left (out)
+PEOPLE_TRUTH = {"in": 1, "out": 1}
+
+
+def render_people_frames() -> list[np.ndarray]:
+    """The people clip's frames (BGR, SIZE): a plain wall, one walker at a time, a few frames apart."""
+    import cv2
+
+    photo, (x1, y1, x2, y2), scale = _PERSON
+    person = cv2.imread(str(IMAGES / photo))[y1:y2, x1:x2]
+    person = cv2.resize(person, None, fx=scale, fy=scale, interpolation=cv2.INTER_AREA)
+    mirrored = np.ascontiguousarray(person[:, ::-1])
+    background = np.full((SIZE[1], SIZE[0], 3), (172, 180, 186), np.uint8)
+    half = PEOPLE_FRAMES // 2
+    frames = []
+    for index in range(PEOPLE_FRAMES):
+        frame = background.copy()
+        if index < half - 2:  # walking right
+            _paste(frame, person, (_lerp([(0, 100.0), (half - 3, 540.0)], index), 240.0))
+        elif index >= half + 2:  # walking left
+            _paste(frame, mirrored, (_lerp([(half + 2, 540.0), (PEOPLE_FRAMES - 1, 100.0)], index), 240.0))
+        frames.append(frame)
+    return frames
+
+
+def make_people_clip(path: Path, quality: int = 92) -> Path:
+    """Write the people clip as an MJPEG ``.avi`` and return its path."""
+    return _write_clip(path, render_people_frames(), quality)

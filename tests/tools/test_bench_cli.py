@@ -168,6 +168,15 @@ def test_source_measures_the_whole_pipeline_per_stage():
     assert "pipeline (ms p50/p95)" in human.stdout and "preprocess" in human.stdout
 
 
+def test_a_yolo_detector_is_benched_as_the_detector_it_says_it_is():
+    """No --task: each model runs in the pipeline as the task it is read for (Ultralytics' metadata: detect)."""
+    result = run_cli("bench", MODELS / "yolo_fall_detection.onnx", "--delegate", "onnxruntime", "--source", IMAGES,
+                     "--seconds", "0.5", "--rounds", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    (row,) = json_out(result)["pipeline"]
+    assert row["task"] == "detect" and row["frames"] >= 1 and row["stages"]["postprocess"]["p50"] > 0
+
+
 def test_a_bad_source_fails_before_measuring(tmp_path):
     result = run_cli("bench", MOBILENET_TINY, "--source", tmp_path / "no_such_clip.mp4", "--seconds", "0.3",
                      timeout=60)

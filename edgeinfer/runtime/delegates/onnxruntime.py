@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from ...errors import EdgeInferError, InferenceError, ModelFormatError, ModelLoadError, UnsupportedOperator
 from ..engine import Engine
-from ..model import ModelFormat, ModelInfo, TensorSpec, guess_layout
+from ..model import ModelFormat, ModelInfo, TensorSpec, guess_layout, require_sized_inputs
 from .base import Delegate, import_runtime, runtime_missing_reason
 
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
@@ -37,9 +37,15 @@ def map_ort_errors(model: ModelInfo, stage: str) -> Iterator[None]:
         raise ModelLoadError(f"ONNX Runtime cannot load {model.path}: {first_line}") from exc
 
 
-def _concrete(shape) -> tuple[int, ...]:
-    """Symbolic / unknown dimensions (batch 'N', None) become 1."""
-    return tuple(d if isinstance(d, int) and d > 0 else 1 for d in shape)
+def _concrete(shape, known: TensorSpec | None = None) -> tuple[int, ...]:
+    """The session's dimensions, with inspection's where the session has a symbol (a dynamic image input sized
+    from the model's metadata); what neither knows (batch 'N', None) becomes 1."""
+    inspected = known.shape if known is not None and len(known.shape) == len(shape) else (0,) * len(shape)
+    return tuple(d if isinstance(d, int) and d > 0 else (k if k > 0 else 1) for d, k in zip(shape, inspected))
+
+
+def _symbolic_beyond_batch(shape) -> bool:
+    return any(not (isinstance(d, int) and d > 0) for d in shape[1:])
 
 
 class OnnxRuntimeEngine(Engine):
@@ -49,6 +55,8 @@ class OnnxRuntimeEngine(Engine):
                  device: str | None = None) -> None:
         super().__init__(model, threads=threads, device=device)
         import numpy as np
+
+        require_sized_inputs(model)  # before the session: its buffers take the inputs' sizes
 
         ort = import_runtime("onnxruntime", self.delegate, "onnx")
         options = ort.SessionOptions()
@@ -63,14 +71,16 @@ class OnnxRuntimeEngine(Engine):
             )
         by_name = {s.name: s for s in (*model.inputs, *model.outputs)}
 
-        def spec(arg) -> TensorSpec:
-            shape = _concrete(arg.shape)
+        def spec(arg, shape: tuple[int, ...] | None = None) -> TensorSpec:
             known = by_name.get(arg.name)
+            shape = shape or _concrete(arg.shape, known)
             return TensorSpec(arg.name, shape, ORT_DTYPES.get(arg.type, arg.type), guess_layout(shape),
                               known.scale if known else None, known.zero_point if known else None)
 
         self._inputs = tuple(spec(a) for a in self._session.get_inputs())
-        self._outputs = tuple(spec(a) for a in self._session.get_outputs())
+        outputs = self._session.get_outputs()
+        shapes = self._output_shapes(outputs) if any(_symbolic_beyond_batch(a.shape) for a in outputs) else {}
+        self._outputs = tuple(spec(a, shapes.get(a.name)) for a in outputs)
         # Preallocated host arrays; OrtValues wrap them without copying, bound once.
         self._input_arrays = [np.zeros(s.shape, dtype=s.dtype) for s in self._inputs]
         self._output_arrays = [np.zeros(s.shape, dtype=s.dtype) for s in self._outputs]
@@ -85,6 +95,16 @@ class OnnxRuntimeEngine(Engine):
             self._binding.bind_ortvalue_output(spec_.name, value)
             self._ort_values.append(value)
         self._run = self._session.run_with_iobinding
+
+    def _output_shapes(self, outputs) -> dict[str, tuple[int, ...]]:
+        """Outputs whose size follows a dynamic input's (anchors of a YOLO exported with dynamic=True): their
+        shapes at the inputs' sizes, from one run on zeros — the session's metadata keeps the symbols."""
+        import numpy as np
+
+        feed = {s.name: np.zeros(s.shape, dtype=s.dtype) for s in self._inputs}
+        with map_ort_errors(self.model, "load"):
+            values = self._session.run([a.name for a in outputs], feed)
+        return {a.name: tuple(int(d) for d in value.shape) for a, value in zip(outputs, values)}
 
     def _invoke(self) -> None:
         try:  # no context manager on the happy path: it would allocate once per frame

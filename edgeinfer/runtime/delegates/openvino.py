@@ -24,7 +24,7 @@ from ...errors import (
     UnsupportedOperator,
 )
 from ..engine import Engine
-from ..model import ModelFormat, ModelInfo, TensorSpec, guess_layout
+from ..model import ModelFormat, ModelInfo, TensorSpec, guess_layout, require_sized_inputs
 from .base import Delegate, import_runtime, runtime_missing_reason
 
 if TYPE_CHECKING:
@@ -95,15 +95,40 @@ def map_openvino_errors(model: ModelInfo, stage: str, device: str | None = None)
         raise ModelLoadError(f"OpenVINO cannot load {model.path}: {summary}") from exc
 
 
-def _reshape_to_batch(ov: Any, ov_model: Any, batch: int, model: ModelInfo) -> None:
-    first = ov_model.inputs[0]
+def _known_spec(port: Any, index: int, specs: tuple[TensorSpec, ...]) -> TensorSpec | None:
+    """Inspection's spec of an OpenVINO port: by one of its names, else by position."""
+    by_name = {s.name: s for s in specs}
+    known = next((by_name[n] for n in port.get_names() if n in by_name), None)
+    return known if known is not None or index >= len(specs) else specs[index]
+
+
+def _static_shapes(ov: Any, ov_model: Any, model: ModelInfo, batch: int | None) -> None:
+    """Reshape ``ov_model``'s inputs to static shapes: a dynamic dimension takes inspection's size (a dynamic
+    image input sized from the model's metadata), else 1; the first input's batch is ``batch`` when given."""
+    shapes = {}
+    for index, port in enumerate(ov_model.inputs):
+        partial = port.get_partial_shape()
+        if partial.rank.is_dynamic:
+            continue
+        known = _known_spec(port, index, model.inputs)
+        inspected = known.shape if known is not None and len(known.shape) == len(partial) else (0,) * len(partial)
+        dims = [d.get_length() if d.is_static else (k if k > 0 else 1) for d, k in zip(partial, inspected)]
+        if index == 0 and batch is not None and batch > 1 and dims:
+            dims[0] = batch
+        if partial.is_dynamic or dims != [d.get_length() for d in partial]:
+            shapes[port] = ov.PartialShape(dims)
+    if not shapes:
+        return
     try:
-        ov_model.reshape({first: ov.PartialShape([batch, *list(first.get_partial_shape())[1:]])})
+        ov_model.reshape(shapes)
     except Exception as exc:
         summary = [ln.strip() for ln in str(exc).splitlines() if ln.strip()][-1:] or [type(exc).__name__]
-        raise ModelLoadError(
-            f"OpenVINO cannot give {model.path} a batch of {batch}: {summary[0]} — its graph fixes the batch "
-            "at 1 (a Reshape to a constant shape); export the model with a dynamic batch dimension") from exc
+        if batch is not None and batch > 1:
+            raise ModelLoadError(
+                f"OpenVINO cannot give {model.path} a batch of {batch}: {summary[0]} — its graph fixes the batch "
+                "at 1 (a Reshape to a constant shape); export the model with a dynamic batch dimension") from exc
+        wanted = ", ".join(f"{port.get_any_name()}: {shape}" for port, shape in shapes.items())
+        raise ModelLoadError(f"OpenVINO cannot give {model.path} static input shapes ({wanted}): {summary[0]}") from exc
 
 
 _OV_DTYPES = {"f32": "float32", "f16": "float16", "u8": "uint8", "i8": "int8", "i32": "int32",
@@ -117,6 +142,7 @@ class OpenVinoEngine(Engine):
         super().__init__(model, threads=threads, device=device)
         import numpy as np
 
+        require_sized_inputs(model)  # before the runtime: its buffers take the inputs' sizes
         ov = openvino_api()
         core = shared_core()
         virtual = device.split(":")[0] in ("AUTO", "MULTI", "HETERO")
@@ -129,19 +155,16 @@ class OpenVinoEngine(Engine):
             config["INFERENCE_NUM_THREADS"] = threads
         with captured_native_stderr("OpenVINO"), map_openvino_errors(model, "load"):
             ov_model = core.read_model(model.path)
-            if batch is not None and batch > 1:  # several frames per invoke (a multi-stream pipeline)
-                _reshape_to_batch(ov, ov_model, batch, model)
+            # a dynamic input made static; batch > 1: several frames per invoke (a multi-stream pipeline)
+            _static_shapes(ov, ov_model, model, batch)
             self._compiled = core.compile_model(ov_model, device, config)
             self._request = self._compiled.create_infer_request()
-        by_name = {s.name: s for s in (*model.inputs, *model.outputs)}
 
         def spec(port, index: int, known_specs) -> TensorSpec:
             shape = tuple(int(d) for d in port.get_shape())
             names = port.get_names()
             name = next(iter(sorted(names)), f"port{index}") if names else f"port{index}"
-            known = next((by_name[n] for n in names if n in by_name), None)
-            if known is None and index < len(known_specs):
-                known = known_specs[index]
+            known = _known_spec(port, index, known_specs)
             dtype = _OV_DTYPES.get(port.get_element_type().get_type_name(), str(port.get_element_type()))
             quant = known is not None and known.dtype == dtype
             return TensorSpec(name, shape, dtype, guess_layout(shape),

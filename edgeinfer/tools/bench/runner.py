@@ -62,13 +62,14 @@ def run_benchmark(
     rounds: int = DEFAULT_ROUNDS,
     progress: Progress | None = None,
     source: str | int | None = None,
-    task: str = "classify",
+    task: str | None = None,
 ) -> BenchReport:
     """Benchmark every (model, delegate) pair that can run here, side by side, in one run.
 
     ``seconds`` is the measured time per target, split over ``rounds`` interleaved rounds. With
     ``source``, each target's engine then also runs inside a whole :class:`~edgeinfer.pipeline.Pipeline`
-    (``task``) on that source for as long, and per-stage timings are reported.
+    (``task``; None: the task each model is read for) on that source for as long, and per-stage timings are
+    reported.
     Raises NoDelegateAvailable when nothing can run, BenchmarkError when a worker fails.
     """
     if seconds <= 0:
@@ -197,7 +198,7 @@ def _result(entry: _Measured, threads: int, stats: dict[str, Any],
 # ------------------------------------------------------------------------------------ pipeline
 
 
-def _pipeline_rounds(measured: Sequence[_Measured], source: str | int, task: str, seconds: float, rounds: int,
+def _pipeline_rounds(measured: Sequence[_Measured], source: str | int, task: str | None, seconds: float, rounds: int,
                      say: Progress) -> tuple[dict[str, Any], ...]:
     """Each target's engine inside a whole Pipeline on ``source``, interleaved in rounds like the engines."""
     targets = [entry.target for entry in measured]
@@ -206,6 +207,7 @@ def _pipeline_rounds(measured: Sequence[_Measured], source: str | int, task: str
     dropped = [0] * len(targets)
     elapsed = [0.0] * len(targets)
     cpu = [0.0] * len(targets)
+    tasks: list[str | None] = [task] * len(targets)
     block = seconds / rounds
     for round_index in range(rounds):
         for index in _rotated(len(targets), round_index):
@@ -218,12 +220,13 @@ def _pipeline_rounds(measured: Sequence[_Measured], source: str | int, task: str
             dropped[index] += reply["dropped"]
             elapsed[index] += reply["elapsed_s"]
             cpu[index] += reply["cpu_s"]
+            tasks[index] = reply.get("task", task)
         say(f"pipeline: round {round_index + 1}/{rounds}")
     rows = []
     for index, target in enumerate(targets):
         rows.append({
             "label": f"{Path(target.model.path).name} · {target.delegate}", "model": target.model.path,
-            "delegate": target.delegate, "source": str(source), "task": task, "frames": frames[index],
+            "delegate": target.delegate, "source": str(source), "task": tasks[index], "frames": frames[index],
             "dropped": dropped[index], "fps": round(frames[index] / elapsed[index], 2) if elapsed[index] else 0.0,
             "cpu_utilization": round(cpu[index] / elapsed[index], 2) if elapsed[index] else 0.0,
             "stages": {stage: summarize(values) for stage, values in stages[index].items()},

@@ -135,7 +135,7 @@ class _Worker:
             for stage, values in samples.items():
                 values.append(round(float(getattr(timings, stage)), 4))
 
-        pipe = Pipeline(self.engine, cmd["source"], task=cmd.get("task", "classify"), loop=True)
+        pipe = Pipeline(self.engine, cmd["source"], task=cmd.get("task"), loop=True)  # None: the model's task
         try:
             cpu0 = time.process_time()
             start = time.perf_counter()
@@ -147,10 +147,11 @@ class _Worker:
             if pipe.error is not None:
                 raise pipe.error
             dropped = pipe.stats.dropped
+            task = pipe.options.task
         finally:
             pipe.close()
         return {"ok": True, "stages": samples, "frames": seen[0], "dropped": dropped, "elapsed_s": elapsed,
-                "cpu_s": cpu}
+                "cpu_s": cpu, "task": task}
 
     def close(self) -> None:
         if self.engine is not None:

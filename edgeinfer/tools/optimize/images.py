@@ -16,6 +16,8 @@ from .options import OptimizeOptions
 if TYPE_CHECKING:
     import numpy as np
 
+    from ...pipeline.preprocess import Transform
+    from ...pipeline.tasks import ModelReading
     from ...runtime.engine import Engine
 
 #: preprocessors kept per image size before the cache is cleared (folders rarely mix many sizes)
@@ -70,9 +72,13 @@ def normalisation_value(value: float | tuple[float, ...] | None) -> float | tupl
 
 
 class ImageFeeder:
-    """Reads an image and writes it into an input buffer exactly as inference does."""
+    """Reads an image and writes it into an input buffer exactly as inference does.
 
-    def __init__(self, engine: Engine, options: OptimizeOptions) -> None:
+    The resize and normalisation are the options' where given, else how the pipeline reads the model
+    (``reading``: its metadata, its output layout's family), else stretch and the float default.
+    """
+
+    def __init__(self, engine: Engine, options: OptimizeOptions, reading: ModelReading | None = None) -> None:
         from ...pipeline.preprocess import input_geometry
 
         spec = engine.inputs[0] if engine.inputs else None
@@ -85,10 +91,14 @@ class ImageFeeder:
         except ValueError as exc:
             raise OptimizeError(f"cannot calibrate {engine.model.path} on images: {exc}") from None
         self.spec = spec
-        self.options = options
+        self.resize = options.resize or (reading.resize if reading else None) or "stretch"
+        self.mean, self.std = normalisation_value(options.mean), normalisation_value(options.std)
+        if reading is not None and options.mean is None and options.std is None:
+            self.mean, self.std = normalisation_value(reading.mean), normalisation_value(reading.std)
         self._preprocessors: dict[tuple[int, int], Any] = {}
 
-    def __call__(self, image_path: Path, dst: np.ndarray) -> None:
+    def __call__(self, image_path: Path, dst: np.ndarray) -> Transform:
+        """Write ``image_path`` into ``dst``; the transform from model-input to image pixels."""
         from ..._native import captured_native_stderr
         from ...capture.images import read_image
         from ...pipeline.preprocess import Preprocessor
@@ -101,22 +111,19 @@ class ImageFeeder:
             if len(self._preprocessors) > MAX_CACHED_SIZES:
                 self._preprocessors.clear()
             preprocess = self._preprocessors[size] = Preprocessor(
-                self.spec, size, resize=self.options.resize, mean=normalisation_value(self.options.mean),
-                std=normalisation_value(self.options.std),
+                self.spec, size, resize=self.resize, mean=self.mean, std=self.std,
             )
-        preprocess(frame, dst)
+        return preprocess(frame, dst)
 
     def describe(self) -> dict[str, Any]:
         """The preprocessing applied, as recorded in the report and the optimised model's metadata."""
         from ...pipeline.preprocess import DEFAULT_FLOAT_MEAN, DEFAULT_FLOAT_STD
 
-        mean = normalisation_value(self.options.mean)
-        std = normalisation_value(self.options.std)
         return {
-            "resize": self.options.resize,
+            "resize": self.resize,
             "rgb": True,
-            "mean": DEFAULT_FLOAT_MEAN if mean is None else mean,
-            "std": DEFAULT_FLOAT_STD if std is None else std,
+            "mean": DEFAULT_FLOAT_MEAN if self.mean is None else self.mean,
+            "std": DEFAULT_FLOAT_STD if self.std is None else self.std,
             "input": self.spec.name,
             "shape": list(self.spec.shape),
             "dtype": self.spec.dtype,

@@ -21,6 +21,8 @@ FLOAT_OPS = frozenset({"Softmax"})
 #: ops a model's outputs may pass through after its last compute op (see float_outputs)
 TAIL_OPS = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
                       "Identity", "Transpose"})
+#: layers with learned weights: a detector's decode tail starts after the last of them (see decode_tail)
+LEARNED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 #: QDQ with per-channel scales (DequantizeLinear's ``axis``) needs opset 13
 MIN_QDQ_OPSET = 13
 #: ORT's C++ logger severities: the default (warning) and errors only
@@ -28,8 +30,13 @@ ORT_LOG_WARNING, ORT_LOG_ERROR = 2, 3
 
 
 def quantize_int8(source: Path, target: Path, images: Sequence[Path], feeder: ImageFeeder, engine: Engine,
-                  options: OptimizeOptions, say: Progress, notes: list[str]) -> None:
-    """Static INT8, QDQ format, per-channel weights, calibrated on ``images``."""
+                  options: OptimizeOptions, say: Progress, notes: list[str], *, detector: bool = False
+                  ) -> dict[str, str]:
+    """Static INT8, QDQ format, per-channel weights, calibrated on ``images``; the nodes left in float (name:
+    op type).
+
+    A ``detector`` keeps its decode tail in float too (see decode_tail); ``options.quantize_all`` keeps none.
+    """
     quantization = import_optional("onnxruntime.quantization", "onnx", "INT8 quantisation")
     reader = _calibration_reader(quantization.CalibrationDataReader, images, feeder, engine, say)
     prepared = target.with_name(f"{target.stem}.pre.onnx")
@@ -40,10 +47,7 @@ def quantize_int8(source: Path, target: Path, images: Sequence[Path], feeder: Im
     try:
         quant_input, model = _prepared_graph(source, prepared, notes, say)
         kinds = quantization.QuantType
-        # Softmax is cheap in float, and an 8-bit softmax output (1/255 steps) only adds rounding
-        # that turns close calls into ties; it stays float. (float_outputs does the same for the
-        # logits feeding it.)
-        keep_float = [node.name for node in model.graph.node if node.op_type in FLOAT_OPS]
+        keep_float = {} if options.quantize_all else float_nodes(model, detector)
         with quiet_vendor_logging():
             quantization.quantize_static(
                 str(quant_input), str(target), reader,
@@ -52,7 +56,7 @@ def quantize_int8(source: Path, target: Path, images: Sequence[Path], feeder: Im
                 activation_type=kinds.QUInt8 if options.activations == "uint8" else kinds.QInt8,
                 weight_type=kinds.QInt8,
                 calibrate_method=quantization.CalibrationMethod.MinMax,
-                nodes_to_exclude=keep_float or None,
+                nodes_to_exclude=list(keep_float) or None,
                 extra_options={"CalibMaxIntermediateOutputs": 16},
             )
     except EdgeInferError:
@@ -65,6 +69,46 @@ def quantize_int8(source: Path, target: Path, images: Sequence[Path], feeder: Im
         ort.set_default_logger_severity(ORT_LOG_WARNING)
         with contextlib.suppress(OSError):
             prepared.unlink()
+    return keep_float
+
+
+def float_nodes(model: Any, detector: bool) -> dict[str, str]:
+    """The nodes of ``model`` (an ``onnx.ModelProto`` with named nodes) that INT8 quantisation leaves float,
+    by name, with their op types, in graph order.
+
+    Softmax is cheap in float, and an 8-bit softmax output (1/255 steps) only adds rounding that turns
+    close calls into ties (float_outputs does the same for the logits feeding it). A detector's decode
+    tail stays float too (decode_tail).
+    """
+    tail = set(decode_tail(model)) if detector else set()
+    return {node.name: node.op_type for node in model.graph.node if node.op_type in FLOAT_OPS or node.name in tail}
+
+
+def decode_tail(model: Any) -> list[str]:
+    """The nodes between a detector's last learned layers and its outputs, in graph order.
+
+    In a YOLO export that is the head's box decode: the per-scale outputs reshaped and concatenated, the
+    DFL (a softmax over distance bins and a fixed Conv taking its expectation), the anchor arithmetic
+    (Sub/Add/Div/Mul), the class Sigmoid and the final Concat of boxes (0-640 px) with scores (0-1). One
+    8-bit scale over that Concat is 2.5 px a step: every score rounds to 0 or 2.5 and the boxes move, the
+    collapse Ultralytics users report. Walks back from every output and stops at each learned layer
+    (LEARNED_OPS), except a Conv fed by a Softmax: DFL's expectation is arithmetic, not a learned layer.
+    """
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    tail: set[str] = set()
+    pending = [output.name for output in graph.output]
+    while pending:
+        node = producers.get(pending.pop())
+        if node is None or node.name in tail:
+            continue
+        if node.op_type in LEARNED_OPS:
+            feeder = producers.get(node.input[0])
+            if feeder is None or feeder.op_type != "Softmax":
+                continue
+        tail.add(node.name)
+        pending.extend(node.input)
+    return [node.name for node in graph.node if node.name in tail]
 
 
 def _calibration_reader(base: type, images: Sequence[Path], feeder: ImageFeeder, engine: Engine,

@@ -16,6 +16,15 @@ DEFAULT_AMBIGUOUS_MARGIN = 0.05
 #: seconds of interleaved timing per comparison (original vs optimised); 0 skips timing
 DEFAULT_BENCH_SECONDS = 4.0
 DEFAULT_DELEGATE = "onnxruntime"
+#: refuse a detector whose optimised boxes fall below any of these against the original's (see agreement)
+DEFAULT_MIN_RECALL = 0.8
+DEFAULT_MIN_PRECISION = 0.8
+DEFAULT_MIN_MAP50 = 0.8
+DEFAULT_MIN_MEAN_IOU = 0.8
+#: a detector's boxes are compared at this score (Ultralytics' own default ``conf``)
+DEFAULT_SCORE_THRESHOLD = 0.25
+#: and after NMS at this IoU (Ultralytics' default ``iou``)
+DEFAULT_NMS_IOU = 0.7
 
 #: receives one line of progress at a time
 Progress = Callable[[str], None]
@@ -34,10 +43,18 @@ class OptimizeOptions:
     export_ir: bool = False
     mean: float | tuple[float, ...] | None = None
     std: float | tuple[float, ...] | None = None
-    resize: str = "stretch"
+    #: None: as inference reads the model (its metadata, its layout, else stretch)
+    resize: str | None = None
     per_channel: bool = True
     activations: str = "uint8"
     float_outputs: bool = True
+    #: quantise every node: no Softmax, decode tail or output kept float (for comparison)
+    quantize_all: bool = False
+    min_recall: float = DEFAULT_MIN_RECALL
+    min_precision: float = DEFAULT_MIN_PRECISION
+    min_map50: float = DEFAULT_MIN_MAP50
+    min_mean_iou: float = DEFAULT_MIN_MEAN_IOU
+    score_threshold: float = DEFAULT_SCORE_THRESHOLD
     threads: int | None = None
     delegate: str = DEFAULT_DELEGATE
     bench_seconds: float = DEFAULT_BENCH_SECONDS
@@ -52,6 +69,11 @@ class OptimizeOptions:
             raise ValueError("FP16 conversion is checked on images: pass --validation DIR")
         if not 0.0 <= self.min_agreement <= 1.0:
             raise ValueError(f"min_agreement must be within [0, 1], not {self.min_agreement}")
+        for name in ("min_recall", "min_precision", "min_map50", "min_mean_iou"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], not {getattr(self, name)}")
+        if not 0.0 < self.score_threshold < 1.0:
+            raise ValueError(f"score_threshold must be within (0, 1), not {self.score_threshold}")
         if not 0.0 <= self.ambiguous_margin < 1.0:
             raise ValueError(f"ambiguous_margin must be within [0, 1), not {self.ambiguous_margin}")
         if self.activations not in ACTIVATION_TYPES:
@@ -62,5 +84,11 @@ class OptimizeOptions:
             raise ValueError("bench_seconds must be >= 0")
         if self.max_calibration_images is not None and self.max_calibration_images < 1:
             raise ValueError("max_calibration_images must be >= 1")
-        if self.resize not in RESIZE_MODES:
+        if self.resize is not None and self.resize not in RESIZE_MODES:
             raise ValueError(f"resize must be stretch, letterbox or crop, not {self.resize!r}")
+
+    @property
+    def box_minimums(self) -> dict[str, float]:
+        """The detector thresholds by figure name (agreement.FIGURES)."""
+        return {"recall": self.min_recall, "precision": self.min_precision, "map50": self.min_map50,
+                "mean_iou": self.min_mean_iou}

@@ -63,14 +63,14 @@ def finish_model(path: Path, info: ModelInfo, options: OptimizeOptions, preproce
     """Float outputs for INT8 (see float_outputs); record how the model was made in its metadata."""
     onnx = import_optional("onnx", "onnx", "model metadata")
     model = onnx.load(str(path))
-    float_tail = options.mode == "int8" and options.float_outputs
+    float_tail = options.mode == "int8" and options.float_outputs and not options.quantize_all
     if float_tail and float_outputs(model):
         notes.append("the layers feeding the outputs keep INT8 weights but emit float (8-bit outputs turn "
                      "close scores into ties); --quantize-outputs is faster and coarser")
     stamp = {"mode": options.mode, "source_sha256": info.sha256, "source": Path(info.path).name,
              "calibration_images": calibration, "per_channel": options.per_channel,
              "activations": options.activations if options.mode == "int8" else None,
-             "float_outputs": float_tail, "preprocessing": preprocessing}
+             "float_outputs": float_tail, "quantize_all": options.quantize_all, "preprocessing": preprocessing}
     kept = [p for p in model.metadata_props if p.key != METADATA_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .agreement import BoxAgreement
+
 
 @dataclass(frozen=True)
 class ImageComparison:
@@ -31,7 +33,7 @@ class Accuracy:
 
     ``top1_agreement`` counts only *decisive* images (the original's top-1 beats its top-2 by at
     least the ambiguity margin); ``top1_agreement_all`` counts every image. None when the output
-    is not a class-score vector (no top-1 to compare).
+    is not a class-score vector (no top-1 to compare). A detector is judged by ``boxes`` instead.
     """
 
     images: int
@@ -42,6 +44,7 @@ class Accuracy:
     mean_abs_diff: float
     max_abs_diff: float
     per_image: tuple[ImageComparison, ...] = ()
+    boxes: BoxAgreement | None = None
 
     @property
     def disagreements(self) -> list[ImageComparison]:
@@ -100,6 +103,13 @@ class OptimizeReport:
     forced: bool = False
     notes: tuple[str, ...] = field(default=())
     seconds: float = 0.0
+    #: the task the pipeline reads the model for; a detector's artifacts carry ``accuracy.boxes``
+    task: str = "classify"
+    #: a detector's thresholds (figure name -> minimum) and the score its boxes are compared at
+    box_minimums: dict[str, float] = field(default_factory=dict)
+    score_threshold: float | None = None
+    #: nodes INT8 quantisation left in float (Softmax, a detector's decode tail): name -> op type
+    float_nodes: dict[str, str] = field(default_factory=dict)
 
     @property
     def onnx(self) -> Artifact:

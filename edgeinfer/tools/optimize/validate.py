@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...errors import OptimizeError
+from .detectors import box_refusal
 from .options import DEFAULT_AMBIGUOUS_MARGIN, OptimizeOptions, Progress
 from .report import Accuracy, Artifact, ImageComparison, Latency
 
@@ -139,6 +140,11 @@ def refusal_reason(artifacts: Sequence[Artifact], options: OptimizeOptions) -> s
         label = "the INT8 model" if options.mode == "int8" else "the FP16 model"
         if artifact.kind == "openvino-ir":
             label = "the OpenVINO IR"
+        if acc.boxes is not None:  # a detector: judged by its boxes
+            reason = box_refusal(label, acc, options)
+            if reason:
+                return reason
+            continue
         if acc.top1_agreement_all is None:
             return (f"cannot check {label}: its output is not a class-score vector, so there is no top-1 "
                     f"to compare (mean |diff| {acc.mean_abs_diff:.3g})")
