@@ -1,0 +1,149 @@
+"""What the model sees, drawn on the frame: the one drawing the live view, ``run --preview`` and evidence use.
+
+:func:`annotate` draws a frame's result — boxes with label, score and track id, keypoints, instance masks,
+oriented boxes, the top classes of a classifier — and the stream's counting lines and zones with their counts,
+on a copy of the frame (scaled to ``width`` at most first, so drawing costs what the output size costs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: BGR colours: one per class id (cycled), lines and zones in their own
+_PALETTE = ((56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72),
+            (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0), (168, 153, 44), (255, 194, 0),
+            (147, 69, 52), (255, 115, 100), (236, 24, 0), (255, 56, 132), (133, 0, 82), (255, 56, 203))
+LINE_COLOUR = (0, 215, 255)
+ZONE_COLOUR = (255, 160, 40)
+TEXT_COLOUR = (255, 255, 255)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A stream's counting lines ``name -> (x1, y1, x2, y2)`` and zones ``name -> [(x, y), ...]``, source pixels."""
+
+    lines: Mapping[str, tuple[float, float, float, float]]
+    zones: Mapping[str, Sequence[tuple[float, float]]]
+
+    @classmethod
+    def of(cls, analytics: Any) -> Geometry:
+        """The lines and zones of a :class:`~.analytics.StreamAnalytics` (an empty geometry for None)."""
+        if analytics is None:
+            return cls({}, {})
+        return cls({line.name: (*line.start, *line.end) for line in analytics.lines},
+                   {zone.name: tuple(zone.polygon) for zone in analytics.zones})
+
+
+def colour(class_id: int) -> tuple[int, int, int]:
+    return _PALETTE[class_id % len(_PALETTE)]
+
+
+def annotate(frame: np.ndarray, result: Any, *, geometry: Geometry | None = None,
+             counts: Mapping[str, Any] | None = None, width: int | None = None,
+             highlight: str | None = None) -> np.ndarray:
+    """A new BGR image: ``frame`` (scaled down to ``width`` at most) with ``result`` drawn on it, and the
+    ``geometry``'s lines and zones with their ``counts`` (StreamAnalytics.counts()); ``highlight`` names a
+    line or zone drawn thicker (the one an event is about)."""
+    import cv2
+
+    scale = 1.0
+    if width is not None and frame.shape[1] > width:
+        scale = width / frame.shape[1]
+        canvas = cv2.resize(frame, (width, max(1, round(frame.shape[0] * scale))), interpolation=cv2.INTER_AREA)
+    else:
+        canvas = frame.copy()
+    thickness = max(1, round(canvas.shape[1] / 400))
+    if geometry is not None:
+        _geometry(canvas, geometry, counts or {}, scale, thickness, highlight)
+    if isinstance(result, list):
+        _classes(canvas, result, thickness)
+    elif result is not None and hasattr(result, "items"):
+        for detection in result:
+            _detection(canvas, detection, scale, thickness)
+    return canvas
+
+
+def _text(canvas: np.ndarray, text: str, origin: tuple[int, int], background: tuple[int, int, int],
+          thickness: int) -> None:
+    import cv2
+
+    font_scale = 0.45 * thickness
+    (w, h), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, font_scale, thickness)
+    x = min(max(0, origin[0]), max(0, canvas.shape[1] - w - 2))
+    y = max(h + base + 2, origin[1])
+    cv2.rectangle(canvas, (x, y - h - base - 2), (x + w + 2, y), background, -1)
+    cv2.putText(canvas, text, (x + 1, y - base), cv2.FONT_HERSHEY_SIMPLEX, font_scale, TEXT_COLOUR, thickness,
+                cv2.LINE_AA)
+
+
+def _pt(x: float, y: float, scale: float) -> tuple[int, int]:
+    return round(x * scale), round(y * scale)
+
+
+def _detection(canvas: np.ndarray, detection: Any, scale: float, thickness: int) -> None:
+    import cv2
+    import numpy as np
+
+    tint = colour(detection.class_id)
+    if detection.mask is not None:
+        _mask(canvas, detection.mask, scale, tint)
+    if detection.rotated is not None:
+        cx, cy, w, h, angle = detection.rotated
+        corners = cv2.boxPoints(((cx * scale, cy * scale), (w * scale, h * scale), math.degrees(angle)))
+        cv2.polylines(canvas, [np.round(corners).astype(np.int32)], True, tint, thickness, cv2.LINE_AA)
+    else:
+        x1, y1, x2, y2 = detection.box
+        cv2.rectangle(canvas, _pt(x1, y1, scale), _pt(x2, y2, scale), tint, thickness, cv2.LINE_AA)
+    for keypoint in detection.keypoints:
+        if keypoint.score >= 0.3:
+            cv2.circle(canvas, _pt(keypoint.x, keypoint.y, scale), thickness + 1, tint, -1, cv2.LINE_AA)
+    track = f"#{detection.track_id} " if detection.track_id is not None else ""
+    x1, y1 = detection.box[:2]
+    _text(canvas, f"{track}{detection.label} {detection.score:.2f}", _pt(x1, y1, scale), tint, thickness)
+
+
+def _mask(canvas: np.ndarray, mask: Any, scale: float, tint: tuple[int, int, int]) -> None:
+    import cv2
+    import numpy as np
+
+    h, w = mask.pixels.shape
+    x0, y0 = round(mask.x * scale), round(mask.y * scale)
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    pixels = cv2.resize(mask.pixels.astype(np.uint8), size, interpolation=cv2.INTER_NEAREST).astype(bool)
+    region = canvas[y0:y0 + size[1], x0:x0 + size[0]]
+    pixels = pixels[:region.shape[0], :region.shape[1]]
+    region[pixels] = (region[pixels] * 0.5 + np.array(tint) * 0.5).astype(np.uint8)
+
+
+def _classes(canvas: np.ndarray, classes: list[Any], thickness: int) -> None:
+    y = 0
+    for item in classes[:3]:
+        y += round(18 * thickness)
+        _text(canvas, f"{item.label} {item.score:.2f}", (4, y), (40, 40, 40), thickness)
+
+
+def _geometry(canvas: np.ndarray, geometry: Geometry, counts: Mapping[str, Any], scale: float, thickness: int,
+              highlight: str | None) -> None:
+    import cv2
+    import numpy as np
+
+    line_counts, zone_counts = counts.get("lines", {}), counts.get("zones", {})
+    for name, polygon in geometry.zones.items():
+        points = np.array([_pt(x, y, scale) for x, y in polygon], np.int32)
+        width = thickness * (3 if name == highlight else 1)
+        cv2.polylines(canvas, [points], True, ZONE_COLOUR, width, cv2.LINE_AA)
+        zone = zone_counts.get(name, {})
+        label = f"{name}: {zone.get('inside', 0)} in, {zone.get('entries', 0)} entries" if zone else name
+        _text(canvas, label, tuple(points.min(axis=0)), ZONE_COLOUR, thickness)
+    for name, (x1, y1, x2, y2) in geometry.lines.items():
+        start, end = _pt(x1, y1, scale), _pt(x2, y2, scale)
+        cv2.line(canvas, start, end, LINE_COLOUR, thickness * (3 if name == highlight else 2), cv2.LINE_AA)
+        line = line_counts.get(name, {})
+        label = f"{name}: in {line.get('in', 0)} / out {line.get('out', 0)}" if line else name
+        _text(canvas, label, (min(start[0], end[0]), min(start[1], end[1])), LINE_COLOUR, thickness)

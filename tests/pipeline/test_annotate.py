@@ -1,0 +1,39 @@
+"""The one drawing of what the model sees (live view, --preview, evidence)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeinfer.pipeline.annotate import LINE_COLOUR, ZONE_COLOUR, Geometry, annotate, colour
+from edgeinfer.pipeline.postprocess import Classification, Detection, Detections, InstanceMask, Keypoint
+
+
+def _has(image: np.ndarray, bgr: tuple[int, int, int]) -> np.ndarray:
+    return (image == np.array(bgr, np.uint8)).all(axis=-1)
+
+
+def test_boxes_keypoints_masks_and_rotated_boxes_are_drawn_where_they_are():
+    frame = np.zeros((480, 640, 3), np.uint8)
+    mask = InstanceMask(300, 300, np.ones((40, 40), bool))
+    result = Detections((
+        Detection((100, 100, 200, 300), 0.9, 0, "person", 7, (Keypoint("nose", 150, 120, 0.9),)),
+        Detection((300, 300, 340, 340), 0.8, 1, "car", None, (), mask),
+        Detection((400, 50, 500, 150), 0.7, 2, "ship", None, (), None, (450, 100, 80, 40, 0.5)),
+    ))
+    drawn = annotate(frame, result)
+    assert drawn is not frame and not frame.any()  # the frame itself is untouched
+    assert _has(drawn[100:301, 98:103], colour(0)).any()  # the person's left edge
+    assert _has(drawn[118:123, 148:153], colour(0)).any()  # its nose
+    assert drawn[320, 320].any()  # the car's mask tints its pixels
+    assert _has(drawn[50:150, 400:500], colour(2)).any() and not _has(drawn[0:40, 0:40], colour(2)).any()
+
+
+def test_lines_and_zones_with_their_counts_and_a_width_bound():
+    frame = np.full((720, 1280, 3), 90, np.uint8)
+    geometry = Geometry({"door": (640, 700, 640, 20)}, {"shop": [(800, 100), (1200, 100), (1200, 500), (800, 500)]})
+    counts = {"lines": {"door": {"in": 3, "out": 1}}, "zones": {"shop": {"inside": 2, "entries": 5}}}
+    drawn = annotate(frame, [Classification(1, "cat", 0.8)], geometry=geometry, counts=counts, width=640)
+    assert drawn.shape == (360, 640, 3)  # scaled to the width first
+    assert _has(drawn[20:340, 318:323], LINE_COLOUR).any()  # the line at x = 640 / 2
+    assert _has(drawn[48:52, 400:600], ZONE_COLOUR).any()  # the zone's top edge at y = 100 / 2
+    assert not _has(annotate(frame, Detections(), width=640), LINE_COLOUR).any()  # no geometry: no lines
