@@ -39,6 +39,14 @@ class Command(Word):
     DEPLOY = "deploy"
     #: go back to the previous model (``args.pipeline``)
     ROLLBACK = "rollback"
+    #: push annotated JPEG frames of one pipeline's stream to the fleet manager until ``args.until`` (a unix
+    #: time; the manager sends it again while someone watches): ``args.pipeline``, ``args.stream`` ("" for a
+    #: single source), ``args.fps``, ``args.width``, ``args.max_kbps``, ``args.url`` (where to POST frames)
+    LIVE_VIEW = "live_view"
+    #: replace one pipeline's counting lines and zones without restarting it (kept across agent restarts):
+    #: ``args.pipeline``, ``args.lines`` {name: [x1, y1, x2, y2]}, ``args.zones`` {name: [[x, y], ...]},
+    #: ``args.revision``
+    SET_ANALYTICS = "set_analytics"
 
 
 class EventKind(Word):
@@ -59,6 +67,8 @@ class EventKind(Word):
     STREAM_RESTORED = streams.STREAM_RESTORED
     STREAM_ENDED = streams.STREAM_ENDED
     RULE_TRIGGERED = "rule_triggered"
+    #: a pipeline's lines and zones were replaced (``data.pipeline``, ``data.revision``, ``data.lines``, ``data.zones``)
+    ANALYTICS_CHANGED = "analytics_changed"
     EVIDENCE_UPLOAD_FAILED = "evidence_upload_failed"
     MQTT_RECONNECTED = "mqtt_reconnected"
     CMD_RESULT = "cmd_result"
