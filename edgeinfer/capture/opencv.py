@@ -51,6 +51,8 @@ class OpenCVSource(FrameSource):
         self._cap: Any = None
         self._fps: float | None = None
         self.backend = ""
+        #: how its frames are decoded and why (RTSP: the profile's hardware decoder, or why not)
+        self.decode_reason = ""
 
     @property
     def fps(self) -> float | None:
@@ -233,11 +235,17 @@ _FFMPEG_OPTIONS_LOCK = threading.Lock()
 class GStreamerSource(OpenCVSource):
     """A GStreamer pipeline string ending in ``appsink`` (``nvarguscamerasrc``, ``libcamerasrc``, …)."""
 
-    def __init__(self, pipeline: str, *, backoff: Backoff = DEFAULT_BACKOFF) -> None:
+    def __init__(self, pipeline: str, *, read_timeout_s: float | None = None, description: str | None = None,
+                 backoff: Backoff = DEFAULT_BACKOFF) -> None:
+        import cv2
+
         text = pipeline.strip()
         if "appsink" not in text:
             text += " ! videoconvert ! video/x-raw,format=BGR ! appsink drop=true max-buffers=2"
-        super().__init__(text, f"GStreamer pipeline {text!r}", live=True, backoff=backoff)
+        # OpenCV's GStreamer backend bounds its wait for a sample by the same property as FFmpeg's
+        params = (cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(read_timeout_s * 1000)) if read_timeout_s else ()
+        super().__init__(text, description or f"GStreamer pipeline {text!r}", params=params, live=True,
+                         backoff=backoff)
 
     def _open_capture(self) -> Any:
         import cv2

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import subprocess
 import threading
 import time
 
 import pytest
 from support.rtsp import SIZE, RtspServer, running_rtsp_server
 
-from edgeinfer.capture import Backoff, StreamSource, open_source
+from edgeinfer.capture import Backoff, StreamSource, gstreamer_available, open_source
+from edgeinfer.capture.hwdecode import choose_decoder, open_rtsp, rtsp_pipeline
 from edgeinfer.capture.media import ffmpeg_capture_options, parse_stream_url
+from edgeinfer.device.profiles import load_profile, load_profiles
+from edgeinfer.errors import ProfileError
 
 FAST_BACKOFF = Backoff(initial_s=0.05, max_s=0.5, jitter=0.1, give_up_s=30.0)
 FRAME_SHAPE = (SIZE[1], SIZE[0], 3)
@@ -109,3 +114,52 @@ def test_ffmpeg_options_keep_the_users_own():
     assert ffmpeg_capture_options("rtsp_transport;udp|stimeout;5", None) == "rtsp_transport;udp|stimeout;5"
     assert ffmpeg_capture_options("rtsp_transport;udp|stimeout;5", "tcp") == "stimeout;5|rtsp_transport;tcp"
     assert ffmpeg_capture_options("", "udp") == "rtsp_transport;udp"
+
+
+# ------------------------------------------------------------------ hardware decoding per device profile
+
+def test_each_board_profile_names_its_vendors_decoders():
+    profiles = load_profiles()
+    assert profiles["jetson-orin-nano"].decoders()["h265"] == ("nvv4l2decoder ! nvvidconv ! video/x-raw,format=BGRx",)
+    assert profiles["raspberry-pi-4"].decoders() == {"h264": ("v4l2h264dec",), "h265": ("v4l2slh265dec",)}
+    assert "h264" not in profiles["raspberry-pi-5-coral-usb"].decoders()  # the Pi 5 has no H.264 decoder
+    assert profiles["intel-core-ultra-npu"].decoders()["h264"] == ("vah264dec", "vaapih264dec")
+    assert profiles["generic-x86-64"].decoders() == {}
+
+
+def test_bad_stream_decode_keys_name_the_file_and_key(tmp_path):
+    base = "schema: 1\nname: board\nmatch: {arch: [x86_64]}\ndelegates: [xnnpack]\n"
+    for body, words in (("stream_decode: {vp9: x}", "vp9"), ("stream_decode: {h264: [1]}", "h264"),
+                        ("stream_decode: {h264: 'x ! appsink'}", "decoder only")):
+        path = tmp_path / "board.yaml"
+        path.write_text(base + body + "\n")
+        with pytest.raises(ProfileError, match=words):
+            load_profile(path)
+
+
+def test_the_first_installed_decoder_is_chosen_else_software_with_the_reason():
+    jetson = {"h264": ["nvv4l2decoder ! nvvidconv ! video/x-raw,format=BGRx", "openh264dec"]}
+    # this machine has no NVDEC; openh264dec (gstreamer1.0-plugins-bad) stands in for the board's decoder
+    choice = choose_decoder("rtsp://cam/live", "h264", jetson, transport="udp", opencv_reads_gstreamer=lambda: True)
+    assert choice.pipeline is not None and "! openh264dec !" in choice.pipeline and "protocols=udp" in choice.pipeline
+    assert "nvv4l2decoder" not in choice.pipeline
+    assert "no hardware decoder for h265" in choose_decoder("rtsp://cam/live", "h265", jetson).reason
+    only_jetson = {"h264": [jetson["h264"][0]]}
+    assert "finds no nvv4l2decoder, nvvidconv" in choose_decoder("rtsp://cam/live", "h264", only_jetson).reason
+    if not gstreamer_available():  # the pip wheel's OpenCV: the stated reason, and FFmpeg decodes
+        source = open_rtsp("rtsp://cam/live", "h264", jetson)
+        assert isinstance(source, StreamSource) and "cannot read GStreamer" in source.decode_reason
+    with pytest.raises(ValueError, match="codec must be"):
+        choose_decoder("rtsp://cam/live", "vp8", jetson)
+    assert "not given" in open_rtsp("rtsp://cam/live", None, jetson).decode_reason
+
+
+def test_the_built_pipeline_decodes_the_real_stream_in_gstreamer(rtsp):
+    """The pipeline open_rtsp would hand OpenCV, run by gst-launch-1.0 (this OpenCV has no GStreamer): it
+    reaches its sink with BGR frames of the stream's size. (H.264 only: Debian's libde265dec crashes.)"""
+    pipeline = rtsp_pipeline(rtsp.url("h264"), "h264", "openh264dec", transport="tcp")
+    pipeline = pipeline.replace("appsink drop=true max-buffers=2 sync=false", "fakesink num-buffers=3")
+    pipeline = pipeline.replace("format=BGR", f"format=BGR,width={SIZE[0]},height={SIZE[1]}")
+    done = subprocess.run(["gst-launch-1.0", "-q", *shlex.split(pipeline)], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr[-2000:]
