@@ -21,6 +21,7 @@ user named. The sources live in their own modules, which never import this one:
 * :mod:`.reconnect` — how every live source drops and comes back (:class:`Backoff`);
 * :mod:`.media` — stream URLs and video files: recognising them, what to check when they fail;
 * :mod:`.opencv` — cameras, streams, GStreamer pipelines and video files through OpenCV;
+* :mod:`.hwdecode` — RTSP on the board's hardware decoder that the device profile names, else FFmpeg;
 * :mod:`.mjpeg` — MJPEG files and HTTP MJPEG streams through PyAV, decoded by :mod:`.jpeg`;
 * :mod:`.jpeg` — JPEG decoded at 1/2, 1/4 or 1/8 scale (libjpeg-turbo);
 * :mod:`.folder`, :mod:`.synthetic`, :mod:`.picamera2` — still images, generated frames, Pi cameras;
