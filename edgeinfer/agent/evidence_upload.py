@@ -56,16 +56,7 @@ class EvidenceUploader:
                  backoff: Backoff | None = None) -> None:
         self.base = manager_url.rstrip("/")
         self.device_id = device_id
-        self._headers = {}
-        if credentials is not None:
-            from ..updates.download import basic_auth
-
-            self._headers = basic_auth(*credentials)
-        self._context = None
-        if cafile:
-            from ..updates.download import https_context
-
-            self._context = https_context(cafile)
+        self.http = DeviceHTTP(credentials, cafile)
         self._emit = emit
         self._backoff = backoff or Backoff(initial_s=1.0, max_s=60.0, jitter=EQUAL_JITTER)
         self._queue: deque[tuple[str | None, Path]] = deque()
@@ -195,19 +186,50 @@ class EvidenceUploader:
 
     def _put(self, event_id: str, name: str, path: Path, size: int, content_type: str) -> None:
         import urllib.error
-        import urllib.request
 
-        headers = {**self._headers, "Content-Type": content_type, "Content-Length": str(size)}
+        headers = {"Content-Type": content_type, "Content-Length": str(size)}
         with open(path, "rb") as body:
-            request = urllib.request.Request(self.url_of(event_id, name), data=body, method="PUT", headers=headers)
             try:
-                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S, context=self._context) as answer:
-                    answer.read()
+                self.http.send("PUT", self.url_of(event_id, name), body, headers, timeout=REQUEST_TIMEOUT_S)
             except urllib.error.HTTPError as exc:
                 detail = _detail(exc)
                 if exc.code >= 500 or exc.code in (408, 429):
                     raise OSError(f"HTTP {exc.code}: {detail}") from None
                 raise UploadRefused(exc.code, detail) from None
+
+
+class DeviceHTTP:
+    """The device's one HTTP client to the fleet manager: its Basic credential (the MQTT user name and password,
+    as artifact downloads use) and the CA it trusts; urllib, imported at the first request. Evidence uploads and
+    the live view's frames go through it."""
+
+    def __init__(self, credentials: tuple[str, str] | None, cafile: str | None = None) -> None:
+        self._headers: dict[str, str] = {}
+        if credentials is not None:
+            from ..updates.download import basic_auth
+
+            self._headers = basic_auth(*credentials)
+        self._context = None
+        if cafile:
+            from ..updates.download import https_context
+
+            self._context = https_context(cafile)
+
+    @classmethod
+    def of(cls, config: Any) -> DeviceHTTP:
+        """The client of an ``AgentConfig``: the device's MQTT credential and CA also open the fleet manager."""
+        mqtt = config.mqtt
+        return cls((mqtt.username, mqtt.password or "") if mqtt.username else None, mqtt.ca)
+
+    def send(self, method: str, url: str, body: Any, headers: dict[str, str], *, timeout: float) -> int:
+        """One request with the credential; its status. ``urllib.error.HTTPError`` for a 4xx/5xx answer
+        (``OSError`` and ``http.client.HTTPException`` for the network's failures)."""
+        import urllib.request
+
+        request = urllib.request.Request(url, data=body, method=method, headers={**self._headers, **headers})
+        with urllib.request.urlopen(request, timeout=timeout, context=self._context) as answer:
+            answer.read()
+            return int(answer.status)
 
 
 def start_uploader(config: Any, emit: EmitFn | None) -> EvidenceUploader | None:

@@ -106,6 +106,8 @@ def _brief(result: object) -> str:
               help="Where --event keeps snapshots and clips (default: ./edgeinfer-events).")
 @click.option("--motion-gate", is_flag=True, help="Skip inference on frames that did not change (reuse the result).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
+@click.option("--preview", metavar="[HOST:]PORT", default=None,
+              help="Serve the annotated frames as MJPEG at http://HOST:PORT/ while the run lasts (HOST: 127.0.0.1).")
 @handle_errors
 def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | None, decoder: str | None,
         mean: float | tuple[float, ...] | None, std: float | tuple[float, ...] | None, labels: str | None,
@@ -113,14 +115,17 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
         resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
         fourcc: str | None, full_decode: bool, lines: tuple[str, ...], zones: tuple[str, ...], track: bool,
-        events: tuple[str, ...], evidence_dir: str | None, motion_gate: bool, as_json: bool) -> None:
+        events: tuple[str, ...], evidence_dir: str | None, motion_gate: bool, as_json: bool,
+        preview: str | None) -> None:
     """Run MODEL over frames from --source and print results (or a live status line)."""
     from ..capture import open_source
     from ..pipeline.core import Pipeline
     from ..runtime.selection import STRICT_ENV
+    from .preview import parse_address, previewing
 
     if strict:
         os.environ[STRICT_ENV] = "1"
+    address = parse_address(preview) if preview is not None else None
     analysis = {"lines": lines, "zones": zones, "track": track, "events": events,
                 "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None,
                 "decoder": decoder, "mean": mean, "std": std}
@@ -130,7 +135,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         run_streams(model, sources, batch=batch, task=task, labels=labels, delegate=delegate, threads=threads,
                     policy=policy or "latest", max_fps=max_fps, loop=loop, top_k=top_k, resize=resize,
                     score_threshold=score_threshold, size=size, fps=camera_fps, fourcc=fourcc,
-                    max_frames=max_frames, as_json=as_json, motion_gate=motion_gate, **analysis)
+                    max_frames=max_frames, as_json=as_json, motion_gate=motion_gate, preview=address, **analysis)
         return
     source = sources[0]
     frames = open_source(source, size=size, fps=camera_fps, fourcc=fourcc, loop=loop)
@@ -144,7 +149,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         frames.close()
         raise
     interrupted = False
-    with frames, pipeline:
+    with frames, pipeline, previewing(pipeline.multi, address, ""):
         engine = pipeline.engine
         if engine.fallback_reason and not as_json:
             click.echo(f"note: using {engine.description} ({engine.fallback_reason})", err=True)

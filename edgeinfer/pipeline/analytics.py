@@ -147,6 +147,23 @@ class StreamAnalytics:
                 if event is not None:
                     events.append(event)
 
+    def replace_geometry(self, lines: Sequence[LineCounter], zones: Sequence[ZoneCounter]) -> None:
+        """Count with ``lines`` and ``zones`` from the next frame on; the tracks carry on. A line or zone whose
+        name and geometry stay is kept as it is (its counts and the tracks' state in it); one whose name stays
+        but moved carries its counts over to the new one (a track inside it is judged afresh)."""
+        new_lines, new_zones = tuple(lines), tuple(zones)
+        for kind, items in (("line", new_lines), ("zone", new_zones)):
+            names = [item.name for item in items]
+            if len(set(names)) != len(names):
+                raise ValueError(f"{kind} names must be unique")
+        with self._lock:
+            old_lines = {line.name: line for line in self.lines}
+            old_zones = {zone.name: zone for zone in self.zones}
+            self.lines = tuple(_carried(line, old_lines.get(line.name), ("start", "end"), ("crossed_in", "crossed_out"))
+                               for line in new_lines)
+            self.zones = tuple(_carried(zone, old_zones.get(zone.name), ("polygon",), ("entries",))
+                               for zone in new_zones)
+
     def counts(self) -> dict[str, Any]:
         """A JSON-able snapshot: per line in/out, per zone inside/entries/time, tracks confirmed and active."""
         with self._lock:
@@ -154,6 +171,17 @@ class StreamAnalytics:
                     "tracks": {"confirmed": len(self.tracker.confirmed_ids), "active": len(self._seen)},
                     "lines": {line.name: line.counts() for line in self.lines},
                     "zones": {zone.name: zone.counts() for zone in self.zones}}
+
+
+def _carried(new: Any, old: Any, shape: tuple[str, ...], totals: tuple[str, ...]) -> Any:
+    """``old`` when it has ``new``'s shape (nothing changed); else ``new`` with ``old``'s running totals."""
+    if old is None:
+        return new
+    if all(getattr(new, key) == getattr(old, key) for key in (*shape, "band", "band_px", "anchor")):
+        return old
+    for key in totals:
+        setattr(new, key, getattr(old, key))
+    return new
 
 
 # ------------------------------------------------------------------------------------------
@@ -212,7 +240,13 @@ def analytics_from_options(options: Any) -> StreamAnalytics | None:
     zones = dict(_named(text, f"zone{i + 1}") for i, text in enumerate(options.zones))
     if len(lines) != len(options.lines) or len(zones) != len(options.zones):
         raise ValueError("two lines or two zones have the same name")
+    return analytics_for(options, {name: parse_line(text) for name, text in lines.items()},
+                         {name: parse_zone(text) for name, text in zones.items()})
+
+
+def analytics_for(options: Any, lines: Mapping[str, Sequence[float]],
+                  zones: Mapping[str, Sequence[Sequence[float]]]) -> StreamAnalytics:
+    """A pipeline's :class:`StreamAnalytics` (its tracker settings and band) with these lines and zones."""
     frame_rate = float(options.fps or options.max_fps or 30.0)
-    return build_analytics(lines={name: parse_line(text) for name, text in lines.items()},
-                           zones={name: parse_zone(text) for name, text in zones.items()},
-                           min_hits=options.track_min_hits, band=options.line_band, frame_rate=frame_rate)
+    return build_analytics(lines=lines, zones=zones, min_hits=options.track_min_hits, band=options.line_band,
+                           frame_rate=frame_rate)

@@ -288,7 +288,7 @@ class EngineWorker:
                 np.copyto(rows[row], plan.staged[slot.index])
             else:
                 plan.pre(frame, rows[row])
-            kept = frame.copy() if stream.keep_frames else None
+            kept = frame.copy() if stream.keep_frames or stream.frame_wanted else None
             taken.append((stream, plan, slot.frame_id, slot.wall_time, slot.read_start, slot.read_end,
                           slot.staged_end, t3, perf(), kept))
             stream.ring.free.put(slot)
