@@ -308,7 +308,8 @@ def test_edgeinfer_run_counts_a_line_and_a_zone(tmp_path):
     line = "door=" + ",".join(str(v) for v in scenes.LINE)
     zone = "shop=" + ",".join(f"{x},{y}" for x, y in scenes.ZONE)
     done = subprocess.run([sys.executable, "-m", "edgeinfer", "run", str(ULTRAFACE), "--source", str(clip),
-                           "--task", "detect", "--line", line, "--zone", zone], capture_output=True, text=True,
+                           "--task", "detect", "--line", line, "--zone", zone, "--line-hold", "0.3",
+                           "--line-trigger", "anchor"], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     truth = scenes.SCENE_TRUTH
