@@ -14,6 +14,7 @@ from ..pipeline.decoders import DECODER_NAMES
 from ..pipeline.options import POLICIES
 from ..pipeline.preprocess import RESIZE_MODES
 from ..pipeline.tasks import TASK_NAMES
+from ..pipeline.zones import TRIGGERS
 from .output import handle_errors, parse_values
 from .run_events import event_printer, print_event_counts
 
@@ -99,6 +100,10 @@ def _brief(result: object) -> str:
 @click.option("--zone", "zones", multiple=True, metavar="[NAME=]X1,Y1,X2,Y2,X3,Y3,...",
               help="Count confirmed tracks in this polygon (repeatable). Implies --track.")
 @click.option("--track", is_flag=True, help="Give detections track ids (task detect; edgeinfer[tracking]).")
+@click.option("--line-hold", "line_hold_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Seconds a track must stay on a line's or zone's new side before it counts (default 0.3).")
+@click.option("--line-trigger", type=click.Choice(TRIGGERS), default=None,
+              help="What must be across: the box's anchor point (default) or the whole box.")
 @click.option("--event", "events", multiple=True, metavar="RULE",
               help="Record an event with a snapshot and a clip when RULE fires: line_crossed[:LINE][/LABEL,...], "
                    "zone_entered[:ZONE][/LABEL,...] or detection[:SCORE][/LABEL,...] (repeatable; docs/events.md).")
@@ -115,8 +120,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
         resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
         fourcc: str | None, full_decode: bool, lines: tuple[str, ...], zones: tuple[str, ...], track: bool,
-        events: tuple[str, ...], evidence_dir: str | None, motion_gate: bool, as_json: bool,
-        preview: str | None) -> None:
+        line_hold_s: float | None, line_trigger: str | None, events: tuple[str, ...], evidence_dir: str | None,
+        motion_gate: bool, as_json: bool, preview: str | None) -> None:
     """Run MODEL over frames from --source and print results (or a live status line)."""
     from ..capture import open_source
     from ..pipeline.core import Pipeline
@@ -129,6 +134,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
     analysis = {"lines": lines, "zones": zones, "track": track, "events": events,
                 "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None,
                 "decoder": decoder, "mean": mean, "std": std}
+    # given only: the options' own defaults otherwise
+    analysis.update({k: v for k, v in (("line_hold_s", line_hold_s), ("line_trigger", line_trigger)) if v is not None})
     if len(sources) > 1 or batch:
         from .run_multi import run_streams
 

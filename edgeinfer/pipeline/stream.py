@@ -111,7 +111,9 @@ class Stream:
         if options.tracking:
             from .analytics import analytics_from_options
 
-            self.analytics = analytics_from_options(options)
+            # a file's frames are timed by its own frame rate (holds mean clip seconds, however fast it is read)
+            fps = None if self.source.live else self.source.fps
+            self.analytics = analytics_from_options(options, fps=fps if fps and fps > 0 else None)
         if options.events:
             from .events import events_from_options, stream_folder
 
