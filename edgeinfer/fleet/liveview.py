@@ -134,6 +134,9 @@ class LiveView:
         with self._lock:
             self._viewers.setdefault(key, set()).add(viewer)
             last = self._last.get(key)
+        if last is None:  # the newest frame any manager has (the editor's still while the device starts, or is off)
+            row = await asyncio.get_running_loop().run_in_executor(None, self.db.live_frame, key)
+            last = part(row) if row is not None else None
         if last is not None:
             viewer.queue.put_nowait(last)
         await asyncio.get_running_loop().run_in_executor(None, self.renew, key)
