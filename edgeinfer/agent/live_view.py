@@ -70,6 +70,8 @@ class LivePush:
 
         headers = {"Content-Type": "image/jpeg", "X-Frame-Time": f"{result.timestamp:.6f}",
                    "X-Frame-Id": str(result.frame_id)}
+        if self.feed.source_size is not None:  # the editor draws in these pixels, whatever the JPEG's size
+            headers["X-Source-Size"] = "{}x{}".format(*self.feed.source_size)
         try:
             self._http.send("POST", self.url, jpeg, headers, timeout=POST_TIMEOUT_S)
         except urllib.error.HTTPError as exc:

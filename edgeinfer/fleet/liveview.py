@@ -85,7 +85,8 @@ class _Viewer:
 def part(row: dict) -> bytes:
     """One MJPEG part: the JPEG with its capture time and id as part headers (what the bench reads)."""
     head = (f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(row['jpeg'])}\r\n"
-            f"X-Frame-Time: {row.get('frame_time') or 0:.6f}\r\nX-Frame-Id: {row.get('frame_id') or ''}\r\n\r\n")
+            f"X-Frame-Time: {row.get('frame_time') or 0:.6f}\r\nX-Frame-Id: {row.get('frame_id') or ''}\r\n"
+            f"X-Frame-Size: {row.get('width') or 0}x{row.get('height') or 0}\r\n\r\n")
     return head.encode() + bytes(row["jpeg"]) + b"\r\n"
 
 
@@ -152,6 +153,10 @@ class LiveView:
                     self._viewers.pop(key, None)
                     self._renewed.pop(key, None)
 
+    def _watched_here(self, key: Key) -> bool:
+        with self._lock:
+            return bool(self._viewers.get(key))
+
     def renew(self, key: Key) -> None:
         """Mark ``key`` watched for :data:`WATCH_S` and (re-)send the device its ``live_view`` command."""
         with self._lock:
@@ -170,12 +175,18 @@ class LiveView:
             log.warning("live view: %s", exc.args[0])
 
     # -------------------------------------------------------------------------------- frames
-    def receive(self, key: Key, jpeg: bytes, frame_time: float | None, frame_id: str | None) -> bool:
+    def receive(self, key: Key, jpeg: bytes, frame_time: float | None, frame_id: str | None,
+                source_size: tuple[int, ...] | None = None) -> bool:
         """A device's frame: stored as the key's newest and handed to this manager's viewers while someone
-        watches (True); False when nobody does (the device is told 410 and stops). ValueError: not a JPEG."""
-        width, height = jpeg_size(jpeg)
+        watches (True); False when nobody does (the device is told 410 and stops). ValueError: not a JPEG.
+        ``source_size``: the source's (width, height), the pixels lines and zones are in (the JPEG may be
+        scaled down); the JPEG's own size when not given."""
+        width, height = source_size or jpeg_size(jpeg)
         row = {"jpeg": jpeg, "width": width, "height": height, "frame_time": frame_time, "frame_id": frame_id}
         seq = self.db.put_live_frame(key, row)
+        if seq is None and self._watched_here(key):  # a viewer here whose watch is not in the database yet
+            self.db.watch_live(key, time.time() + WATCH_S)
+            seq = self.db.put_live_frame(key, row)
         if seq is None:
             return False
         self._deliver(key, {**row, "seq": seq})

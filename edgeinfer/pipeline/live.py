@@ -17,13 +17,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .annotate import Geometry, annotate
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from .multi import MultiPipeline
     from .stats import FrameResult
     from .stream import Stream
@@ -58,6 +56,8 @@ class LiveFeed:
         self._thread: threading.Thread | None = None
         #: frames and bytes handed to the sink
         self.frames = self.bytes = 0
+        #: the source's (width, height) of the last frame sent: the coordinate space of its boxes, lines, zones
+        self.source_size: tuple[int, int] | None = None
 
     def update(self, *, fps: float, width: int, max_kbps: float | None, until: float | None) -> None:
         """New bounds for a running feed (a second request for the same view moves ``until`` on)."""
@@ -163,24 +163,19 @@ class LiveFeed:
             self._attached = None
 
     def encode(self, result: FrameResult, stream: Stream) -> bytes:
-        """``result``'s frame with what the model saw and the stream's lines and zones, as a JPEG."""
+        """``result``'s frame with what the model saw and the stream's lines and zones, as a JPEG;
+        :attr:`source_size` is then the source's (width, height): the coordinates results, lines and zones use."""
         import cv2
 
         analytics = stream.analytics
-        frame = _source_pixels(result.frame, stream)  # type: ignore[arg-type]
-        image = annotate(frame, result.result, geometry=Geometry.of(analytics),
-                         counts=analytics.counts() if analytics is not None else None, width=self.width)
+        frame = result.frame
+        native = stream.source.native_size  # a frame decoded reduced: results are still in the source's pixels
+        width, height = native if native is not None else (frame.shape[1], frame.shape[0])  # type: ignore[union-attr]
+        self.source_size = (int(width), int(height))
+        image = annotate(frame, result.result, geometry=Geometry.of(analytics),  # type: ignore[arg-type]
+                         counts=analytics.counts() if analytics is not None else None, width=self.width,
+                         source_width=self.source_size[0])
         ok, data = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, self.quality])
         if not ok:
             raise ValueError("the frame could not be JPEG-encoded")
         return data.tobytes()
-
-
-def _source_pixels(frame: np.ndarray, stream: Any) -> np.ndarray:
-    """A frame decoded at a reduced scale, brought back to the source's size (results are in source pixels)."""
-    native = stream.source.native_size
-    if native is None or frame.shape[1] >= native[0]:
-        return frame
-    import cv2
-
-    return cv2.resize(frame, native, interpolation=cv2.INTER_LINEAR)

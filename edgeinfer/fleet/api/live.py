@@ -45,12 +45,17 @@ MEDIA = MEDIA_TYPE.partition(";")[0]
 async def post_frame(device_id: DeviceId, pipeline: PipelineName, request: Request, _who: EvidenceUploader,
                      fleet: Services, stream: StreamName = "",
                      x_frame_time: Annotated[float, Header(description="capture time, unix seconds")] = 0.0,
-                     x_frame_id: Annotated[str, Header(max_length=64, pattern=PRINTABLE_PATTERN)] = "") -> Response:
+                     x_frame_id: Annotated[str, Header(max_length=64, pattern=PRINTABLE_PATTERN)] = "",
+                     x_source_size: Annotated[str, Header(
+                         pattern=r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$",
+                         description="the source's WIDTHxHEIGHT: the pixels its boxes, lines and zones are in (the "
+                                     "JPEG may be smaller); default: the JPEG's own size")] = "") -> Response:
     body = await _read_frame(request)
     frame_time = x_frame_time if math.isfinite(x_frame_time) and x_frame_time > 0 else None
+    source = tuple(int(v) for v in x_source_size.split("x")) if x_source_size else None
     try:
         watched = await run_in_threadpool(fleet.liveview.receive, (device_id, pipeline, stream), body, frame_time,
-                                          x_frame_id or None)
+                                          x_frame_id or None, source)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     return Response(status_code=204 if watched else 410)

@@ -109,9 +109,12 @@ function liveView(root, id, pipeline, stream, canEdit) {
     img.src = URL.createObjectURL(blob);
     if (old) URL.revokeObjectURL(old);
   }
+  // the editor works in the source's pixels (X-Frame-Size), whatever size the JPEG was scaled to
+  let sourceSize = null;
   img.addEventListener("load", () => {
-    if (!size || size[0] !== img.naturalWidth || size[1] !== img.naturalHeight) {
-      size = [img.naturalWidth, img.naturalHeight];
+    const want = sourceSize || [img.naturalWidth, img.naturalHeight];
+    if (!size || size[0] !== want[0] || size[1] !== want[1]) {
+      size = want;
       overlay.setAttribute("viewBox", `0 0 ${size[0]} ${size[1]}`);
       paint();
     }
@@ -125,6 +128,8 @@ function liveView(root, id, pipeline, stream, canEdit) {
       setText(status, "waiting for the device…");
       for await (const part of mjpegParts(resp.body)) {
         frames += 1;
+        const stated = /^(\d+)x(\d+)$/.exec(part.headers["x-frame-size"] || "");
+        sourceSize = stated && +stated[1] > 0 ? [+stated[1], +stated[2]] : null;
         setFrame(new Blob([part.jpeg], { type: "image/jpeg" }));
         root.dataset.frames = String(frames);
         setText(status, `live: frame ${part.headers["x-frame-id"] || frames}`);
