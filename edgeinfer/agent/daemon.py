@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._version import __version__
+from ..capture.hwdecode import use_board_decoders
 from ..errors import ConfigError
 from ..link.mqtt import MqttLink
 from ..link.protocol import PROTOCOL_VERSION, Topics, encode
@@ -223,6 +224,7 @@ class Agent:
         self.updates = UpdateService(self.config)  # A/B model slots: may replace the configured model
         self.config = config = self.updates.installed_config(self.config)
         self.profile = resolve_profile(config)
+        use_board_decoders(self.profile.decoders() if self.profile is not None else {})  # RTSP: hardware decoding
         if self.probe is None:
             sensors = config.sensors
             self.probe = SystemProbe(root=sensors.root, thermal_zones=sensors.thermal_zones,

@@ -135,6 +135,10 @@ def _make_source(source: str | int | os.PathLike, *, size, fps, fourcc, loop, ba
         # HTTP MJPEG through PyAV (it can decode reduced) when opening now can tell whether it is MJPEG
         if probe and reduced and lower.startswith(("http://", "https://")) and mjpeg.available():
             return mjpeg.MjpegStreamSource(text, backoff=backoff)
+        if lower.startswith(("rtsp://", "rtsps://")):
+            from .hwdecode import rtsp_source  # the board's hardware decoder for the codec the URL states
+
+            return rtsp_source(text, backoff=backoff)
         return StreamSource(text, backoff=backoff)
     if "!" in text:
         _reject(text, size=size, fps=fps, **camera_only)

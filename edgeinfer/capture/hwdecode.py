@@ -27,6 +27,24 @@ log = logging.getLogger(__name__)
 
 #: the codecs a profile may name a decoder for, and how their RTP is unpacked and parsed
 CODECS = {"h264": "rtph264depay ! h264parse", "h265": "rtph265depay ! h265parse"}
+#: the board's decoders (its device profile's ``stream_decode``), set once by who knows the profile (the agent,
+#: ``edgeinfer run``): process-wide, because the board is; empty = software decoding
+_BOARD_DECODERS: dict[str, tuple[str, ...]] = {}
+
+
+def use_board_decoders(decoders: Mapping[str, Sequence[str]]) -> None:
+    """RTSP cameras whose URL states its codec (``#codec=h264``) are decoded with these GStreamer fragments
+    (the device profile's ``stream_decode``), when the elements exist here."""
+    _BOARD_DECODERS.clear()
+    _BOARD_DECODERS.update({codec: tuple(fragments) for codec, fragments in decoders.items()})
+
+
+def rtsp_source(url: str, *, backoff: Backoff = DEFAULT_BACKOFF) -> OpenCVSource:
+    """The source for an RTSP URL: the board's hardware decoder for the codec it states, else FFmpeg."""
+    parsed = parse_stream_url(url)
+    if parsed.codec is None or not _BOARD_DECODERS:
+        return StreamSource(url, backoff=backoff)
+    return open_rtsp(url, parsed.codec, _BOARD_DECODERS, backoff=backoff)
 _ELEMENT = re.compile(r"^\s*([A-Za-z0-9_-]+)")
 
 

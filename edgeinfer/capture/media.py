@@ -29,7 +29,9 @@ DEFAULT_READ_TIMEOUT_S = 5.0
 #: how RTSP may carry the media: interleaved in the RTSP connection, or in UDP datagrams beside it
 RTSP_TRANSPORTS = ("tcp", "udp")
 #: the options a stream URL may carry after ``#`` (the client's part of a URL, never sent to the camera)
-STREAM_URL_OPTIONS = ("transport", "stall_s")
+STREAM_URL_OPTIONS = ("transport", "stall_s", "codec")
+#: the codecs a stream URL may state (``#codec=h265``): what picks the board's hardware decoder
+STREAM_CODECS = ("h264", "h265")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ class StreamUrl:
     url: str
     transport: str | None = None
     stall_s: float | None = None
+    #: the stream's codec as the URL states it (``#codec=h264``): the board's hardware decoder for it is used
+    codec: str | None = None
 
 
 def parse_stream_url(text: str) -> StreamUrl:
@@ -56,7 +60,11 @@ def parse_stream_url(text: str) -> StreamUrl:
             raise ValueError(f"{redact_url(url)}: #{item} is not a stream option — use "
                              f"{' or '.join(k + '=…' for k in STREAM_URL_OPTIONS)}")
         options[key] = value
-    return StreamUrl(url, check_transport(options.get("transport")), _seconds(options.get("stall_s"), url))
+    codec = options.get("codec")
+    if codec is not None and codec.lower() not in STREAM_CODECS:
+        raise ValueError(f"{redact_url(url)}: #codec must be {' or '.join(STREAM_CODECS)}, not {codec!r}")
+    return StreamUrl(url, check_transport(options.get("transport")), _seconds(options.get("stall_s"), url),
+                     codec.lower() if codec else None)
 
 
 def check_transport(transport: str | None) -> str | None:

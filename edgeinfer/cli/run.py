@@ -40,6 +40,18 @@ def _parse_values(_ctx: click.Context, param: click.Parameter, value: str | None
     return parse_values(value, nonzero=param.name == "std")
 
 
+def _use_board_decoders(sources: tuple[str, ...]) -> None:
+    """An RTSP camera that states its codec (``#codec=h264``) is decoded by this board's hardware decoder, the
+    one its device profile names (``stream_decode``), when the elements exist here."""
+    if not any(text.lower().startswith(("rtsp://", "rtsps://")) and "codec=" in text for text in sources):
+        return
+    from ..capture.hwdecode import use_board_decoders
+    from ..device.detect import detect
+
+    profile = detect().profile
+    use_board_decoders(profile.decoders() if profile is not None else {})
+
+
 def _brief(result: object) -> str:
     """A few words about one frame's result for the status line."""
     if isinstance(result, list):
@@ -130,6 +142,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
 
     if strict:
         os.environ[STRICT_ENV] = "1"
+    _use_board_decoders(sources)
     address = parse_address(preview) if preview is not None else None
     analysis = {"lines": lines, "zones": zones, "track": track, "events": events,
                 "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None,

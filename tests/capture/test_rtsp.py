@@ -99,9 +99,11 @@ def test_the_server_killed_and_restarted_on_the_same_port(tmp_path):
 
 def test_stream_url_options():
     assert parse_stream_url("rtsp://cam/live#transport=UDP&stall_s=2.5").__dict__ == {
-        "url": "rtsp://cam/live", "transport": "udp", "stall_s": 2.5}
+        "url": "rtsp://cam/live", "transport": "udp", "stall_s": 2.5, "codec": None}
+    assert parse_stream_url("rtsp://cam/live#codec=H265").codec == "h265"
     assert parse_stream_url("http://cam/page#top").url == "http://cam/page#top"  # an HTTP fragment is its page's
     for bad, words in (("#transport=sctp", "tcp or udp"), ("#stall_s=0", "above 0"), ("#stall_s=x", "above 0"),
+                       ("#codec=mjpeg", "h264 or h265"),
                        ("#fps=5", "not a stream option"), ("#transport", "not a stream option")):
         with pytest.raises(ValueError, match=words):
             open_source("rtsp://user:secret@cam/live" + bad, open_now=False)
@@ -163,3 +165,20 @@ def test_the_built_pipeline_decodes_the_real_stream_in_gstreamer(rtsp):
     done = subprocess.run(["gst-launch-1.0", "-q", *shlex.split(pipeline)], capture_output=True, text=True,
                           timeout=30)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_boards_decoders_are_used_for_a_camera_that_states_its_codec():
+    """What the agent and ``edgeinfer run`` set from the device profile: an RTSP URL with ``#codec=`` goes to
+    the board's decoder when it can run (this OpenCV reads no GStreamer: software, with the reason); one without
+    a codec, or a board with no decoders, is FFmpeg's as before."""
+    from edgeinfer.capture.hwdecode import use_board_decoders
+
+    try:
+        use_board_decoders({"h264": ("nvv4l2decoder ! nvvidconv", "openh264dec")})
+        chosen = open_source("rtsp://cam/live#codec=h264", open_now=False)
+        assert isinstance(chosen, StreamSource) and chosen.decode_reason
+        plain = open_source("rtsp://cam/live", open_now=False)
+        assert isinstance(plain, StreamSource) and not getattr(plain, "decode_reason", None)
+    finally:
+        use_board_decoders({})
+    assert not getattr(open_source("rtsp://cam/live#codec=h264", open_now=False), "decode_reason", None)
