@@ -32,3 +32,7 @@ def test_the_form_takes_nothing_else():
     assert CONTENT_TYPES == {SNAPSHOT_NAME: "image/jpeg", PLAIN_SNAPSHOT_NAME: "image/jpeg",
                              CLIP_NAME: "video/x-motion-jpeg", MP4_CLIP_NAME: "video/mp4"}
     assert set(EVIDENCE_FILES) == set(CONTENT_TYPES) and set(CLIP_NAMES) <= set(EVIDENCE_FILES)
+
+
+def test_every_file_name_fits_the_fleet_databases_column():
+    assert all(len(name) <= 16 for name in EVIDENCE_FILES)  # evidence.file is a String(16)

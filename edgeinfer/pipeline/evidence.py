@@ -15,7 +15,7 @@ Three parts, each usable alone:
   than real time still gives 2 s of its own before the event); then the clip is written to the
   store. Recordings may overlap: every kept frame is encoded once and its bytes shared by all.
 * :class:`EvidenceStore` — one folder per event, ``<event id>/snapshot.jpg`` (annotated),
-  ``snapshot-plain.jpg``, ``clip.mp4`` or ``clip.mjpeg`` (:mod:`.evidence_clip`) and ``event.json``,
+  ``frame.jpg``, ``clip.mp4`` or ``clip.mjpeg`` (:mod:`.evidence_clip`) and ``event.json``,
   each written atomically (:func:`edgeinfer._fs.atomic_path`), ``event.json`` last: a folder
   without a readable ``event.json`` that matches its files is not an event, and is removed when the
   store opens. Bounded in bytes and in events: the oldest go first.
@@ -431,7 +431,7 @@ class EvidenceStore:
     def write(self, event_id: str, event: dict, snapshot: EncodedFrame, frames: list[EncodedFrame], *,
               annotated: bytes | None = None) -> dict:
         """Store one event (its files atomically, ``event.json`` last), then apply the bounds; returns its
-        summary. ``snapshot.jpg`` is ``annotated`` when given, ``snapshot-plain.jpg`` the snapshot as kept.
+        summary. ``snapshot.jpg`` is ``annotated`` when given, ``frame.jpg`` the snapshot as kept.
         :class:`OutputError` when the disk refuses."""
         folder = self._folder_of(event_id)
         frames = frames or [snapshot]

@@ -1,6 +1,6 @@
 """Evidence that shows the event (issue 29): on the scene clip, read far faster than real time, a face crosses
 the counting line at frame 28. The snapshot is that very frame, with the box, track id and the line drawn
-(``snapshot.jpg``) and as decoded (``snapshot-plain.jpg``); the clip covers the pre- and post-roll in the clip's
+(``snapshot.jpg``) and as decoded (``frame.jpg``); the clip covers the pre- and post-roll in the clip's
 own time and is an MP4 (H.264) that decodes to the frames ``event.json`` counts.
 
 Before the fix the snapshot was the newest pre-roll frame kept at the evidence rate in *wall-clock* time (frame
