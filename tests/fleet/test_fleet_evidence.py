@@ -632,3 +632,36 @@ def test_an_mp4_clip_and_the_plain_snapshot_are_stored_and_served_as_what_they_a
     flags = fleet.manager.evidence.with_evidence([{"device_id": "cam-a", "data": {"event_id": event_id}}])
     assert {k: flags[0]["evidence"][k] for k in ("clip", "clip_name", "plain_snapshot", "clip_bytes")} == {
         "clip": True, "clip_name": "clip.mp4", "plain_snapshot": True, "clip_bytes": len(movie)}
+
+
+def test_the_dashboard_plays_an_mp4_clip_in_a_video_element(fleet, tmp_path):
+    from support.browser import Browser, wait_for, wait_js
+    from support.dashboard import Dashboard, go, sign_in
+
+    from edgeinfer.pipeline.evidence import EncodedFrame
+    from edgeinfer.pipeline.evidence_clip import h264_encoder, write_clip
+
+    if h264_encoder() is None:
+        pytest.skip("PyAV with an H.264 encoder is not installed")
+    write_clip(tmp_path, [EncodedFrame(i, i / 5, jpeg(320, 240, 60 + i)) for i in range(10)])
+    shown, snapshot, movie = new_event_id(40), jpeg(200, 150, 59), (tmp_path / "clip.mp4").read_bytes()
+    assert fleet.put("cam-a", shown, "snapshot.jpg", snapshot)[0] == 201
+    assert fleet.put("cam-a", shown, "clip.mp4", movie)[0] == 201
+    publish_event(fleet, "cam-a", 20, event_data(shown, frames=10, duration_s=1.8, snapshot=snapshot, movie=movie))
+    assert wait_until(lambda: fleet.events(f"event_id={shown}"), 15, 0.1)
+    dash = Dashboard(fleet.manager, None, ["cam-a", "cam-b"], fleet.tokens,
+                     {role: f"evidence-{role}" for role in fleet.tokens})
+    item = f'li[data-testid=evidence-event][data-event-id="{shown}"]'
+    with Browser() as browser:
+        sign_in(browser, dash, "viewer")
+        go(browser, dash, "#/events")
+        wait_for(browser, item, 15)
+        wait_for(browser, f"{item} [data-testid=evidence-play]").click()
+        video = wait_for(browser, f"{item} video[data-testid=evidence-clip]", 15)
+        assert video.get_attribute("src").startswith("blob:")
+        h264 = browser.driver.execute_script("return document.createElement('video')"
+                                             ".canPlayType('video/mp4; codecs=\"avc1.64001e\"')")
+        if h264:  # a Chromium built without the H.264 decoder (no proprietary codecs) cannot play it
+            width = "const v = document.querySelector(arguments[0]); return v && v.readyState >= 1 && v.videoWidth;"
+            assert wait_js(browser, width, 15, f"{item} video[data-testid=evidence-clip]") == 320
+        assert browser.errors() == []
