@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._backoff import EQUAL_JITTER, Backoff
-from .._evidence import CLIP_NAME, CONTENT_TYPES, EVENT_ID, SNAPSHOT_NAME
+from .._evidence import CLIP_NAMES, CONTENT_TYPES, EVENT_ID, EVIDENCE_FILES, SNAPSHOT_NAME
 from .._fs import atomic_write_bytes
 from ..errors import UploadRefused
 from ..link.vocabulary import EventKind
@@ -39,7 +39,8 @@ UPLOADED_MARK = "uploaded"
 #: the mark of an event the manager refused (not tried again)
 REFUSED_MARK = "upload_refused"
 #: what is sent, in this order (the snapshot first: the dashboard shows it while the clip travels)
-FILES = tuple((name, CONTENT_TYPES[name]) for name in (SNAPSHOT_NAME, CLIP_NAME))
+#: what an event's folder may hold, in upload order (the snapshot first; the clip is MP4 or MJPEG)
+FILES = tuple((name, CONTENT_TYPES[name]) for name in EVIDENCE_FILES)
 #: seconds one request may take (a clip of a few MiB on a slow uplink)
 REQUEST_TIMEOUT_S = 60.0
 #: events waiting at most (the oldest beyond it wait for the next start's scan)
@@ -169,12 +170,15 @@ class EvidenceUploader:
         """PUT the event's files; mark it sent. False when the folder is gone (nothing to send)."""
         if not (folder / META_NAME).is_file():
             return False
-        for name, content_type in FILES:
+        present = [(name, kind) for name, kind in FILES if (folder / name).is_file()]
+        if not any(name == SNAPSHOT_NAME for name, _ in present) or not any(n in CLIP_NAMES for n, _ in present):
+            return False  # deleted by the store's bound while we were at it
+        for name, content_type in present:
             path = folder / name
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
-                return False  # deleted by the store's bound while we were at it
+                return False
             self._put(folder.name, name, path, size, content_type)
         atomic_write_bytes(folder / UPLOADED_MARK, json.dumps({"at": time.time()}).encode())
         self.sent += 1

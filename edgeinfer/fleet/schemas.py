@@ -318,6 +318,10 @@ class EvidenceFlags(BaseModel):
     snapshot_bytes: int | None
     clip_bytes: int | None
     frames: int | None
+    #: the snapshot as the camera gave it, without the drawing, is stored too
+    plain_snapshot: bool = False
+    #: the clip's file: clip.mp4 (H.264, a <video> plays it) or clip.mjpeg (played with ?play=1); None: none yet
+    clip_name: str | None = None
 
 
 class Event(Row):

@@ -49,19 +49,19 @@ def annotate(frame: np.ndarray, result: Any, *, geometry: Geometry | None = None
              highlight: str | None = None, source_width: int | None = None) -> np.ndarray:
     """A new BGR image: ``frame`` (scaled down to ``width`` at most) with ``result`` drawn on it, and the
     ``geometry``'s lines and zones with their ``counts`` (StreamAnalytics.counts()); ``highlight`` names a
-    line or zone drawn thicker (the one an event is about). Coordinates are the source's pixels: a frame
-    decoded at a reduced scale says its source's width in ``source_width`` (no need to enlarge it first)."""
+    line or zone drawn thicker (the one an event is about). ``source_width``: the width of the frames the
+    result and geometry are in, when ``frame`` is the same view at another size (a record stream, or a frame
+    decoded at a reduced scale: no need to enlarge it first)."""
     import cv2
 
-    source_w = source_width or frame.shape[1]
-    out_w = min(width or source_w, source_w)
-    scale = out_w / source_w  # source pixels -> canvas pixels
-    if out_w != frame.shape[1]:
-        interpolation = cv2.INTER_AREA if out_w < frame.shape[1] else cv2.INTER_LINEAR
-        size = (out_w, max(1, round(frame.shape[0] * out_w / frame.shape[1])))
-        canvas = cv2.resize(frame, size, interpolation=interpolation)
+    scale = 1.0
+    if width is not None and frame.shape[1] > width:
+        scale = width / frame.shape[1]
+        canvas = cv2.resize(frame, (width, max(1, round(frame.shape[0] * scale))), interpolation=cv2.INTER_AREA)
     else:
         canvas = frame.copy()
+    if source_width:
+        scale = canvas.shape[1] / source_width
     thickness = max(1, round(canvas.shape[1] / 400))
     if geometry is not None:
         _geometry(canvas, geometry, counts or {}, scale, thickness, highlight)

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from support.assets import REPO
 from support.fleet import admin_of, api_server, state_message, telemetry_message
-from support.jpegs import JPEGS
+from support.jpegs import JPEGS, MP4_HEAD
 
 from edgeinfer._evidence import new_event_id
 from edgeinfer.fleet.db import FleetDB
@@ -107,6 +107,8 @@ def contract(tmp_path_factory) -> Contract:
             put(server.url, f"/api/devices/{DEVICE}/events/{EVENT_ID}/snapshot.jpg", tokens["operator"], JPEGS[0])
             put(server.url, f"/api/devices/{DEVICE}/events/{EVENT_ID}/clip.mjpeg", tokens["operator"],
                 JPEGS[0] + JPEGS[1])
+            put(server.url, f"/api/devices/{DEVICE}/events/{EVENT_ID}/frame.jpg", tokens["operator"], JPEGS[1])
+            put(server.url, f"/api/devices/{DEVICE}/events/{EVENT_ID}/clip.mp4", tokens["operator"], MP4_HEAD)
             model = folder / "model.bin"
             model.write_bytes(os.urandom(4096))
             sha256, _ = services.artifacts.put(model)
@@ -147,6 +149,8 @@ def fuzzer_config(contract: Contract) -> str:
               ("/artifacts/{sha256}", "GET"), ("/artifacts/{sha256}", "HEAD"),
               ("/api/devices/{device_id}/events/{event_id}/snapshot.jpg", "GET"),
               ("/api/devices/{device_id}/events/{event_id}/clip.mjpeg", "GET"),
+              ("/api/devices/{device_id}/events/{event_id}/frame.jpg", "GET"),
+              ("/api/devices/{device_id}/events/{event_id}/clip.mp4", "GET"),
               ("/api/tokens/{token_id}", "DELETE")]
     known = {**contract.known, "token_id": contract.spare_token}
     for path, method in pinned:
