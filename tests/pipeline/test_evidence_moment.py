@@ -29,7 +29,10 @@ def crossing(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("moment")
     clip = scenes.make_scene_clip(tmp / "scene.avi")
     got: list[dict] = []
-    with Pipeline(ULTRAFACE, clip, task="detect", lines=[LINE], line_band=scenes.BAND, events=["line_crossed:door"],
+    # line_hold_s=0: the crossing counts the frame it happens (28), as in the report; with the default
+    # hold it counts 0.3 s later, and the snapshot is then that frame (snapshot_frame_id == the event's frame)
+    with Pipeline(ULTRAFACE, clip, task="detect", lines=[LINE], line_band=scenes.BAND, line_hold_s=0,
+                  events=["line_crossed:door"],
                   evidence_dir=tmp / "ev", evidence_pre_s=PRE_S, evidence_post_s=POST_S,
                   evidence_fps=EVIDENCE_FPS) as pipeline:
         pipeline.add_event_listener(got.append)
