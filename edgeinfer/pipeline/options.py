@@ -127,6 +127,9 @@ class PipelineOptions:
     #: frames a second the clip keeps, and their width at most (JPEG)
     evidence_fps: float = 5.0
     evidence_width: int = 640
+    #: the source the evidence (snapshot, clip) comes from, when not the one detection reads (Frigate's
+    #: detect / record split: a camera's main stream; files are read in step, frame n with frame n)
+    record_source: str | None = None
     # motion gating (edgeinfer.pipeline.motion): unchanged frames reuse the last result, marked reused
     motion_gate: bool = False
     #: gray levels a pixel of the small comparison copy must change by
@@ -174,6 +177,8 @@ class PipelineOptions:
 
         if self.events_per_minute < 1 or self.evidence_width < 16:
             raise ValueError("events_per_minute must be >= 1 and evidence_width >= 16")
+        if self.record_source is not None and not self.events:
+            raise ValueError("record_source is where events take their evidence from: it needs events")
         if self.events:
             from .events import rules_from_options
 
