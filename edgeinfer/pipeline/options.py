@@ -128,7 +128,8 @@ class PipelineOptions:
     evidence_fps: float = 5.0
     evidence_width: int = 640
     #: the source the evidence (snapshot, clip) comes from, when not the one detection reads (Frigate's
-    #: detect / record split: a camera's main stream; files are read in step, frame n with frame n)
+    #: detect / record split: a camera's main stream; files are read in step, frame n with frame n); used only
+    #: with events and an evidence_dir
     record_source: str | None = None
     # motion gating (edgeinfer.pipeline.motion): unchanged frames reuse the last result, marked reused
     motion_gate: bool = False
@@ -177,8 +178,6 @@ class PipelineOptions:
 
         if self.events_per_minute < 1 or self.evidence_width < 16:
             raise ValueError("events_per_minute must be >= 1 and evidence_width >= 16")
-        if self.record_source is not None and not self.events:
-            raise ValueError("record_source is where events take their evidence from: it needs events")
         if self.events:
             from .events import rules_from_options
 

@@ -55,7 +55,7 @@ def test_the_snapshot_and_clip_come_from_the_record_stream_with_the_box_at_its_s
     errors = [np.abs(plain.astype(int) - frame).mean() for frame in truth]
     assert errors[1] < 5 and errors[1] < min(errors[0], errors[2])
     # the box's left edge in its class's colour at 2x the detect coordinates (the box is in detect pixels)
-    x1, y1, x2, y2 = (round(2 * v) for v in event["box"])
+    x1, y1, _, y2 = (round(2 * v) for v in event["box"])
     tint = colour(int(event["label"]))  # Ultraface's labels are its class ids
 
     def off_tint(image):
@@ -80,7 +80,22 @@ def test_a_record_source_that_ends_early_leaves_the_evidence_to_the_detect_frame
     tmp, detect, _ = clips
     short = scenes.make_scene_clip(tmp / "short.avi", size=BIG, frames=20)
     with caplog.at_level(logging.WARNING, logger="edgeinfer.pipeline.record"):
-        event, stored, results = _run(detect, short, tmp / "ev-short")
+        _, stored, results = _run(detect, short, tmp / "ev-short")
     assert len(results) == FRAMES  # detection never stopped
     assert cv2.imread(str(stored.folder / "snapshot.jpg")).shape == (480, 640, 3)  # the detect frame's
     assert any("falls back" in record.getMessage() for record in caplog.records)
+
+
+def test_run_passes_record_source_to_the_pipeline(clips):
+    from click.testing import CliRunner
+
+    from edgeinfer.cli import main as cli
+
+    tmp, detect, record = clips
+    args = ["run", str(ULTRAFACE), "--source", str(detect), "--task", "detect", "--line", LINE,
+            "--event", "line_crossed:door", "--evidence-dir", str(tmp / "ev-cli"), "--max-frames", str(FRAMES),
+            "--json"]
+    refused = CliRunner().invoke(cli, [*args[:4], "--record-source", str(record)])
+    assert refused.exit_code == 2 and "--record-source goes with --event" in refused.output
+    missing = CliRunner().invoke(cli, [*args, "--record-source", str(tmp / "no-such.avi")])
+    assert missing.exit_code == 1 and "no-such.avi" in missing.output  # the flag reaches the pipeline
