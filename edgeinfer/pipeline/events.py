@@ -365,28 +365,13 @@ class StreamEvents:
         except Exception:  # an encoder failure must not end the evidence
             log.exception("evidence frame %d could not be kept", item.frame_id)
 
-    def _on_record(self, item: _Pending) -> None:
-        """An event's frame and its drawing from the record source (the detect frame's copy if it is lost)."""
-        from .annotate import annotate
-
-        assert item.drawing is not None and self.recorder is not None
-        result, geometry, counts, highlight, source_width = item.drawing
-        big = self.record.frame_at(item.frame_id) if self.record is not None else None
-        base = big if big is not None else item.frame
-        if base is None:
-            return
-        width = self.recorder.history.width
-        item.annotated = annotate(base, result, geometry=geometry, counts=counts, width=width, highlight=highlight,
-                                  source_width=source_width)
-        item.frame = self.recorder.history.downscaled(base) if big is not None else item.frame
-
     def _record(self, recorder: EvidenceRecorder, item: _Pending) -> None:
         """Start an event's recording, with its own frame (encoded here, off the inference thread) when it came
         with one."""
         own = annotated = None
         try:
             if item.drawing is not None:
-                self._on_record(item)
+                _on_record(item, self.record, recorder.history)
             if item.frame is not None:
                 own = recorder.encode(item.frame, item.frame_id, item.timestamp)
             if item.annotated is not None:
@@ -433,6 +418,21 @@ class StreamEvents:
         failed = self.recorder.failed if self.recorder is not None else 0
         return {"triggered": self.triggered, "suppressed": self.suppressed, "rate_limited": self.rate_limited,
                 "frames_dropped": self.frames_dropped, "delivered": self.delivered, "failed": failed}
+
+
+def _on_record(item: _Pending, record: RecordSource | None, history: FrameHistory) -> None:
+    """An event's frame and its drawing from the record source (the detect frame's copy if it is lost)."""
+    from .annotate import annotate
+
+    assert item.drawing is not None
+    result, geometry, counts, highlight, source_width = item.drawing
+    big = record.frame_at(item.frame_id) if record is not None else None
+    base = big if big is not None else item.frame
+    if base is None:
+        return
+    item.annotated = annotate(base, result, geometry=geometry, counts=counts, width=history.width,
+                              highlight=highlight, source_width=source_width)
+    item.frame = history.downscaled(base) if big is not None else item.frame
 
 
 def _size(summary: dict, what: str) -> int:

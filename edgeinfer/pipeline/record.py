@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..capture import FrameSource
-    from .options import PipelineOptions
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +49,10 @@ class RecordSource:
         self._closed = False
 
     @classmethod
-    def open(cls, spec: Any, options: PipelineOptions, stream: str = "") -> RecordSource:
+    def open(cls, spec: Any, options: Any, stream: str = "") -> RecordSource:
         """Open ``spec`` (anything :func:`~edgeinfer.capture.open_source` takes) at full size: CaptureError
-        when it cannot be opened (a missing file, a camera that does not answer)."""
+        when it cannot be opened (a missing file, a camera that does not answer). ``options``: the pipeline's
+        PipelineOptions (its ``loop`` and ``backoff``)."""
         from ..capture import FrameSource, open_source
 
         opened = open_source(spec, loop=options.loop, backoff=options.backoff, reduced=False)
