@@ -121,6 +121,9 @@ def _brief(result: object) -> str:
                    "zone_entered[:ZONE][/LABEL,...] or detection[:SCORE][/LABEL,...] (repeatable; docs/events.md).")
 @click.option("--evidence-dir", type=click.Path(file_okay=False), default=None,
               help="Where --event keeps snapshots and clips (default: ./edgeinfer-events).")
+@click.option("--record-source", metavar="SOURCE", default=None,
+              help="Take --event's snapshots and clips from this source (the camera's main stream; a file is read "
+                   "in step, frame n with frame n) while detection reads --source (its sub-stream).")
 @click.option("--motion-gate", is_flag=True, help="Skip inference on frames that did not change (reuse the result).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
 @click.option("--preview", metavar="[HOST:]PORT", default=None,
@@ -133,7 +136,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
         fourcc: str | None, full_decode: bool, lines: tuple[str, ...], zones: tuple[str, ...], track: bool,
         line_hold_s: float | None, line_trigger: str | None, events: tuple[str, ...], evidence_dir: str | None,
-        motion_gate: bool, as_json: bool, preview: str | None) -> None:
+        record_source: str | None, motion_gate: bool, as_json: bool, preview: str | None) -> None:
     """Run MODEL over frames from --source and print results (or a live status line)."""
     from ..capture import open_source
     from ..pipeline.core import Pipeline
@@ -144,9 +147,13 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         os.environ[STRICT_ENV] = "1"
     _use_board_decoders(sources)
     address = parse_address(preview) if preview is not None else None
+    if record_source is not None and (not events or len(sources) > 1 or batch):
+        raise click.UsageError("--record-source goes with --event and one --source")
     analysis = {"lines": lines, "zones": zones, "track": track, "events": events,
                 "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None,
                 "decoder": decoder, "mean": mean, "std": std}
+    if record_source is not None:
+        analysis["record_source"] = record_source
     # given only: the options' own defaults otherwise
     analysis.update({k: v for k, v in (("line_hold_s", line_hold_s), ("line_trigger", line_trigger)) if v is not None})
     if len(sources) > 1 or batch:

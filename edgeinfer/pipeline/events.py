@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from .annotate import Geometry
+    from .record import RecordSource
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,10 @@ class _Pending:
     event: dict | None = None
     #: an event's own frame with what the model saw drawn on it (``frame`` is the same without)
     annotated: np.ndarray | None = None
+    #: the frame is the record source's (read by the evidence thread); ``frame``, if any, the detect frame's fallback
+    from_record: bool = False
+    #: what to draw on the record frame: (result, geometry, counts, highlight, the detect frame's width)
+    drawing: tuple[Any, Any, dict, str | None, int] | None = None
 
 
 class StreamEvents:
@@ -161,6 +166,8 @@ class StreamEvents:
         self._at_hand: tuple[np.ndarray, int, float, int | None] | None = None
         self._fired_now: list[dict] = []
         self.drawing: tuple[Geometry, Callable[[], dict]] | None = None
+        #: where the evidence's frames come from when not the detect frames (pipeline/record.py)
+        self.record: RecordSource | None = None
         #: the source's time of the newest frame offered, and when it came (monotonic): the source's clock now
         self._clock = (0.0, time.monotonic())
         self.triggered = self.suppressed = self.rate_limited = self.frames_dropped = self.delivered = 0
@@ -191,9 +198,10 @@ class StreamEvents:
             if self._pending_frames >= QUEUE_FRAMES:
                 self.frames_dropped += 1
                 return
-        small = history.downscaled(frame)
+        from_record = self.record is not None and self.record.serving
+        small = None if from_record else history.downscaled(frame)  # a record frame is read by the evidence thread
         with self._lock:
-            self._pending.append(_Pending(small, int(frame_id), float(timestamp)))
+            self._pending.append(_Pending(small, int(frame_id), float(timestamp), from_record=from_record))
             self._pending_frames += 1
             self._wake.notify()
         self._ensure_thread()
@@ -220,6 +228,17 @@ class StreamEvents:
         assert recorder is not None
         plain = recorder.history.downscaled(frame)
         geometry, counts = self.drawing if self.drawing is not None else (None, dict)
+        if self.record is not None and self.record.serving:
+            # drawn by the evidence thread on the record frame, scaled from this frame's pixels
+            counted = counts()
+            with self._lock:
+                for event in fired:
+                    drawing = (result, geometry, counted, event.get("name"), frame.shape[1])
+                    self._pending.append(_Pending(plain, frame_id, timestamp, event, from_record=True,
+                                                  drawing=drawing))
+                self._wake.notify()
+            self._ensure_thread()
+            return
         for event in fired:
             drawn = annotate(frame, result, geometry=geometry, counts=counts(), width=recorder.history.width,
                              highlight=event.get("name"), source_width=source_width)
@@ -315,7 +334,7 @@ class StreamEvents:
             if not self._pending:
                 return None
             item = self._pending.popleft()
-            if item.frame is not None and item.event is None:
+            if item.event is None:
                 self._pending_frames -= 1
             return item
 
@@ -330,21 +349,29 @@ class StreamEvents:
             elif item.event is not None:
                 self._record(recorder, item)
             else:
-                try:
-                    recorder.add(item.frame, item.frame_id, item.timestamp)  # type: ignore[arg-type]
-                except Exception:  # an encoder failure must not end the evidence
-                    log.exception("evidence frame %d could not be kept", item.frame_id)
+                self._keep(recorder, item)
             stamp, at = self._clock  # the source's clock: a file read fast or a stalled camera alike
             recorder.expire(stamp + time.monotonic() - at)
             self._deliver_finished(recorder)
         recorder.flush()
         self._deliver_finished(recorder)
 
+    def _keep(self, recorder: EvidenceRecorder, item: _Pending) -> None:
+        frame = self.record.frame_at(item.frame_id) if item.from_record and self.record is not None else item.frame
+        if frame is None:  # a damaged record frame, or the record source just lost: this one is missed
+            return
+        try:
+            recorder.add(frame, item.frame_id, item.timestamp)
+        except Exception:  # an encoder failure must not end the evidence
+            log.exception("evidence frame %d could not be kept", item.frame_id)
+
     def _record(self, recorder: EvidenceRecorder, item: _Pending) -> None:
         """Start an event's recording, with its own frame (encoded here, off the inference thread) when it came
         with one."""
         own = annotated = None
         try:
+            if item.drawing is not None:
+                _on_record(item, self.record, recorder.history)
             if item.frame is not None:
                 own = recorder.encode(item.frame, item.frame_id, item.timestamp)
             if item.annotated is not None:
@@ -391,6 +418,21 @@ class StreamEvents:
         failed = self.recorder.failed if self.recorder is not None else 0
         return {"triggered": self.triggered, "suppressed": self.suppressed, "rate_limited": self.rate_limited,
                 "frames_dropped": self.frames_dropped, "delivered": self.delivered, "failed": failed}
+
+
+def _on_record(item: _Pending, record: RecordSource | None, history: FrameHistory) -> None:
+    """An event's frame and its drawing from the record source (the detect frame's copy if it is lost)."""
+    from .annotate import annotate
+
+    assert item.drawing is not None
+    result, geometry, counts, highlight, source_width = item.drawing
+    big = record.frame_at(item.frame_id) if record is not None else None
+    base = big if big is not None else item.frame
+    if base is None:
+        return
+    item.annotated = annotate(base, result, geometry=geometry, counts=counts, width=history.width,
+                              highlight=highlight, source_width=source_width)
+    item.frame = history.downscaled(base) if big is not None else item.frame
 
 
 def _size(summary: dict, what: str) -> int:

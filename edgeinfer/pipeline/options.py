@@ -127,6 +127,10 @@ class PipelineOptions:
     #: frames a second the clip keeps, and their width at most (JPEG)
     evidence_fps: float = 5.0
     evidence_width: int = 640
+    #: the source the evidence (snapshot, clip) comes from, when not the one detection reads (Frigate's
+    #: detect / record split: a camera's main stream; files are read in step, frame n with frame n); used only
+    #: with events and an evidence_dir
+    record_source: str | None = None
     # motion gating (edgeinfer.pipeline.motion): unchanged frames reuse the last result, marked reused
     motion_gate: bool = False
     #: gray levels a pixel of the small comparison copy must change by

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .labels import Labels
     from .motion import MotionGate
     from .options import PipelineOptions
+    from .record import RecordSource
     from .ring import Slot
     from .tasks import Task
 
@@ -77,6 +78,8 @@ class Stream:
         self.gate: MotionGate | None = None
         self.analytics: StreamAnalytics | None = None
         self.events: StreamEvents | None = None
+        #: where the evidence's frames come from when not this stream's source (options.record_source)
+        self.record: RecordSource | None = None
         #: frames per second of a file's own time (frame_id / fps is a frame's time in it); None: live, wall time
         self.file_fps = source.fps if not source.live and source.fps else None
         self._add_parts(options)
@@ -127,6 +130,13 @@ class Stream:
 
                 self.analytics.add_listener(self.events.on_analytics)
                 self.events.drawing = (Geometry.of(self.analytics), self.analytics.counts)
+            if options.record_source is not None and self.events is not None and self.events.recorder is not None:
+                from .record import RecordSource
+
+                if self.name:  # one option, one camera: the several streams of a run would share it
+                    raise ValueError("record_source goes with a run of one stream (source:, not sources:)")
+
+                self.record = self.events.record = RecordSource.open(options.record_source, options, self.name)
 
     @property
     def holds_frames(self) -> bool:
@@ -204,6 +214,8 @@ class Stream:
         self.control.begin()
         self.window.start(self.control.t_start)
         self.source.resume()
+        if self.record is not None:
+            self.record.start()
         self.thread = threading.Thread(target=self.capture.run, name=self.thread_name, daemon=True)
         self.thread.start()
 
@@ -238,6 +250,8 @@ class Stream:
             log.warning("not closing %s: the capture thread is still blocked in it", self.source.description)
         elif self.owns_source:
             self.source.close()
+        if self.record is not None:
+            self.record.close()
 
     @property
     def error(self) -> BaseException | None:
