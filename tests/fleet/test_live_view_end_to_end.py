@@ -41,6 +41,24 @@ def _state(url: str, token: str) -> dict | None:
         return None
 
 
+def _crossings(url: str, token: str, line: str) -> int:
+    """The most crossings of ``line`` (in + out) any telemetry window of the device reported."""
+    found = [0]
+
+    def walk(value: object) -> None:
+        if isinstance(value, dict):  # telemetry's analytics: lines as [{"name", "in", "out"}, ...]
+            if value.get("name") == line and {"in", "out"} <= value.keys():
+                found.append(int(value["in"]) + int(value["out"]))
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(_call(url, "GET", "/api/devices/cam-live/telemetry", token)[1])
+    return max(found)
+
+
 def test_a_viewer_sees_the_devices_annotated_frames_and_an_operators_line_reaches_the_running_pipeline(tmp_path):
     scene = scenes.make_scene_clip(tmp_path / "scene.avi")
     settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", data_dir=tmp_path / "fleet")
@@ -65,7 +83,8 @@ def test_a_viewer_sees_the_devices_annotated_frames_and_an_operators_line_reache
                 frame = cv2.imdecode(np.frombuffer(watching.parts[-1].jpeg, np.uint8), cv2.IMREAD_COLOR)
                 assert frame.shape == (240, 320, 3)  # the device scaled it to the width asked for
                 assert (frame == np.array(LINE_COLOUR, np.uint8)).all(axis=-1).any()  # the line, drawn
-            line = {"lines": {"exit": [[100.0, 20.0], [100.0, 460.0]]}, "zones": {}}
+            x1, y1, x2, y2 = scenes.LINE  # the scene's line under a new name: its counts start at 0 and move
+            line = {"lines": {"exit": [[x1, y1], [x2, y2]]}, "zones": {}}
             status, _ = _call(url, "PUT", "/api/devices/cam-live/pipelines/main/analytics", operator, line)
             assert status == 202
 
@@ -73,6 +92,8 @@ def test_a_viewer_sees_the_devices_annotated_frames_and_an_operators_line_reache
                 return _call(url, "GET", "/api/events?device=cam-live&event=analytics_changed", viewer)[1]
 
             assert wait_until(changed, 30, 0.2), agent.output()
-            assert changed()[0]["data"]["lines"] == {"exit": [100.0, 20.0, 100.0, 460.0]}
+            assert changed()[0]["data"]["lines"] == {"exit": [x1, y1, x2, y2]}
+            # the clip loops: faces cross the new line, and the device's telemetry counts them
+            assert wait_until(lambda: _crossings(url, viewer, "exit") > 0, 60, 0.5), agent.output()
             (pipeline,) = _state(url, viewer)["pipelines"]
             assert pipeline["restarts"] == 0 and pipeline["status"] == "running"  # applied to the running pipeline
