@@ -47,7 +47,8 @@ test-arm64: venv
 # Debian packages the demo and the tests use (a real Mosquitto broker, PostgreSQL that the fleet tests start
 # in a temporary directory, mosquitto-clients for the ingest benchmark's baseline, shellcheck for the
 # provisioning scripts, Prometheus to run the Grafana dashboard's queries, Chromium and its chromedriver for
-# the fleet dashboard's browser tests, driven by Selenium at /usr/bin/chromium and /usr/bin/chromedriver).
+# the fleet dashboard's browser tests, driven by Selenium at /usr/bin/chromium and /usr/bin/chromedriver;
+# gst-rtsp-server under Debian's python3 with the x264/x265 encoders for the RTSP cameras of tests/capture).
 # Installed only when missing; needs root, as on CI.
 system-deps:
 	@missing=""; \
@@ -58,6 +59,13 @@ system-deps:
 	command -v mosquitto_sub >/dev/null 2>&1 || missing="$$missing mosquitto-clients"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	[ -x /usr/bin/chromedriver ] || missing="$$missing chromium-driver"; \
+	/usr/bin/python3 -c "import gi; gi.require_version('GstRtspServer', '1.0')" >/dev/null 2>&1 \
+	  || missing="$$missing python3-gi gir1.2-gst-rtsp-server-1.0"; \
+	command -v gst-inspect-1.0 >/dev/null 2>&1 || missing="$$missing gstreamer1.0-tools"; \
+	gst-inspect-1.0 --exists videotestsrc 2>/dev/null || missing="$$missing gstreamer1.0-plugins-base"; \
+	gst-inspect-1.0 --exists rtph265pay 2>/dev/null || missing="$$missing gstreamer1.0-plugins-good"; \
+	gst-inspect-1.0 --exists x264enc 2>/dev/null || missing="$$missing gstreamer1.0-plugins-ugly"; \
+	gst-inspect-1.0 --exists x265enc 2>/dev/null || missing="$$missing gstreamer1.0-plugins-bad"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \

@@ -12,10 +12,19 @@ import os
 import re
 import time
 
-#: an event's evidence files, and what each is served as
+#: an event's evidence files, and what each is served as: the snapshot (the event's frame with what the model
+#: saw drawn on it), the same frame as the camera gave it, and the clip — H.264 in MP4 where the device has an
+#: encoder (browsers play it in <video>), else the kept JPEGs back to back (MJPEG)
 SNAPSHOT_NAME = "snapshot.jpg"
+PLAIN_SNAPSHOT_NAME = "frame.jpg"
 CLIP_NAME = "clip.mjpeg"
-CONTENT_TYPES = {SNAPSHOT_NAME: "image/jpeg", CLIP_NAME: "video/x-motion-jpeg"}
+MP4_CLIP_NAME = "clip.mp4"
+CONTENT_TYPES = {SNAPSHOT_NAME: "image/jpeg", PLAIN_SNAPSHOT_NAME: "image/jpeg", CLIP_NAME: "video/x-motion-jpeg",
+                 MP4_CLIP_NAME: "video/mp4"}
+#: the names an event's clip may have (one of them per event), and every evidence file, in upload order
+CLIP_NAMES = (MP4_CLIP_NAME, CLIP_NAME)
+#: the fleet manager's database keeps a file's name in 16 characters
+EVIDENCE_FILES = (SNAPSHOT_NAME, PLAIN_SNAPSHOT_NAME, MP4_CLIP_NAME, CLIP_NAME)
 #: what an event id looks like: UTC time to the millisecond, the frame id, random hex. ASCII digits only
 #: (``\d`` would take any Unicode digit), anchored for JSON Schema and ``re.match`` alike.
 EVENT_ID_PATTERN = r"^[0-9]{8}T[0-9]{9}Z-[0-9]+-[0-9a-f]{6}$"

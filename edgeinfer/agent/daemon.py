@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._version import __version__
+from ..capture.hwdecode import use_board_decoders
 from ..errors import ConfigError
 from ..link.mqtt import MqttLink
 from ..link.protocol import PROTOCOL_VERSION, Topics, encode
@@ -35,6 +36,8 @@ from .commands import CommandRouter, register_builtin_commands
 from .config import AgentConfig, resolve_profile
 from .evidence_upload import start_uploader
 from .inventory import delegate_report, software_versions
+from .live_view import add_view_commands
+from .metrics import start_metrics
 from .runner import PipelineFactory, PipelineRunner, default_pipeline_factory
 from .services import TelemetryFigures
 from .telemetry import (
@@ -142,6 +145,7 @@ class Agent:
         self._spool: Spool | None = None
         self._link: MqttLink | None = None
         self._metrics: Any = None
+        self.live_views: Any = None  # live_view pushes (edgeinfer.agent.live_view)
         self.uploader: Any = None  # event evidence to the fleet manager (edgeinfer.agent.evidence_upload)
         self._runners: list[PipelineRunner] = []
         self._delegates: list[dict[str, Any]] = []
@@ -220,6 +224,7 @@ class Agent:
         self.updates = UpdateService(self.config)  # A/B model slots: may replace the configured model
         self.config = config = self.updates.installed_config(self.config)
         self.profile = resolve_profile(config)
+        use_board_decoders(self.profile.decoders() if self.profile is not None else {})  # RTSP: hardware decoding
         if self.probe is None:
             sensors = config.sensors
             self.probe = SystemProbe(root=sensors.root, thermal_zones=sensors.thermal_zones,
@@ -240,14 +245,15 @@ class Agent:
         # runners exist before the link connects: a command queued in the persistent session may
         # arrive at once and name a pipeline; commands wait in the router's queue until it starts
         self.uploader = start_uploader(config, self.emit)
-        self._runners = [PipelineRunner(p, emit=self.emit, on_change=self._state_changed, factory=self._factory,
+        self.live_views, factory = add_view_commands(self, self.commands, config, self._factory)
+        self._runners = [PipelineRunner(p, emit=self.emit, on_change=self._state_changed, factory=factory,
                                         restart_min_s=config.restart_min_s, restart_max_s=config.restart_max_s,
                                         on_evidence=self.uploader.enqueue if self.uploader else None)
                          for p in config.pipelines]
         self._link.set_retained(self.topics.state, encode(self._state_message(online=True)))
         self._link.start()
         if config.metrics is not None:
-            self._start_metrics(*config.metrics)
+            self._metrics = start_metrics(self, *config.metrics)
         self.emit(EventKind.AGENT_STARTED, "info", f"agent {__version__} started on {config.device_id}",
                   data={"versions": self._versions, "pipelines": [p.name for p in config.pipelines],
                         "broker": str(self._link.broker), "profile": getattr(self.profile, "name", None)})
@@ -255,16 +261,6 @@ class Agent:
             runner.start()
         self.commands.start()
         sd_notify("READY=1")
-
-    def _start_metrics(self, host: str, port: int) -> None:
-        from .metrics import MetricsServer
-
-        try:
-            self._metrics = MetricsServer(self, host, port).start()
-            log.info("serving /metrics at http://%s:%d/metrics", host, self._metrics.port)  # port 0: the one chosen
-        except (OSError, ImportError) as exc:
-            self.emit(EventKind.ERROR, "error", f"cannot serve /metrics on {host}:{port}: {exc}",
-                      data={"reason": "metrics_unavailable"})
 
     def close(self) -> None:
         """Stop pipelines, send a last window and the offline state, disconnect, close the spool. Idempotent."""
@@ -282,7 +278,7 @@ class Agent:
             self._tick()
         if self.commands is not None:
             self.commands.stop()
-        for service in (self.uploader, self._metrics):  # the uploader's unsent events stay on disk, unmarked
+        for service in (self.uploader, self._metrics, self.live_views):  # unsent events stay on disk, unmarked
             if service is not None:
                 service.close()
         if self._link is not None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._backoff import EQUAL_JITTER, Backoff
-from .._evidence import CLIP_NAME, CONTENT_TYPES, EVENT_ID, SNAPSHOT_NAME
+from .._evidence import CLIP_NAMES, CONTENT_TYPES, EVENT_ID, EVIDENCE_FILES, SNAPSHOT_NAME
 from .._fs import atomic_write_bytes
 from ..errors import UploadRefused
 from ..link.vocabulary import EventKind
@@ -39,7 +39,8 @@ UPLOADED_MARK = "uploaded"
 #: the mark of an event the manager refused (not tried again)
 REFUSED_MARK = "upload_refused"
 #: what is sent, in this order (the snapshot first: the dashboard shows it while the clip travels)
-FILES = tuple((name, CONTENT_TYPES[name]) for name in (SNAPSHOT_NAME, CLIP_NAME))
+#: what an event's folder may hold, in upload order (the snapshot first; the clip is MP4 or MJPEG)
+FILES = tuple((name, CONTENT_TYPES[name]) for name in EVIDENCE_FILES)
 #: seconds one request may take (a clip of a few MiB on a slow uplink)
 REQUEST_TIMEOUT_S = 60.0
 #: events waiting at most (the oldest beyond it wait for the next start's scan)
@@ -56,16 +57,7 @@ class EvidenceUploader:
                  backoff: Backoff | None = None) -> None:
         self.base = manager_url.rstrip("/")
         self.device_id = device_id
-        self._headers = {}
-        if credentials is not None:
-            from ..updates.download import basic_auth
-
-            self._headers = basic_auth(*credentials)
-        self._context = None
-        if cafile:
-            from ..updates.download import https_context
-
-            self._context = https_context(cafile)
+        self.http = DeviceHTTP(credentials, cafile)
         self._emit = emit
         self._backoff = backoff or Backoff(initial_s=1.0, max_s=60.0, jitter=EQUAL_JITTER)
         self._queue: deque[tuple[str | None, Path]] = deque()
@@ -178,12 +170,15 @@ class EvidenceUploader:
         """PUT the event's files; mark it sent. False when the folder is gone (nothing to send)."""
         if not (folder / META_NAME).is_file():
             return False
-        for name, content_type in FILES:
+        present = [(name, kind) for name, kind in FILES if (folder / name).is_file()]
+        if not any(name == SNAPSHOT_NAME for name, _ in present) or not any(n in CLIP_NAMES for n, _ in present):
+            return False  # deleted by the store's bound while we were at it
+        for name, content_type in present:
             path = folder / name
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
-                return False  # deleted by the store's bound while we were at it
+                return False
             self._put(folder.name, name, path, size, content_type)
         atomic_write_bytes(folder / UPLOADED_MARK, json.dumps({"at": time.time()}).encode())
         self.sent += 1
@@ -195,19 +190,50 @@ class EvidenceUploader:
 
     def _put(self, event_id: str, name: str, path: Path, size: int, content_type: str) -> None:
         import urllib.error
-        import urllib.request
 
-        headers = {**self._headers, "Content-Type": content_type, "Content-Length": str(size)}
+        headers = {"Content-Type": content_type, "Content-Length": str(size)}
         with open(path, "rb") as body:
-            request = urllib.request.Request(self.url_of(event_id, name), data=body, method="PUT", headers=headers)
             try:
-                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S, context=self._context) as answer:
-                    answer.read()
+                self.http.send("PUT", self.url_of(event_id, name), body, headers, timeout=REQUEST_TIMEOUT_S)
             except urllib.error.HTTPError as exc:
                 detail = _detail(exc)
                 if exc.code >= 500 or exc.code in (408, 429):
                     raise OSError(f"HTTP {exc.code}: {detail}") from None
                 raise UploadRefused(exc.code, detail) from None
+
+
+class DeviceHTTP:
+    """The device's one HTTP client to the fleet manager: its Basic credential (the MQTT user name and password,
+    as artifact downloads use) and the CA it trusts; urllib, imported at the first request. Evidence uploads and
+    the live view's frames go through it."""
+
+    def __init__(self, credentials: tuple[str, str] | None, cafile: str | None = None) -> None:
+        self._headers: dict[str, str] = {}
+        if credentials is not None:
+            from ..updates.download import basic_auth
+
+            self._headers = basic_auth(*credentials)
+        self._context = None
+        if cafile:
+            from ..updates.download import https_context
+
+            self._context = https_context(cafile)
+
+    @classmethod
+    def of(cls, config: Any) -> DeviceHTTP:
+        """The client of an ``AgentConfig``: the device's MQTT credential and CA also open the fleet manager."""
+        mqtt = config.mqtt
+        return cls((mqtt.username, mqtt.password or "") if mqtt.username else None, mqtt.ca)
+
+    def send(self, method: str, url: str, body: Any, headers: dict[str, str], *, timeout: float) -> int:
+        """One request with the credential; its status. ``urllib.error.HTTPError`` for a 4xx/5xx answer
+        (``OSError`` and ``http.client.HTTPException`` for the network's failures)."""
+        import urllib.request
+
+        request = urllib.request.Request(url, data=body, method=method, headers={**self._headers, **headers})
+        with urllib.request.urlopen(request, timeout=timeout, context=self._context) as answer:
+            answer.read()
+            return int(answer.status)
 
 
 def start_uploader(config: Any, emit: EmitFn | None) -> EvidenceUploader | None:

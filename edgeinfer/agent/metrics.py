@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..link.vocabulary import EventKind
 from ..pipeline.stats import PERCENTILES
 from .services import AgentServices
 
@@ -156,3 +157,17 @@ class MetricsServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def start_metrics(agent: Any, host: str, port: int) -> MetricsServer | None:
+    """The agent's ``/metrics`` server, serving; None (and an ``error`` event saying why) when it cannot."""
+    import logging
+
+    try:
+        server = MetricsServer(agent, host, port).start()
+    except (OSError, ImportError) as exc:
+        agent.emit(EventKind.ERROR, "error", f"cannot serve /metrics on {host}:{port}: {exc}",
+                   data={"reason": "metrics_unavailable"})
+        return None
+    logging.getLogger(__name__).info("serving /metrics at http://%s:%d/metrics", host, server.port)  # port 0: chosen
+    return server

@@ -70,6 +70,8 @@ class PipelineConfig(PipelineOptions):
             raise ValueError("a pipeline takes exactly one of source and sources")
         if self.batch is not None and (self.batch < 1 or not self.sources):
             raise ValueError("batch must be >= 1, and only a pipeline with sources takes it")
+        if self.record_source is not None and self.sources:
+            raise ValueError("record_source goes with source (one camera), not sources")
 
     @property
     def options(self) -> PipelineOptions:

@@ -21,6 +21,7 @@ user named. The sources live in their own modules, which never import this one:
 * :mod:`.reconnect` — how every live source drops and comes back (:class:`Backoff`);
 * :mod:`.media` — stream URLs and video files: recognising them, what to check when they fail;
 * :mod:`.opencv` — cameras, streams, GStreamer pipelines and video files through OpenCV;
+* :mod:`.hwdecode` — RTSP on the board's hardware decoder that the device profile names, else FFmpeg;
 * :mod:`.mjpeg` — MJPEG files and HTTP MJPEG streams through PyAV, decoded by :mod:`.jpeg`;
 * :mod:`.jpeg` — JPEG decoded at 1/2, 1/4 or 1/8 scale (libjpeg-turbo);
 * :mod:`.folder`, :mod:`.synthetic`, :mod:`.picamera2` — still images, generated frames, Pi cameras;
@@ -134,6 +135,10 @@ def _make_source(source: str | int | os.PathLike, *, size, fps, fourcc, loop, ba
         # HTTP MJPEG through PyAV (it can decode reduced) when opening now can tell whether it is MJPEG
         if probe and reduced and lower.startswith(("http://", "https://")) and mjpeg.available():
             return mjpeg.MjpegStreamSource(text, backoff=backoff)
+        if lower.startswith(("rtsp://", "rtsps://")):
+            from .hwdecode import rtsp_source  # the board's hardware decoder for the codec the URL states
+
+            return rtsp_source(text, backoff=backoff)
         return StreamSource(text, backoff=backoff)
     if "!" in text:
         _reject(text, size=size, fps=fps, **camera_only)

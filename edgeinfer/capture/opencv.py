@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,8 +18,11 @@ from .media import (
     DEFAULT_OPEN_TIMEOUT_S,
     DEFAULT_READ_TIMEOUT_S,
     SOURCE_HELP,
+    check_transport,
     check_video_file,
+    ffmpeg_capture_options,
     is_mjpeg_avi,
+    parse_stream_url,
     stream_description,
     stream_open_failure,
     video_file_failure,
@@ -46,6 +51,8 @@ class OpenCVSource(FrameSource):
         self._cap: Any = None
         self._fps: float | None = None
         self.backend = ""
+        #: how its frames are decoded and why (RTSP: the profile's hardware decoder, or why not)
+        self.decode_reason = ""
 
     @property
     def fps(self) -> float | None:
@@ -168,36 +175,77 @@ class CameraSource(OpenCVSource):
 
 
 class StreamSource(OpenCVSource):
-    """An RTSP / HTTP (MJPEG, HLS) / RTMP / UDP stream through OpenCV's FFmpeg backend."""
+    """An RTSP / HTTP (MJPEG, HLS) / RTMP / UDP stream through OpenCV's FFmpeg backend (H.264, H.265, …).
 
-    def __init__(self, url: str, *, open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
-                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, backoff: Backoff = DEFAULT_BACKOFF) -> None:
+    ``transport`` (``tcp`` / ``udp``, or ``#transport=`` after an rtsp:// URL) picks how RTSP carries the
+    media; TCP unless the environment's ``OPENCV_FFMPEG_CAPTURE_OPTIONS`` names one. The stall watchdog is
+    OpenCV's own read timeout (``read_timeout_s``, or ``#stall_s=``): a stream whose connection stays open
+    but that delivers no frame for that long fails the read, counts in ``stalls``, and is reopened on the
+    backoff like any drop (``reconnects``).
+    """
+
+    def __init__(self, url: str, *, transport: str | None = None, open_timeout_s: float = DEFAULT_OPEN_TIMEOUT_S,
+                 read_timeout_s: float | None = None, backoff: Backoff = DEFAULT_BACKOFF) -> None:
         import cv2
 
-        self.url = url
+        parsed = parse_stream_url(url)
+        self.url = parsed.url
+        self.transport = check_transport(transport) or parsed.transport
+        self.read_timeout_s = read_timeout_s or parsed.stall_s or DEFAULT_READ_TIMEOUT_S
+        #: reads abandoned because the stream stalled with its connection open
+        self.stalls = 0
         params = (cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, int(open_timeout_s * 1000),
-                  cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(read_timeout_s * 1000))
-        super().__init__(url, stream_description(url), api=cv2.CAP_FFMPEG, params=params, live=True,
+                  cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(self.read_timeout_s * 1000))
+        super().__init__(self.url, stream_description(self.url), api=cv2.CAP_FFMPEG, params=params, live=True,
                          backoff=backoff)
 
     def _open_capture(self) -> Any:
-        # RTSP over TCP survives lossy Wi-Fi; FFmpeg's default (UDP) tears frames. A user setting wins.
-        if self.url.lower().startswith(("rtsp://", "rtsps://")) and "OPENCV_FFMPEG_CAPTURE_OPTIONS" not in os.environ:
-            os.environ["OPENCV_FFMPEG_CAPTURE_OPTIONS"] = "rtsp_transport;tcp"
-        return super()._open_capture()
+        if not self.url.lower().startswith(("rtsp://", "rtsps://")):
+            return super()._open_capture()
+        # OpenCV reads its FFmpeg options from the environment when it opens: set them for this open only
+        with _FFMPEG_OPTIONS_LOCK:
+            saved = os.environ.get(FFMPEG_OPTIONS_ENV)
+            os.environ[FFMPEG_OPTIONS_ENV] = ffmpeg_capture_options(saved, self.transport)
+            try:
+                return super()._open_capture()
+            finally:
+                if saved is None:
+                    del os.environ[FFMPEG_OPTIONS_ENV]
+                else:
+                    os.environ[FFMPEG_OPTIONS_ENV] = saved
+
+    def _grab(self, out: np.ndarray | None) -> np.ndarray | None:
+        started = time.monotonic()
+        frame = super()._grab(out)
+        if frame is None and self._cap is not None and time.monotonic() - started >= 0.9 * self.read_timeout_s:
+            self.stalls += 1
+            log.warning("%s stalled: no frame for %.1f s with the connection open", self.description,
+                        time.monotonic() - started)
+        return frame
 
     def _open_failure(self) -> str:
         return stream_open_failure(self.description)
 
 
+#: OpenCV's FFmpeg backend reads its capture options from this variable at each open
+FFMPEG_OPTIONS_ENV = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
+_FFMPEG_OPTIONS_LOCK = threading.Lock()
+
+
 class GStreamerSource(OpenCVSource):
     """A GStreamer pipeline string ending in ``appsink`` (``nvarguscamerasrc``, ``libcamerasrc``, …)."""
 
-    def __init__(self, pipeline: str, *, backoff: Backoff = DEFAULT_BACKOFF) -> None:
+    def __init__(self, pipeline: str, *, read_timeout_s: float | None = None, description: str | None = None,
+                 backoff: Backoff = DEFAULT_BACKOFF) -> None:
+        import cv2
+
         text = pipeline.strip()
         if "appsink" not in text:
             text += " ! videoconvert ! video/x-raw,format=BGR ! appsink drop=true max-buffers=2"
-        super().__init__(text, f"GStreamer pipeline {text!r}", live=True, backoff=backoff)
+        # OpenCV's GStreamer backend bounds its wait for a sample by the same property as FFmpeg's
+        params = (cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(read_timeout_s * 1000)) if read_timeout_s else ()
+        super().__init__(text, description or f"GStreamer pipeline {text!r}", params=params, live=True,
+                         backoff=backoff)
 
     def _open_capture(self) -> Any:
         import cv2

@@ -14,6 +14,7 @@ from ..pipeline.decoders import DECODER_NAMES
 from ..pipeline.options import POLICIES
 from ..pipeline.preprocess import RESIZE_MODES
 from ..pipeline.tasks import TASK_NAMES
+from ..pipeline.zones import TRIGGERS
 from .output import handle_errors, parse_values
 from .run_events import event_printer, print_event_counts
 
@@ -37,6 +38,18 @@ def _parse_size(_ctx: click.Context, _param: click.Parameter, value: str | None)
 
 def _parse_values(_ctx: click.Context, param: click.Parameter, value: str | None) -> float | tuple[float, ...] | None:
     return parse_values(value, nonzero=param.name == "std")
+
+
+def _use_board_decoders(sources: tuple[str, ...]) -> None:
+    """An RTSP camera that states its codec (``#codec=h264``) is decoded by this board's hardware decoder, the
+    one its device profile names (``stream_decode``), when the elements exist here."""
+    if not any(text.lower().startswith(("rtsp://", "rtsps://")) and "codec=" in text for text in sources):
+        return
+    from ..capture.hwdecode import use_board_decoders
+    from ..device.detect import detect
+
+    profile = detect().profile
+    use_board_decoders(profile.decoders() if profile is not None else {})
 
 
 def _brief(result: object) -> str:
@@ -99,13 +112,22 @@ def _brief(result: object) -> str:
 @click.option("--zone", "zones", multiple=True, metavar="[NAME=]X1,Y1,X2,Y2,X3,Y3,...",
               help="Count confirmed tracks in this polygon (repeatable). Implies --track.")
 @click.option("--track", is_flag=True, help="Give detections track ids (task detect; edgeinfer[tracking]).")
+@click.option("--line-hold", "line_hold_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Seconds a track must stay on a line's or zone's new side before it counts (default 0.3).")
+@click.option("--line-trigger", type=click.Choice(TRIGGERS), default=None,
+              help="What must be across: the box's anchor point (default) or the whole box.")
 @click.option("--event", "events", multiple=True, metavar="RULE",
               help="Record an event with a snapshot and a clip when RULE fires: line_crossed[:LINE][/LABEL,...], "
                    "zone_entered[:ZONE][/LABEL,...] or detection[:SCORE][/LABEL,...] (repeatable; docs/events.md).")
 @click.option("--evidence-dir", type=click.Path(file_okay=False), default=None,
               help="Where --event keeps snapshots and clips (default: ./edgeinfer-events).")
+@click.option("--record-source", metavar="SOURCE", default=None,
+              help="Take --event's snapshots and clips from this source (the camera's main stream; a file is read "
+                   "in step, frame n with frame n) while detection reads --source (its sub-stream).")
 @click.option("--motion-gate", is_flag=True, help="Skip inference on frames that did not change (reuse the result).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
+@click.option("--preview", metavar="[HOST:]PORT", default=None,
+              help="Serve the annotated frames as MJPEG at http://HOST:PORT/ while the run lasts (HOST: 127.0.0.1).")
 @handle_errors
 def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | None, decoder: str | None,
         mean: float | tuple[float, ...] | None, std: float | tuple[float, ...] | None, labels: str | None,
@@ -113,24 +135,34 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
         resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
         fourcc: str | None, full_decode: bool, lines: tuple[str, ...], zones: tuple[str, ...], track: bool,
-        events: tuple[str, ...], evidence_dir: str | None, motion_gate: bool, as_json: bool) -> None:
+        line_hold_s: float | None, line_trigger: str | None, events: tuple[str, ...], evidence_dir: str | None,
+        record_source: str | None, motion_gate: bool, as_json: bool, preview: str | None) -> None:
     """Run MODEL over frames from --source and print results (or a live status line)."""
     from ..capture import open_source
     from ..pipeline.core import Pipeline
     from ..runtime.selection import STRICT_ENV
+    from .preview import parse_address, previewing
 
     if strict:
         os.environ[STRICT_ENV] = "1"
+    _use_board_decoders(sources)
+    address = parse_address(preview) if preview is not None else None
+    if record_source is not None and (not events or len(sources) > 1 or batch):
+        raise click.UsageError("--record-source goes with --event and one --source")
     analysis = {"lines": lines, "zones": zones, "track": track, "events": events,
                 "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None,
                 "decoder": decoder, "mean": mean, "std": std}
+    if record_source is not None:
+        analysis["record_source"] = record_source
+    # given only: the options' own defaults otherwise
+    analysis.update({k: v for k, v in (("line_hold_s", line_hold_s), ("line_trigger", line_trigger)) if v is not None})
     if len(sources) > 1 or batch:
         from .run_multi import run_streams
 
         run_streams(model, sources, batch=batch, task=task, labels=labels, delegate=delegate, threads=threads,
                     policy=policy or "latest", max_fps=max_fps, loop=loop, top_k=top_k, resize=resize,
                     score_threshold=score_threshold, size=size, fps=camera_fps, fourcc=fourcc,
-                    max_frames=max_frames, as_json=as_json, motion_gate=motion_gate, **analysis)
+                    max_frames=max_frames, as_json=as_json, motion_gate=motion_gate, preview=address, **analysis)
         return
     source = sources[0]
     frames = open_source(source, size=size, fps=camera_fps, fourcc=fourcc, loop=loop)
@@ -144,7 +176,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         frames.close()
         raise
     interrupted = False
-    with frames, pipeline:
+    with frames, pipeline, previewing(pipeline.multi, address, ""):
         engine = pipeline.engine
         if engine.fallback_reason and not as_json:
             click.echo(f"note: using {engine.description} ({engine.fallback_reason})", err=True)

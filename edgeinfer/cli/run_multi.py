@@ -28,9 +28,12 @@ def stream_names(sources: tuple[str, ...]) -> dict[str, str]:
     return named
 
 
-def run_streams(model: str, sources: tuple[str, ...], *, batch: int | None, as_json: bool, **options: Any) -> None:
-    """Run every stream until each ends (files), ``max_frames`` results in all, or Ctrl-C; then a summary."""
+def run_streams(model: str, sources: tuple[str, ...], *, batch: int | None, as_json: bool,
+                preview: tuple[str, int] | None = None, **options: Any) -> None:
+    """Run every stream until each ends (files), ``max_frames`` results in all, or Ctrl-C; then a summary;
+    ``preview``: the first stream as MJPEG at that address."""
     from ..pipeline.multi import MultiPipeline
+    from .preview import previewing
 
     named = stream_names(sources)
 
@@ -39,7 +42,7 @@ def run_streams(model: str, sources: tuple[str, ...], *, batch: int | None, as_j
             sys.stdout.write(json.dumps({"type": "result", **result.to_dict()}) + "\n")
 
     interrupted = False
-    with MultiPipeline(model, named, batch=batch, **options) as multi:
+    with MultiPipeline(model, named, batch=batch, **options) as multi, previewing(multi, preview, next(iter(named))):
         if options.get("events"):
             from .run_events import event_printer
 

@@ -116,6 +116,8 @@ class Profile:
     setup_script: str | None = None
     #: L4T (JetPack) major releases this device supports, for the doctor's JetPack check
     l4t: tuple[int, ...] = ()
+    #: (codec, GStreamer decoder fragments tried in order) for RTSP on this board's hardware decoder
+    stream_decode: tuple[tuple[str, tuple[str, ...]], ...] = ()
     extends: str | None = None
     #: the file this profile was loaded from
     source: str = ""
@@ -127,22 +129,28 @@ class Profile:
         """Its match's specificity (see :attr:`Match.specificity`)."""
         return self.match.specificity
 
+    def decoders(self) -> dict[str, tuple[str, ...]]:
+        """``stream_decode`` as the mapping :func:`edgeinfer.capture.hwdecode.open_rtsp` takes."""
+        return dict(self.stream_decode)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for --json and telemetry)."""
         data = asdict(self)
         data["telemetry"]["thermal_zones"] = dict(self.telemetry.thermal_zones)
+        data["stream_decode"] = {codec: list(fragments) for codec, fragments in self.stream_decode}
         return data
 
 
 # ------------------------------------------------------------------------------------ validation
 
 _TOP_KEYS = ("schema", "name", "description", "extends", "match", "delegates", "threads", "camera", "telemetry",
-             "memory_budget_mb", "setup_script", "l4t")
+             "memory_budget_mb", "setup_script", "l4t", "stream_decode")
 _MATCH_KEYS = tuple(WEIGHTS)
 _CAMERA_KEYS = ("device", "gstreamer", "width", "height", "fps")
 _TELEMETRY_KEYS = ("thermal_zones", "power_rails")
 _RAIL_KEYS = ("power", "voltage", "current")
-_MERGED_SECTIONS = ("match", "camera", "telemetry")
+_STREAM_CODECS = ("h264", "h265")  # capture.hwdecode.CODECS: device/ may not import capture/
+_MERGED_SECTIONS = ("match", "camera", "telemetry", "stream_decode")
 
 
 def _error(path: str, key: str, message: str) -> Exception:
@@ -179,6 +187,11 @@ def _check_raw(path: str, data: Any) -> dict:
     telemetry = r.mapping("telemetry", _TELEMETRY_KEYS, nullable=True)
     if telemetry is not None:
         _check_telemetry(telemetry)
+    decode = r.mapping("stream_decode", _STREAM_CODECS, nullable=True)
+    for codec in decode.data if decode is not None else ():
+        for i, fragment in enumerate(decode.strings(codec) or ()):
+            if "appsink" in fragment or "rtspsrc" in fragment:
+                raise decode.fail(f"{codec}[{i}]", "names the decoder only (… ! nvvidconv), not the source or sink")
     return dict(r.data)
 
 
@@ -260,12 +273,14 @@ def _build(path: str, data: Mapping) -> Profile:
                   for label, rail in (telemetry_raw.get("power_rails") or {}).items())
     zones = tuple((str(label), str(where)) for label, where in (telemetry_raw.get("thermal_zones") or {}).items())
     l4t = data.get("l4t")
+    decode = tuple((str(codec), _as_tuple(fragments)) for codec, fragments in (data.get("stream_decode") or {}).items())
     return Profile(
         name=str(data["name"]), description=str(data.get("description", data["name"])), match=match,
         delegates=tuple(_as_tuple(data["delegates"])), threads=data.get("threads"),
         camera=Camera(**camera_raw), telemetry=Telemetry(thermal_zones=zones, power_rails=rails),
         memory_budget_mb=data.get("memory_budget_mb"), setup_script=data.get("setup_script"),
         l4t=() if l4t is None else tuple(l4t) if isinstance(l4t, list) else (l4t,), extends=data.get("extends"),
+        stream_decode=decode,
         source=path,
     )
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._evidence import CLIP_NAME, EVENT_ID, SNAPSHOT_NAME
+from .._evidence import CLIP_NAME, EVENT_ID, MP4_CLIP_NAME, PLAIN_SNAPSHOT_NAME, SNAPSHOT_NAME
 from .._fs import temp_path_for
 from .artifacts import UploadTooLarge
 from .db import FleetDB
@@ -47,6 +47,10 @@ DEFAULT_FPS = 5.0
 MIN_FPS, MAX_FPS = 0.2, 60.0
 BOUNDARY = "edgeinfer-frame"
 SOI, EOI = b"\xff\xd8", b"\xff\xd9"
+#: the files that are one whole JPEG each
+JPEG_FILES = (SNAPSHOT_NAME, PLAIN_SNAPSHOT_NAME)
+#: an MP4 starts with its ``ftyp`` box: 4 bytes of size, then the type
+MP4_TYPE = b"ftyp"
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ class EvidenceLimits:
     total_bytes: int = DEFAULT_TOTAL_BYTES
 
     def for_file(self, name: str) -> int:
-        return self.snapshot_bytes if name == SNAPSHOT_NAME else self.clip_bytes
+        return self.snapshot_bytes if name in JPEG_FILES else self.clip_bytes
 
 
 @dataclass(frozen=True)
@@ -206,10 +210,14 @@ def _file_chunks(path: Path) -> Iterator[bytes]:
 def flags(files: dict[str, dict] | None, event_id: str | None) -> dict[str, Any]:
     """An event's ``evidence`` object in the API: which files are stored, their sizes, the clip's frames."""
     files = files or {}
-    snapshot, clip = files.get(SNAPSHOT_NAME), files.get(CLIP_NAME)
+    snapshot = files.get(SNAPSHOT_NAME)
+    # an event has one clip: MP4 (H.264) where the device could encode it, else MJPEG
+    clip_name = next((name for name in (MP4_CLIP_NAME, CLIP_NAME) if name in files), None)
+    clip = files.get(clip_name) if clip_name else None
     return {"event_id": event_id, "snapshot": snapshot is not None, "clip": clip is not None,
             "snapshot_bytes": snapshot["size"] if snapshot else None, "clip_bytes": clip["size"] if clip else None,
-            "frames": clip["frames"] if clip else None}
+            "frames": clip["frames"] if clip else None, "plain_snapshot": PLAIN_SNAPSHOT_NAME in files,
+            "clip_name": clip_name}
 
 
 class EvidenceStore:
@@ -238,8 +246,8 @@ class EvidenceStore:
                 async for data in chunks:
                     if not data:
                         continue
-                    if size == 0 and (data[0] != 0xFF or data[1:2] not in (b"", SOI[1:])):  # refused at once
-                        raise ValueError(f"{name} is not a JPEG: it does not start with FF D8")
+                    if size == 0 and name != MP4_CLIP_NAME and (data[0] != 0xFF or data[1:2] not in (b"", SOI[1:])):
+                        raise ValueError(f"{name} is not a JPEG: it does not start with FF D8")  # refused at once
                     size += len(data)
                     if size > expected:
                         raise ValueError(f"the body is longer than its Content-Length ({expected} bytes)")
@@ -249,10 +257,13 @@ class EvidenceStore:
             if size != expected:
                 raise ValueError(f"the upload was cut short: {size} of {expected} bytes")
             with open(temp, "rb") as check:
-                head = check.read(2)
-            if head != SOI:
+                head = check.read(8)
+            if name == MP4_CLIP_NAME:
+                if head[4:8] != MP4_TYPE:
+                    raise ValueError(f"{name} is not an MP4: it does not start with an ftyp box")
+            elif head[:2] != SOI:
                 raise ValueError(f"{name} is not a JPEG: it does not start with FF D8")
-            if name == SNAPSHOT_NAME and tail != EOI:
+            if name in JPEG_FILES and tail != EOI:
                 raise ValueError(f"{name} is not a whole JPEG: it does not end with FF D9")
             return await asyncio.to_thread(self._commit, device_id, event_id, name, temp, size, digest.hexdigest())
         finally:

@@ -40,6 +40,7 @@ from .evidence import EvidenceLimits, EvidenceStore
 from .http import FleetHTTPServer
 from .ingest import Ingest
 from .live import LiveFeed
+from .liveview import LiveView
 from .metrics import FleetMetrics
 from .rollout import RolloutDriver
 
@@ -120,6 +121,7 @@ class FleetManager:
         self.broker: ManagedMosquitto | None = None  # the managed Mosquitto, if we started one
         self.evidence: EvidenceStore | None = None  # events' snapshots and clips
         self.live: LiveFeed | None = None  # the dashboard's live updates
+        self.liveview: LiveView | None = None  # devices' live frames and their viewers
         self.http: FleetHTTPServer | None = None
         self.commands: CommandService | None = None
         self.deployments: DeploymentService | None = None
@@ -168,8 +170,10 @@ class FleetManager:
         deployments = self.deployments = DeploymentService(db, key, store, commands, public_url=self.public_url,
                                                            owner=owner, lease_ttl_s=s.lease_ttl_s)
         self.devices = DeviceService(db, evidence)
+        liveview = self.liveview = LiveView(db, commands, lambda: self.public_url).start()
         services = FleetServices(access=access, artifacts=store, commands=commands, deployments=deployments,
-                                 devices=self.devices, evidence=evidence, live=live, metrics=FleetMetrics(self))
+                                 devices=self.devices, evidence=evidence, live=live, liveview=liveview,
+                                 metrics=FleetMetrics(self))
         self.http.start(build_app(services))
         self.ingest = Ingest(db, on_event=deployments.follow_event, on_state=deployments.follow_device_state,
                              queue_size=s.ingest_queue, batch_size=s.ingest_batch).start()
@@ -251,7 +255,8 @@ class FleetManager:
             return
         self._closed = True
         self._stop.set()
-        for part in (self.live, self.rollouts, self.link, self.ingest, self.http, self._spool, self.broker):
+        for part in (self.live, self.liveview, self.rollouts, self.link, self.ingest, self.http, self._spool,
+                     self.broker):
             if part is not None:
                 try:
                     part.close()
@@ -277,6 +282,7 @@ class FleetManager:
                 if any(deleted.values()):
                     log.info("retention: deleted %s", deleted)
                 self.evidence.prune()
+                self.db.forget_live_frames(time.time() - self.settings.raw_retention_days * DAY_S)
             except Exception as exc:
                 log.warning("retention pass failed: %s", exc)
             self._stop.wait(RETENTION_EVERY_S)

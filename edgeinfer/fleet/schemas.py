@@ -241,6 +241,56 @@ class CommandSent(BaseModel):
     args: JsonObject
 
 
+#: a line's or a zone's name (the device counts under it)
+RegionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,31}$")]
+#: a coordinate in the source frame's pixels
+Coordinate = Annotated[float, Field(ge=0, le=16384)]
+Point = Annotated[list[Coordinate], Field(min_length=2, max_length=2)]  # [x, y]
+MAX_REGIONS = 32
+MAX_ZONE_POINTS = 64
+
+
+class AnalyticsSpec(Strict):
+    """A pipeline's counting lines and zones, in source pixels: a line is its two distinct end points, a zone
+    three or more distinct points (closed). A line and a zone may not share a name (409), and every point must
+    lie inside the frame when its size is known from the last live frame (409)."""
+
+    stream: PipelineName | None = Field(default=None, description="the stream of a multi-stream pipeline")
+    lines: dict[RegionName, Annotated[list[Point], Field(min_length=2, max_length=2,
+                                                         json_schema_extra={"uniqueItems": True})]] = Field(
+        default_factory=dict, max_length=MAX_REGIONS, description="name: [[x1, y1], [x2, y2]]",
+        json_schema_extra={"additionalProperties": False})
+    zones: dict[RegionName, Annotated[list[Point], Field(min_length=3, max_length=MAX_ZONE_POINTS,
+                                                         json_schema_extra={"uniqueItems": True})]] = Field(
+        default_factory=dict, max_length=MAX_REGIONS, description="name: [[x, y], ...], three points or more",
+        json_schema_extra={"additionalProperties": False})
+
+    @field_validator("lines", "zones")
+    @classmethod
+    def _distinct_points(cls, regions: dict[str, list[list[float]]]) -> dict:
+        for name, points in regions.items():
+            if len({(x, y) for x, y in points}) != len(points):
+                raise ValueError(f"{name!r} has the same point twice")
+        return regions
+
+
+class Analytics(BaseModel):
+    """What a pipeline was last sent (revision 0 and nothing: never)."""
+
+    revision: int
+    lines: dict[str, list[list[float]]]
+    zones: dict[str, list[list[float]]]
+
+
+class AnalyticsSent(BaseModel):
+    """The signed set_analytics command queued for the device, and the revision it carries."""
+
+    command_id: str
+    device_id: str
+    revision: int
+    args: JsonObject
+
+
 class Device(Row):
     """A device as the fleet last heard of it: its state (retained birth message), last telemetry, model."""
 
@@ -268,6 +318,10 @@ class EvidenceFlags(BaseModel):
     snapshot_bytes: int | None
     clip_bytes: int | None
     frames: int | None
+    #: the snapshot as the camera gave it, without the drawing, is stored too
+    plain_snapshot: bool = False
+    #: the clip's file: clip.mp4 (H.264, a <video> plays it) or clip.mjpeg (played with ?play=1); None: none yet
+    clip_name: str | None = None
 
 
 class Event(Row):

@@ -20,6 +20,7 @@ from .tracking import Tracker
 from .zones import (
     DEFAULT_ANCHOR,
     DEFAULT_BAND,
+    DEFAULT_HOLD_S,
     EVENT_KINDS,
     LINE_CROSSED,
     ZONE_ENTERED,
@@ -137,7 +138,11 @@ class StreamAnalytics:
 
     def _forget_lost(self, frame_id: int, events: list[AnalyticsEvent]) -> None:
         for track_id, seen in list(self._seen.items()):
+            if seen.frame_id == frame_id:
+                continue
             if frame_id - seen.frame_id <= self.forget_after:
+                for counter in (*self.lines, *self.zones):  # missing from this frame: a hold is broken
+                    counter.miss(track_id)
                 continue
             del self._seen[track_id]
             for line in self.lines:
@@ -147,6 +152,23 @@ class StreamAnalytics:
                 if event is not None:
                     events.append(event)
 
+    def replace_geometry(self, lines: Sequence[LineCounter], zones: Sequence[ZoneCounter]) -> None:
+        """Count with ``lines`` and ``zones`` from the next frame on; the tracks carry on. A line or zone whose
+        name and geometry stay is kept as it is (its counts and the tracks' state in it); one whose name stays
+        but moved carries its counts over to the new one (a track inside it is judged afresh)."""
+        new_lines, new_zones = tuple(lines), tuple(zones)
+        for kind, items in (("line", new_lines), ("zone", new_zones)):
+            names = [item.name for item in items]
+            if len(set(names)) != len(names):
+                raise ValueError(f"{kind} names must be unique")
+        with self._lock:
+            old_lines = {line.name: line for line in self.lines}
+            old_zones = {zone.name: zone for zone in self.zones}
+            self.lines = tuple(_carried(line, old_lines.get(line.name), ("start", "end"), ("crossed_in", "crossed_out"))
+                               for line in new_lines)
+            self.zones = tuple(_carried(zone, old_zones.get(zone.name), ("polygon",), ("entries",))
+                               for zone in new_zones)
+
     def counts(self) -> dict[str, Any]:
         """A JSON-able snapshot: per line in/out, per zone inside/entries/time, tracks confirmed and active."""
         with self._lock:
@@ -154,6 +176,17 @@ class StreamAnalytics:
                     "tracks": {"confirmed": len(self.tracker.confirmed_ids), "active": len(self._seen)},
                     "lines": {line.name: line.counts() for line in self.lines},
                     "zones": {zone.name: zone.counts() for zone in self.zones}}
+
+
+def _carried(new: Any, old: Any, shape: tuple[str, ...], totals: tuple[str, ...]) -> Any:
+    """``old`` when it has ``new``'s shape (nothing changed); else ``new`` with ``old``'s running totals."""
+    if old is None:
+        return new
+    if all(getattr(new, key) == getattr(old, key) for key in (*shape, "band", "band_px", "anchor")):
+        return old
+    for key in totals:
+        setattr(new, key, getattr(old, key))
+    return new
 
 
 # ------------------------------------------------------------------------------------------
@@ -186,15 +219,15 @@ def parse_zone(text: str) -> list[tuple[float, float]]:
 def build_analytics(*, lines: Mapping[str, Sequence[float]] | Sequence[Sequence[float]] = (),
                     zones: Mapping[str, Sequence[Sequence[float]]] | Sequence[Sequence[Sequence[float]]] = (),
                     min_hits: int = 3, band: float = DEFAULT_BAND, band_px: float = 0.0,
-                    anchor: str = DEFAULT_ANCHOR, lost_frames: int = 30, frame_rate: float = 30.0,
-                    fps: float | None = None) -> StreamAnalytics:
+                    anchor: str = DEFAULT_ANCHOR, hold_s: float = DEFAULT_HOLD_S, trigger: str = "anchor",
+                    lost_frames: int = 30, frame_rate: float = 30.0, fps: float | None = None) -> StreamAnalytics:
     """:class:`StreamAnalytics` from plain data: lines as ``(x1, y1, x2, y2)``, zones as point lists.
 
     A list gives names ``line1``, ``line2`` … / ``zone1`` …; a mapping names them itself.
     """
     line_items = lines.items() if isinstance(lines, Mapping) else ((f"line{i + 1}", c) for i, c in enumerate(lines))
     zone_items = zones.items() if isinstance(zones, Mapping) else ((f"zone{i + 1}", p) for i, p in enumerate(zones))
-    shared = {"band": band, "band_px": band_px, "anchor": anchor}
+    shared = {"band": band, "band_px": band_px, "anchor": anchor, "hold_s": hold_s, "trigger": trigger}
     return StreamAnalytics(
         Tracker(min_hits=min_hits, lost_frames=lost_frames, frame_rate=frame_rate),
         [LineCounter.from_coords(name, list(coords), **shared) for name, coords in line_items],
@@ -202,17 +235,26 @@ def build_analytics(*, lines: Mapping[str, Sequence[float]] | Sequence[Sequence[
         fps=fps)
 
 
-def analytics_from_options(options: Any) -> StreamAnalytics | None:
+def analytics_from_options(options: Any, fps: float | None = None) -> StreamAnalytics | None:
     """The pipeline's :class:`StreamAnalytics` from its options (``lines``, ``zones``, ``track_min_hits``,
-    ``line_band``): what ``Pipeline(..., lines=["door=320,470,320,10"])``, ``--line`` and agent.yaml give;
-    None when the pipeline does not track."""
+    ``line_band``, ``line_hold_s``, ``line_trigger``): what ``Pipeline(..., lines=["door=320,470,320,10"])``,
+    ``--line`` and agent.yaml give; None when the pipeline does not track. ``fps``: a file's own frame
+    rate — its frames are then timed ``frame_id / fps`` (the clip's time, however fast it is read); a
+    live source's (None) by their capture time."""
     if not options.tracking:
         return None
     lines = dict(_named(text, f"line{i + 1}") for i, text in enumerate(options.lines))
     zones = dict(_named(text, f"zone{i + 1}") for i, text in enumerate(options.zones))
     if len(lines) != len(options.lines) or len(zones) != len(options.zones):
         raise ValueError("two lines or two zones have the same name")
-    frame_rate = float(options.fps or options.max_fps or 30.0)
-    return build_analytics(lines={name: parse_line(text) for name, text in lines.items()},
-                           zones={name: parse_zone(text) for name, text in zones.items()},
-                           min_hits=options.track_min_hits, band=options.line_band, frame_rate=frame_rate)
+    return analytics_for(options, {name: parse_line(text) for name, text in lines.items()},
+                         {name: parse_zone(text) for name, text in zones.items()}, fps=fps)
+
+
+def analytics_for(options: Any, lines: Mapping[str, Sequence[float]],
+                  zones: Mapping[str, Sequence[Sequence[float]]], *, fps: float | None = None) -> StreamAnalytics:
+    """A pipeline's :class:`StreamAnalytics` (its tracker settings, band, hold and trigger) with these lines and
+    zones; ``fps`` as :func:`analytics_from_options` takes it."""
+    frame_rate = float(fps or options.fps or options.max_fps or 30.0)
+    return build_analytics(lines=lines, zones=zones, min_hits=options.track_min_hits, band=options.line_band,
+                           hold_s=options.line_hold_s, trigger=options.line_trigger, frame_rate=frame_rate, fps=fps)

@@ -46,10 +46,12 @@ def colour(class_id: int) -> tuple[int, int, int]:
 
 def annotate(frame: np.ndarray, result: Any, *, geometry: Geometry | None = None,
              counts: Mapping[str, Any] | None = None, width: int | None = None,
-             highlight: str | None = None) -> np.ndarray:
+             highlight: str | None = None, source_width: int | None = None) -> np.ndarray:
     """A new BGR image: ``frame`` (scaled down to ``width`` at most) with ``result`` drawn on it, and the
     ``geometry``'s lines and zones with their ``counts`` (StreamAnalytics.counts()); ``highlight`` names a
-    line or zone drawn thicker (the one an event is about)."""
+    line or zone drawn thicker (the one an event is about). ``source_width``: the width of the frames the
+    result and geometry are in, when ``frame`` is the same view at another size (a record stream, or a frame
+    decoded at a reduced scale: no need to enlarge it first)."""
     import cv2
 
     scale = 1.0
@@ -58,6 +60,8 @@ def annotate(frame: np.ndarray, result: Any, *, geometry: Geometry | None = None
         canvas = cv2.resize(frame, (width, max(1, round(frame.shape[0] * scale))), interpolation=cv2.INTER_AREA)
     else:
         canvas = frame.copy()
+    if source_width:
+        scale = canvas.shape[1] / source_width
     thickness = max(1, round(canvas.shape[1] / 400))
     if geometry is not None:
         _geometry(canvas, geometry, counts or {}, scale, thickness, highlight)

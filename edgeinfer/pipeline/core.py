@@ -78,6 +78,11 @@ class Pipeline:
         return options.decode_reduced if name == "reduced_decode" else getattr(options, name)
 
     @property
+    def multi(self) -> MultiPipeline:
+        """The run underneath (one unnamed stream ``""``): what a live view taps."""
+        return self._run
+
+    @property
     def source(self) -> FrameSource:
         return self._stream.source
 

@@ -277,21 +277,17 @@ class EngineWorker:
 
     def _infer(self, batch: list[Taken], epoch: int) -> bool:
         """Preprocess, invoke and deliver one batch; False when this thread was abandoned meanwhile."""
-        import numpy as np
-
-        perf = time.perf_counter
         engine, rows, decoders = self.engine, self._rows, self._decoders  # a hang installs others for the next thread
-        taken = []
-        for row, (stream, slot, plan, t3) in enumerate(batch):
-            frame = slot.frame
-            if slot.staged_gen == plan.gen:
-                np.copyto(rows[row], plan.staged[slot.index])
-            else:
-                plan.pre(frame, rows[row])
-            kept = frame.copy() if stream.keep_frames else None
-            taken.append((stream, plan, slot.frame_id, slot.wall_time, slot.read_start, slot.read_end,
-                          slot.staged_end, t3, perf(), kept))
-            stream.ring.free.put(slot)
+        taken = _stage(batch, rows)
+        try:
+            return self._invoke(taken, epoch, engine, decoders)
+        finally:
+            for stream, *_, held in taken:
+                if held is not None:
+                    stream.ring.free.put(held)
+
+    def _invoke(self, taken: list[tuple], epoch: int, engine: Engine, decoders: Any) -> bool:
+        perf = time.perf_counter
         self._batch_frames = len(taken)
         t4 = self.invoke_started = perf()
         try:
@@ -308,9 +304,10 @@ class EngineWorker:
         self.invokes += 1
         t5 = perf()
         self.invoke_times.record((t5 - t4) * 1e3)
-        for row, (stream, plan, frame_id, stamp, t0, t1, t2, t3, t3b, kept) in enumerate(taken):
+        for row, (stream, plan, frame_id, stamp, t0, t1, t2, t3, t3b, kept, held) in enumerate(taken):
             result = decoders[row](plan.transform)
-            self._deliver(stream.answer(result, plan, frame_id, stamp, (t0, t1, t2, t3, t3b, t4, t5), kept))
+            self._deliver(stream.answer(result, plan, frame_id, stamp, (t0, t1, t2, t3, t3b, t4, t5), kept,
+                                        frame=held.frame if held is not None else None))
             if self._stopping:
                 break  # the run ended (max_frames): the rest of the batch is not delivered
         return True
@@ -383,3 +380,26 @@ class EngineWorker:
         self.thread = self._new_thread(epoch)
         self.thread.start()
         self.wake()  # frames that arrived while the invoke hung
+
+
+def _stage(batch: list[Taken], rows: Any) -> list[tuple]:
+    """Each frame of ``batch`` into its row of the engine's input, and what its answer needs. A frame's buffer
+    goes back to its ring here — unless the stream's evidence holds it until its result is answered (an
+    event's snapshot is its own frame)."""
+    import numpy as np
+
+    perf = time.perf_counter
+    taken = []
+    for row, (stream, slot, plan, t3) in enumerate(batch):
+        frame = slot.frame
+        if slot.staged_gen == plan.gen:
+            np.copyto(rows[row], plan.staged[slot.index])
+        else:
+            plan.pre(frame, rows[row])
+        kept = frame.copy() if stream.keep_frames or stream.frame_wanted else None  # a live view's frame too
+        held = slot if stream.holds_frames else None
+        taken.append((stream, plan, slot.frame_id, slot.wall_time, slot.read_start, slot.read_end,
+                      slot.staged_end, t3, perf(), kept, held))
+        if held is None:
+            stream.ring.free.put(slot)
+    return taken

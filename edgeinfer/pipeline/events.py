@@ -41,6 +41,9 @@ from .zones import LINE_CROSSED, ZONE_ENTERED, AnalyticsEvent
 if TYPE_CHECKING:
     import numpy as np
 
+    from .annotate import Geometry
+    from .record import RecordSource
+
 log = logging.getLogger(__name__)
 
 DETECTION = "detection"
@@ -120,6 +123,12 @@ class _Pending:
     frame_id: int
     timestamp: float
     event: dict | None = None
+    #: an event's own frame with what the model saw drawn on it (``frame`` is the same without)
+    annotated: np.ndarray | None = None
+    #: the frame is the record source's (read by the evidence thread); ``frame``, if any, the detect frame's fallback
+    from_record: bool = False
+    #: what to draw on the record frame: (result, geometry, counts, highlight, the detect frame's width)
+    drawing: tuple[Any, Any, dict, str | None, int] | None = None
 
 
 class StreamEvents:
@@ -153,6 +162,14 @@ class StreamEvents:
         self._pending_frames = 0
         self._thread: threading.Thread | None = None
         self._closed = False
+        #: the frame the inference thread is answering (hold/release), the events it fired, and what to draw
+        self._at_hand: tuple[np.ndarray, int, float, int | None] | None = None
+        self._fired_now: list[dict] = []
+        self.drawing: tuple[Geometry, Callable[[], dict]] | None = None
+        #: where the evidence's frames come from when not the detect frames (pipeline/record.py)
+        self.record: RecordSource | None = None
+        #: the source's time of the newest frame offered, and when it came (monotonic): the source's clock now
+        self._clock = (0.0, time.monotonic())
         self.triggered = self.suppressed = self.rate_limited = self.frames_dropped = self.delivered = 0
         self._suppressed_since = 0
 
@@ -168,11 +185,12 @@ class StreamEvents:
         return bool(self._detection_rules)
 
     def offer(self, frame: np.ndarray, frame_id: int, timestamp: float) -> None:
-        """A frame, before its buffer is reused: a downscaled copy goes to the evidence thread when the
-        evidence keeps it (``fps`` a second); others cost one comparison."""
+        """A frame, before its buffer is reused (``timestamp``: the source's time): a downscaled copy goes to
+        the evidence thread when the evidence keeps it (``fps`` a second); others cost one comparison."""
         recorder = self.recorder
         if recorder is None or self._closed:
             return
+        self._clock = (float(timestamp), time.monotonic())
         history = recorder.history
         if not history.due(timestamp):
             return
@@ -180,11 +198,53 @@ class StreamEvents:
             if self._pending_frames >= QUEUE_FRAMES:
                 self.frames_dropped += 1
                 return
-        small = history.downscaled(frame)
+        from_record = self.record is not None and self.record.serving
+        small = None if from_record else history.downscaled(frame)  # a record frame is read by the evidence thread
         with self._lock:
-            self._pending.append(_Pending(small, int(frame_id), float(timestamp)))
+            self._pending.append(_Pending(small, int(frame_id), float(timestamp), from_record=from_record))
             self._pending_frames += 1
             self._wake.notify()
+        self._ensure_thread()
+
+    def hold(self, frame: np.ndarray, frame_id: int, timestamp: float, source_width: int | None = None) -> None:
+        """The frame whose result comes next (``timestamp``: the source's time; ``source_width``: the width
+        the result's boxes are in, when ``frame`` is another size): an event fired on it takes this very
+        frame as its snapshot. Nothing is copied unless an event fires (:meth:`release`)."""
+        if self.recorder is not None and not self._closed:
+            self._at_hand = (frame, int(frame_id), float(timestamp), source_width)
+
+    def release(self, result: Any) -> None:
+        """The held frame's result is decided: each event fired on it goes to the evidence thread with a
+        downscaled copy of the frame and one with ``result`` drawn on it (the line or zone highlighted)."""
+        held, fired = self._at_hand, self._fired_now
+        self._at_hand = None
+        if held is None or not fired:
+            return
+        self._fired_now = []
+        from .annotate import annotate
+
+        frame, frame_id, timestamp, source_width = held
+        recorder = self.recorder
+        assert recorder is not None
+        plain = recorder.history.downscaled(frame)
+        geometry, counts = self.drawing if self.drawing is not None else (None, dict)
+        if self.record is not None and self.record.serving:
+            # drawn by the evidence thread on the record frame, scaled from this frame's pixels
+            counted = counts()
+            with self._lock:
+                for event in fired:
+                    drawing = (result, geometry, counted, event.get("name"), frame.shape[1])
+                    self._pending.append(_Pending(plain, frame_id, timestamp, event, from_record=True,
+                                                  drawing=drawing))
+                self._wake.notify()
+            self._ensure_thread()
+            return
+        for event in fired:
+            drawn = annotate(frame, result, geometry=geometry, counts=counts(), width=recorder.history.width,
+                             highlight=event.get("name"), source_width=source_width)
+            with self._lock:
+                self._pending.append(_Pending(plain, frame_id, timestamp, event, drawn))
+                self._wake.notify()
         self._ensure_thread()
 
     @property
@@ -244,6 +304,10 @@ class StreamEvents:
             suppressed, self._suppressed_since = self._suppressed_since, 0
         event = {"stream": self.stream, "rule": rule.text, **fired, "frame_id": int(frame_id),
                  "timestamp": round(float(timestamp), 6), "suppressed": suppressed}
+        held = self._at_hand
+        if held is not None and held[1] == int(frame_id):
+            self._fired_now.append(event)  # goes with its own frame once the result is whole (release)
+            return
         if self.recorder is None:
             self._deliver({**event, "event_id": new_event_id(frame_id, timestamp), "snapshot": None, "clip": None,
                            "snapshot_bytes": 0, "clip_bytes": 0, "frames": 0, "duration_s": 0.0})
@@ -270,7 +334,7 @@ class StreamEvents:
             if not self._pending:
                 return None
             item = self._pending.popleft()
-            if item.frame is not None:
+            if item.event is None:
                 self._pending_frames -= 1
             return item
 
@@ -283,21 +347,44 @@ class StreamEvents:
                 if self._closed:
                     break
             elif item.event is not None:
-                recorder.trigger(item.event, frame_id=item.frame_id)
+                self._record(recorder, item)
             else:
-                try:
-                    recorder.add(item.frame, item.frame_id, item.timestamp)  # type: ignore[arg-type]
-                except Exception:  # an encoder failure must not end the evidence
-                    log.exception("evidence frame %d could not be kept", item.frame_id)
-            recorder.expire(time.time())
+                self._keep(recorder, item)
+            stamp, at = self._clock  # the source's clock: a file read fast or a stalled camera alike
+            recorder.expire(stamp + time.monotonic() - at)
             self._deliver_finished(recorder)
         recorder.flush()
         self._deliver_finished(recorder)
 
+    def _keep(self, recorder: EvidenceRecorder, item: _Pending) -> None:
+        frame = self.record.frame_at(item.frame_id) if item.from_record and self.record is not None else item.frame
+        if frame is None:  # a damaged record frame, or the record source just lost: this one is missed
+            return
+        try:
+            recorder.add(frame, item.frame_id, item.timestamp)
+        except Exception:  # an encoder failure must not end the evidence
+            log.exception("evidence frame %d could not be kept", item.frame_id)
+
+    def _record(self, recorder: EvidenceRecorder, item: _Pending) -> None:
+        """Start an event's recording, with its own frame (encoded here, off the inference thread) when it came
+        with one."""
+        own = annotated = None
+        try:
+            if item.drawing is not None:
+                _on_record(item, self.record, recorder.history)
+            if item.frame is not None:
+                own = recorder.encode(item.frame, item.frame_id, item.timestamp)
+            if item.annotated is not None:
+                annotated = recorder.history.encode(item.annotated)
+        except Exception:  # an encoder failure: the event keeps the nearest kept frame
+            log.exception("event frame %d could not be encoded", item.frame_id)
+        recorder.trigger(item.event or {}, frame_id=item.frame_id, own=own, annotated=annotated)
+
     def _deliver_finished(self, recorder: EvidenceRecorder) -> None:
         for summary in recorder.finished():
             event = dict(summary["event"])
-            event.update(event_id=summary["event_id"], snapshot=summary["snapshot"], clip=summary["clip"],
+            event.update(event_id=summary["event_id"], snapshot=summary["snapshot"],
+                         plain_snapshot=summary["plain_snapshot"], clip=summary["clip"],
                          frames=summary["frames"], duration_s=round(max(summary["end"] - summary["start"], 0.0), 3),
                          snapshot_bytes=_size(summary, "snapshot"), clip_bytes=_size(summary, "clip"))
             self._deliver(event)
@@ -331,6 +418,21 @@ class StreamEvents:
         failed = self.recorder.failed if self.recorder is not None else 0
         return {"triggered": self.triggered, "suppressed": self.suppressed, "rate_limited": self.rate_limited,
                 "frames_dropped": self.frames_dropped, "delivered": self.delivered, "failed": failed}
+
+
+def _on_record(item: _Pending, record: RecordSource | None, history: FrameHistory) -> None:
+    """An event's frame and its drawing from the record source (the detect frame's copy if it is lost)."""
+    from .annotate import annotate
+
+    assert item.drawing is not None
+    result, geometry, counts, highlight, source_width = item.drawing
+    big = record.frame_at(item.frame_id) if record is not None else None
+    base = big if big is not None else item.frame
+    if base is None:
+        return
+    item.annotated = annotate(base, result, geometry=geometry, counts=counts, width=history.width,
+                              highlight=highlight, source_width=source_width)
+    item.frame = history.downscaled(base) if big is not None else item.frame
 
 
 def _size(summary: dict, what: str) -> int:

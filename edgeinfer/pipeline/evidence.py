@@ -8,19 +8,17 @@ Three parts, each usable alone:
   once; the last ``seconds * fps`` of them. A frame it does not keep costs a comparison: no copy,
   no resize, no encode. Encoding at once means the ring never holds a reference to a buffer the
   pipeline reuses.
-* :class:`EvidenceRecorder` — ``trigger(event)`` starts a recording: the newest kept frame is the
-  snapshot, the frames of the ring (those of the last ``seconds``) the pre-roll, and the frames
-  kept over the next ``post_s`` seconds (by frame timestamps) the post-roll; then the clip is
-  written to the store. Recordings may overlap: every kept frame is encoded once and its bytes
-  shared by all of them.
-* :class:`EvidenceStore` — one folder per event, ``<event id>/snapshot.jpg``, ``clip.mjpeg`` and
-  ``event.json``, each written atomically (:func:`edgeinfer._fs.atomic_path`), ``event.json``
-  last: a folder without a readable ``event.json`` that matches its files is not an event, and is
-  removed when the store opens. Bounded in bytes and in events: the oldest go first.
-
-The clip is a plain MJPEG stream — the kept JPEGs concatenated, never re-encoded. ``ffmpeg -f
-mjpeg``, VLC and browsers play it; :func:`edgeinfer.capture.open_source` reads it back (OpenCV's
-FFmpeg probes it as MJPEG; :class:`~edgeinfer.capture.mjpeg.MjpegFileSource` demuxes it with PyAV).
+* :class:`EvidenceRecorder` — ``trigger(event, own=...)`` starts a recording: the event's own frame
+  (handed with it; without one, the newest kept frame) is the snapshot, the kept frames of the
+  ``seconds`` before it the pre-roll, and the frames kept until ``post_s`` seconds after it the
+  post-roll — all by the frames' timestamps, which are the *source's* time (a file read faster
+  than real time still gives 2 s of its own before the event); then the clip is written to the
+  store. Recordings may overlap: every kept frame is encoded once and its bytes shared by all.
+* :class:`EvidenceStore` — one folder per event, ``<event id>/snapshot.jpg`` (annotated),
+  ``frame.jpg``, ``clip.mp4`` or ``clip.mjpeg`` (:mod:`.evidence_clip`) and ``event.json``,
+  each written atomically (:func:`edgeinfer._fs.atomic_path`), ``event.json`` last: a folder
+  without a readable ``event.json`` that matches its files is not an event, and is removed when the
+  store opens. Bounded in bytes and in events: the oldest go first.
 """
 
 from __future__ import annotations
@@ -40,15 +38,16 @@ from typing import Any
 
 import numpy as np
 
-from .._evidence import CLIP_NAME, EVENT_ID, SNAPSHOT_NAME, new_event_id
-from .._fs import atomic_path, atomic_write_bytes
+from .._evidence import CLIP_NAME, CLIP_NAMES, EVENT_ID, PLAIN_SNAPSHOT_NAME, SNAPSHOT_NAME, new_event_id
+from .._fs import atomic_write_bytes
 from ..errors import InputMismatch, OutputError
+from .evidence_clip import write_clip
 
 log = logging.getLogger(__name__)
 
 META_NAME = "event.json"
 #: the version of event.json's layout
-META_VERSION = 1
+META_VERSION = 2
 #: a safe folder name for get(): no separators, no leading dot, bounded
 _SAFE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,127}\Z")
 
@@ -138,7 +137,7 @@ class FrameHistory:
     def add(self, frame: np.ndarray, frame_id: int, timestamp: float) -> EncodedFrame:
         """Encode ``frame`` (downscaled to ``width``) and keep it as the newest: the other half of :meth:`offer`."""
         check_frame(frame)
-        encoded = EncodedFrame(int(frame_id), float(timestamp), self._encode(frame))
+        encoded = EncodedFrame(int(frame_id), float(timestamp), self.encode(frame))
         self._frames.append(encoded)
         self.kept += 1
         return encoded
@@ -155,7 +154,8 @@ class FrameHistory:
         size = (self.width, max(1, round(height * self.width / width)))
         return cv2.resize(frame, size, interpolation=cv2.INTER_AREA)
 
-    def _encode(self, frame: np.ndarray) -> bytes:
+    def encode(self, frame: np.ndarray) -> bytes:
+        """``frame`` downscaled to ``width`` at most, as a JPEG of this history's quality."""
         import cv2
 
         height, width = frame.shape[:2]
@@ -178,6 +178,12 @@ class FrameHistory:
         since = self._frames[-1].timestamp - self.seconds - self._slack
         return [frame for frame in self._frames if frame.timestamp >= since]
 
+    def around(self, timestamp: float) -> list[EncodedFrame]:
+        """The kept frames from ``seconds`` before ``timestamp`` on (those after it too: the post-roll
+        already kept when an event arrives behind later frames), oldest first."""
+        since = float(timestamp) - self.seconds - self._slack
+        return [frame for frame in self._frames if frame.timestamp >= since]
+
     def clear(self) -> None:
         self._frames.clear()
         self._due = self._last = None
@@ -189,6 +195,8 @@ class _Recording:
     event: dict
     snapshot: EncodedFrame | None
     frames: list[EncodedFrame] = field(default_factory=list)
+    #: the snapshot with what the model saw drawn on it (JPEG), when the event came with its frame
+    annotated: bytes | None = None
     #: the frame timestamp the post-roll ends at (None until the first frame arrives)
     end: float | None = None
 
@@ -245,19 +253,24 @@ class EvidenceRecorder:
         self._write(done)
         return len(done)
 
-    def trigger(self, event: dict, *, frame_id: int | None = None) -> str:
+    def trigger(self, event: dict, *, frame_id: int | None = None, own: EncodedFrame | None = None,
+                annotated: bytes | None = None) -> str:
         """Start recording ``event`` (a JSON-serialisable dict) now; returns its event id.
 
-        The snapshot is the newest kept frame (offer the event's own frame with ``keep=True``
-        first to make it that frame); the pre-roll the kept frames of the last ``seconds``.
+        The snapshot is ``own``, the event's own frame (``annotated``: the same with what the model saw
+        drawn), and the pre-roll the kept frames of the ``seconds`` before it; without ``own``, the newest
+        kept frame and the kept frames of the last ``seconds``.
         """
         if not isinstance(event, dict):
             raise TypeError(f"event must be a dict, not {type(event).__name__}")
         json.dumps(event)  # a caller's unserialisable event fails here, not when the clip is written
         with self._lock:
-            snapshot = self.history.snapshot()
+            if own is None:
+                snapshot, frames = self.history.snapshot(), self.history.frames()
+            else:
+                snapshot, frames = own, self._with_own(own)
             ident = frame_id if frame_id is not None else snapshot.frame_id if snapshot else 0
-            recording = _Recording(new_event_id(ident), dict(event), snapshot, self.history.frames())
+            recording = _Recording(new_event_id(ident), dict(event), snapshot, frames, annotated=annotated)
             if snapshot is not None:
                 recording.end = snapshot.timestamp + self.post_s
             done = []
@@ -267,6 +280,16 @@ class EvidenceRecorder:
                 self._active.append(recording)
         self._write(done)
         return recording.event_id
+
+    def encode(self, frame: np.ndarray, frame_id: int, timestamp: float) -> EncodedFrame:
+        """An event's own frame as the history would keep it (not kept: call from the thread that writes)."""
+        return EncodedFrame(int(frame_id), float(timestamp), self.history.encode(frame))
+
+    def _with_own(self, own: EncodedFrame) -> list[EncodedFrame]:
+        """The kept frames around ``own`` with ``own`` in its place by time (the lock is held)."""
+        frames = [frame for frame in self.history.around(own.timestamp) if frame.frame_id != own.frame_id]
+        before = [frame for frame in frames if frame.timestamp <= own.timestamp]
+        return [*before, own, *frames[len(before):]]
 
     def flush(self) -> None:
         """Finish every recording now, with the post-roll it has (at shutdown)."""
@@ -307,7 +330,8 @@ class EvidenceRecorder:
                 log.warning("event %s: no frame was offered; no evidence written", recording.event_id)
                 continue
             try:
-                result = self.store.write(recording.event_id, recording.event, recording.snapshot, recording.frames)
+                result = self.store.write(recording.event_id, recording.event, recording.snapshot, recording.frames,
+                                          annotated=recording.annotated)
             except OutputError as exc:
                 self.failed += 1
                 log.warning("event %s: evidence not written: %s", recording.event_id, exc)
@@ -331,14 +355,21 @@ class StoredEvent:
         return self.folder / SNAPSHOT_NAME
 
     @property
+    def plain_snapshot_path(self) -> Path | None:
+        """The snapshot without drawing (None for an event stored before there was one)."""
+        return self.folder / PLAIN_SNAPSHOT_NAME if "plain_bytes" in self.meta else None
+
+    @property
     def clip_path(self) -> Path:
-        return self.folder / CLIP_NAME
+        return self.folder / self.meta.get("clip", CLIP_NAME)
 
     def summary(self) -> dict:
         """What :meth:`EvidenceRecorder.finished` returns for it (paths as text, JSON-ready)."""
         meta = self.meta
+        plain = self.plain_snapshot_path
         return {"event_id": self.event_id, "event": meta["event"], "snapshot": str(self.snapshot_path),
-                "clip": str(self.clip_path), "frames": meta["frames"], "first_frame_id": meta["first_frame_id"],
+                "plain_snapshot": str(plain) if plain is not None else None, "clip": str(self.clip_path),
+                "frames": meta["frames"], "first_frame_id": meta["first_frame_id"],
                 "last_frame_id": meta["last_frame_id"], "snapshot_frame_id": meta["snapshot_frame_id"],
                 "start": meta["start"], "end": meta["end"], "created": meta["created"], "bytes": self.size}
 
@@ -347,10 +378,13 @@ class EvidenceStore:
     """Events on disk under ``root``, at most ``max_bytes`` and ``max_events`` (the oldest deleted
     first; the newest event is always kept, even alone over ``max_bytes``). Thread-safe."""
 
-    def __init__(self, root: str | os.PathLike, max_bytes: int = 200 * 1024 * 1024, max_events: int = 500) -> None:
+    def __init__(self, root: str | os.PathLike, max_bytes: int = 200 * 1024 * 1024, max_events: int = 500, *,
+                 mp4: bool = True) -> None:
         if int(max_bytes) <= 0 or int(max_events) <= 0:
             raise ValueError(f"max_bytes and max_events must be positive, not {max_bytes!r} and {max_events!r}")
         self.root = Path(root)
+        #: clips as H.264/MP4 where an encoder is at hand (else, and when False, MJPEG)
+        self.mp4 = mp4
         self.max_bytes = int(max_bytes)
         self.max_events = int(max_events)
         self._lock = threading.Lock()
@@ -394,28 +428,31 @@ class EvidenceStore:
             raise ValueError(f"not an event id: {event_id!r}")
         return folder
 
-    def write(self, event_id: str, event: dict, snapshot: EncodedFrame, frames: list[EncodedFrame]) -> dict:
-        """Store one event (its files atomically, ``event.json`` last), then apply the bounds;
-        returns its summary. :class:`OutputError` when the disk refuses."""
+    def write(self, event_id: str, event: dict, snapshot: EncodedFrame, frames: list[EncodedFrame], *,
+              annotated: bytes | None = None) -> dict:
+        """Store one event (its files atomically, ``event.json`` last), then apply the bounds; returns its
+        summary. ``snapshot.jpg`` is ``annotated`` when given, ``frame.jpg`` the snapshot as kept.
+        :class:`OutputError` when the disk refuses."""
         folder = self._folder_of(event_id)
         frames = frames or [snapshot]
-        clip_bytes = sum(len(frame.jpeg) for frame in frames)
-        meta = {"version": META_VERSION, "event_id": event_id, "event": event, "created": time.time(),
-                "frames": len(frames), "first_frame_id": frames[0].frame_id, "last_frame_id": frames[-1].frame_id,
-                "snapshot_frame_id": snapshot.frame_id, "start": frames[0].timestamp, "end": frames[-1].timestamp,
-                "snapshot_bytes": len(snapshot.jpeg), "clip_bytes": clip_bytes, "format": "mjpeg"}
-        text = json.dumps(meta, indent=1).encode("utf-8")
+        drawn = annotated if annotated is not None else snapshot.jpeg
         try:
             folder.mkdir(parents=True, exist_ok=False)
-            atomic_write_bytes(folder / SNAPSHOT_NAME, snapshot.jpeg)
-            with atomic_path(folder / CLIP_NAME) as temp, open(temp, "wb") as out:
-                for frame in frames:
-                    out.write(frame.jpeg)
+            atomic_write_bytes(folder / SNAPSHOT_NAME, drawn)
+            atomic_write_bytes(folder / PLAIN_SNAPSHOT_NAME, snapshot.jpeg)
+            clip_name, clip_bytes = write_clip(folder, frames, mp4=self.mp4)
+            meta = {"version": META_VERSION, "event_id": event_id, "event": event, "created": time.time(),
+                    "frames": len(frames), "first_frame_id": frames[0].frame_id, "last_frame_id": frames[-1].frame_id,
+                    "snapshot_frame_id": snapshot.frame_id, "snapshot_time": snapshot.timestamp,
+                    "start": frames[0].timestamp, "end": frames[-1].timestamp, "annotated": annotated is not None,
+                    "snapshot_bytes": len(drawn), "plain_bytes": len(snapshot.jpeg), "clip": clip_name,
+                    "clip_bytes": clip_bytes, "format": "mp4" if clip_name != CLIP_NAME else "mjpeg"}
+            text = json.dumps(meta, indent=1).encode("utf-8")
             atomic_write_bytes(folder / META_NAME, text)
         except OSError as exc:
             _remove(folder)
             raise OutputError(f"cannot write evidence for event {event_id} in {self.root}: {exc}") from exc
-        stored = StoredEvent(event_id, folder, meta, len(snapshot.jpeg) + clip_bytes + len(text))
+        stored = StoredEvent(event_id, folder, meta, len(drawn) + len(snapshot.jpeg) + clip_bytes + len(text))
         with self._lock:
             self._events.append(stored)
             self._bytes += stored.size
@@ -463,9 +500,16 @@ def _read_event(folder: Path) -> StoredEvent | None:
         if not isinstance(meta, dict) or meta.get("event_id") != folder.name:
             return None
         snapshot_size = (folder / SNAPSHOT_NAME).stat().st_size
-        clip_size = (folder / CLIP_NAME).stat().st_size
+        if meta.get("clip", CLIP_NAME) not in CLIP_NAMES:  # a name of ours, never a path
+            return None
+        clip_size = (folder / meta.get("clip", CLIP_NAME)).stat().st_size
         if snapshot_size != meta["snapshot_bytes"] or clip_size != meta["clip_bytes"]:
             return None
+        if "plain_bytes" in meta:  # since version 2
+            plain_size = (folder / PLAIN_SNAPSHOT_NAME).stat().st_size
+            if plain_size != meta["plain_bytes"]:
+                return None
+            snapshot_size += plain_size
         float(meta["created"])
         if any(key not in meta for key in ("event", "frames", "first_frame_id", "last_frame_id",
                                             "snapshot_frame_id", "start", "end")):

@@ -312,8 +312,8 @@ class MultiPipeline:
 
     def add_stream_listener(self, listener: Callable[[StreamEvent], Any]) -> None:
         """Call ``listener(event)`` on each ``stream_failed`` / ``stream_restored`` / ``stream_ended`` of a
-        named stream (keep it short: it runs in the engine's or the reopening thread). The first listener
-        also hears what happened before it was added (a stream that could not be opened at the start)."""
+        named stream (keep it short: it runs in the engine's or the reopening thread). Each listener also
+        hears what happened before the first was added (a stream that could not be opened at the start)."""
         self._streams.add_listener(listener)
 
     def add_event_listener(self, listener: Callable[[dict], Any]) -> None:

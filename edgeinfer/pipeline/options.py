@@ -25,6 +25,7 @@ from .decoders import (
 )
 from .preprocess import RESIZE_MODES
 from .tasks import TASK_NAMES, get_task
+from .zones import DEFAULT_BAND, DEFAULT_HOLD_S, TRIGGERS
 
 if TYPE_CHECKING:
     from .labels import Labels
@@ -104,7 +105,11 @@ class PipelineOptions:
     #: frames a track must be matched in before it counts
     track_min_hits: int = 3
     #: the hysteresis band around a line or a zone's edge, a fraction of the box height
-    line_band: float = 0.1
+    line_band: float = DEFAULT_BAND
+    #: seconds (of the stream's time) a track must stay beyond the band on a new side before it counts
+    line_hold_s: float = DEFAULT_HOLD_S
+    #: what must be beyond the band: ``anchor`` (the anchor point) or ``box`` (the whole box)
+    line_trigger: str = field(default="anchor", metadata=_choices(*TRIGGERS))
     # events with evidence (edgeinfer.pipeline.events; docs/events.md)
     #: rules: ``line_crossed[:LINE][/LABEL,...]``, ``zone_entered[:ZONE][/...]``, ``detection[:SCORE][/...]``
     events: tuple[str, ...] = ()
@@ -122,6 +127,10 @@ class PipelineOptions:
     #: frames a second the clip keeps, and their width at most (JPEG)
     evidence_fps: float = 5.0
     evidence_width: int = 640
+    #: the source the evidence (snapshot, clip) comes from, when not the one detection reads (Frigate's
+    #: detect / record split: a camera's main stream; files are read in step, frame n with frame n); used only
+    #: with events and an evidence_dir
+    record_source: str | None = None
     # motion gating (edgeinfer.pipeline.motion): unchanged frames reuse the last result, marked reused
     motion_gate: bool = False
     #: gray levels a pixel of the small comparison copy must change by
@@ -157,12 +166,16 @@ class PipelineOptions:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, not {value}")
         self._check_events()
+        for name in ("line_band", "line_hold_s"):
+            if not 0 <= getattr(self, name) < float("inf"):  # NaN fails too
+                raise ValueError(f"{name} must be finite and >= 0, not {getattr(self, name)!r}")
         if self.stats_window < MIN_STATS_WINDOW:
             raise ValueError(f"stats_window must be >= {MIN_STATS_WINDOW}")
 
     def _check_events(self) -> None:
         if self.event_cooldown_s < 0 or self.evidence_post_s < 0:
             raise ValueError("event_cooldown_s and evidence_post_s must be >= 0")
+
         if self.events_per_minute < 1 or self.evidence_width < 16:
             raise ValueError("events_per_minute must be >= 1 and evidence_width >= 16")
         if self.events:

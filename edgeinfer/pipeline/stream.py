@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .labels import Labels
     from .motion import MotionGate
     from .options import PipelineOptions
+    from .record import RecordSource
     from .ring import Slot
     from .tasks import Task
 
@@ -70,10 +71,17 @@ class Stream:
                                          stage=self.capture.stage)
             self.capture.shared = self.shared
         self.keep_frames = options.keep_frames
+        #: a live view (pipeline/live.py) waits for a frame: the next result carries a copy (set by the view,
+        #: cleared once it has one), so a stream nobody watches copies nothing
+        self.frame_wanted = False
         self.outputs = OutputSummary()
         self.gate: MotionGate | None = None
         self.analytics: StreamAnalytics | None = None
         self.events: StreamEvents | None = None
+        #: where the evidence's frames come from when not this stream's source (options.record_source)
+        self.record: RecordSource | None = None
+        #: frames per second of a file's own time (frame_id / fps is a frame's time in it); None: live, wall time
+        self.file_fps = source.fps if not source.live and source.fps else None
         self._add_parts(options)
         self.thread: threading.Thread | None = None
         #: the engine's thread has taken this stream's end (its source ended, failed, or the stream stopped)
@@ -108,7 +116,9 @@ class Stream:
         if options.tracking:
             from .analytics import analytics_from_options
 
-            self.analytics = analytics_from_options(options)
+            # a file's frames are timed by its own frame rate (holds mean clip seconds, however fast it is read)
+            fps = None if self.source.live else self.source.fps
+            self.analytics = analytics_from_options(options, fps=fps if fps and fps > 0 else None)
         if options.events:
             from .events import events_from_options, stream_folder
 
@@ -116,7 +126,29 @@ class Stream:
             folder = stream_folder(options.evidence_dir, self.name) if self.name else options.evidence_dir
             self.events = events_from_options(options, stream=self.name, evidence_dir=folder)
             if self.events is not None and self.analytics is not None:
+                from .annotate import Geometry
+
                 self.analytics.add_listener(self.events.on_analytics)
+                self.events.drawing = (Geometry.of(self.analytics), self.analytics.counts)
+            if options.record_source is not None and self.events is not None and self.events.recorder is not None:
+                from .record import RecordSource
+
+                if self.name:  # one option, one camera: the several streams of a run would share it
+                    raise ValueError("record_source goes with a run of one stream (source:, not sources:)")
+
+                self.record = self.events.record = RecordSource.open(options.record_source, options, self.name)
+
+    @property
+    def holds_frames(self) -> bool:
+        """Whether the engine's thread keeps a frame's buffer until its result is answered: an event's
+        snapshot is the frame it was decided on (the buffer is only copied when one fires)."""
+        return self.events is not None and self.events.recorder is not None
+
+    def source_time(self, frame_id: int, wall_time: float) -> float:
+        """A frame's time in the source's own clock: its place in a file (read at any speed), the capture
+        time of a live source's frame. The evidence's pre- and post-roll are measured in it."""
+        fps = self.file_fps
+        return frame_id / fps if fps else wall_time
 
     # ------------------------------------------------------------------------ in the engine's thread
     def take(self, slot: Slot, deliver: Callable[[FrameResult], None]) -> tuple[InferencePlan, float] | None:
@@ -133,7 +165,7 @@ class Stream:
         frame = slot.frame
         plan = self.binding.plan_for(frame.shape, slot.native)
         if self.events is not None:
-            self.events.offer(frame, slot.frame_id, slot.wall_time)
+            self.events.offer(frame, slot.frame_id, self.source_time(slot.frame_id, slot.wall_time))
         gate = self.gate
         if gate is not None and not gate.changed(frame) and self.last[0] == plan.gen:
             reused = reused_result(slot, self.last[1], taken_at, stream=self.name)
@@ -145,16 +177,22 @@ class Stream:
         return plan, taken_at
 
     def answer(self, result: Any, plan: InferencePlan, frame_id: int, stamp: float,
-               times: tuple[float, float, float, float, float, float, float], kept: Any) -> FrameResult:
+               times: tuple[float, float, float, float, float, float, float], kept: Any,
+               frame: Any = None) -> FrameResult:
         """A frame's decoded ``result`` through tracking, lines and zones and the event rules, counted in the
         output summary and the stage timings: its FrameResult. ``times`` (perf_counter): reading began, the
-        frame was read, staged, taken, put into the engine; the invoke began, ended."""
+        frame was read, staged, taken, put into the engine; the invoke began, ended. ``frame``: the frame itself
+        while its buffer is held (:attr:`holds_frames`), for the snapshot of an event it fires."""
         t0, t1, t2, t3, t3b, t4, t5 = times
+        events = self.events
+        if events is not None and frame is not None:
+            events.hold(frame, frame_id, self.source_time(frame_id, stamp))
         if self.analytics is not None:
             result = self.analytics.process(result, frame_id, stamp)
-        events = self.events
-        if events is not None and events.wants_results:
-            events.check(result, frame_id, stamp)
+        if events is not None:
+            if events.wants_results:
+                events.check(result, frame_id, stamp)
+            events.release(result)
         t6 = time.perf_counter()
         self.outputs.observe(result)
         self.last = (plan.gen, result)
@@ -176,6 +214,8 @@ class Stream:
         self.control.begin()
         self.window.start(self.control.t_start)
         self.source.resume()
+        if self.record is not None:
+            self.record.start()
         self.thread = threading.Thread(target=self.capture.run, name=self.thread_name, daemon=True)
         self.thread.start()
 
@@ -210,6 +250,8 @@ class Stream:
             log.warning("not closing %s: the capture thread is still blocked in it", self.source.description)
         elif self.owns_source:
             self.source.close()
+        if self.record is not None:
+            self.record.close()
 
     @property
     def error(self) -> BaseException | None:

@@ -86,7 +86,7 @@ class StreamSet:
         self._make_stream = make_stream  # opens a record's source as a stream of the run
         self._started = started  # whether the run runs (a stream opened then starts at once)
         self._listeners: tuple[StreamListener, ...] = ()
-        self._backlog: list[StreamEvent] = []  # what happened before the first listener (at the start)
+        self._backlog: list[StreamEvent] = []  # what happened before the first listener (at the start), kept
         self._closed_windows: dict[str, PipelineStats] = {}  # windows of streams closed since the last take
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
@@ -295,11 +295,11 @@ class StreamSet:
 
     # ------------------------------------------------------------------------ listeners and views
     def add_listener(self, listener: StreamListener) -> None:
-        """The first listener also hears what happened before it was added (a stream that could not be opened
-        at the start)."""
+        """Every listener also hears what happened before the first one was added (a stream that could not be
+        opened at the start): the agent's reporter and its analytics store each need it."""
         with self.lock:
             self._listeners = (*self._listeners, listener)
-            backlog, self._backlog = self._backlog, []
+            backlog = list(self._backlog)
         for event in backlog:
             _tell((listener,), event)
 

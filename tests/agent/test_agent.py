@@ -349,7 +349,8 @@ def test_malformed_commands_get_error_events_and_change_nothing(tmp_path, broker
             ("c-nopipe", "failed"), ("c-old", "expired"), ("c-unknown", "unknown_command")]
         assert all(e["level"] == "error" for e in rejected)
         by_id = {e["cmd_id"]: e for e in rejected}
-        assert "known: deploy, ping, restart_pipeline, rollback" in by_id["c-unknown"]["message"]
+        assert "known: deploy, live_view, ping, restart_pipeline, rollback, set_analytics" in \
+            by_id["c-unknown"]["message"]
         assert "no pipeline named 'nope'" in by_id["c-nopipe"]["message"]
         assert "unknown key 'admin'" in by_id["c-extra"]["message"]
 

@@ -134,10 +134,10 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
         "watchdog_floor_s": 2.5, "watchdog_factor": 4, "probe_backoff": {"initial_s": 5, "max_s": 120},
         "motion_gate": True, "motion_threshold": 12, "motion_min_area": 0.01, "motion_max_skip": 15,
         "track": True, "lines": ["door=320,470,320,10"], "zones": "shop=420,10,630,10,630,330",
-        "track_min_hits": 4, "line_band": 0.2,
+        "track_min_hits": 4, "line_band": 0.2, "line_hold_s": 0.5, "line_trigger": "box",
         "events": ["line_crossed:door/person", "detection:0.8"], "event_cooldown_s": 5, "events_per_minute": 10,
         "evidence_dir": "evidence", "evidence_max_mb": 50, "evidence_pre_s": 1.5, "evidence_post_s": 2,
-        "evidence_fps": 4, "evidence_width": 480,
+        "evidence_fps": 4, "evidence_width": 480, "record_source": "rtsp://door-cam/main",
         "loop": True, "size": "1280x720", "fps": 15,
         "fourcc": "MJPG", "backoff": {"initial_s": 1, "max_s": 30, "give_up_s": 600}, "policy": "latest",
         "max_fps": 5, "max_frames": 100, "queue_size": 4, "resize": "letterbox", "mean": 127.5,
@@ -166,11 +166,13 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
         True, 12.0, 0.01, 15)
     assert (options.track, options.lines, options.zones) == (True, ("door=320,470,320,10",),
                                                              ("shop=420,10,630,10,630,330",))
-    assert (options.track_min_hits, options.line_band) == (4, 0.2)
+    assert (options.track_min_hits, options.line_band, options.line_hold_s, options.line_trigger) == (
+        4, 0.2, 0.5, "box")
     assert (options.events, options.event_cooldown_s, options.events_per_minute) == (
         ("line_crossed:door/person", "detection:0.8"), 5.0, 10)
     assert (options.evidence_dir, options.evidence_max_mb, options.evidence_pre_s, options.evidence_post_s,
             options.evidence_fps, options.evidence_width) == (str(tmp_path / "evidence"), 50.0, 1.5, 2.0, 4.0, 480)
+    assert options.record_source == "rtsp://door-cam/main"
     assert (pipeline.name, pipeline.version, pipeline.restart, pipeline.threads) == ("door", "7", "always", 2)
     assert set(PIPELINE_KEYS) == set(PipelineOptions.names()) | {"name", "model", "source", "sources", "batch",
                                                                  "version", "restart"}

@@ -22,7 +22,7 @@ from support.pipeline import ULTRAFACE
 
 from edgeinfer.agent.evidence_upload import REFUSED_MARK, UPLOADED_MARK, EvidenceUploader
 from edgeinfer.link.protocol import validate
-from edgeinfer.pipeline.evidence import CLIP_NAME, SNAPSHOT_NAME, EvidenceStore
+from edgeinfer.pipeline.evidence import PLAIN_SNAPSHOT_NAME, SNAPSHOT_NAME, EvidenceStore
 
 LINE = "door=" + ",".join(str(v) for v in scenes.LINE)
 ZONE = "shop=" + ",".join(f"{x},{y}" for x, y in scenes.ZONE)
@@ -124,7 +124,7 @@ def test_an_agent_reports_each_rule_event_and_sends_its_evidence_through_a_faili
         stored = {e.event_id: e for e in store.list()}
         assert set(stored) == {m["data"]["event_id"] for m in found}
         for event_id, event in stored.items():  # every file arrived byte for byte, after the 503s
-            for name in (SNAPSHOT_NAME, CLIP_NAME):
+            for name in (SNAPSHOT_NAME, PLAIN_SNAPSHOT_NAME, event.clip_path.name):
                 sent = (tmp_path / "received" / "cam-01" / event_id / name).read_bytes()
                 assert hashlib.sha256(sent).digest() == hashlib.sha256((event.folder / name).read_bytes()).digest()
         assert [status for _, status in server.requests[:3]] == [503, 503, 503]

@@ -320,7 +320,8 @@ def test_events_list_a_rule_triggered_event_with_its_evidence(fleet):
     first = listed[1]
     assert first["device_id"] == "cam-b" and first["event"] == "rule_triggered" and first["data"]["label"] == "person"
     assert first["evidence"] == {"event_id": with_evidence, "snapshot": True, "clip": True,
-                                 "snapshot_bytes": len(snapshot), "clip_bytes": len(movie), "frames": 6}
+                                 "snapshot_bytes": len(snapshot), "clip_bytes": len(movie), "frames": 6,
+                                 "plain_snapshot": False, "clip_name": "clip.mjpeg"}
     assert listed[0]["evidence"]["snapshot"] is False and listed[0]["evidence"]["clip"] is False
     assert [e["data"]["event_id"] for e in fleet.events(f"event_id={with_evidence}")] == [with_evidence]
     assert fleet.events("device=cam-b&event=pipeline_failed") == []
@@ -600,8 +601,67 @@ def test_a_real_agent_counts_the_scene_and_its_events_arrive_with_their_evidence
                                                                 + ["zone_entered"] * truth["zone_entries"])
     for event in listed:
         event_id = event["data"]["event_id"]
-        assert event["data"]["upload"] is True and event["evidence"]["frames"] == event["data"]["frames"]
-        for name in ("snapshot.jpg", "clip.mjpeg"):
+        clip = event["evidence"]["clip_name"]
+        assert event["data"]["upload"] is True and clip in ("clip.mp4", "clip.mjpeg")
+        if clip == "clip.mjpeg":  # the manager counts an MJPEG clip's frames (an MP4's count is the event's)
+            assert event["evidence"]["frames"] == event["data"]["frames"]
+        for name in ("snapshot.jpg", "frame.jpg", clip):
             status, _, body = fleet.get("cam-e2e", event_id, name)
             assert status == 200 and body == (folder / event_id / name).read_bytes(), (event_id, name)
         assert (folder / event_id / "uploaded").exists()
+
+
+def test_an_mp4_clip_and_the_plain_snapshot_are_stored_and_served_as_what_they_are(fleet, tmp_path):
+    from edgeinfer.pipeline.evidence import EncodedFrame
+    from edgeinfer.pipeline.evidence_clip import h264_encoder, write_clip
+
+    if h264_encoder() is None:
+        pytest.skip("PyAV with an H.264 encoder is not installed")
+    frames = [EncodedFrame(i, i / 5, jpeg(320, 240, 300 + i)) for i in range(7)]
+    assert write_clip(tmp_path, frames)[0] == "clip.mp4"
+    movie, plain = (tmp_path / "clip.mp4").read_bytes(), jpeg(160, 120, 2)
+    event_id = new_event_id(52)
+    assert fleet.put("cam-a", event_id, "clip.mp4", plain)[0] == 400  # a JPEG is no MP4
+    assert fleet.put("cam-a", event_id, "frame.jpg", movie)[0] == 400  # nor an MP4 a JPEG
+    for name, body in (("snapshot.jpg", jpeg(160, 120, 1)), ("frame.jpg", plain), ("clip.mp4", movie)):
+        assert fleet.put("cam-a", event_id, name, body)[0] == 201, name
+    status, headers, body = fleet.get("cam-a", event_id, "clip.mp4")
+    assert status == 200 and body == movie and headers["Content-Type"] == "video/mp4"
+    status, headers, body = fleet.get("cam-a", event_id, "frame.jpg")
+    assert status == 200 and body == plain and headers["Content-Type"] == "image/jpeg"
+    flags = fleet.manager.evidence.with_evidence([{"device_id": "cam-a", "data": {"event_id": event_id}}])
+    assert {k: flags[0]["evidence"][k] for k in ("clip", "clip_name", "plain_snapshot", "clip_bytes")} == {
+        "clip": True, "clip_name": "clip.mp4", "plain_snapshot": True, "clip_bytes": len(movie)}
+
+
+def test_the_dashboard_plays_an_mp4_clip_in_a_video_element(fleet, tmp_path):
+    from support.browser import Browser, wait_for, wait_js
+    from support.dashboard import Dashboard, go, sign_in
+
+    from edgeinfer.pipeline.evidence import EncodedFrame
+    from edgeinfer.pipeline.evidence_clip import h264_encoder, write_clip
+
+    if h264_encoder() is None:
+        pytest.skip("PyAV with an H.264 encoder is not installed")
+    write_clip(tmp_path, [EncodedFrame(i, i / 5, jpeg(320, 240, 60 + i)) for i in range(10)])
+    shown, snapshot, movie = new_event_id(40), jpeg(200, 150, 59), (tmp_path / "clip.mp4").read_bytes()
+    assert fleet.put("cam-a", shown, "snapshot.jpg", snapshot)[0] == 201
+    assert fleet.put("cam-a", shown, "clip.mp4", movie)[0] == 201
+    publish_event(fleet, "cam-a", 20, event_data(shown, frames=10, duration_s=1.8, snapshot=snapshot, movie=movie))
+    assert wait_until(lambda: fleet.events(f"event_id={shown}"), 15, 0.1)
+    dash = Dashboard(fleet.manager, None, ["cam-a", "cam-b"], fleet.tokens,
+                     {role: f"evidence-{role}" for role in fleet.tokens})
+    item = f'li[data-testid=evidence-event][data-event-id="{shown}"]'
+    with Browser() as browser:
+        sign_in(browser, dash, "viewer")
+        go(browser, dash, "#/events")
+        wait_for(browser, item, 15)
+        wait_for(browser, f"{item} [data-testid=evidence-play]").click()
+        video = wait_for(browser, f"{item} video[data-testid=evidence-clip]", 15)
+        assert video.get_attribute("src").startswith("blob:")
+        h264 = browser.driver.execute_script("return document.createElement('video')"
+                                             ".canPlayType('video/mp4; codecs=\"avc1.64001e\"')")
+        if h264:  # a Chromium built without the H.264 decoder (no proprietary codecs) cannot play it
+            width = "const v = document.querySelector(arguments[0]); return v && v.readyState >= 1 && v.videoWidth;"
+            assert wait_js(browser, width, 15, f"{item} video[data-testid=evidence-clip]") == 320
+        assert browser.errors() == []

@@ -10,8 +10,8 @@ What the fuzzer is told besides the document: what the bytes of a JPEG snapshot 
 (``support/contract_hooks.py``); a device, an artifact, a deployment and an event's evidence that exist, so
 the routes that read them answer 200 too, and their answers are checked against their schemas; a token of its
 own to revoke, and not to take ids from answers (it would revoke its own tokens); and that 411 (an upload
-without a length) is a refusal. It leaves out one operation, the live stream, which never
-ends; the last test holds that one to its contract.
+without a length) is a refusal. It leaves out two operations that never end, the live updates and a device's live
+view; the last tests hold those to their contract.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from support.assets import REPO
 from support.fleet import admin_of, api_server, state_message, telemetry_message
-from support.jpegs import JPEGS
+from support.jpegs import JPEGS, MP4_HEAD
 
 from edgeinfer._evidence import new_event_id
 from edgeinfer.fleet.db import FleetDB
@@ -46,8 +46,13 @@ DEVICE = "contract-cam"
 EVENT_ID = new_event_id(1)
 #: what fills a path parameter when a role is checked (the credential is judged before the parameters)
 PATH_VALUES = {"device_id": DEVICE, "deployment_id": "d" * 32, "token_id": "0" * 12, "sha256": "0" * 64,
-               "event_id": EVENT_ID}
+               "event_id": EVENT_ID, "pipeline": "main"}
 STREAM = "/api/stream"
+LIVE_VIEW = "/api/devices/{device_id}/live/{pipeline}"
+ENDLESS = (STREAM, LIVE_VIEW)
+EXCLUDED = [arg for path in ENDLESS for arg in ("--exclude-path", path)]
+#: a live frame nobody watches is a valid request answered 410 Gone (the device stops sending): not a refusal
+LIVE_FRAMES = "/api/devices/{device_id}/live/{pipeline}/frames"
 #: the operations that take a list of up to 10,000 device ids: the coverage phase sends the longest lists (each a
 #: second of work for the manager) over and over; the fuzzing phase sends them lists of any length
 LISTS_OF_DEVICES = (("/api/enrollments", "POST"), ("/api/deployments", "POST"))
@@ -102,6 +107,8 @@ def contract(tmp_path_factory) -> Contract:
             put(server.url, f"/api/devices/{DEVICE}/events/{EVENT_ID}/snapshot.jpg", tokens["operator"], JPEGS[0])
             put(server.url, f"/api/devices/{DEVICE}/events/{EVENT_ID}/clip.mjpeg", tokens["operator"],
                 JPEGS[0] + JPEGS[1])
+            put(server.url, f"/api/devices/{DEVICE}/events/{EVENT_ID}/frame.jpg", tokens["operator"], JPEGS[1])
+            put(server.url, f"/api/devices/{DEVICE}/events/{EVENT_ID}/clip.mp4", tokens["operator"], MP4_HEAD)
             model = folder / "model.bin"
             model.write_bytes(os.urandom(4096))
             sha256, _ = services.artifacts.put(model)
@@ -142,12 +149,17 @@ def fuzzer_config(contract: Contract) -> str:
               ("/artifacts/{sha256}", "GET"), ("/artifacts/{sha256}", "HEAD"),
               ("/api/devices/{device_id}/events/{event_id}/snapshot.jpg", "GET"),
               ("/api/devices/{device_id}/events/{event_id}/clip.mjpeg", "GET"),
+              ("/api/devices/{device_id}/events/{event_id}/frame.jpg", "GET"),
+              ("/api/devices/{device_id}/events/{event_id}/clip.mp4", "GET"),
               ("/api/tokens/{token_id}", "DELETE")]
     known = {**contract.known, "token_id": contract.spare_token}
     for path, method in pinned:
         values = {name: value for name, value in known.items() if f"{{{name}}}" in path}
         lines += ["[[operations]]", f'include-path = "{path}"', f'include-method = "{method}"',
                   "parameters = { " + ", ".join(f'"path.{k}" = "{v}"' for k, v in values.items()) + " }", ""]
+    lines += ["[[operations]]", f'include-path = "{LIVE_FRAMES}"', 'include-method = "POST"',
+              "[operations.checks.positive_data_acceptance]",
+              'expected-statuses = ["2xx", "401", "403", "404", "409", "410"]', ""]
     for path, method in LISTS_OF_DEVICES:  # their coverage cases cost more than every other operation's together
         lines += ["[[operations]]", f'include-path = "{path}"', f'include-method = "{method}"',
                   "[operations.phases.coverage]", "enabled = false", ""]
@@ -166,7 +178,7 @@ def run_fuzzer(contract: Contract, folder: Path) -> dict:
     done = subprocess.run(
         [sys.executable, "-m", "schemathesis.cli", "--no-color", "--config-file", str(config), "run", str(schema),
          "--url", contract.url, "--checks", "all", "--seed", str(SEED), "--max-examples", str(EXAMPLES),
-         "--exclude-path", STREAM, "--workers", "1", "--request-timeout", "20", "--generation-database", "none",
+         *EXCLUDED, "--workers", "1", "--request-timeout", "20", "--generation-database", "none",
          "--report", "json", "--report-json-path", str(report)],
         capture_output=True, text=True, env=env, timeout=600, cwd=folder)
     (folder / "fuzzer.log").write_text(done.stdout + done.stderr)  # every failure in full, to replay it
@@ -178,7 +190,7 @@ def run_fuzzer(contract: Contract, folder: Path) -> dict:
 
 def test_the_fuzzer_finds_no_mismatch_no_server_error_and_no_open_route(contract, tmp_path):
     report = run_fuzzer(contract, tmp_path)
-    fuzzed = [op for op in operations(contract.document) if op[1] != STREAM]
+    fuzzed = [op for op in operations(contract.document) if op[1] not in ENDLESS]
     assert report["failures"] == [] and report["errors"] == [], report["output"]
     assert not report["warnings"]["missing_auth"], report["warnings"]  # its tokens opened every route all along
     assert report["complete"] and report["stop_reason"] == "completed", report["output"]
@@ -208,7 +220,7 @@ def test_no_route_answers_a_token_below_its_role(contract):
 def test_what_is_not_there_is_a_declared_refusal(contract):
     """The fuzzer reads what exists (the things it is pointed at, above); what does not: each route with a path
     parameter, asked by its role about something well-formed that is not stored, answers a status it declares."""
-    unknown = {**PATH_VALUES, "device_id": "contract-gone", "event_id": new_event_id(2)}
+    unknown = {**PATH_VALUES, "device_id": "contract-gone", "event_id": new_event_id(2), "pipeline": "main"}
     asked = set()
     for method, path, operation in operations(contract.document):
         role = role_of(operation)
@@ -232,5 +244,26 @@ def test_the_live_stream_keeps_its_contract(contract):
         response = connection.getresponse()
         assert response.status == 200 and response.headers["Content-Type"].startswith("text/event-stream")
         assert response.readline() == b": connected\n"
+    finally:
+        connection.close()
+
+
+def test_the_live_view_keeps_its_contract(contract):
+    """The other operation the fuzzer leaves out: its declared content type and credential, and a first frame."""
+    declared = contract.document["paths"][LIVE_VIEW]["get"]["responses"]
+    assert list(declared["200"]["content"]) == ["multipart/x-mixed-replace"] and "401" in declared
+    path = LIVE_VIEW.format(device_id=DEVICE, pipeline="main")
+    assert contract.call("GET", path, None) == 401
+    host, port = contract.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("GET", path, headers={"Authorization": f"Bearer {contract.tokens['viewer']}"})
+        response = connection.getresponse()
+        assert response.status == 200 and response.headers["Content-Type"].startswith("multipart/x-mixed-replace")
+        frame = urllib.request.Request(f"{contract.url}{path}/frames", data=JPEGS[2], method="POST", headers={
+            "Authorization": f"Bearer {contract.tokens['operator']}", "Content-Type": "image/jpeg"})
+        with urllib.request.urlopen(frame, timeout=10) as answer:
+            assert answer.status == 204  # a viewer watches
+        assert response.readline().startswith(b"--")
     finally:
         connection.close()

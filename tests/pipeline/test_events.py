@@ -19,9 +19,10 @@ from support.assets import IMAGES, REPO
 from support.pipeline import ULTRAFACE
 
 from edgeinfer import MultiPipeline, Pipeline
+from edgeinfer._evidence import CLIP_NAMES
 from edgeinfer.capture import open_source
 from edgeinfer.pipeline.events import EventRule, StreamEvents, parse_rules, stream_folder
-from edgeinfer.pipeline.evidence import CLIP_NAME, EVENT_ID, META_NAME, SNAPSHOT_NAME, EvidenceStore
+from edgeinfer.pipeline.evidence import EVENT_ID, META_NAME, SNAPSHOT_NAME, EvidenceStore
 from edgeinfer.pipeline.postprocess import Classification, Detection, Detections
 from edgeinfer.pipeline.zones import AnalyticsEvent
 
@@ -274,11 +275,12 @@ def test_the_scene_clip_makes_one_event_per_true_crossing_and_entry_with_evidenc
     assert len(store) == len(got) == counts["delivered"] and counts["failed"] == 0
     for event in got:
         stored = store.get(event["event_id"])
-        assert stored is not None and stored.meta["snapshot_frame_id"] <= event["frame_id"]
+        assert stored is not None and stored.meta["snapshot_frame_id"] == event["frame_id"]  # its own frame
         assert stored.meta["first_frame_id"] <= event["frame_id"]
         image = cv2.imread(str(stored.folder / SNAPSHOT_NAME))
         assert image is not None and image.shape[1] == 640
-        assert (stored.folder / CLIP_NAME).stat().st_size == stored.meta["clip_bytes"]
+        assert stored.clip_path.name in CLIP_NAMES
+        assert stored.clip_path.stat().st_size == stored.meta["clip_bytes"]
 
 
 def test_each_stream_records_its_events_in_a_folder_of_its_own(tmp_path):

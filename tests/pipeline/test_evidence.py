@@ -24,6 +24,7 @@ from edgeinfer.pipeline.evidence import (
     CLIP_NAME,
     EVENT_ID,
     META_NAME,
+    PLAIN_SNAPSHOT_NAME,
     SNAPSHOT_NAME,
     EncodedFrame,
     EvidenceRecorder,
@@ -149,7 +150,7 @@ def test_a_frame_that_is_not_uint8_bgr_raises_input_mismatch(bad, tmp_path):
 
 
 def test_a_trigger_writes_snapshot_and_clip_of_pre_and_post_roll(scene, tmp_path):
-    store = EvidenceStore(tmp_path / "evidence")
+    store = EvidenceStore(tmp_path / "evidence", mp4=False)  # the kept JPEGs themselves (MP4: test_evidence_moment)
     recorder = EvidenceRecorder(store, FrameHistory(seconds=2.0, fps=5.0), post_s=3.0)
     feed(recorder, scene, range(90))  # 0 .. 2.97 s; the newest kept frame is 84 (2.8 s)
     event = {"rule": "line_crossed", "line": "door", "track_id": 7, "label": "bird"}
@@ -181,7 +182,8 @@ def test_a_trigger_writes_snapshot_and_clip_of_pre_and_post_roll(scene, tmp_path
 
     [stored] = store.list()
     assert stored.event_id == event_id and store.get(event_id) == stored
-    assert sorted(p.name for p in stored.folder.iterdir()) == [CLIP_NAME, META_NAME, SNAPSHOT_NAME]
+    assert sorted(p.name for p in stored.folder.iterdir()) == [CLIP_NAME, META_NAME, PLAIN_SNAPSHOT_NAME,
+                                                               SNAPSHOT_NAME]
     assert done["bytes"] == store.total_bytes == sum(p.stat().st_size for p in stored.folder.iterdir())
     assert json.loads((stored.folder / META_NAME).read_text())["event"] == event
 
@@ -199,7 +201,7 @@ def test_the_event_frame_offered_with_keep_is_the_snapshot(scene, tmp_path):
 
 def test_overlapping_triggers_share_each_encoded_frame(scene, tmp_path, monkeypatch):
     calls = count_encodes(monkeypatch)
-    recorder = EvidenceRecorder(EvidenceStore(tmp_path), FrameHistory(seconds=2.0, fps=5.0), post_s=3.0)
+    recorder = EvidenceRecorder(EvidenceStore(tmp_path, mp4=False), FrameHistory(seconds=2.0, fps=5.0), post_s=3.0)
     feed(recorder, scene, range(61))
     first = recorder.trigger({"n": 1})  # newest kept: 60 (2.0 s), ends at 5.0 s
     feed(recorder, scene, range(61, 91))
@@ -270,10 +272,10 @@ def test_the_count_bound_deletes_the_oldest_and_survives_a_restart(tmp_path):
 
 
 def test_the_byte_bound_deletes_the_oldest(tmp_path):
-    store = EvidenceStore(tmp_path, max_bytes=100_000)
-    ids = write_events(store, 6)  # about 40 KB each: two fit
+    store = EvidenceStore(tmp_path, max_bytes=120_000, mp4=False)
+    ids = write_events(store, 6)  # about 50 KB each (a 30 KB clip, the snapshot drawn and plain): two fit
     assert [event.event_id for event in store.list()] == ids[:3:-1]
-    assert store.total_bytes <= 100_000
+    assert store.total_bytes <= 120_000
     assert store.total_bytes == sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
     lone = EvidenceStore(tmp_path / "small", max_bytes=1000)  # the newest is kept even alone over
     assert [event.event_id for event in lone.list()] == []

@@ -46,6 +46,8 @@ def walk(counter, xs, track_id=1, start_frame=0):
 
 
 def vertical_line(**options) -> LineCounter:
+    """The band rule alone (``hold_s=0``); the hold is tested in test_line_hold.py."""
+    options.setdefault("hold_s", 0.0)
     return LineCounter("door", (320, 470), (320, 10), **options)  # drawn upwards: left → right is "in"
 
 
@@ -62,7 +64,7 @@ def test_a_crossing_counts_once_in_its_direction():
     (event,) = walk(line, [400, 300, 200], track_id=2)
     assert event.direction == "out" and line.counts() == {"in": 1, "out": 1}
     # the other way round: the same line drawn downwards swaps in and out
-    down = LineCounter("door", (320, 10), (320, 470))
+    down = LineCounter("door", (320, 10), (320, 470), hold_s=0)
     assert [e.direction for e in walk(down, [200, 400])] == ["out"]
 
 
@@ -107,7 +109,7 @@ def test_band_in_pixels_or_as_a_share_of_the_box():
     assert len(walk(vertical_line(band=0, band_px=25), [290, 350, 290])) == 2
     assert len(walk(vertical_line(band=0.3), [290, 340, 290])) == 0  # 0.3 x 100 px
     # the anchor: with "center" a box whose bottom is past a horizontal line but whose centre is not
-    line = LineCounter("floor", (0, 300), (640, 300), anchor="center")
+    line = LineCounter("floor", (0, 300), (640, 300), anchor="center", hold_s=0)
     assert line.update(1, "face", (100, 150, 200, 250), 0, 0.0) is None
     assert line.update(1, "face", (100, 220, 200, 320), 1, 0.1) is None  # centre 270: beyond the band, same side
     assert line.update(1, "face", (100, 280, 200, 380), 2, 0.2).direction == "in"  # downwards over a rightwards line
@@ -118,7 +120,7 @@ def test_band_in_pixels_or_as_a_share_of_the_box():
 # ------------------------------------------------------------------------------------------
 
 def test_zone_entries_jitter_on_the_edge_and_time_inside():
-    zone = ZoneCounter("shop", [(400, 0), (640, 0), (640, 480), (400, 480)])
+    zone = ZoneCounter("shop", [(400, 0), (640, 0), (640, 480), (400, 480)], hold_s=0)
     xs = [300, 395, 405, 396, 404, 450, 500, 500, 395, 405, 300, 300, 500]
     events = [zone.update(1, "face", box_at(x), i, i * 0.5) for i, x in enumerate(xs)]
     kinds = [(i, e.kind) for i, e in enumerate(events) if e is not None]
@@ -145,7 +147,10 @@ def test_zone_entries_jitter_on_the_edge_and_time_inside():
     (lambda: LineCounter("l", (5, 5), (5, 5)), "a line needs two distinct points"),
     (lambda: LineCounter.from_coords("l", [1, 2, 3]), "four numbers"),
     (lambda: LineCounter("l", (0, 0), (9, 9), anchor="feet"), "anchor 'feet' is not one of"),
-    (lambda: LineCounter("l", (0, 0), (9, 9), band=-1), "must be finite and >= 0"),
+    (lambda: LineCounter("l", (0, 0), (9, 9), band=-1), "must be finite numbers >= 0"),
+    (lambda: LineCounter("l", (0, 0), (9, 9), hold_s=float("nan")), "must be finite numbers >= 0"),
+    (lambda: ZoneCounter("z", [(0, 0), (9, 0), (9, 9)], hold_s="soon"), "must be finite numbers >= 0"),
+    (lambda: LineCounter("l", (0, 0), (9, 9), trigger="feet"), "trigger 'feet' is not one of anchor, box"),
     (lambda: LineCounter("", (0, 0), (9, 9)), "non-empty name"),
     (lambda: Tracker(min_hits=0), "min_hits must be an integer >= 1"),
     (lambda: StreamAnalytics(Tracker(), [LineCounter("a", (0, 0), (9, 9)), LineCounter("a", (0, 0), (9, 1))]),
@@ -249,7 +254,8 @@ def test_the_generated_clip_counts_exactly_the_ground_truth(scene_run):
     assert counts["tracks"]["confirmed"] == 3  # A, B, C: the blinking ghosts never became tracks
     crossings = [(e.direction, e.frame_id) for e in events if e.kind == "line_crossed"]
     assert [d for d, _ in crossings] == ["in", "in", "out"]  # A in, B in after its flicker, A back out
-    assert 20 < crossings[0][1] < 35 and 88 < crossings[1][1] < 96 and 95 < crossings[2][1] < 110
+    # each reported once it has held (0.3 s: 9 frames after the anchor left the band)
+    assert 29 < crossings[0][1] < 44 and 97 < crossings[1][1] < 105 and 104 < crossings[2][1] < 119
     (left,) = [e for e in events if e.kind == "zone_left"]
     entered, gone = scenes.A_ZONE_FRAMES
     assert left.dwell_s == pytest.approx((gone - entered) / scenes.FPS, abs=4 / scenes.FPS)
@@ -261,14 +267,17 @@ def test_the_generated_clip_counts_exactly_the_ground_truth(scene_run):
 def test_without_hysteresis_or_with_unconfirmed_tracks_the_same_clip_counts_wrong(scene_run):
     _, _, recorded = scene_run
     truth = scenes.SCENE_TRUTH
-    assert _replay(recorded, band=scenes.BAND)["lines"]["door"] == {"in": truth["in"], "out": truth["out"]}
-    # no band: C's jitter on the line and B's flicker count as crossings, frame after frame
-    no_band = _replay(recorded, band=0)["lines"]["door"]
-    assert no_band["in"] >= truth["in"] + 20 and no_band["out"] >= truth["out"] + 20, no_band
-    # tentative tracks counted: each blinking ghost is a crossing
-    unconfirmed = _replay(recorded, band=scenes.BAND, min_hits=1)
+    right = {"in": truth["in"], "out": truth["out"]}
+    assert _replay(recorded, band=scenes.BAND, hold_s=0)["lines"]["door"] == right  # the band alone
+    assert _replay(recorded, band=0)["lines"]["door"] == right  # the hold alone
+    # neither: C's jitter on the line and B's flicker count as crossings, frame after frame
+    bare = _replay(recorded, band=0, hold_s=0)["lines"]["door"]
+    assert bare["in"] >= truth["in"] + 20 and bare["out"] >= truth["out"] + 20, bare
+    # tentative tracks counted: each blinking ghost is a crossing, unless the hold asks more than a frame
+    unconfirmed = _replay(recorded, band=scenes.BAND, min_hits=1, hold_s=0)
     assert unconfirmed["lines"]["door"] == {"in": truth["in"] + 1, "out": truth["out"] + 1}, unconfirmed
     assert unconfirmed["tracks"]["confirmed"] == 5
+    assert _replay(recorded, band=scenes.BAND, min_hits=1)["lines"]["door"] == right
 
 
 def test_the_pipeline_tracks_and_counts_from_its_options(tmp_path):
@@ -299,7 +308,8 @@ def test_edgeinfer_run_counts_a_line_and_a_zone(tmp_path):
     line = "door=" + ",".join(str(v) for v in scenes.LINE)
     zone = "shop=" + ",".join(f"{x},{y}" for x, y in scenes.ZONE)
     done = subprocess.run([sys.executable, "-m", "edgeinfer", "run", str(ULTRAFACE), "--source", str(clip),
-                           "--task", "detect", "--line", line, "--zone", zone], capture_output=True, text=True,
+                           "--task", "detect", "--line", line, "--zone", zone, "--line-hold", "0.3",
+                           "--line-trigger", "anchor"], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     truth = scenes.SCENE_TRUTH

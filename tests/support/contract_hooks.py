@@ -1,5 +1,6 @@
 """What the schema-driven fuzzer (tests/fleet/test_openapi_contract.py) must know that an OpenAPI document
-cannot say: what the bytes of an ``image/jpeg`` snapshot and of a ``video/x-motion-jpeg`` clip are. Without it
+cannot say: what the bytes of an ``image/jpeg`` snapshot and of a ``video/x-motion-jpeg`` or ``video/mp4`` clip
+are. Without it
 the fuzzer sends arbitrary bytes under those media types, and the manager rightly refuses them (400: not a
 JPEG). schemathesis loads this module itself (``SCHEMATHESIS_HOOKS=support.contract_hooks``)."""
 
@@ -8,8 +9,9 @@ from __future__ import annotations
 import schemathesis
 from hypothesis import strategies as st
 
-from .jpegs import JPEGS
+from .jpegs import JPEGS, MP4_HEAD
 
 schemathesis.openapi.media_type("image/jpeg", st.sampled_from(JPEGS))
 schemathesis.openapi.media_type("video/x-motion-jpeg", st.lists(st.sampled_from(JPEGS), min_size=1,
                                                                  max_size=4).map(b"".join))
+schemathesis.openapi.media_type("video/mp4", st.binary(max_size=64).map(lambda tail: MP4_HEAD + tail))

@@ -26,6 +26,7 @@ from edgeinfer.fleet.devices import DeviceService
 from edgeinfer.fleet.evidence import EvidenceLimits, EvidenceStore
 from edgeinfer.fleet.http import FleetHTTPServer
 from edgeinfer.fleet.live import LiveFeed
+from edgeinfer.fleet.liveview import LiveView
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.fleet.metrics import FleetMetrics
 from edgeinfer.link.spool import Spool
@@ -145,9 +146,14 @@ def api_server(db: FleetDB, folder: Path, *, artifacts: ArtifactStore | None = N
                 access=FleetAccess(db, key, folder, tls=False), artifacts=store, commands=commands,
                 deployments=DeploymentService(db, key, store, commands, public_url=server.url),
                 devices=DeviceService(db, evidence_store), evidence=evidence_store, live=LiveFeed(db),
-                metrics=FleetMetrics(None), max_upload_bytes=max_upload_bytes)
+                liveview=LiveView(db, commands, lambda: server.url), metrics=FleetMetrics(None),
+                max_upload_bytes=max_upload_bytes)
+            services.liveview.start()
             server.start(build_app(services))
-            yield server, services
+            try:
+                yield server, services
+            finally:
+                services.liveview.close()
     finally:
         spool.close()
 

@@ -15,3 +15,6 @@ def noise_jpeg(seed: int, width: int, height: int) -> bytes:
 
 
 JPEGS = [noise_jpeg(seed, 16 + 8 * seed, 12 + 4 * seed) for seed in range(6)]
+
+#: an MP4's head as the fleet manager checks it (its ftyp box): the manager stores an MP4 as it came, never decodes it
+MP4_HEAD = b"\x00\x00\x00\x10ftypisom\x00\x00\x02\x00"

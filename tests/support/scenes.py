@@ -145,15 +145,21 @@ def render_frames() -> list[np.ndarray]:
     return frames
 
 
-def make_scene_clip(path: Path, quality: int = 92) -> Path:
-    """Write the scene as an MJPEG ``.avi`` (what ``make_test_clip`` writes) and return its path."""
-    return _write_clip(path, render_frames(), quality)
-
-
-def _write_clip(path: Path, frames: list[np.ndarray], quality: int) -> Path:
+def make_scene_clip(path: Path, quality: int = 92, *, size: tuple[int, int] = SIZE, frames: int = FRAMES) -> Path:
+    """Write the scene as an MJPEG ``.avi`` (what ``make_test_clip`` writes) and return its path: its first
+    ``frames`` frames, enlarged to ``size`` (the same camera's main stream, for a record source)."""
     import cv2
 
-    writer = cv2.VideoWriter(str(path), cv2.CAP_OPENCV_MJPEG, cv2.VideoWriter_fourcc(*"MJPG"), FPS, SIZE)
+    rendered = render_frames()[:frames]
+    if size != SIZE:
+        rendered = [cv2.resize(frame, size, interpolation=cv2.INTER_LINEAR) for frame in rendered]
+    return _write_clip(path, rendered, quality, size)
+
+
+def _write_clip(path: Path, frames: list[np.ndarray], quality: int, size: tuple[int, int] = SIZE) -> Path:
+    import cv2
+
+    writer = cv2.VideoWriter(str(path), cv2.CAP_OPENCV_MJPEG, cv2.VideoWriter_fourcc(*"MJPG"), FPS, size)
     if not writer.isOpened():
         raise RuntimeError(f"cannot write {path}")
     try:

@@ -30,6 +30,7 @@ from ..deployments import DeploymentService
 from ..devices import DeviceService
 from ..evidence import EvidenceStore
 from ..live import LiveFeed
+from ..liveview import LiveView
 from ..metrics import FleetMetrics
 
 #: the largest model upload, unless the server is told otherwise
@@ -47,6 +48,7 @@ class FleetServices:
     devices: DeviceService
     evidence: EvidenceStore
     live: LiveFeed
+    liveview: LiveView
     metrics: FleetMetrics
     max_upload_bytes: int = MAX_UPLOAD_BYTES
 

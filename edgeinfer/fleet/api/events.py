@@ -17,13 +17,13 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from ..._evidence import CLIP_NAME, CONTENT_TYPES, EVENT_ID_PATTERN, SNAPSHOT_NAME
+from ..._evidence import CLIP_NAME, CONTENT_TYPES, EVENT_ID_PATTERN, MP4_CLIP_NAME, PLAIN_SNAPSHOT_NAME, SNAPSHOT_NAME
 from ...link.protocol import COMMAND_NAME_PATTERN, ID_PATTERN
 from ..artifacts import UploadTooLarge
 from ..evidence import BOUNDARY
 from ..schemas import Event, EvidenceConflict, EvidenceStored, or_empty
 from .deps import EvidenceUploader, Services, Viewer
-from .responses import Clip, Snapshot, binary, binary_body, errors
+from .responses import Clip, Mp4Clip, Snapshot, binary, binary_body, errors
 
 MAX_EVENTS_LIMIT = 1000
 #: the longest a Content-Length may be written (past any limit: int() of it would be work for nothing)
@@ -77,7 +77,9 @@ def _upload_route(name: str, what: str) -> None:
         return JSONResponse(stored.answer(), status_code=stored.status)
 
 
-_upload_route(SNAPSHOT_NAME, "one JPEG (FF D8 … FF D9)")
+_upload_route(SNAPSHOT_NAME, "one JPEG (FF D8 … FF D9), the event's frame with what the model saw drawn")
+_upload_route(PLAIN_SNAPSHOT_NAME, "one JPEG (FF D8 … FF D9), the event's frame as the camera gave it")
+_upload_route(MP4_CLIP_NAME, "H.264 in MP4")
 _upload_route(CLIP_NAME, "JPEG frames back to back (MJPEG)")
 
 
@@ -93,11 +95,27 @@ def _file_headers(info: dict, event_id: str, name: str) -> dict[str, str]:
             "max-age=86400", "Content-Disposition": f'inline; filename="{event_id}-{name}"'}
 
 
-@router.get(_path(SNAPSHOT_NAME), response_class=Snapshot, summary="An event's snapshot.jpg",
+@router.get(_path(SNAPSHOT_NAME), response_class=Snapshot, summary="An event's snapshot.jpg (drawn)",
             responses={200: binary(CONTENT_TYPES[SNAPSHOT_NAME], description="The JPEG"), **errors(400, 401, 404)})
 def get_snapshot(device_id: DeviceId, event_id: EventId, _who: Viewer, fleet: Services) -> Snapshot:
     info = _stored(fleet, device_id, event_id, SNAPSHOT_NAME)
     return Snapshot(fleet.evidence.chunks(info), headers=_file_headers(info, event_id, SNAPSHOT_NAME))
+
+
+@router.get(_path(PLAIN_SNAPSHOT_NAME), response_class=Snapshot, summary=f"An event's {PLAIN_SNAPSHOT_NAME}",
+            responses={200: binary(CONTENT_TYPES[PLAIN_SNAPSHOT_NAME], description="The JPEG, nothing drawn"),
+                       **errors(400, 401, 404)})
+def get_plain_snapshot(device_id: DeviceId, event_id: EventId, _who: Viewer, fleet: Services) -> Snapshot:
+    info = _stored(fleet, device_id, event_id, PLAIN_SNAPSHOT_NAME)
+    return Snapshot(fleet.evidence.chunks(info), headers=_file_headers(info, event_id, PLAIN_SNAPSHOT_NAME))
+
+
+@router.get(_path(MP4_CLIP_NAME), response_class=Mp4Clip, summary=f"An event's {MP4_CLIP_NAME}",
+            responses={200: binary(CONTENT_TYPES[MP4_CLIP_NAME], description="The clip: H.264 in MP4, what a "
+                                   "<video> element plays"), **errors(400, 401, 404)})
+def get_mp4_clip(device_id: DeviceId, event_id: EventId, _who: Viewer, fleet: Services) -> Mp4Clip:
+    info = _stored(fleet, device_id, event_id, MP4_CLIP_NAME)
+    return Mp4Clip(fleet.evidence.chunks(info), headers=_file_headers(info, event_id, MP4_CLIP_NAME))
 
 
 @router.get(_path(CLIP_NAME), response_class=Clip, summary="An event's clip.mjpeg, or played (?play=1)",

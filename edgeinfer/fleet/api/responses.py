@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi.responses import FileResponse, StreamingResponse
 
-from ..._evidence import CLIP_NAME, CONTENT_TYPES, SNAPSHOT_NAME
+from ..._evidence import CLIP_NAME, CONTENT_TYPES, MP4_CLIP_NAME, SNAPSHOT_NAME
 from ..schemas import ErrorBody
 
 #: what each refusal means, as the document says it
@@ -61,6 +61,10 @@ class Snapshot(StreamingResponse):
 
 class Clip(StreamingResponse):
     media_type = CONTENT_TYPES[CLIP_NAME]
+
+
+class Mp4Clip(StreamingResponse):
+    media_type = CONTENT_TYPES[MP4_CLIP_NAME]
 
 
 class EventStream(StreamingResponse):

@@ -13,11 +13,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: the dashboard's static files (``fleet/web``)
 WEB = Path(__file__).resolve().parents[1] / "web"
-#: no script or style from anywhere but here, no framing, no referrer leaving the page; images may also be blob:
-#: URLs (evidence the page fetched with its token: an <img src> cannot send the Authorization header)
+#: no script or style from anywhere but here, no framing, no referrer leaving the page; images and media (an MP4
+#: clip in a <video>) may also be blob: URLs (evidence the page fetched with its token: an <img src> or <video src>
+#: cannot send the Authorization header)
 SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; "
-                               "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; media-src 'self' blob:; "
+                               "style-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
 }
 

@@ -16,7 +16,7 @@ from ..._optional import import_optional
 from ...errors import ConfigError
 from ...link.vocabulary import TargetState
 from ..rollout import DeploymentStatus
-from . import evidence, rollouts, security, writes
+from . import evidence, live, rollouts, security, writes
 from .schema import tables
 
 DEFAULT_DB_URL = "sqlite:///fleet.db"
@@ -131,6 +131,33 @@ class FleetDB:
     def event_data(self, device_id: str, event_id: str) -> dict | None:
         """The ``data`` of the device's event with this evidence id, if it has arrived."""
         return evidence.event_data(self._sa, self.engine, self.t, device_id, event_id)
+
+    # ------------------------------------------------------------------------------- the live view
+    def watch_live(self, key: live.Key, until: float) -> None:
+        live.watch(self._sa, self.engine, self.t, key, until)
+
+    def put_live_frame(self, key: live.Key, frame: dict) -> int | None:
+        """The frame's seq, or None when nobody watches ``key`` (it is dropped)."""
+        return live.put_frame(self._sa, self.engine, self.t, key, frame)
+
+    def newer_live_frames(self, seen: dict[live.Key, int]) -> list[dict]:
+        return live.newer(self._sa, self.engine, self.t, seen)
+
+    def live_frame(self, key: live.Key) -> dict | None:
+        return live.frame(self._sa, self.engine, self.t, key)
+
+    def live_frame_size(self, device_id: str, pipeline: str, stream: str | None) -> tuple[int, int] | None:
+        return live.frame_size(self._sa, self.engine, self.t, device_id, pipeline, stream)
+
+    def forget_live_frames(self, before: float) -> int:
+        return live.forget(self._sa, self.engine, self.t, before)
+
+    def save_analytics(self, key: live.Key, lines: dict, zones: dict) -> int:
+        """Store a pipeline's lines and zones; their new revision."""
+        return live.save_analytics(self._sa, self.engine, self.t, key, lines, zones)
+
+    def analytics(self, key: live.Key) -> dict | None:
+        return live.analytics(self._sa, self.engine, self.t, key)
 
     # ----------------------------------------------------------------------------- deployments
     def create_deployment(self, manifest: dict, signature: str, options: dict, waves: list[list[str]]) -> None:

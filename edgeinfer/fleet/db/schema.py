@@ -25,6 +25,8 @@ class Tables:
     credentials: Any
     evidence: Any
     evidence_chunks: Any
+    live_frames: Any
+    analytics: Any
 
 
 def tables(sa: Any) -> Tables:
@@ -159,5 +161,29 @@ def tables(sa: Any) -> Tables:
         sa.Column("seq", sa.Integer, primary_key=True),
         sa.Column("data", sa.LargeBinary, nullable=False),
     )
+    live_frames = sa.Table(  # the newest frame of a watched (device, pipeline, stream): fleet/liveview.py
+        "live_frames", metadata,
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("pipeline", sa.String(64), primary_key=True),
+        sa.Column("stream", sa.String(64), primary_key=True),
+        sa.Column("watched_until", sa.Float, nullable=False),
+        sa.Column("seq", sa.BigInteger, nullable=False),
+        sa.Column("jpeg", sa.LargeBinary),
+        sa.Column("width", sa.Integer),
+        sa.Column("height", sa.Integer),
+        sa.Column("frame_time", sa.Float),
+        sa.Column("frame_id", sa.String(64)),
+        sa.Column("received_at", sa.Float),
+    )
+    analytics = sa.Table(  # the lines and zones last sent to a pipeline (set_analytics), with their revision
+        "analytics", metadata,
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("pipeline", sa.String(64), primary_key=True),
+        sa.Column("stream", sa.String(64), primary_key=True),
+        sa.Column("revision", sa.BigInteger, nullable=False),
+        sa.Column("lines", sa.JSON, nullable=False),
+        sa.Column("zones", sa.JSON, nullable=False),
+        sa.Column("updated_at", sa.Float, nullable=False),
+    )
     return Tables(metadata, devices, telemetry, rollups, events, deployments, targets, tokens, audit, credentials,
-                  evidence, evidence_chunks)
+                  evidence, evidence_chunks, live_frames, analytics)

@@ -20,7 +20,7 @@ export class ApiError extends Error {
 let onUnauthorized = () => {};
 export function setUnauthorizedHandler(fn) { onUnauthorized = fn; }
 
-function headers(extra = {}) {
+export function headers(extra = {}) {
   const h = { ...extra };
   const t = token.get();
   if (t) h.Authorization = `Bearer ${t}`;

@@ -9,7 +9,7 @@ function css(name, fallback) {
 }
 
 /**
- * lineChart(container, {title, series: [{label, unit, scale, stepped}], data: [xs, ys1, ...]})
+ * lineChart(container, {title, series: [{label, unit, scale, stepped, minutes}], data: [xs, ys1, ...]})
  * Returns {update(data), destroy()}. x values are unix seconds.
  */
 export function lineChart(container, { title, series, data, yRange }) {
@@ -54,7 +54,8 @@ export function lineChart(container, { title, series, data, yRange }) {
         scale: s.scale || "y",
         stroke: s.color || COLORS[i % COLORS.length],
         width: 1.5,
-        spanGaps: true,
+        // a roll-up is two points a minute with a null between minutes apart: a gap, not a line across it
+        spanGaps: !s.minutes,
         paths: s.stepped ? U.paths.stepped({ align: 1 }) : undefined,
         value: (u, v) => (v === null || v === undefined ? "—"
           : s.tickLabels ? (s.tickLabels[s.ticks.indexOf(v)] ?? String(v)) : `${+v.toFixed(s.digits ?? 1)}${s.unit || ""}`),

@@ -5,6 +5,7 @@ import { h, clear, setText, emptyState, fact, fmtNum, fmtAgo, fmtTime, fmtBytes,
 import { lineChart, join } from "./charts.js";
 import { eventItem, eventKey } from "./overview.js";
 import { evidenceList } from "./events.js";
+import { liveCard } from "./live.js";
 
 const TELEMETRY_LIMIT = 300;
 
@@ -35,12 +36,14 @@ export async function devicePage(root, ctx, id) {
   const events = h("ol", { class: "events", "data-testid": "device-events" });
   const detections = evidenceList({ device: id, limit: 20 });
   const actions = canOperate(ctx.me.role) ? actionsCard(id, () => d) : null;
+  const live = liveCard(id, () => d, canOperate(ctx.me.role));
 
   root.replaceChildren(h("div", { "data-testid": "device", dataset: { deviceId: id } },
     h("p", { class: "crumbs" }, h("a", { href: "#/devices" }, "Devices"), " / "),
     h("div", { class: "page-head" }, h("h1", {}, id), status),
     facts,
     h("div", { class: "charts" }, Object.values(boxes)),
+    live.el,
     h("div", { class: "grid" },
       h("section", { class: "card" }, h("h2", {}, "Delegate plan"), plan),
       h("section", { class: "card" }, h("h2", {}, "Model"), slots),
@@ -72,9 +75,7 @@ export async function devicePage(root, ctx, id) {
       thr.push(sys.throttled === true ? 1 : sys.throttled === false ? 0 : null);
       sensorList.forEach((s, i) => { const v = (sys.temperature_c || {})[s]; temps[i].push(typeof v === "number" ? v : null); });
     }
-    const rx = rollups.map((r) => r.minute * 60); // a minute's aggregate, drawn as a step from its start
-    const rfps = rollups.map((r) => r.fps_mean ?? null);
-    const rp95 = rollups.map((r) => r.latency_p95_max_ms ?? null);
+    const [rx, rfps, rp95] = minuteSteps(rollups, tel);
     return {
       fps: join([[xs, fps], [rx, rfps]]),
       latency: join([[xs, p50, p95], [rx, rp95]]),
@@ -105,9 +106,9 @@ export async function devicePage(root, ctx, id) {
       if (!ok && !charts[k]) { setText(body, "no data yet"); continue; }
       if (charts[k]) { charts[k].update(data[k]); continue; }
       clear(body);
-      if (k === "fps") charts.fps = lineChart(body, { series: [{ label: "fps" }, { label: "fps (1-min mean)", stepped: true }], data: data.fps });
+      if (k === "fps") charts.fps = lineChart(body, { series: [{ label: "fps" }, { label: "fps (1-min mean)", minutes: true }], data: data.fps });
       if (k === "latency") charts.latency = lineChart(body, {
-        series: [{ label: "p50", unit: " ms" }, { label: "p95", unit: " ms" }, { label: "p95 (1-min max)", unit: " ms", stepped: true }],
+        series: [{ label: "p50", unit: " ms" }, { label: "p95", unit: " ms" }, { label: "p95 (1-min max)", unit: " ms", minutes: true }],
         data: data.latency,
       });
       if (k === "cpu") charts.cpu = lineChart(body, { series: [{ label: "CPU", unit: " %", digits: 0 }], data: data.cpu, yRange: [0, 100] });
@@ -210,10 +211,46 @@ export async function devicePage(root, ctx, id) {
     },
     unmount() {
       clearInterval(ticker);
+      live.unmount();
       detections.unmount();
       for (const c of Object.values(charts)) c.destroy();
     },
   };
+}
+
+/**
+ * The 1-minute roll-ups as steps, each flat over its own minute: [xs, fps means, p95 maxes], two points a minute
+ * (its start and just before its end) and a null where a minute is missing. The minutes the page has telemetry
+ * for from the newest stored roll-up on (the current minute included) are summed here from that telemetry, so
+ * the current minute is live and ends at its newest sample instead of lagging a minute behind.
+ */
+export function minuteSteps(rollups, tel) {
+  const byMinute = new Map(rollups.map((r) => [r.minute, { fps: r.fps_mean ?? null, p95: r.latency_p95_max_ms ?? null }]));
+  const liveFrom = rollups.length ? Math.max(...rollups.map((r) => r.minute)) : -Infinity;
+  const sums = new Map();
+  let newest = -Infinity;
+  for (const t of tel) {
+    const ts = t.ts ?? t.timestamp;
+    if (typeof ts !== "number" || Math.floor(ts / 60) < liveFrom) continue;
+    const m = deviceMetrics({ online: true, last_telemetry: t });
+    const minute = Math.floor(ts / 60);
+    const acc = sums.get(minute) || { n: 0, fps: 0, p95: null };
+    if (typeof m.fps === "number") { acc.n += 1; acc.fps += m.fps; }
+    if (typeof m.latency_p95 === "number") acc.p95 = Math.max(acc.p95 ?? -Infinity, m.latency_p95);
+    sums.set(minute, acc);
+    newest = Math.max(newest, ts);
+  }
+  for (const [minute, acc] of sums) byMinute.set(minute, { fps: acc.n ? acc.fps / acc.n : null, p95: acc.p95 });
+  const xs = [], fps = [], p95 = [];
+  const minutes = [...byMinute.keys()].sort((a, b) => a - b);
+  minutes.forEach((minute, i) => {
+    const v = byMinute.get(minute);
+    const current = newest >= minute * 60 && newest < minute * 60 + 60; // the minute still going on
+    xs.push(minute * 60, current ? Math.max(newest, minute * 60 + 0.001) : minute * 60 + 59.999);
+    fps.push(v.fps, v.fps); p95.push(v.p95, v.p95);
+    if (i + 1 < minutes.length && minutes[i + 1] !== minute + 1) { xs.push(minute * 60 + 60); fps.push(null); p95.push(null); }
+  });
+  return [xs, fps, p95];
 }
 
 function slotText(s) {

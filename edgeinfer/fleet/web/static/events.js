@@ -2,14 +2,16 @@
 // for its clip. The fleet-wide page (#/events) and the device page's "Detections" share evidenceList().
 //
 // Evidence is fetched with the token in a header (apiBlob) and shown through blob: URLs — an <img src>
-// cannot send the header. A clip (MJPEG: JPEG frames back to back) is fetched once, split into frames
-// by their JPEG markers here, and played in an <img> at the event's own rate (frames / duration_s).
+// cannot send the header. An MP4 clip (H.264, what a device with an encoder writes) plays in a <video>;
+// an MJPEG one (JPEG frames back to back) is fetched once, split into frames by their JPEG markers here,
+// and played in an <img> at the event's own rate (frames / duration_s).
 import { api, apiBlob } from "./api.js";
 import { h, clear, setText, emptyState, deviceLink, fmtTime, fmtAgo, fmtBytes, fmtNum, DASH } from "./dom.js";
 
 export const RULE_EVENT = "rule_triggered";
 const LIMIT = 100;
 const DEFAULT_FPS = 5;
+const MP4_CLIP = "clip.mp4";
 // After an event arrives live, how long (ms) to wait before each look for its uploaded evidence.
 const EVIDENCE_RETRIES = [1000, 2000, 4000, 8000, 15000, 30000];
 
@@ -188,6 +190,7 @@ function evidenceItem(e) {
     if (player) { stopPlaying(); return; }
     play.disabled = true;
     try {
+      if (evidence && evidence.clip_name === MP4_CLIP) { await playVideo(); return; }
       const blob = await apiBlob(`${enc}/clip.mjpeg`);
       const frames = jpegFrames(new Uint8Array(await blob.arrayBuffer()));
       if (disposed) return;
@@ -210,6 +213,17 @@ function evidenceItem(e) {
     } finally {
       play.disabled = false;
     }
+  }
+
+  async function playVideo() {
+    const blob = await apiBlob(`${enc}/${MP4_CLIP}`);
+    if (disposed) return;
+    const url = URL.createObjectURL(blob);
+    const video = h("video", { src: url, controls: true, autoplay: true, muted: true, loop: true, playsinline: true,
+      class: "evidence-img", "data-testid": "evidence-clip", "aria-label": `clip of ${data.rule || "the event"}` });
+    player = { urls: [url], tick: null };
+    thumb.replaceChildren(video);
+    setText(play, "Stop");
   }
 
   function stopPlaying() {

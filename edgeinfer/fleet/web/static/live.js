@@ -1,0 +1,226 @@
+// A pipeline's live view and its counting lines and zones, on the device page.
+// The MJPEG stream is read with fetch() (the bearer token in a header, never in a URL) and a multipart parser
+// over its ReadableStream; each JPEG becomes the <img>'s blob URL. Lines and zones are drawn in an SVG over it
+// whose viewBox is the frame's own pixels, so what is drawn is in source pixels, as the device counts.
+import { api, headers, ApiError } from "./api.js";
+import { h, clear, setText } from "./dom.js";
+
+const SVG = "http://www.w3.org/2000/svg";
+const svg = (tag, attrs = {}) => {
+  const el = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  return el;
+};
+
+/** The parts of a multipart/x-mixed-replace body (each with a Content-Length), as {headers, jpeg}. */
+export async function* mjpegParts(body) {
+  const reader = body.getReader();
+  let buf = new Uint8Array(0);
+  const find = (seq) => { // index of the byte sequence `seq` in buf, or -1
+    outer: for (let i = 0; i + seq.length <= buf.length; i++) {
+      for (let j = 0; j < seq.length; j++) if (buf[i + j] !== seq[j]) continue outer;
+      return i;
+    }
+    return -1;
+  };
+  const blank = [13, 10, 13, 10];
+  for (;;) {
+    const end = find(blank);
+    if (end >= 0) {
+      const head = new TextDecoder().decode(buf.subarray(0, end));
+      const hdrs = {};
+      for (const line of head.split("\r\n")) {
+        const at = line.indexOf(":");
+        if (at > 0) hdrs[line.slice(0, at).trim().toLowerCase()] = line.slice(at + 1).trim();
+      }
+      const size = Number(hdrs["content-length"]);
+      if (buf.length >= end + 4 + size) {
+        yield { headers: hdrs, jpeg: buf.slice(end + 4, end + 4 + size) };
+        buf = buf.slice(end + 4 + size);
+        continue;
+      }
+    }
+    const { value, done } = await reader.read();
+    if (done) return;
+    const next = new Uint8Array(buf.length + value.length);
+    next.set(buf); next.set(value, buf.length);
+    buf = next;
+  }
+}
+
+/** The Live card: a button per pipeline (and stream) the device reports; the viewer and editor below them. */
+export function liveCard(id, getDevice, canEdit) {
+  const buttons = h("div", { class: "row" });
+  const view = h("div", { class: "live-view", "data-testid": "live-view" });
+  let open = null;
+  function targets() {
+    const pipes = (getDevice().state || {}).pipelines;
+    const out = [];
+    for (const p of Array.isArray(pipes) ? pipes : []) {
+      const streams = (Array.isArray(p.streams) ? p.streams : []).map((s) => (typeof s === "string" ? s : s && s.name))
+        .filter(Boolean);
+      if (streams.length > 1) for (const s of streams) out.push([p.name, s]); else out.push([p.name, ""]);
+    }
+    return out.length ? out : [["main", ""]];
+  }
+  function render() {
+    clear(buttons).append(...targets().map(([pipeline, stream]) => {
+      const b = h("button", { type: "button", "data-testid": "live-button", dataset: { pipeline, stream } },
+        `Live ${pipeline}${stream ? ` / ${stream}` : ""}`);
+      b.addEventListener("click", () => {
+        if (open) open.close();
+        open = liveView(view, id, pipeline, stream, canEdit);
+      });
+      return b;
+    }));
+  }
+  render();
+  return { el: h("section", { class: "card live-card" }, h("h2", {}, "Live view"), buttons, view), refresh: render,
+    unmount() { if (open) open.close(); } };
+}
+
+function liveView(root, id, pipeline, stream, canEdit) {
+  const enc = encodeURIComponent(id), pipe = encodeURIComponent(pipeline);
+  const q = stream ? `?stream=${encodeURIComponent(stream)}` : "";
+  const img = h("img", { class: "live-frame", alt: `${pipeline} live`, "data-testid": "live-frame" });
+  const overlay = svg("svg", { class: "live-overlay", "data-testid": "live-overlay", preserveAspectRatio: "none" });
+  const status = h("p", { class: "muted", "data-testid": "live-status", role: "status" }, "connecting…");
+  const list = h("ul", { class: "plain live-shapes", "data-testid": "live-shapes" });
+  const result = h("p", { class: "result", "data-testid": "live-result", role: "status", "aria-live": "polite" });
+  const shapes = []; // {kind: "line" | "zone", name, points: [[x, y], ...]}
+  let mode = null, draft = null, size = null, frames = 0;
+  const ctl = new AbortController();
+
+  const tool = (label, testid, fn) => {
+    const b = h("button", { type: "button", "data-testid": testid }, label);
+    b.addEventListener("click", fn);
+    return b;
+  };
+  const tools = canEdit ? h("div", { class: "row live-tools" },
+    tool("Draw line", "draw-line", () => { mode = "line"; draft = null; paint(); }),
+    tool("Draw zone", "draw-zone", () => { mode = "zone"; draft = null; paint(); }),
+    tool("Close zone", "close-zone", () => finishZone()),
+    tool("Save", "save-analytics", () => save())) : h("p", { class: "muted" }, "Viewers see the lines and zones; operators edit them.");
+  clear(root).append(h("h3", {}, `${pipeline}${stream ? ` / ${stream}` : ""}`),
+    h("div", { class: "live-stage" }, img, overlay), status, tools, list, result);
+
+  function setFrame(blob) {
+    const old = img.src;
+    img.src = URL.createObjectURL(blob);
+    if (old) URL.revokeObjectURL(old);
+  }
+  // the editor works in the source's pixels (X-Frame-Size), whatever size the JPEG was scaled to
+  let sourceSize = null;
+  img.addEventListener("load", () => {
+    const want = sourceSize || [img.naturalWidth, img.naturalHeight];
+    if (!size || size[0] !== want[0] || size[1] !== want[1]) {
+      size = want;
+      overlay.setAttribute("viewBox", `0 0 ${size[0]} ${size[1]}`);
+      paint();
+    }
+  });
+
+  // the stream's first part is the newest frame the manager has, so the editor has a still while live is off
+  (async () => {
+    try {
+      const resp = await fetch(`api/devices/${enc}/live/${pipe}${q}`, { headers: headers(), signal: ctl.signal });
+      if (!resp.ok) throw new ApiError(resp.status, `${resp.status}`);
+      setText(status, "waiting for the device…");
+      for await (const part of mjpegParts(resp.body)) {
+        frames += 1;
+        const stated = /^(\d+)x(\d+)$/.exec(part.headers["x-frame-size"] || "");
+        sourceSize = stated && +stated[1] > 0 ? [+stated[1], +stated[2]] : null;
+        setFrame(new Blob([part.jpeg], { type: "image/jpeg" }));
+        root.dataset.frames = String(frames);
+        setText(status, `live: frame ${part.headers["x-frame-id"] || frames}`);
+      }
+      setText(status, "the stream ended");
+    } catch (e) {
+      if (e.name !== "AbortError") setText(status, `live view unavailable: ${e.message}`);
+    }
+  })();
+
+  api(`devices/${enc}/pipelines/${pipe}/analytics${q}`, { signal: ctl.signal }).then((a) => {
+    for (const [name, points] of Object.entries(a.lines || {})) shapes.push({ kind: "line", name, points });
+    for (const [name, points] of Object.entries(a.zones || {})) shapes.push({ kind: "zone", name, points });
+    paint();
+  }).catch(() => {});
+
+  // ---- drawing ----
+  function toFrame(ev) {
+    const r = overlay.getBoundingClientRect();
+    if (!size || !r.width) return null;
+    const clamp = (v, hi) => Math.round(Math.min(hi, Math.max(0, v)));
+    return [clamp((ev.clientX - r.left) * size[0] / r.width, size[0]), clamp((ev.clientY - r.top) * size[1] / r.height, size[1])];
+  }
+  const unique = (base) => { let i = 1; while (shapes.some((s) => s.name === `${base}-${i}`)) i++; return `${base}-${i}`; };
+  function finishZone() {
+    if (draft && draft.kind === "zone" && draft.points.length >= 3) shapes.push(draft);
+    draft = null; mode = null; paint();
+  }
+  if (canEdit) overlay.addEventListener("pointerdown", (ev) => {
+    if (!mode || ev.target.classList.contains("handle")) return;
+    const p = toFrame(ev);
+    if (!p) return;
+    if (!draft) draft = { kind: mode, name: unique(mode), points: [] };
+    if (draft.points.some(([x, y]) => x === p[0] && y === p[1])) return; // a point twice makes no shape
+    draft.points.push(p);
+    if (mode === "line" && draft.points.length === 2) { shapes.push(draft); draft = null; mode = null; }
+    paint();
+  });
+  function drag(shape, i, handle) {
+    handle.addEventListener("pointerdown", (ev) => {
+      ev.stopPropagation();
+      handle.setPointerCapture(ev.pointerId);
+      const move = (e) => { const p = toFrame(e); if (p) { shape.points[i] = p; paint(); } };
+      const up = () => { handle.removeEventListener("pointermove", move); handle.removeEventListener("pointerup", up); };
+      handle.addEventListener("pointermove", move);
+      handle.addEventListener("pointerup", up);
+    });
+  }
+  function paint() {
+    overlay.replaceChildren();
+    const r = size ? Math.max(size[0], size[1]) / 80 : 4;
+    for (const s of [...shapes, ...(draft ? [draft] : [])]) {
+      const pts = s.points.map((p) => p.join(",")).join(" ");
+      const closed = s.kind === "zone" && s !== draft;
+      overlay.append(svg(closed ? "polygon" : "polyline", { points: pts, class: `shape ${s.kind}`,
+        "stroke-width": r / 2, "data-name": s.name }));
+      if (s.points.length) {
+        const label = svg("text", { x: s.points[0][0] + r, y: s.points[0][1] - r, "font-size": r * 3, class: "shape-label" });
+        label.textContent = s.name;
+        overlay.append(label);
+      }
+      if (canEdit) s.points.forEach((p, i) => {
+        const c = svg("circle", { cx: p[0], cy: p[1], r, class: "handle" });
+        drag(s, i, c);
+        overlay.append(c);
+      });
+    }
+    clear(list).append(...shapes.map((s) => h("li", { dataset: { kind: s.kind } },
+      canEdit ? nameInput(s) : h("strong", {}, s.name), ` ${s.kind}: `,
+      h("code", {}, s.points.map((p) => `(${p.join(", ")})`).join(" ")),
+      canEdit ? tool("Delete", "delete-shape", () => { shapes.splice(shapes.indexOf(s), 1); paint(); }) : "")));
+  }
+  function nameInput(s) {
+    const input = h("input", { type: "text", value: s.name, "aria-label": `${s.kind} name`, maxlength: "32",
+      "data-testid": "shape-name" });
+    input.addEventListener("change", () => { s.name = input.value.trim(); paint(); });
+    return input;
+  }
+  async function save() {
+    const body = { lines: {}, zones: {}, ...(stream ? { stream } : {}) };
+    for (const s of shapes) (s.kind === "line" ? body.lines : body.zones)[s.name] = s.points;
+    result.className = "result";
+    setText(result, "saving…");
+    try {
+      const sent = await api(`devices/${enc}/pipelines/${pipe}/analytics`, { method: "PUT", body });
+      result.className = "result ok";
+      setText(result, `Sent revision ${sent.revision} to the device.`);
+    } catch (e) {
+      result.className = "result error";
+      setText(result, `Failed: ${e.message}`);
+    }
+  }
+  return { close() { ctl.abort(); if (img.src) URL.revokeObjectURL(img.src); } };
+}
