@@ -38,6 +38,8 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── OutputError                   a result file cannot be written (path, permissions, disk)
     ├── OptimizeError                 a model cannot be optimised (no calibration images, ...)
     │   └── AccuracyRejected          the optimised model disagrees with the original too often
+    ├── EvaluationError               a labelled dataset cannot be read, or its class names do not match the model's
+    │   └── EvaluationRejected        ``deploy --require-eval``: the candidate scores worse than the current model
     ├── BenchmarkError                a benchmark worker process failed
     ├── CudaError                     (also RuntimeError) a CUDA runtime call failed; the tensorrt delegate
     │                                 maps it to DelegateUnavailable (loading) or InferenceError (invoke)
@@ -222,6 +224,14 @@ class UploadRefused(EdgeInferError):
 
 class OutputError(EdgeInferError):
     """A result file (optimised model, chart, report) cannot be written where the user asked."""
+
+
+class EvaluationError(EdgeInferError):
+    """A labelled dataset cannot be read (malformed, no images), or its class names are not the model's."""
+
+
+class EvaluationRejected(EvaluationError):
+    """A candidate model scores worse than the current one on the same labelled frames; nothing was deployed."""
 
 
 class OptimizeError(EdgeInferError):
