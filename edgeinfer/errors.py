@@ -36,6 +36,7 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── FleetRequestError             the fleet manager refused a request; ``.status`` is its HTTP status
     ├── UploadRefused                 the fleet manager refused evidence for good (401/403/409/413); ``.status``
     ├── OutputError                   a result file cannot be written (path, permissions, disk)
+    ├── DatasetError                  an imported label file (COCO, YOLO) is malformed: names the fault
     ├── OptimizeError                 a model cannot be optimised (no calibration images, ...)
     │   └── AccuracyRejected          the optimised model disagrees with the original too often
     ├── BenchmarkError                a benchmark worker process failed
@@ -222,6 +223,10 @@ class UploadRefused(EdgeInferError):
 
 class OutputError(EdgeInferError):
     """A result file (optimised model, chart, report) cannot be written where the user asked."""
+
+
+class DatasetError(EdgeInferError, ValueError):
+    """An imported label file (COCO JSON, YOLO txt) is malformed or names no stored sample; nothing was stored."""
 
 
 class OptimizeError(EdgeInferError):

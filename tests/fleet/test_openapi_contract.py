@@ -53,6 +53,7 @@ ENDLESS = (STREAM, LIVE_VIEW)
 EXCLUDED = [arg for path in ENDLESS for arg in ("--exclude-path", path)]
 #: a live frame nobody watches is a valid request answered 410 Gone (the device stops sending): not a refusal
 LIVE_FRAMES = "/api/devices/{device_id}/live/{pipeline}/frames"
+SAMPLES_IMPORT = "/api/samples/import"
 #: the operations that take a list of up to 10,000 device ids: the coverage phase sends the longest lists (each a
 #: second of work for the manager) over and over; the fuzzing phase sends them lists of any length
 LISTS_OF_DEVICES = (("/api/enrollments", "POST"), ("/api/deployments", "POST"))
@@ -160,6 +161,10 @@ def fuzzer_config(contract: Contract) -> str:
     lines += ["[[operations]]", f'include-path = "{LIVE_FRAMES}"', 'include-method = "POST"',
               "[operations.checks.positive_data_acceptance]",
               'expected-statuses = ["2xx", "401", "403", "404", "409", "410"]', ""]
+    # an import's body is a COCO document or a zip of YOLO files: no schema says which bytes are one
+    lines += ["[[operations]]", f'include-path = "{SAMPLES_IMPORT}"', 'include-method = "POST"',
+              "[operations.checks.positive_data_acceptance]",
+              'expected-statuses = ["2xx", "400", "401", "403", "404", "409"]', ""]
     for path, method in LISTS_OF_DEVICES:  # their coverage cases cost more than every other operation's together
         lines += ["[[operations]]", f'include-path = "{path}"', f'include-method = "{method}"',
                   "[operations.phases.coverage]", "enabled = false", ""]
