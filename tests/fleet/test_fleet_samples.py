@@ -10,6 +10,8 @@ import base64
 import http.client
 import io
 import json
+import os
+import subprocess
 import zipfile
 from typing import Any
 
@@ -17,6 +19,7 @@ import cv2
 import numpy as np
 import pytest
 from pycocotools.coco import COCO
+from support.processes import edgeinfer_cmd
 
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
@@ -298,3 +301,30 @@ def _zip(files: dict[str, str]) -> bytes:
         for name, text in files.items():
             archive.writestr(name, text)
     return out.getvalue()
+
+
+def cli(fleet: Fleet, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "EDGEINFER_FLEET_URL": fleet.url, "EDGEINFER_FLEET_TOKEN": fleet.tokens["operator"]}
+    return subprocess.run(edgeinfer_cmd("fleet", "dataset", *args), capture_output=True, text=True, env=env,
+                          timeout=60)
+
+
+def test_the_cli_exports_a_folder_and_imports_it_back(fleet, tmp_path):
+    fleet.put("cam-a", "k1", sample(71))
+    fleet.put("cam-b", "k2", sample(72))
+    done = cli(fleet, "export", "--format", "yolo", "--device", "cam-a", "-o", str(tmp_path / "yolo"))
+    assert done.returncode == 0, done.stderr
+    assert "1 sample(s) as yolo" in done.stdout
+    labels = tmp_path / "yolo" / "labels" / "cam-a" / "k1.txt"
+    assert (tmp_path / "yolo" / "images" / "cam-a" / "k1.jpg").is_file() and labels.is_file()
+    labels.write_text("1 0.5 0.5 0.5 0.5\n")  # the labeller: one person in the middle, no car
+    done = cli(fleet, "import", "--format", "yolo", str(tmp_path / "yolo"))
+    assert done.returncode == 0, done.stderr
+    [stored] = fleet.list("device=cam-a")
+    assert stored["labels"] == [{"label": "person", "score": None, "box": [80.0, 60.0, 240.0, 180.0]}]
+    done = cli(fleet, "export", "--format", "coco", "-o", str(tmp_path / "coco"))
+    assert done.returncode == 0 and (tmp_path / "coco" / "annotations.json").is_file(), done.stderr
+    (tmp_path / "broken.json").write_text("{not json")
+    done = cli(fleet, "import", "--format", "coco", str(tmp_path / "broken.json"))
+    assert done.returncode == 1 and "not a COCO detection document" in done.stderr, done.stderr
+    assert fleet.list("device=cam-a")[0]["labels"] == stored["labels"]
