@@ -36,6 +36,7 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── FleetRequestError             the fleet manager refused a request; ``.status`` is its HTTP status
     ├── UploadRefused                 the fleet manager refused evidence for good (401/403/409/413); ``.status``
     ├── OutputError                   a result file cannot be written (path, permissions, disk)
+    ├── DatasetError                  an imported label file (COCO, YOLO) is malformed: names the fault
     ├── OptimizeError                 a model cannot be optimised (no calibration images, ...)
     │   └── AccuracyRejected          the optimised model disagrees with the original too often
     ├── EvaluationError               a labelled dataset cannot be read, or its class names do not match the model's
@@ -232,6 +233,10 @@ class EvaluationError(EdgeInferError):
 
 class EvaluationRejected(EvaluationError):
     """A candidate model scores worse than the current one on the same labelled frames; nothing was deployed."""
+
+
+class DatasetError(EdgeInferError, ValueError):
+    """An imported label file (COCO JSON, YOLO txt) is malformed or names no stored sample; nothing was stored."""
 
 
 class OptimizeError(EdgeInferError):

@@ -22,6 +22,7 @@ from ..fleet.rollout import DEFAULT_CANARY_PCT, DEFAULT_DEVICE_TIMEOUT_S, Deploy
 from ..link.vocabulary import TargetState
 from .evaluate import dataset_options, eval_options
 from .fleet_access import audit, broker_auth, client_options, enroll, enrollments, revoke, table, token
+from .fleet_dataset import dataset
 from .fleet_db import db
 from .fleet_simulate import simulate
 from .output import handle_errors, print_json
@@ -46,7 +47,7 @@ def fleet() -> None:
     """Run the fleet manager, or ask it about devices and deployments."""
 
 
-for _command in (db, simulate, token, enroll, enrollments, revoke, audit, broker_auth):
+for _command in (db, dataset, simulate, token, enroll, enrollments, revoke, audit, broker_auth):
     fleet.add_command(_command)
 
 
@@ -93,13 +94,18 @@ for _command in (db, simulate, token, enroll, enrollments, revoke, audit, broker
               help="Refuse (413) a snapshot.jpg upload larger than this.")
 @click.option("--evidence-clip-max-mb", default=64.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Refuse (413) a clip.mjpeg upload larger than this.")
+@click.option("--samples-max-mb", default=4096.0, show_default=True, type=click.FloatRange(min=1),
+              help="Keep at most this much of captured samples (datasets); the oldest unreviewed go first.")
+@click.option("--samples-days", default=90.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Delete captured samples older than this.")
 @handle_errors
 def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_broker_url: str | None, tls: bool,
                 tls_hosts: tuple[str, ...], ca: str | None, cert: str | None, key: str | None,
                 username: str | None, password_file: str | None, db_url: str | None, http: str,
                 public_url: str | None, data_dir: Path, manager_id: str | None, retention_days: float,
                 rollup_days: float, audit_days: float, shared_group: str | None, lease_ttl: float,
-                evidence_max_mb: float, evidence_snapshot_max_mb: float, evidence_clip_max_mb: float) -> None:
+                evidence_max_mb: float, evidence_snapshot_max_mb: float, evidence_clip_max_mb: float,
+                samples_max_mb: float, samples_days: float) -> None:
     """Ingest every device's state, telemetry and events; serve artifacts and the API; run rollouts.
 
     Several managers may share one broker and one PostgreSQL (--db postgresql+psycopg://...): each
@@ -116,7 +122,8 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
         key=key, username=username, password=password, manager_id=manager_id, raw_retention_days=retention_days,
         rollup_retention_days=rollup_days, audit_retention_days=audit_days, lease_ttl_s=lease_ttl,
         shared_group=shared_group, evidence_max_bytes=_mib(evidence_max_mb),
-        evidence_snapshot_max_bytes=_mib(evidence_snapshot_max_mb), evidence_clip_max_bytes=_mib(evidence_clip_max_mb))
+        evidence_snapshot_max_bytes=_mib(evidence_snapshot_max_mb), evidence_clip_max_bytes=_mib(evidence_clip_max_mb),
+        samples_max_bytes=_mib(samples_max_mb), samples_retention_days=samples_days)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with parts.FleetManager(settings) as manager:

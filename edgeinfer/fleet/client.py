@@ -44,14 +44,15 @@ class FleetClient:
         self._context = ssl.create_default_context(cafile=str(ca)) if ca else None
 
     def _request(self, method: str, path: str, body: Any = None,
-                 headers: dict[str, str] | None = None) -> Any:
+                 headers: dict[str, str] | None = None, *, raw: bool = False) -> Any:
         headers = dict(headers or {})
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(f"{self.url}{path}", data=body, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout, context=self._context) as response:
-                return json.loads(response.read() or b"null")
+                data = response.read()
+                return data if raw else json.loads(data or b"null")
         except urllib.error.HTTPError as exc:
             try:
                 message = json.loads(exc.read()).get("error", exc.reason)
@@ -135,6 +136,25 @@ class FleetClient:
 
     def audit(self, limit: int = 100) -> list[dict]:
         return self._request("GET", f"/api/audit?limit={int(limit)}")
+
+    def samples(self, **filters: Any) -> list[dict]:
+        """Captured samples: filters device, pipeline, stream, model_version, rule, label, reviewed, limit."""
+        return self._request("GET", f"/api/samples?{_query(filters)}")
+
+    def export_samples(self, fmt: str, **filters: Any) -> bytes:
+        """The samples as a ``fmt`` dataset (coco, yolo, label-studio): the zip's bytes."""
+        return self._request("GET", f"/api/samples/export?{_query({'format': fmt, **filters})}", raw=True)
+
+    def import_labels(self, fmt: str, body: bytes) -> dict:
+        """Corrected labels back: a COCO annotations.json's bytes, or a zip of YOLO labels/ and data.yaml."""
+        kind = "application/json" if fmt == "coco" else "application/zip"
+        return self._request("POST", f"/api/samples/import?format={_quote(fmt)}", body, {"Content-Type": kind})
+
+
+def _query(values: dict[str, Any]) -> str:
+    """A query string of the values given (None: left out; a bool as true/false)."""
+    return urllib.parse.urlencode({key: str(value).lower() if isinstance(value, bool) else value
+                                   for key, value in values.items() if value is not None})
 
 
 def _quote(part: str) -> str:

@@ -29,6 +29,7 @@ from edgeinfer.fleet.live import LiveFeed
 from edgeinfer.fleet.liveview import LiveView
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.fleet.metrics import FleetMetrics
+from edgeinfer.fleet.samples import SampleStore
 from edgeinfer.link.spool import Spool
 from edgeinfer.updates.signing import SigningKey
 
@@ -147,7 +148,7 @@ def api_server(db: FleetDB, folder: Path, *, artifacts: ArtifactStore | None = N
                 deployments=DeploymentService(db, key, store, commands, public_url=server.url),
                 devices=DeviceService(db, evidence_store), evidence=evidence_store, live=LiveFeed(db),
                 liveview=LiveView(db, commands, lambda: server.url), metrics=FleetMetrics(None),
-                max_upload_bytes=max_upload_bytes)
+                samples=SampleStore(db), max_upload_bytes=max_upload_bytes)
             services.liveview.start()
             server.start(build_app(services))
             try:
