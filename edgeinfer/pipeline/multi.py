@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from ..errors import ClosedError
@@ -129,9 +130,9 @@ class MultiPipeline:
         """Open ``record``'s source as a stream of this run (the source closed again when the model cannot take
         its frames)."""
         worker = record.worker
-        stream = Stream.open(record.name, record.source, self.options, row=worker.row(), task=worker.task,
-                             labels=self.labels, wake=worker.wake,
-                             callback_errors=lambda: self._delivery.callback_errors)
+        stream = _describe_model(Stream.open(record.name, record.source, self.options, row=worker.row(),
+                             task=worker.task, labels=self.labels, wake=worker.wake,
+                             callback_errors=lambda: self._delivery.callback_errors), worker.engine)
         for listener in self._event_listeners if stream.events is not None else ():
             stream.events.add_listener(listener)  # type: ignore[union-attr]
         return stream
@@ -350,3 +351,11 @@ class MultiPipeline:
 
 __all__ = ["STREAM_ENDED", "STREAM_FAILED", "STREAM_RESTORED", "BatchRow", "EngineWorker", "MultiPipeline",
            "StreamEvent", "StreamRecord", "batch_size"]
+
+
+def _describe_model(stream: Stream, engine: Engine) -> Stream:
+    """What each capture sample says of its model (the agent may add its device, pipeline and model version)."""
+    if stream.sampler is not None:
+        model = engine.model
+        stream.sampler.context.update(model=Path(model.path).name, model_sha256=model.sha256, model_version=None)
+    return stream

@@ -1,0 +1,375 @@
+"""Capture rules: frames worth labelling kept on the device with the model's own output (docs/capture.md).
+
+A rule is a short text, the same in ``Pipeline(capture=[...])``, ``edgeinfer run --capture`` and an agent.yaml
+pipeline's ``capture:`` list::
+
+    uncertain:LOW-HIGH[/LABEL,...]   the top score (a classifier) or any box's score (a detector) in [LOW, HIGH)
+    drift:DISTANCE[@FRAMES]          the last FRAMES frames' labels drift from the first FRAMES' by more than
+                                     DISTANCE (total variation: the canary analysis's measure, ``_capture.py``)
+    event:RULE                       an event rule fires (pipeline/events.py: ``event:detection:0.9/person``,
+                                     ``event:line_crossed:door``)
+    random:RATE                      a share RATE (0..1) of the frames, at random
+
+and :meth:`StreamSampler.request` keeps the next N frames (the dashboard's "capture the next N frames").
+
+The inference thread calls :meth:`StreamSampler.check` with each result while the frame's buffer is held
+(as the evidence does): a few comparisons, and a copy of the frame only when a rule keeps it. The JPEG
+encoding and the writes happen on the ``edgeinfer-capture-store`` thread, fed by a bounded queue (a slow
+disk drops samples, counted). Each rule keeps at most ``per_minute`` samples a minute; the store is bounded
+(the oldest dropped first); a sample the disk refuses is a logged, counted error and the store keeps what
+it has.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._capture import REQUEST_RULE, SAMPLE_FRAME_NAME, SAMPLE_META_NAME, SAMPLE_VERSION, total_variation
+from .._evidence import EVENT_ID, new_event_id
+from .._fs import atomic_write_bytes
+from ..errors import OutputError
+from .events import DETECTION, EventRule, _scored
+from .evidence import _remove
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .zones import AnalyticsEvent
+
+log = logging.getLogger(__name__)
+
+CAPTURE_KINDS = ("uncertain", "drift", "event", "random")
+#: samples waiting for the store's thread at most (a slow disk drops the rest, counted)
+QUEUE_SAMPLES = 4
+#: frames in the drift rule's baseline and window when the rule does not say
+DRIFT_FRAMES = 300
+_RULE = re.compile(r"\A(?P<kind>[a-z]+):(?P<arg>.+)\Z")
+_BAND = re.compile(r"\A(?P<low>[0-9.]+)-(?P<high>[0-9.]+)(?:/(?P<labels>[^/]+))?\Z")
+
+
+@dataclass(frozen=True)
+class CaptureRule:
+    """One parsed capture rule (``text`` as written)."""
+
+    text: str
+    kind: str
+    low: float = 0.0
+    high: float = 1.0
+    labels: frozenset[str] = frozenset()
+    frames: int = DRIFT_FRAMES
+    event: EventRule | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> CaptureRule:
+        """A rule from its text; ValueError saying what is wrong with it."""
+        match = _RULE.match(text.strip()) if isinstance(text, str) else None
+        if match is None or match["kind"] not in CAPTURE_KINDS:
+            raise ValueError(f"capture rule {text!r}: not one of uncertain:LOW-HIGH[/LABEL,...], "
+                             f"drift:DISTANCE[@FRAMES], event:RULE, random:RATE")
+        kind, arg = match["kind"], match["arg"].strip()
+        try:
+            return _parsers[kind](text.strip(), arg)
+        except ValueError as exc:
+            raise ValueError(f"capture rule {text!r}: {exc}") from None
+
+    def band_hit(self, result: Any) -> bool:
+        """Any scored item of ``result`` (a detection, a classifier's top-1) in [low, high)."""
+        return any(self.low <= float(getattr(item, "score", -1.0)) < self.high
+                   and (not self.labels or str(getattr(item, "label", "")) in self.labels) for item in _scored(result))
+
+
+def _uncertain(text: str, arg: str) -> CaptureRule:
+    band = _BAND.match(arg)
+    if band is None:
+        raise ValueError("the band is LOW-HIGH, scores within 0..1 (uncertain:0.3-0.6)")
+    low, high = float(band["low"]), float(band["high"])
+    if not 0.0 <= low < high <= 1.0:
+        raise ValueError(f"the band must be 0 <= LOW < HIGH <= 1, not {low}-{high}")
+    labels = frozenset(p.strip() for p in (band["labels"] or "").split(",") if p.strip())
+    return CaptureRule(text, "uncertain", low, high, labels)
+
+
+def _drift(text: str, arg: str) -> CaptureRule:
+    distance, _, frames = arg.partition("@")
+    value, count = float(distance), int(frames) if frames else DRIFT_FRAMES
+    if not 0.0 < value < 1.0 or count < 10:
+        raise ValueError("DISTANCE must be within (0, 1) and FRAMES >= 10")
+    return CaptureRule(text, "drift", low=value, frames=count)
+
+
+def _event(text: str, arg: str) -> CaptureRule:
+    return CaptureRule(text, "event", event=EventRule.parse(arg))
+
+
+def _random(text: str, arg: str) -> CaptureRule:
+    rate = float(arg)
+    if not 0.0 < rate <= 1.0:
+        raise ValueError(f"RATE is a share of the frames within (0, 1], not {rate}")
+    return CaptureRule(text, "random", low=rate)
+
+
+_parsers = {"uncertain": _uncertain, "drift": _drift, "event": _event, "random": _random}
+
+
+class SampleStore:
+    """Samples on disk under ``root``, at most ``max_bytes`` (the oldest deleted first). A sample larger than the
+    whole bound is refused (:class:`OutputError`), as is one the disk refuses: what is stored stays."""
+
+    def __init__(self, root: str | Path, max_bytes: int) -> None:
+        if int(max_bytes) <= 0:
+            raise ValueError(f"max_bytes must be positive, not {max_bytes!r}")
+        self.root, self.max_bytes = Path(root), int(max_bytes)
+        self._lock = threading.Lock()
+        self._samples: deque[tuple[Path, int]] = deque()  # oldest first
+        self._bytes = 0
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"cannot create the capture folder {self.root}: {exc}") from exc
+        self._load()
+
+    @property
+    def total_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._samples)
+
+    def list(self) -> list[Path]:
+        """Every stored sample's folder, oldest first."""
+        with self._lock:
+            return [folder for folder, _ in self._samples]
+
+    def write(self, sample_id: str, jpeg: bytes, meta: dict) -> Path:
+        """One sample, its frame then ``sample.json`` (each atomically); then the bound applied."""
+        text = json.dumps(meta, indent=1).encode("utf-8")
+        size = len(jpeg) + len(text)
+        if size > self.max_bytes:
+            raise OutputError(f"capture sample {sample_id} ({size} bytes) is larger than the store's bound "
+                              f"({self.max_bytes} bytes) in {self.root}")
+        folder = self.root / sample_id
+        try:
+            folder.mkdir(parents=True, exist_ok=False)
+            atomic_write_bytes(folder / SAMPLE_FRAME_NAME, jpeg)
+            atomic_write_bytes(folder / SAMPLE_META_NAME, text)
+        except OSError as exc:
+            _remove(folder)
+            raise OutputError(f"cannot write capture sample {sample_id} in {self.root}: {exc}") from exc
+        with self._lock:
+            self._samples.append((folder, size))
+            self._bytes += size
+            while self._bytes > self.max_bytes and len(self._samples) > 1:
+                old, old_size = self._samples.popleft()
+                self._bytes -= old_size
+                _remove(old)
+        return folder
+
+    def _load(self) -> None:
+        """What an earlier run stored (a folder without a whole ``sample.json`` is partial: removed)."""
+        for entry in sorted(self.root.iterdir()):
+            meta = entry / SAMPLE_META_NAME
+            if not entry.is_dir() or not EVENT_ID.match(entry.name):
+                if entry.name.startswith("."):
+                    _remove(entry)
+                continue
+            try:
+                json.loads(meta.read_bytes())
+                size = meta.stat().st_size + (entry / SAMPLE_FRAME_NAME).stat().st_size
+            except (OSError, ValueError):
+                log.warning("capture store %s: removing %s (partial)", self.root, entry.name)
+                _remove(entry)
+                continue
+            self._samples.append((entry, size))
+            self._bytes += size
+
+
+@dataclass
+class _Kept:
+    frame: np.ndarray
+    meta: dict
+
+
+class StreamSampler:
+    """The capture rules of one stream: which frames to keep, their rate limits, the store's thread."""
+
+    def __init__(self, rules: tuple[CaptureRule, ...], store: SampleStore, *, stream: str = "",
+                 per_minute: int = 6, quality: int = 90, seed: int | None = None) -> None:
+        if per_minute < 1:
+            raise ValueError(f"per_minute must be >= 1, not {per_minute!r}")
+        self.rules, self.store, self.stream = rules, store, stream
+        self.per_minute, self.quality = int(per_minute), int(quality)
+        #: what every sample says of where it comes from (model name/sha256/version, device, pipeline)
+        self.context: dict[str, Any] = {}
+        self._random = random.Random(seed)
+        self._recent: dict[str, deque[float]] = {}
+        self._requested = 0
+        self._drift: dict[str, tuple[Counter, deque[Counter]]] = {}
+        self._baseline_frames: dict[str, int] = {}
+        self._drift_sums: dict[str, Counter] = {}
+        self._analytics: list[AnalyticsEvent] = []
+        self._lock = threading.Condition()
+        self._queue: deque[_Kept] = deque()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.counts_ = Counter({"kept": 0, "written": 0, "rate_limited": 0, "dropped": 0, "failed": 0})
+        #: the newest write error, for a status line or an event (None: none yet)
+        self.last_error: str | None = None
+
+    def request(self, frames: int) -> None:
+        """Keep the next ``frames`` frames whatever they show (rate limits do not apply: they were asked for)."""
+        if frames < 0:
+            raise ValueError(f"frames must be >= 0, not {frames}")
+        self._requested = int(frames)
+
+    def on_analytics(self, event: AnalyticsEvent) -> None:
+        """The analytics listener (a line crossed, a zone entered), checked with the frame's result."""
+        self._analytics.append(event)
+
+    # -- the inference thread ---------------------------------------------------------------------
+    def check(self, result: Any, frame: np.ndarray | None, frame_id: int, timestamp: float) -> str | None:
+        """Which rule keeps this frame (None: none): the frame copied and handed to the store's thread."""
+        rule = self._which(result, frame_id)
+        if rule is None or frame is None:
+            return None
+        with self._lock:
+            if len(self._queue) >= QUEUE_SAMPLES:
+                self.counts_["dropped"] += 1
+                return None
+            meta = {"version": SAMPLE_VERSION, "rule": rule, "stream": self.stream, "frame_id": int(frame_id),
+                    "timestamp": round(float(timestamp), 6), "captured": round(time.time(), 6),
+                    "width": int(frame.shape[1]), "height": int(frame.shape[0]),
+                    "output": _output_dict(result), **self.context}
+            self._queue.append(_Kept(frame.copy(), meta))  # the buffer goes back to the ring: a copy
+            self.counts_["kept"] += 1
+            self._lock.notify()
+        self._ensure_thread()
+        return rule
+
+    def _which(self, result: Any, frame_id: int) -> str | None:
+        fired, self._analytics = self._analytics, []
+        if self._requested > 0:
+            self._requested -= 1
+            return REQUEST_RULE
+        for rule in self.rules:
+            if self._fires(rule, result, fired) and self._allowed(rule.text):
+                return rule.text
+        return None
+
+    def _fires(self, rule: CaptureRule, result: Any, fired: list[AnalyticsEvent]) -> bool:
+        if rule.kind == "uncertain":
+            return rule.band_hit(result)
+        if rule.kind == "random":
+            return self._random.random() < rule.low
+        if rule.kind == "drift":
+            return self._drifted(rule, result)
+        event = rule.event
+        assert event is not None
+        if event.kind == DETECTION:
+            return any(float(getattr(i, "score", 0.0)) >= event.min_score and event.takes(str(getattr(i, "label", "")))
+                       for i in _scored(result))
+        return any(event.matches(e) for e in fired)
+
+    def _drifted(self, rule: CaptureRule, result: Any) -> bool:
+        """The first ``frames`` frames' labels are the baseline; the last ``frames`` frames' are compared to it."""
+        baseline, window = self._drift.setdefault(rule.text, (Counter(), deque()))
+        # a frame without a scored item counts as "" (nothing seen): an empty scene is an output too
+        labels = Counter(str(getattr(i, "label", "")) for i in _scored(result)) or Counter({"": 1})
+        if self._baseline_frames.get(rule.text, 0) < rule.frames:
+            self._baseline_frames[rule.text] = self._baseline_frames.get(rule.text, 0) + 1
+            baseline.update(labels)
+            return False
+        recent = self._drift_sums.setdefault(rule.text, Counter())
+        window.append(labels)
+        recent.update(labels)  # a running sum: a few dictionary updates per frame, not a window's worth
+        if len(window) > rule.frames:
+            recent.subtract(window.popleft())
+        if len(window) < rule.frames:
+            return False
+        distance = total_variation(baseline, +recent)
+        return distance is not None and distance > rule.low
+
+    def _allowed(self, text: str) -> bool:
+        recent = self._recent.setdefault(text, deque())
+        now = time.monotonic()
+        while recent and now - recent[0] > 60.0:
+            recent.popleft()
+        if len(recent) >= self.per_minute:
+            self.counts_["rate_limited"] += 1
+            return False
+        recent.append(now)
+        return True
+
+    # -- the store's thread -----------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is None and not self._closed:
+                name = f"edgeinfer-capture-store-{self.stream or 'main'}"
+                self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._lock.wait()
+                if not self._queue:
+                    return
+                kept = self._queue.popleft()
+            self._write(kept)
+
+    def _write(self, kept: _Kept) -> None:
+        import cv2
+
+        sample_id = new_event_id(kept.meta["frame_id"])
+        try:
+            ok, data = cv2.imencode(".jpg", kept.frame, [cv2.IMWRITE_JPEG_QUALITY, self.quality])
+            if not ok:
+                raise OutputError(f"frame {kept.meta['frame_id']} could not be JPEG-encoded")
+            self.store.write(sample_id, data.tobytes(), {"sample_id": sample_id, **kept.meta})
+            self.counts_["written"] += 1
+        except OutputError as exc:  # a full or read-only disk: said, counted; what is stored stays
+            self.counts_["failed"] += 1
+            self.last_error = str(exc)
+            log.error("%s", exc)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued, then stop the store's thread; idempotent."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def counts(self) -> dict[str, int]:
+        """kept (handed to the store), written, rate_limited, dropped (queue full), failed (the disk refused)."""
+        return dict(self.counts_)
+
+
+def _output_dict(result: Any) -> Any:
+    """The model's output as JSON (``result.to_dict()``; a classifier's list item by item)."""
+    if isinstance(result, list):
+        return [item.to_dict() for item in result if hasattr(item, "to_dict")]
+    return result.to_dict() if hasattr(result, "to_dict") else None
+
+
+def sampler_from_options(options: Any, stream: str = "", folder: Any = None) -> StreamSampler | None:
+    """The stream's :class:`StreamSampler` from ``capture``, ``capture_dir``, ``capture_max_mb`` and
+    ``capture_per_minute`` (None when capture is off: no rules, or no folder)."""
+    folder = folder if folder is not None else options.capture_dir
+    if not options.capture or folder is None:
+        return None
+    rules = tuple(CaptureRule.parse(text) for text in options.capture)
+    store = SampleStore(folder, int(options.capture_max_mb * 1024 * 1024))
+    return StreamSampler(rules, store, stream=stream, per_minute=options.capture_per_minute)
