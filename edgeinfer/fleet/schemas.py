@@ -63,7 +63,7 @@ PATTERN_WORDS = {
     NAME_PATTERN: "1-64 characters: letters, digits, space . _ @ - (starting with a letter or digit)",
     COMMAND_NAME_PATTERN: "an event name: 1-32 of a-z 0-9 _, starting with a letter",
     PRINTABLE_PATTERN: "text without control characters",
-    SAMPLE_ID_PATTERN: "a sample id: 1-64 of A-Z a-z 0-9 . _ - (starting with a letter or digit)",
+    # SAMPLE_ID_PATTERN is ID_PATTERN's form (the same key: its words are ID_PATTERN's)
     PHASH_PATTERN: "a perceptual hash: 16 hex digits, lower case",
 }
 
