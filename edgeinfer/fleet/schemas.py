@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from .._evidence import EVENT_ID_FORM, EVENT_ID_PATTERN
-from .._samples import MAX_DETECTIONS, MAX_LABEL, PHASH_PATTERN, SAMPLE_ID_PATTERN
+from .._samples import MAX_DETECTIONS, MAX_LABEL, PHASH_PATTERN
 from ..link.protocol import COMMAND_NAME_PATTERN, ID_PATTERN
 from ..link.vocabulary import DEFAULT_FLEET, TargetState
 from .auth import NAME_PATTERN, TOKEN_ID_PATTERN, Role
