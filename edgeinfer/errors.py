@@ -36,11 +36,11 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── FleetRequestError             the fleet manager refused a request; ``.status`` is its HTTP status
     ├── UploadRefused                 the fleet manager refused evidence for good (401/403/409/413); ``.status``
     ├── OutputError                   a result file cannot be written (path, permissions, disk)
-    ├── DatasetError                  an imported label file (COCO, YOLO) is malformed: names the fault
+    ├── DatasetError                  (also ValueError) a labelled dataset or label file cannot be read, or its
+    │                                 class names are not the model's: names the fault; nothing was stored
+    ├── EvaluationRejected            ``deploy --require-eval``: the candidate scores worse than the current model
     ├── OptimizeError                 a model cannot be optimised (no calibration images, ...)
     │   └── AccuracyRejected          the optimised model disagrees with the original too often
-    ├── EvaluationError               a labelled dataset cannot be read, or its class names do not match the model's
-    │   └── EvaluationRejected        ``deploy --require-eval``: the candidate scores worse than the current model
     ├── BenchmarkError                a benchmark worker process failed
     ├── CudaError                     (also RuntimeError) a CUDA runtime call failed; the tensorrt delegate
     │                                 maps it to DelegateUnavailable (loading) or InferenceError (invoke)
@@ -227,16 +227,13 @@ class OutputError(EdgeInferError):
     """A result file (optimised model, chart, report) cannot be written where the user asked."""
 
 
-class EvaluationError(EdgeInferError):
-    """A labelled dataset cannot be read (malformed, no images), or its class names are not the model's."""
-
-
-class EvaluationRejected(EvaluationError):
-    """A candidate model scores worse than the current one on the same labelled frames; nothing was deployed."""
-
-
 class DatasetError(EdgeInferError, ValueError):
-    """An imported label file (COCO JSON, YOLO txt) is malformed or names no stored sample; nothing was stored."""
+    """A labelled dataset or an imported label file (COCO JSON, YOLO txt, class folders) cannot be read — malformed,
+    no images, a label naming no stored sample — or its class names are not the model's; nothing was stored."""
+
+
+class EvaluationRejected(EdgeInferError):
+    """A candidate model scores worse than the current one on the same labelled frames; nothing was deployed."""
 
 
 class OptimizeError(EdgeInferError):

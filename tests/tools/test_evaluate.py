@@ -12,7 +12,7 @@ import pytest
 from support.assets import IMAGENET_LABELS, IMAGES, LABELS, MOBILENET_TINY, MOBILENET_V2, MODELS, REFERENCES
 from support.optimize import YOLO_FALL, error_line, json_out, run_cli
 
-from edgeinfer.errors import EvaluationError
+from edgeinfer.errors import DatasetError
 from edgeinfer.tools.evaluate import EvaluateOptions, compare_models, evaluate_model
 
 pytest.importorskip("pycocotools")
@@ -116,14 +116,14 @@ def test_classifier_on_class_folders_gives_accuracy_and_top5(tmp_path: Path) -> 
 def test_a_dataset_class_the_model_does_not_know_is_named_with_both_lists_or_ignored(tmp_path: Path) -> None:
     root = class_folders(tmp_path / "classes", {**CLASSES, "face.jpg": "spaceship captain"})
     options = EvaluateOptions(labels=IMAGENET_LABELS)
-    with pytest.raises(EvaluationError, match=r"'spaceship captain' are not among .*tench"):
+    with pytest.raises(DatasetError, match=r"'spaceship captain' are not among .*tench"):
         evaluate_model(MOBILENET_V2, root, options)
     scores = evaluate_model(MOBILENET_V2, root, EvaluateOptions(labels=IMAGENET_LABELS, ignore_unknown=True))
     assert scores["ignored_classes"] == ["spaceship captain"] and scores["images"] == 6
 
 
 def test_a_classifier_on_a_detection_dataset_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(EvaluationError, match=r"classify model .* labelled for detect"):
+    with pytest.raises(DatasetError, match=r"classify model .* labelled for detect"):
         evaluate_model(MOBILENET_V2, yolo_dataset(tmp_path / "yolo"), EvaluateOptions(labels=IMAGENET_LABELS))
 
 
@@ -136,7 +136,7 @@ def test_a_classifier_on_a_detection_dataset_is_a_clear_error(tmp_path: Path) ->
 def test_a_malformed_yolo_dataset_is_one_clear_error(tmp_path: Path, damage, message: str) -> None:
     root = yolo_dataset(tmp_path / "yolo")
     damage(root)
-    with pytest.raises(EvaluationError, match=message):
+    with pytest.raises(DatasetError, match=message):
         evaluate_model(YOLO_FALL, root)
 
 
@@ -151,7 +151,7 @@ def test_a_malformed_coco_file_is_one_clear_error(tmp_path: Path, text: str, mes
     root.mkdir()
     (root / "x.jpg").symlink_to(IMAGES / "cat.bmp")
     (root / "annotations.json").write_text(text)
-    with pytest.raises(EvaluationError, match=message):
+    with pytest.raises(DatasetError, match=message):
         evaluate_model(SSD, root, EvaluateOptions(labels=COCO_LABELS))
 
 

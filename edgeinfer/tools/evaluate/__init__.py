@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import EvaluationError
+from ...errors import DatasetError
 from .datasets import FORMATS, Dataset, read_dataset
 from .names import match_names
 
@@ -45,12 +45,12 @@ def evaluate_model(model: str | Path, dataset: str | Path | Dataset, options: Ev
     under_test = open_model(model, delegate=options.delegate, labels=options.labels, task=options.task)
     try:
         if under_test.kind != data.kind:
-            raise EvaluationError(f"{Path(model).name} reads as a {under_test.kind} model (task "
+            raise DatasetError(f"{Path(model).name} reads as a {under_test.kind} model (task "
                                   f"{under_test.reading.task}); the dataset {data.root} is labelled for {data.kind}")
         mapping = match_names(data.names, under_test.names, ignore_unknown=options.ignore_unknown,
                               model_path=Path(model).name)
         if not mapping:
-            raise EvaluationError(f"none of the dataset's classes is among {Path(model).name}'s")
+            raise DatasetError(f"none of the dataset's classes is among {Path(model).name}'s")
         outputs = list(run_images(under_test, [s.path for s in data.samples], say))
     finally:
         under_test.engine.close()

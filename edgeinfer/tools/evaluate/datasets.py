@@ -2,7 +2,7 @@
 
 Every reader gives a :class:`Dataset`: class names and one :class:`Sample` per image, its boxes by class
 *name* (matched to a model's names later, :mod:`.names`). COCO files are read by pycocotools' own ``COCO``;
-a malformed file, a missing image or a label line that does not parse is an :class:`EvaluationError`
+a malformed file, a missing image or a label line that does not parse is an :class:`DatasetError`
 naming the file (and line).
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...errors import EvaluationError
+from ...errors import DatasetError
 
 FORMATS = ("coco", "yolo", "classify")
 
@@ -52,14 +52,14 @@ def read_dataset(folder: str | Path, fmt: str | None = None) -> Dataset:
     """The dataset in ``folder``, its format ``fmt`` or guessed: data.yaml → yolo, a .json → coco, else classes."""
     root = Path(folder)
     if not root.is_dir():
-        raise EvaluationError(f"dataset folder not found: {root} — pass a folder (COCO JSON + images, "
+        raise DatasetError(f"dataset folder not found: {root} — pass a folder (COCO JSON + images, "
                               "YOLO images/ + labels/ + data.yaml, or one sub-folder of images per class)")
     fmt = fmt or _guess_format(root)
     if fmt not in FORMATS:
-        raise EvaluationError(f"unknown dataset format {fmt!r}; known: {', '.join(FORMATS)}")
+        raise DatasetError(f"unknown dataset format {fmt!r}; known: {', '.join(FORMATS)}")
     dataset = {"coco": read_coco, "yolo": read_yolo, "classify": read_class_folders}[fmt](root)
     if not dataset.samples:
-        raise EvaluationError(f"dataset {root} ({fmt}) holds no labelled images")
+        raise DatasetError(f"dataset {root} ({fmt}) holds no labelled images")
     return dataset
 
 
@@ -93,7 +93,7 @@ def read_coco(root: Path) -> Dataset:
         with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
             coco = coco_module.COCO(str(path))
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
-        raise EvaluationError(f"{path} is not a COCO annotation file pycocotools can read: "
+        raise DatasetError(f"{path} is not a COCO annotation file pycocotools can read: "
                               f"{type(exc).__name__}: {exc}") from None
     categories = {c["id"]: str(c["name"]) for c in coco.dataset.get("categories", []) if "id" in c and "name" in c}
     samples = [_coco_sample(coco, image, categories, root, path) for image in coco.dataset.get("images", [])]
@@ -106,7 +106,7 @@ def _coco_file(root: Path) -> Path:
     if named:
         return named[0]
     if len(candidates) != 1:
-        raise EvaluationError(f"{root} holds {len(candidates)} .json files; name the COCO one annotations.json")
+        raise DatasetError(f"{root} holds {len(candidates)} .json files; name the COCO one annotations.json")
     return candidates[0]
 
 
@@ -117,15 +117,15 @@ def _coco_sample(coco: Any, image: dict, categories: dict[int, str], root: Path,
         for ann in coco.imgToAnns.get(image["id"], []):
             x, y, w, h = (float(v) for v in ann["bbox"])
             if ann["category_id"] not in categories:
-                raise EvaluationError(f"{path}: annotation {ann.get('id')} names category {ann['category_id']}, "
+                raise DatasetError(f"{path}: annotation {ann.get('id')} names category {ann['category_id']}, "
                                       "which the file does not define")
             boxes.append(Box(categories[ann["category_id"]], (x, y, x + w, y + h)))
     except (KeyError, TypeError, ValueError) as exc:
-        raise EvaluationError(f"{path}: image {image.get('id', '?')} or one of its annotations is malformed "
+        raise DatasetError(f"{path}: image {image.get('id', '?')} or one of its annotations is malformed "
                               f"({type(exc).__name__}: {exc})") from None
     found = next((p for p in (root / name, root / "images" / name) if p.is_file()), None)
     if found is None:
-        raise EvaluationError(f"{path} names image {name}, which is neither in {root} nor in {root / 'images'}")
+        raise DatasetError(f"{path} names image {name}, which is neither in {root} nor in {root / 'images'}")
     return Sample(found, tuple(boxes))
 
 
@@ -144,16 +144,16 @@ def _yolo_names(root: Path) -> dict[int, str]:
 
     path = _yaml_file(root)
     if path is None:
-        raise EvaluationError(f"{root} has no data.yaml naming the classes")
+        raise DatasetError(f"{root} has no data.yaml naming the classes")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise EvaluationError(f"cannot read {path}: {exc}") from None
+        raise DatasetError(f"cannot read {path}: {exc}") from None
     names = data.get("names") if isinstance(data, dict) else None
     if isinstance(names, list):
         names = dict(enumerate(names))
     if not isinstance(names, dict) or not names or not all(isinstance(k, int) for k in names):
-        raise EvaluationError(f"{path}: 'names' must be a list of class names or a mapping of ids to names")
+        raise DatasetError(f"{path}: 'names' must be a list of class names or a mapping of ids to names")
     return {k: str(v) for k, v in names.items()}
 
 
@@ -164,7 +164,7 @@ def _yolo_sample(root: Path, image: Path, names: dict[int, str]) -> Sample:
     try:
         lines = label.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise EvaluationError(f"cannot read {label}: {exc}") from None
+        raise DatasetError(f"cannot read {label}: {exc}") from None
     return Sample(image, tuple(_yolo_box(label, number, line, names)
                                for number, line in enumerate(lines, 1) if line.strip()))
 
@@ -174,9 +174,9 @@ def _yolo_box(label: Path, number: int, line: str, names: dict[int, str]) -> Box
     try:
         class_id, (cx, cy, w, h) = int(fields[0]), (float(v) for v in fields[1:5])
     except (ValueError, IndexError):
-        raise EvaluationError(f"{label}:{number}: expected 'class cx cy w h', got {line.strip()!r}") from None
+        raise DatasetError(f"{label}:{number}: expected 'class cx cy w h', got {line.strip()!r}") from None
     if class_id not in names:
-        raise EvaluationError(f"{label}:{number}: class {class_id} is not among data.yaml's {len(names)} names")
+        raise DatasetError(f"{label}:{number}: class {class_id} is not among data.yaml's {len(names)} names")
     return Box(names[class_id], (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), normalised=True)
 
 
@@ -186,7 +186,7 @@ def read_class_folders(root: Path) -> Dataset:
     """One sub-folder per class, named as the class; its images (at any depth) are of that class."""
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
-        raise EvaluationError(f"{root} holds no data.yaml, no COCO .json and no class sub-folders")
+        raise DatasetError(f"{root} holds no data.yaml, no COCO .json and no class sub-folders")
     samples = [Sample(image, label=folder.name) for folder in folders for image in _images_in(folder)]
     return Dataset("classify", "classify", root, [f.name for f in folders], samples)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...errors import EvaluationError
+from ...errors import DatasetError
 
 #: model names listed in full in a mismatch error up to this many; beyond it, the count and the first ones
 MAX_LISTED = 40
@@ -23,7 +23,7 @@ def _forms(name: str) -> set[str]:
 def match_names(dataset: Iterable[str], model: dict[int, str], *, ignore_unknown: bool = False,
                 model_path: str = "the model") -> dict[str, int]:
     """Each dataset class name → the model's class id of that name. A name the model does not know is an
-    EvaluationError listing both sides, unless ``ignore_unknown`` (it is then left out of the mapping)."""
+    DatasetError listing both sides, unless ``ignore_unknown`` (it is then left out of the mapping)."""
     exact = {name: cid for cid, name in model.items()}
     folded: dict[str, int] = {}
     for cid, name in sorted(model.items()):
@@ -39,7 +39,7 @@ def match_names(dataset: Iterable[str], model: dict[int, str], *, ignore_unknown
         else:
             mapping[name] = cid
     if unknown and not ignore_unknown:
-        raise EvaluationError(_mismatch(unknown, model, model_path))
+        raise DatasetError(_mismatch(unknown, model, model_path))
     return mapping
 
 

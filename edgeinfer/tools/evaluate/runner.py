@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import EvaluationError
+from ...errors import DatasetError
 
 if TYPE_CHECKING:
     from ...pipeline.labels import Labels
@@ -93,5 +93,5 @@ def _decode(reading: Any, transform: Any, path: Path) -> Any:
     try:
         return reading.decoder(transform)
     except ValueError as exc:  # the decoder's own failure on this frame: name the image
-        raise EvaluationError(f"decoding the outputs on {path.name} failed: {exc}") from exc
+        raise DatasetError(f"decoding the outputs on {path.name} failed: {exc}") from exc
 
