@@ -111,7 +111,8 @@ def _brief(result: object) -> str:
               help="Count confirmed tracks crossing this line (source pixels; repeatable). Implies --track.")
 @click.option("--zone", "zones", multiple=True, metavar="[NAME=]X1,Y1,X2,Y2,X3,Y3,...",
               help="Count confirmed tracks in this polygon (repeatable). Implies --track.")
-@click.option("--track", is_flag=True, help="Give detections track ids (task detect; edgeinfer[tracking]).")
+@click.option("--track", is_flag=True,
+              help="Give detections track ids (tasks with boxes: detect, pose, segment, obb; edgeinfer[tracking]).")
 @click.option("--line-hold", "line_hold_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Seconds a track must stay on a line's or zone's new side before it counts (default 0.3).")
 @click.option("--line-trigger", type=click.Choice(TRIGGERS), default=None,

@@ -170,8 +170,9 @@ MAX_COUNTERS = 32
 _COUNTER_NAME = {"type": "string", "minLength": 1, "maxLength": 64}
 _ANALYTICS = {
     "type": "object",
-    "description": "tracking, lines and zones (task detect), counted since the pipeline started: tracks "
-                   "confirmed and active now; per line, confirmed tracks that crossed in and out; per zone, "
+    "description": "tracking, lines and zones (tasks with boxes: detect, pose, segment, obb), counted since the "
+                   "pipeline started: tracks confirmed and active now; per line, confirmed tracks that crossed in "
+                   "and out; per zone, "
                    "tracks inside now, entries, the mean visit in seconds",
     "properties": {
         "tracks": {"type": "object", "properties": {"confirmed": _COUNT, "active": _COUNT}},

@@ -93,7 +93,7 @@ class EngineWorker:
                  on_error: Callable[[BaseException], None]) -> None:
         self.task = get_task(options.task or "classify")
         self._labels, self._settings = labels, options.decoder_settings()
-        self._options_for_decoders = options
+        self._options, self._index = options, index  # before _use(): its decoders read the options
         self.streams: tuple[Stream, ...] = ()
         self.watchdog: InvokeWatchdog | None = None  # started with the worker (start())
         #: the recent invoke times, for the watchdog's bound
@@ -115,7 +115,6 @@ class EngineWorker:
         self._next = 0
         self._stopping = False
         self.invokes = 0
-        self._options, self._index = options, index
         # the watchdog's view: when the invoke in progress began (0: none), and how many frames it holds
         self.invoke_started = 0.0
         self._batch_frames = 0
@@ -136,7 +135,7 @@ class EngineWorker:
         self.engine = engine
         self.batch = batch_size(engine)
         # one decoder per batch row (a decoder reads its row's outputs; the transform comes from the stream)
-        options = self._options_for_decoders
+        options = self._options
         self._decoders = [read_model(BatchRow(engine, b), task=options.task, decoder=options.decoder,  # type: ignore[arg-type]
                                      labels=self._labels, settings=self._settings).decoder
                           for b in range(self.batch)]
