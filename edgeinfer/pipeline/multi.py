@@ -27,8 +27,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ClosedError
 from ..runtime.engine import Engine
@@ -43,6 +42,9 @@ from .stats import FrameResult, PipelineStats
 from .stream import Stream
 from .streams import STREAM_ENDED, STREAM_FAILED, STREAM_RESTORED, StreamEvent, StreamRecord, StreamSet
 from .tasks import ModelReading, read_run_model
+
+if TYPE_CHECKING:
+    from .sampling import StreamSampler
 
 log = logging.getLogger("edgeinfer.pipeline")
 
@@ -86,6 +88,8 @@ class MultiPipeline:
         self.error: BaseException | None = None
         self.reading: ModelReading | None = None  # how the model is read: its task, output layout, preprocessing
         self._event_listeners: tuple[Callable[[dict], Any], ...] = ()
+        self._sample_listeners: tuple[Callable[[dict], Any], ...] = ()
+        self._sample_context = (name, "")  # the pipeline and the model version capture samples state
         self._results = 0  # results delivered (max_frames)
         self._opencv = OpenCVThreads(options.opencv_threads)
         labels = options.labels
@@ -130,12 +134,40 @@ class MultiPipeline:
         """Open ``record``'s source as a stream of this run (the source closed again when the model cannot take
         its frames)."""
         worker = record.worker
-        stream = _describe_model(Stream.open(record.name, record.source, self.options, row=worker.row(),
-                             task=worker.task, labels=self.labels, wake=worker.wake,
-                             callback_errors=lambda: self._delivery.callback_errors), worker.engine)
+        stream = Stream.open(record.name, record.source, self.options, row=worker.row(), task=worker.task,
+                             labels=self.labels, wake=worker.wake,
+                             callback_errors=lambda: self._delivery.callback_errors)
         for listener in self._event_listeners if stream.events is not None else ():
             stream.events.add_listener(listener)  # type: ignore[union-attr]
+        if stream.sampler is not None:
+            self._describe_samples(stream.sampler, worker)
         return stream
+
+    def _describe_samples(self, sampler: StreamSampler, worker: EngineWorker) -> None:
+        """What each sample of ``sampler`` says of its pipeline and model (the one serving it when kept)."""
+        sampler.pipeline, sampler.model_version = self._sample_context
+        sampler.model_of = lambda: worker.engine.model
+        for listener in self._sample_listeners:
+            sampler.add_listener(listener)
+
+    def describe_samples(self, pipeline: str, model_version: str | None) -> None:
+        """Name the pipeline and the model's version in every capture sample from now on (the agent's names)."""
+        with self._lock:
+            self._sample_context = (pipeline, model_version or "")
+            streams = self._streams.open_streams()
+        for stream in streams:
+            if stream.sampler is not None:
+                stream.sampler.pipeline, stream.sampler.model_version = self._sample_context
+
+    def add_sample_listener(self, listener: Callable[[dict], Any]) -> None:
+        """Call ``listener(info)`` for each capture sample written or refused by the disk, on any stream
+        (:meth:`~edgeinfer.pipeline.sampling.StreamSampler.add_listener`); streams added later too."""
+        with self._lock:
+            self._sample_listeners = (*self._sample_listeners, listener)
+            streams = self._streams.open_streams()
+        for stream in streams:
+            if stream.sampler is not None:
+                stream.sampler.add_listener(listener)
 
     def remove_stream(self, name: str) -> PipelineStats:
         """Stop and close one stream (the others go on); its statistics over its run."""
@@ -352,10 +384,3 @@ class MultiPipeline:
 __all__ = ["STREAM_ENDED", "STREAM_FAILED", "STREAM_RESTORED", "BatchRow", "EngineWorker", "MultiPipeline",
            "StreamEvent", "StreamRecord", "batch_size"]
 
-
-def _describe_model(stream: Stream, engine: Engine) -> Stream:
-    """What each capture sample says of its model (the agent may add its device, pipeline and model version)."""
-    if stream.sampler is not None:
-        model = engine.model
-        stream.sampler.context.update(model=Path(model.path).name, model_sha256=model.sha256, model_version=None)
-    return stream

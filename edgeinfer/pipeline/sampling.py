@@ -5,12 +5,15 @@ pipeline's ``capture:`` list::
 
     uncertain:LOW-HIGH[/LABEL,...]   the top score (a classifier) or any box's score (a detector) in [LOW, HIGH)
     drift:DISTANCE[@FRAMES]          the last FRAMES frames' labels drift from the first FRAMES' by more than
-                                     DISTANCE (total variation: the canary analysis's measure, ``_capture.py``)
+                                     DISTANCE (total variation: the canary analysis's measure, ``_samples.py``)
     event:RULE                       an event rule fires (pipeline/events.py: ``event:detection:0.9/person``,
                                      ``event:line_crossed:door``)
     random:RATE                      a share RATE (0..1) of the frames, at random
 
 and :meth:`StreamSampler.request` keeps the next N frames (the dashboard's "capture the next N frames").
+
+A kept sample is a folder of the store (``_samples.py``: ``frame.jpg`` and ``sample.json``, written last, with the
+model's boxes in the frame's pixels and the frame's perceptual hash) that the agent uploads to the fleet manager.
 
 The inference thread calls :meth:`StreamSampler.check` with each result while the frame's buffer is held
 (as the evidence does): a few comparisons, and a copy of the frame only when a rule keeps it. The JPEG
@@ -29,16 +32,16 @@ import re
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._capture import REQUEST_RULE, SAMPLE_FRAME_NAME, SAMPLE_META_NAME, SAMPLE_VERSION, total_variation
 from .._evidence import EVENT_ID, new_event_id
-from .._fs import atomic_write_bytes
+from .._fs import atomic_write_bytes, remove_record
+from .._samples import REQUEST_RULE, SAMPLE_FRAME_NAME, SAMPLE_META_NAME, SAMPLE_VERSION, total_variation
 from ..errors import OutputError
-from .events import DETECTION, EventRule, _scored
-from .evidence import _remove
+from .events import DETECTION, EventRule, scored_items
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,7 +87,8 @@ class CaptureRule:
     def band_hit(self, result: Any) -> bool:
         """Any scored item of ``result`` (a detection, a classifier's top-1) in [low, high)."""
         return any(self.low <= float(getattr(item, "score", -1.0)) < self.high
-                   and (not self.labels or str(getattr(item, "label", "")) in self.labels) for item in _scored(result))
+                   and (not self.labels or str(getattr(item, "label", "")) in self.labels)
+                   for item in scored_items(result))
 
 
 def _uncertain(text: str, arg: str) -> CaptureRule:
@@ -164,7 +168,7 @@ class SampleStore:
             atomic_write_bytes(folder / SAMPLE_FRAME_NAME, jpeg)
             atomic_write_bytes(folder / SAMPLE_META_NAME, text)
         except OSError as exc:
-            _remove(folder)
+            remove_record(folder, SAMPLE_META_NAME)
             raise OutputError(f"cannot write capture sample {sample_id} in {self.root}: {exc}") from exc
         with self._lock:
             self._samples.append((folder, size))
@@ -172,7 +176,7 @@ class SampleStore:
             while self._bytes > self.max_bytes and len(self._samples) > 1:
                 old, old_size = self._samples.popleft()
                 self._bytes -= old_size
-                _remove(old)
+                remove_record(old, SAMPLE_META_NAME)
         return folder
 
     def _load(self) -> None:
@@ -181,14 +185,14 @@ class SampleStore:
             meta = entry / SAMPLE_META_NAME
             if not entry.is_dir() or not EVENT_ID.match(entry.name):
                 if entry.name.startswith("."):
-                    _remove(entry)
+                    remove_record(entry, SAMPLE_META_NAME)
                 continue
             try:
                 json.loads(meta.read_bytes())
                 size = meta.stat().st_size + (entry / SAMPLE_FRAME_NAME).stat().st_size
             except (OSError, ValueError):
                 log.warning("capture store %s: removing %s (partial)", self.root, entry.name)
-                _remove(entry)
+                remove_record(entry, SAMPLE_META_NAME)
                 continue
             self._samples.append((entry, size))
             self._bytes += size
@@ -209,8 +213,11 @@ class StreamSampler:
             raise ValueError(f"per_minute must be >= 1, not {per_minute!r}")
         self.rules, self.store, self.stream = rules, store, stream
         self.per_minute, self.quality = int(per_minute), int(quality)
-        #: what every sample says of where it comes from (model name/sha256/version, device, pipeline)
-        self.context: dict[str, Any] = {}
+        #: the pipeline's name (the agent's) and its model's version, as every sample states them
+        self.pipeline, self.model_version = "", ""
+        #: the model now serving the stream (``engine.model``: its path and sha256), read when a frame is kept
+        self.model_of: Callable[[], Any] | None = None
+        self._listeners: tuple[Callable[[dict], Any], ...] = ()
         self._random = random.Random(seed)
         self._recent: dict[str, deque[float]] = {}
         self._requested = 0
@@ -232,6 +239,11 @@ class StreamSampler:
             raise ValueError(f"frames must be >= 0, not {frames}")
         self._requested = int(frames)
 
+    def add_listener(self, listener: Callable[[dict], Any]) -> None:
+        """Call ``listener(info)`` on the store's thread for each sample written (``{"sample_id", "folder",
+        "stream", "rule"}``) or refused by the disk (``{"error", "stream", "rule"}``)."""
+        self._listeners = (*self._listeners, listener)
+
     def on_analytics(self, event: AnalyticsEvent) -> None:
         """The analytics listener (a line crossed, a zone entered), checked with the frame's result."""
         self._analytics.append(event)
@@ -246,15 +258,23 @@ class StreamSampler:
             if len(self._queue) >= QUEUE_SAMPLES:
                 self.counts_["dropped"] += 1
                 return None
-            meta = {"version": SAMPLE_VERSION, "rule": rule, "stream": self.stream, "frame_id": int(frame_id),
-                    "timestamp": round(float(timestamp), 6), "captured": round(time.time(), 6),
-                    "width": int(frame.shape[1]), "height": int(frame.shape[0]),
-                    "output": _output_dict(result), **self.context}
+            meta = self._describe(result, frame, rule, frame_id, timestamp)
             self._queue.append(_Kept(frame.copy(), meta))  # the buffer goes back to the ring: a copy
             self.counts_["kept"] += 1
             self._lock.notify()
         self._ensure_thread()
         return rule
+
+    def _describe(self, result: Any, frame: np.ndarray, rule: str, frame_id: int, timestamp: float) -> dict:
+        """``sample.json`` but for the id and the hash (the store's thread adds them)."""
+        width, height = int(frame.shape[1]), int(frame.shape[0])
+        model = self.model_of() if self.model_of is not None else None
+        return {"version": SAMPLE_VERSION, "width": width, "height": height, "captured_at": round(time.time(), 6),
+                "pipeline": self.pipeline, "stream": self.stream, "rule": rule,
+                "model": {"name": Path(model.path).name if model is not None else "",
+                          "sha256": (model.sha256 or "") if model is not None else "", "version": self.model_version},
+                "detections": labelled_boxes(result, width, height), "frame_id": int(frame_id),
+                "source_time": round(float(timestamp), 6), "output": _output_dict(result)}
 
     def _which(self, result: Any, frame_id: int) -> str | None:
         fired, self._analytics = self._analytics, []
@@ -277,14 +297,14 @@ class StreamSampler:
         assert event is not None
         if event.kind == DETECTION:
             return any(float(getattr(i, "score", 0.0)) >= event.min_score and event.takes(str(getattr(i, "label", "")))
-                       for i in _scored(result))
+                       for i in scored_items(result))
         return any(event.matches(e) for e in fired)
 
     def _drifted(self, rule: CaptureRule, result: Any) -> bool:
         """The first ``frames`` frames' labels are the baseline; the last ``frames`` frames' are compared to it."""
         baseline, window = self._drift.setdefault(rule.text, (Counter(), deque()))
         # a frame without a scored item counts as "" (nothing seen): an empty scene is an output too
-        labels = Counter(str(getattr(i, "label", "")) for i in _scored(result)) or Counter({"": 1})
+        labels = Counter(str(getattr(i, "label", "")) for i in scored_items(result)) or Counter({"": 1})
         if self._baseline_frames.get(rule.text, 0) < rule.frames:
             self._baseline_frames[rule.text] = self._baseline_frames.get(rule.text, 0) + 1
             baseline.update(labels)
@@ -332,16 +352,27 @@ class StreamSampler:
         import cv2
 
         sample_id = new_event_id(kept.meta["frame_id"])
+        where = {"stream": self.stream, "rule": kept.meta["rule"]}
         try:
             ok, data = cv2.imencode(".jpg", kept.frame, [cv2.IMWRITE_JPEG_QUALITY, self.quality])
             if not ok:
                 raise OutputError(f"frame {kept.meta['frame_id']} could not be JPEG-encoded")
-            self.store.write(sample_id, data.tobytes(), {"sample_id": sample_id, **kept.meta})
+            meta = {"sample_id": sample_id, "phash": perceptual_hash(kept.frame), **kept.meta}
+            folder = self.store.write(sample_id, data.tobytes(), meta)
             self.counts_["written"] += 1
+            self._tell({"sample_id": sample_id, "folder": str(folder), **where})
         except OutputError as exc:  # a full or read-only disk: said, counted; what is stored stays
             self.counts_["failed"] += 1
             self.last_error = str(exc)
             log.error("%s", exc)
+            self._tell({"error": str(exc), **where})
+
+    def _tell(self, info: dict) -> None:
+        for listener in self._listeners:
+            try:
+                listener(info)
+            except Exception:  # a listener's fault is its own: the store goes on
+                log.exception("capture listener failed")
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, then stop the store's thread; idempotent."""
@@ -355,6 +386,32 @@ class StreamSampler:
     def counts(self) -> dict[str, int]:
         """kept (handed to the store), written, rate_limited, dropped (queue full), failed (the disk refused)."""
         return dict(self.counts_)
+
+
+def labelled_boxes(result: Any, width: int, height: int) -> list[dict]:
+    """The model's output as a dataset's labels (``_samples.py``): each detection's label, score and box, or a
+    classifier's top-1 as a box of the whole frame; other tasks (semantic masks) none."""
+    items = scored_items(result)
+    if items and not hasattr(items[0], "box"):
+        return [{"label": str(items[0].label), "score": round(float(items[0].score), 6),
+                 "box": [0.0, 0.0, float(width), float(height)]}]
+    return [{"label": str(d.label), "score": round(float(d.score), 6),
+             "box": [round(min(max(float(v), 0.0), limit), 1) for v, limit in zip(d.box, (width, height) * 2)]}
+            for d in items]
+
+
+def perceptual_hash(frame: np.ndarray) -> str:
+    """The frame's 64-bit pHash as 16 hex digits (imagehash's method: the 8x8 lowest frequencies of a 32x32 grey
+    copy's DCT above their median), for the fleet's de-duplication of a static scene. A few lines of OpenCV rather
+    than a dependency: imagehash would bring Pillow and SciPy onto the device for one function."""
+    import cv2
+    import numpy as np
+
+    grey = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY) if frame.ndim == 3 and frame.shape[2] == 3 else frame
+    small = cv2.resize(np.ascontiguousarray(grey), (32, 32), interpolation=cv2.INTER_AREA).astype(np.float32)
+    low = cv2.dct(small)[:8, :8]
+    bits = (low > np.median(low)).reshape(-1)
+    return f"{int(''.join('1' if b else '0' for b in bits), 2):016x}"
 
 
 def _output_dict(result: Any) -> Any:

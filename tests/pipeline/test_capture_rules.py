@@ -11,7 +11,7 @@ from support import scenes
 from support.pipeline import ULTRAFACE
 
 from edgeinfer import Pipeline
-from edgeinfer._capture import SAMPLE_FRAME_NAME, SAMPLE_META_NAME
+from edgeinfer._samples import PHASH, SAMPLE_FRAME_NAME, SAMPLE_ID, SAMPLE_META_NAME
 from edgeinfer.pipeline.sampling import CaptureRule, SampleStore
 
 
@@ -49,7 +49,11 @@ def test_the_uncertain_band_keeps_exactly_the_frames_with_a_box_in_it(clip, tmp_
     for meta, folder in _samples(tmp_path / "c"):
         assert meta["rule"] == "uncertain:0.05-0.5" and (meta["width"], meta["height"]) == scenes.SIZE
         assert any(0.05 <= d["score"] < 0.5 for d in meta["output"])
-        assert meta["model"] == os.path.basename(ULTRAFACE) and len(meta["model_sha256"]) == 64
+        assert meta["model"]["name"] == os.path.basename(ULTRAFACE) and len(meta["model"]["sha256"]) == 64
+        # the labels a dataset gets: the model's boxes, in the frame, the same as its output's
+        assert [d["box"] for d in meta["detections"]] == [
+            [min(max(v, 0.0), limit) for v, limit in zip(o["box"], scenes.SIZE * 2)] for o in meta["output"]]
+        assert PHASH.match(meta["phash"]) and SAMPLE_ID.match(meta["sample_id"]) and meta["sample_id"] == folder.name
         image = cv2.imread(str(folder / SAMPLE_FRAME_NAME))
         assert image.shape[1::-1] == scenes.SIZE  # full size
 
