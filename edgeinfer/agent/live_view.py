@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CommandRejected
 from ..link.vocabulary import Command, EventKind
 from ..pipeline.live import MAX_FPS, LiveFeed
-from .evidence_upload import DeviceHTTP
+from .uploads import DeviceHTTP
 
 if TYPE_CHECKING:
     from ..pipeline.stats import FrameResult

@@ -88,12 +88,17 @@ def rule_event_data(event: dict, *, upload: bool) -> dict[str, Any]:
     return data
 
 
+#: at most one ``capture_failed`` event this often per pipeline (a full disk fails every kept frame)
+CAPTURE_FAILED_EVERY_S = 60.0
+
+
 class PipelineRunner:
     """Runs one pipeline in a named thread; restarts it with backoff when it fails."""
 
     def __init__(self, config: PipelineConfig, *, emit: EmitFn, on_change: Callable[[], None],
                  factory: PipelineFactory = default_pipeline_factory, restart_min_s: float = 1.0,
-                 restart_max_s: float = 60.0, on_evidence: Callable[[dict, str], None] | None = None) -> None:
+                 restart_max_s: float = 60.0, on_evidence: Callable[[dict, str], None] | None = None,
+                 on_sample: Callable[[dict, str], None] | None = None) -> None:
         self.config = config
         self.name = config.name
         self._emit = emit
@@ -101,6 +106,9 @@ class PipelineRunner:
         self._factory = factory
         #: ``on_evidence(event, pipeline)``: an event's snapshot and clip are written (the uploader takes them)
         self._on_evidence = on_evidence
+        #: ``on_sample(info, pipeline)``: a capture sample is written (the uploader takes it)
+        self._on_sample = on_sample
+        self._capture_failed_at = -CAPTURE_FAILED_EVERY_S
         self._backoff = Backoff(initial_s=restart_min_s, max_s=restart_max_s, jitter=EQUAL_JITTER)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -170,6 +178,7 @@ class PipelineRunner:
         old = pipeline.swap_engine(engine)
         info = engine.model
         self.config = dataclasses.replace(self.config, model=str(info.path), version=version)
+        pipeline.describe_samples(self.name, version)
         self.delegate = engine.description
         self.fallback_reason = engine.fallback_reason
         self.model = {"path": str(info.path), "sha256": info.sha256, "version": version, "format": info.format.value}
@@ -324,6 +333,9 @@ class PipelineRunner:
             pipeline.add_event_listener(self._on_rule_event)
         if self.config.sources:
             pipeline.add_stream_listener(self._on_stream_event)
+        if self.config.capture and self.config.capture_dir:
+            pipeline.describe_samples(self.name, self.config.version)
+            pipeline.add_sample_listener(self._on_capture_sample)
 
     def _first_result(self, _result: Any) -> None:
         """An observer until a run's first result: the agent's cold start (the first run's, counted from
@@ -348,6 +360,18 @@ class PipelineRunner:
                    pipeline=self.name, data=data)
         if self._on_evidence is not None and event.get("clip"):
             self._on_evidence(event, self.name)
+
+    def _on_capture_sample(self, info: dict) -> None:
+        """A sample written goes to the uploader; one the disk refused is an event (one a minute at most)."""
+        if "error" not in info:
+            if self._on_sample is not None:
+                self._on_sample(info, self.name)
+            return
+        now = time.monotonic()
+        if now - self._capture_failed_at >= CAPTURE_FAILED_EVERY_S:
+            self._capture_failed_at = now
+            self._emit(EventKind.CAPTURE_FAILED, "warning", f"pipeline {self.name}: {info['error']}",
+                       pipeline=self.name, data={k: str(info.get(k, ""))[:500] for k in ("error", "stream", "rule")})
 
     def _on_stream_event(self, event: StreamEvent) -> None:
         self._emit(event.kind, event.level, event.message, pipeline=self.name, data=event.data)

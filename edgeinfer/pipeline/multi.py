@@ -159,6 +159,20 @@ class MultiPipeline:
             if stream.sampler is not None:
                 stream.sampler.pipeline, stream.sampler.model_version = self._sample_context
 
+    def request_samples(self, frames: int, stream: str = "") -> list[str]:
+        """Keep the next ``frames`` frames of ``stream`` (of every stream: "") as capture samples whatever the rules
+        say; the streams asked. ValueError for a stream that is not open or a pipeline without capture."""
+        with self._lock:
+            streams = [s for s in self._streams.open_streams() if not stream or s.name == stream]
+        if not streams:
+            raise ValueError(f"no open stream {stream!r}" if stream else "no stream is open")
+        samplers = [s.sampler for s in streams]
+        if any(sampler is None for sampler in samplers):
+            raise ValueError("this pipeline does not capture (options capture and capture_dir)")
+        for sampler in samplers:
+            sampler.request(frames)  # type: ignore[union-attr]
+        return [s.name for s in streams]
+
     def add_sample_listener(self, listener: Callable[[dict], Any]) -> None:
         """Call ``listener(info)`` for each capture sample written or refused by the disk, on any stream
         (:meth:`~edgeinfer.pipeline.sampling.StreamSampler.add_listener`); streams added later too."""

@@ -132,7 +132,8 @@ class PipelineOptions:
     #: with events and an evidence_dir
     record_source: str | None = None
     # capture rules (edgeinfer.pipeline.sampling; docs/capture.md): frames kept with the model's output; off by default
-    #: rules: ``uncertain:LOW-HIGH[/LABEL,...]``, ``drift:DISTANCE[@FRAMES]``, ``event:RULE``, ``random:RATE``
+    #: rules: ``uncertain:LOW-HIGH[/LABEL,...]``, ``drift:DISTANCE[@FRAMES]``, ``event:RULE``, ``random:RATE``,
+    #: ``request`` (only the frames asked for)
     capture: tuple[str, ...] = ()
     #: where the samples go (capture is off without it)
     capture_dir: str | os.PathLike | None = None

@@ -9,8 +9,10 @@ pipeline's ``capture:`` list::
     event:RULE                       an event rule fires (pipeline/events.py: ``event:detection:0.9/person``,
                                      ``event:line_crossed:door``)
     random:RATE                      a share RATE (0..1) of the frames, at random
+    request                          none by itself: only the frames asked for
 
-and :meth:`StreamSampler.request` keeps the next N frames (the dashboard's "capture the next N frames").
+and :meth:`StreamSampler.request` keeps the next N frames (the dashboard's "capture the next N frames", the
+agent's ``capture`` command), whatever the rules.
 
 A kept sample is a folder of the store (``_samples.py``: ``frame.jpg`` and ``sample.json``, written last, with the
 model's boxes in the frame's pixels and the frame's perceptual hash) that the agent uploads to the fleet manager.
@@ -74,10 +76,12 @@ class CaptureRule:
     @classmethod
     def parse(cls, text: str) -> CaptureRule:
         """A rule from its text; ValueError saying what is wrong with it."""
+        if isinstance(text, str) and text.strip() == REQUEST_RULE:
+            return cls(REQUEST_RULE, REQUEST_RULE)
         match = _RULE.match(text.strip()) if isinstance(text, str) else None
         if match is None or match["kind"] not in CAPTURE_KINDS:
             raise ValueError(f"capture rule {text!r}: not one of uncertain:LOW-HIGH[/LABEL,...], "
-                             f"drift:DISTANCE[@FRAMES], event:RULE, random:RATE")
+                             f"drift:DISTANCE[@FRAMES], event:RULE, random:RATE, request")
         kind, arg = match["kind"], match["arg"].strip()
         try:
             return _parsers[kind](text.strip(), arg)
@@ -291,6 +295,8 @@ class StreamSampler:
             return rule.band_hit(result)
         if rule.kind == "random":
             return self._random.random() < rule.low
+        if rule.kind == REQUEST_RULE:
+            return False  # only what request() asks for
         if rule.kind == "drift":
             return self._drifted(rule, result)
         event = rule.event
