@@ -54,6 +54,21 @@ def dataset_export(client: Any, fmt: str, output: Path, limit: int, reviewed: bo
         click.echo(f"{images} sample(s) as {fmt} in {output}")
 
 
+@dataset.command("capture")
+@click.argument("device_id")
+@click.option("--pipeline", required=True, help="The pipeline whose frames to keep.")
+@click.option("--frames", default=10, show_default=True, type=click.IntRange(1, 1000), help="How many frames.")
+@click.option("--stream", default="", help="One stream of a multi-stream pipeline (default: each).")
+@click.option("--json", "as_json", is_flag=True)
+@client_options
+def dataset_capture(client: Any, device_id: str, pipeline: str, frames: int, stream: str, as_json: bool) -> None:
+    """Ask DEVICE_ID to keep its pipeline's next frames as samples, whatever its capture rules say (operator; the
+    pipeline must have capture rules, `request` alone will do)."""
+    result = client.capture(device_id, pipeline, frames, stream)
+    print_json(result) if as_json else click.echo(f"capture of {frames} frame(s) of {pipeline} sent to {device_id} "
+                                                  f"(command {result['command_id']})")
+
+
 @dataset.command("import")
 @click.option("--format", "fmt", type=click.Choice(["coco", "yolo"]), required=True)
 @click.argument("source", type=click.Path(exists=True, path_type=Path))

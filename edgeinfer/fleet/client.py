@@ -113,6 +113,11 @@ class FleetClient:
     def restart(self, device_id: str, pipeline: str) -> dict:
         return self._post(f"/api/devices/{_quote(device_id)}/restart", {"pipeline": pipeline})
 
+    def capture(self, device_id: str, pipeline: str, frames: int, stream: str = "") -> dict:
+        """Ask a device to keep the next ``frames`` frames of a pipeline as capture samples."""
+        body = {"pipeline": pipeline, "frames": frames, **({"stream": stream} if stream else {})}
+        return self._post(f"/api/devices/{_quote(device_id)}/capture", body)
+
     def tokens(self) -> list[dict]:
         return self._request("GET", "/api/tokens")
 

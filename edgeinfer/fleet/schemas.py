@@ -235,6 +235,14 @@ class RestartArgs(Strict):
     pipeline: PipelineName
 
 
+class CaptureArgs(Strict):
+    """Keep the next ``frames`` frames of a pipeline (one stream, or each) as capture samples."""
+
+    pipeline: PipelineName
+    frames: Annotated[int, Field(ge=1, le=1000), BeforeValidator(_integral)] = 10
+    stream: Annotated[str, StringConstraints(max_length=64, pattern=PRINTABLE_PATTERN)] = ""
+
+
 class CommandSent(BaseModel):
     """A signed command queued for a device (QoS 1, spooled until the broker has it)."""
 
