@@ -36,9 +36,9 @@ def test_a_request_keeps_exactly_the_next_frames_and_the_request_rule_alone_keep
 
 
 def test_a_pipeline_without_capture_or_without_the_stream_refuses_a_request(clip, tmp_path):
-    with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect") as pipeline:
-        with pytest.raises(ValueError, match="does not capture"):
-            pipeline.request_samples(3)
-    with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect", capture=["request"], capture_dir=tmp_path) as pipeline:
-        with pytest.raises(ValueError, match="no open stream 'yard'"):
-            pipeline.request_samples(3, "yard")
+    with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect") as pipeline, \
+            pytest.raises(ValueError, match="does not capture"):
+        pipeline.request_samples(3)
+    with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect", capture=["request"], capture_dir=tmp_path) as pipeline, \
+            pytest.raises(ValueError, match="no open stream 'yard'"):
+        pipeline.request_samples(3, "yard")
