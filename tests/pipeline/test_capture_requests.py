@@ -39,6 +39,7 @@ def test_a_pipeline_without_capture_or_without_the_stream_refuses_a_request(clip
     with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect") as pipeline, \
             pytest.raises(ValueError, match="does not capture"):
         pipeline.request_samples(3)
-    with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect", capture=["request"], capture_dir=tmp_path) as pipeline, \
+    with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect", capture=["request"],
+                       capture_dir=tmp_path) as pipeline, \
             pytest.raises(ValueError, match="no open stream 'yard'"):
         pipeline.request_samples(3, "yard")
