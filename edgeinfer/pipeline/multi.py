@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ClosedError
 from ..runtime.engine import Engine
@@ -38,13 +38,11 @@ from .engines import EnginePool
 from .failover import DelegateEvent, DelegateStatus
 from .labels import Labels
 from .options import PipelineOptions
+from .sampling import PipelineSamples
 from .stats import FrameResult, PipelineStats
 from .stream import Stream
 from .streams import STREAM_ENDED, STREAM_FAILED, STREAM_RESTORED, StreamEvent, StreamRecord, StreamSet
 from .tasks import ModelReading, read_run_model
-
-if TYPE_CHECKING:
-    from .sampling import StreamSampler
 
 log = logging.getLogger("edgeinfer.pipeline")
 
@@ -88,8 +86,7 @@ class MultiPipeline:
         self.error: BaseException | None = None
         self.reading: ModelReading | None = None  # how the model is read: its task, output layout, preprocessing
         self._event_listeners: tuple[Callable[[dict], Any], ...] = ()
-        self._sample_listeners: tuple[Callable[[dict], Any], ...] = ()
-        self._sample_context = (name, "")  # the pipeline and the model version capture samples state
+        self.samples = PipelineSamples(name, lambda: self._streams.open_streams())  # the capture rules' samples
         self._results = 0  # results delivered (max_frames)
         self._opencv = OpenCVThreads(options.opencv_threads)
         labels = options.labels
@@ -139,49 +136,8 @@ class MultiPipeline:
                              callback_errors=lambda: self._delivery.callback_errors)
         for listener in self._event_listeners if stream.events is not None else ():
             stream.events.add_listener(listener)  # type: ignore[union-attr]
-        if stream.sampler is not None:
-            self._describe_samples(stream.sampler, worker)
+        self.samples.attach(stream.sampler, lambda: worker.engine.model)  # the model serving it when kept
         return stream
-
-    def _describe_samples(self, sampler: StreamSampler, worker: EngineWorker) -> None:
-        """What each sample of ``sampler`` says of its pipeline and model (the one serving it when kept)."""
-        sampler.pipeline, sampler.model_version = self._sample_context
-        sampler.model_of = lambda: worker.engine.model
-        for listener in self._sample_listeners:
-            sampler.add_listener(listener)
-
-    def describe_samples(self, pipeline: str, model_version: str | None) -> None:
-        """Name the pipeline and the model's version in every capture sample from now on (the agent's names)."""
-        with self._lock:
-            self._sample_context = (pipeline, model_version or "")
-            streams = self._streams.open_streams()
-        for stream in streams:
-            if stream.sampler is not None:
-                stream.sampler.pipeline, stream.sampler.model_version = self._sample_context
-
-    def request_samples(self, frames: int, stream: str = "") -> list[str]:
-        """Keep the next ``frames`` frames of ``stream`` (of every stream: "") as capture samples whatever the rules
-        say; the streams asked. ValueError for a stream that is not open or a pipeline without capture."""
-        with self._lock:
-            streams = [s for s in self._streams.open_streams() if not stream or s.name == stream]
-        if not streams:
-            raise ValueError(f"no open stream {stream!r}" if stream else "no stream is open")
-        samplers = [s.sampler for s in streams]
-        if any(sampler is None for sampler in samplers):
-            raise ValueError("this pipeline does not capture (options capture and capture_dir)")
-        for sampler in samplers:
-            sampler.request(frames)  # type: ignore[union-attr]
-        return [s.name for s in streams]
-
-    def add_sample_listener(self, listener: Callable[[dict], Any]) -> None:
-        """Call ``listener(info)`` for each capture sample written or refused by the disk, on any stream
-        (:meth:`~edgeinfer.pipeline.sampling.StreamSampler.add_listener`); streams added later too."""
-        with self._lock:
-            self._sample_listeners = (*self._sample_listeners, listener)
-            streams = self._streams.open_streams()
-        for stream in streams:
-            if stream.sampler is not None:
-                stream.sampler.add_listener(listener)
 
     def remove_stream(self, name: str) -> PipelineStats:
         """Stop and close one stream (the others go on); its statistics over its run."""
@@ -192,8 +148,7 @@ class MultiPipeline:
         stream.finish()
         if self._stopping:
             return
-        running = self._streams.ended(stream)
-        if running is False:
+        if self._streams.ended(stream) is False:  # no stream runs any more
             self._end_run(self._streams.error())
 
     def get_stream(self, name: str) -> Stream:
@@ -201,9 +156,8 @@ class MultiPipeline:
         return self._streams.get(name)
 
     def stream_state(self, name: str) -> tuple[str, BaseException | None]:
-        """``("running" | "ended" | "failed", error)`` of stream ``name`` (KeyError when there is none):
-        ended once its engine has taken its last frame; failed when its capture stopped on an error (or
-        its source could not be opened again)."""
+        """``("running" | "ended" | "failed", error)`` of stream ``name`` (KeyError when there is none): ended once
+        its engine has taken its last frame; failed when its capture stopped on an error (or could not reopen)."""
         return self._streams.state(name)
 
     def stream_status(self) -> list[dict[str, Any]]:

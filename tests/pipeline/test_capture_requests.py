@@ -26,8 +26,8 @@ def _rules(folder):
 def test_a_request_keeps_exactly_the_next_frames_and_the_request_rule_alone_keeps_nothing_else(clip, tmp_path):
     with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect", policy="every", capture=[REQUEST_RULE],
                        capture_dir=tmp_path, capture_per_minute=1, name="lobby") as pipeline:
-        pipeline.describe_samples("lobby", "4")
-        assert pipeline.request_samples(3) == ["door"]
+        pipeline.samples.describe("lobby", "4")
+        assert pipeline.samples.request(3) == ["door"]
         results = list(pipeline)
     assert len(results) == scenes.FRAMES and _rules(tmp_path) == [REQUEST_RULE] * 3  # per_minute: not for asks
     metas = [json.loads(m.read_text()) for m in tmp_path.glob(f"*/*/{SAMPLE_META_NAME}")]
@@ -38,8 +38,8 @@ def test_a_request_keeps_exactly_the_next_frames_and_the_request_rule_alone_keep
 def test_a_pipeline_without_capture_or_without_the_stream_refuses_a_request(clip, tmp_path):
     with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect") as pipeline, \
             pytest.raises(ValueError, match="does not capture"):
-        pipeline.request_samples(3)
+        pipeline.samples.request(3)
     with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect", capture=["request"],
                        capture_dir=tmp_path) as pipeline, \
             pytest.raises(ValueError, match="no open stream 'yard'"):
-        pipeline.request_samples(3, "yard")
+        pipeline.samples.request(3, "yard")
