@@ -131,7 +131,7 @@ class PipelineOptions:
     #: detect / record split: a camera's main stream; files are read in step, frame n with frame n); used only
     #: with events and an evidence_dir
     record_source: str | None = None
-    # capture rules (edgeinfer.pipeline.sampling; docs/capture.md): frames kept with the model's output; off by default
+    # capture rules (edgeinfer.pipeline.sampling; docs/datasets.md): frames kept with the model's output; off by default
     #: rules: ``uncertain:LOW-HIGH[/LABEL,...]``, ``drift:DISTANCE[@FRAMES]``, ``event:RULE``, ``random:RATE``,
     #: ``request`` (only the frames asked for)
     capture: tuple[str, ...] = ()

@@ -1,4 +1,4 @@
-"""Capture rules (docs/capture.md) with the real face detector on the generated scene clip."""
+"""Capture rules (docs/datasets.md) with the real face detector on the generated scene clip."""
 
 from __future__ import annotations
 
