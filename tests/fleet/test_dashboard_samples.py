@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import cv2
+import numpy as np
 import pytest
 from support.assets import IMAGES, REFERENCES
 from support.browser import DESKTOP, Browser, screenshot, wait_for, wait_js, wait_text
@@ -259,4 +260,29 @@ def test_the_export_carries_the_filters_and_a_viewer_changes_nothing(dash):
         assert "3 samples" in text, text
         size = wait_for(browser, "[data-testid=samples-result]").get_attribute("data-bytes")
         assert int(size) == expected  # the same zip as the API's for this filter: not everything
+        assert not browser.errors(), browser.errors()
+
+
+def test_more_pages_in_the_next_samples(dash):
+    """Past a page (48 tiles), *More* appends the next ones, each once."""
+    [issued] = dash.manager.access.enroll_devices(["cam-bulk"], "dash")
+    login = basic(issued["username"], issued["password"])
+    for index in range(50):  # scenes of their own: blocks of a seed's colours hash far apart
+        blocks = np.random.default_rng(100 + index).integers(0, 256, (6, 8, 3), dtype=np.uint8)
+        image = cv2.resize(blocks, (160, 120), interpolation=cv2.INTER_NEAREST)
+        ok, jpeg = cv2.imencode(".jpg", image)
+        assert ok
+        body = {"jpeg": base64.b64encode(jpeg.tobytes()).decode(), "phash": ahash(image), "width": 160,
+                "height": 120, "captured_at": time.time() - 86400 + index, "pipeline": "bulk",
+                "detections": [{"label": "box", "score": 0.5, "box": [10, 10, 60, 60]}]}
+        assert upload(dash.manager.http.url, login, "cam-bulk", f"b{index:02d}", body) == 201
+    newest = [f"cam-bulk/b{index:02d}" for index in reversed(range(50))]
+    with Browser(DESKTOP) as browser:
+        sign_in(browser, dash, "viewer")
+        go(browser, dash, "#/samples?pipeline=bulk")
+        wait_keys(browser, newest[:48])
+        assert wait_text(browser, "[data-testid=samples-total]", "50")
+        wait_for(browser, "[data-testid=samples-more]").click()
+        wait_keys(browser, newest)
+        wait_js(browser, "return document.querySelector('[data-testid=samples-more]').hidden", 5)
         assert not browser.errors(), browser.errors()
