@@ -205,6 +205,29 @@ def test_listing_filters_review_and_delete(fleet):
     assert ids("") == ["a1", "b1"]
 
 
+def test_facets_offer_each_filters_values_and_count_the_selection(fleet):
+    facets = lambda query="": json.loads(fleet.call("GET", f"/api/samples/facets?{query}")[1])  # noqa: E731
+    assert facets() == {"total": 0, "devices": [], "pipelines": [], "model_versions": [], "rules": [], "labels": []}
+    fleet.put("cam-a", "f1", sample(61))
+    fleet.put("cam-a", "f2", sample(62, detections=[{"label": "traffic light", "score": 0.4, "box": [1, 1, 9, 9]}],
+                                     model={"name": "yolov8n", "sha256": "", "version": "4"}))
+    fleet.put("cam-b", "f3", sample(63, pipeline="gate", rule="", detections=[], model={"name": "", "version": ""}))
+    assert facets() == {"total": 3, "devices": ["cam-a", "cam-b"], "pipelines": ["door", "gate"],
+                        "model_versions": ["3", "4"], "rules": ["detection:0.5"],  # no empty value is offered
+                        "labels": ["car", "person", "traffic_light"]}
+    assert facets("device=cam-a")["total"] == 2 and facets("device=cam-a&label=person")["total"] == 1
+    assert facets("reviewed=true&device=")["total"] == 0  # an empty filter is no filter
+    assert [s["sample_id"] for s in fleet.list("label=traffic_light")] == ["f2"]  # each offered label selects
+    # a person's labels replace the model's in what the label filter (and so the facets) sees
+    labels = json.dumps({"labels": [{"label": "child", "box": [1, 1, 5, 5]}]}).encode()
+    assert fleet.call("PATCH", "/api/devices/cam-a/samples/f1", "operator", labels)[0] == 200
+    assert facets()["labels"] == ["child", "traffic_light"] and facets("label=child")["total"] == 1
+    for hostile in ("device=bad%21id", "label=a%00b", "reviewed=maybe", f"rule={'x' * 200}"):
+        status, body = fleet.call("GET", f"/api/samples/facets?{hostile}")
+        assert status == 400 and json.loads(body)["error"], (hostile, body)
+    assert request(fleet.url, "GET", "/api/samples/facets")[0] == 401
+
+
 def export(fleet: Fleet, fmt: str, query: str = "") -> zipfile.ZipFile:
     status, body = fleet.call("GET", f"/api/samples/export?format={fmt}&{query}")
     assert status == 200, body

@@ -10,10 +10,10 @@ from __future__ import annotations
 import tempfile
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from ..._samples import SAMPLE_ID_PATTERN
@@ -32,6 +32,8 @@ DeviceId = Annotated[str, Path(pattern=ID_PATTERN, description="a device id")]
 SampleId = Annotated[str, Path(pattern=SAMPLE_ID_PATTERN, description="a sample id (the device names it)")]
 MAX_LIST = 1000
 MAX_EXPORT = 20_000
+#: the values a filter offers, at most
+MAX_FACET = 500
 #: a JSON body read whole: its JPEG's limit in base64, and room for the detections
 BODY_SLACK = 1 << 20
 SAMPLE = "/api/devices/{device_id}/samples/{sample_id}"
@@ -107,6 +109,24 @@ def list_samples(_who: Viewer, fleet: Services, device: Annotated[str | None, Qu
                  offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> Any:
     chosen = filters(device, pipeline, stream, model_version, rule, label, reviewed)
     return fleet.samples.list(chosen, limit=limit, offset=offset)
+
+
+class SampleFacets(BaseModel):
+    """How many samples the filters select, and the values each filter may take over all samples (what the
+    dashboard's filter form offers; a label's spaces are ``_`` as the label filter matches them)."""
+
+    total: int
+    devices: list[str]
+    pipelines: list[str]
+    model_versions: list[str]
+    rules: list[str]
+    labels: list[str]
+
+
+@router.get("/api/samples/facets", response_model=SampleFacets, responses=errors(400, 401),
+            summary="How many samples the filters select, and each filter's values")
+def sample_facets(_who: Viewer, fleet: Services, chosen: Annotated[Filters, Depends(filters)]) -> Any:
+    return {"total": fleet.samples.rows.count(chosen), **fleet.samples.rows.facets(MAX_FACET)}
 
 
 def _sample(fleet: Any, device_id: str, sample_id: str) -> dict:

@@ -16,6 +16,8 @@ LISTED = ("device_id", "sample_id", "pipeline", "stream", "rule", "model_name", 
           "reviewed", "reviewed_at")
 #: rows deleted per statement by the bounds
 PRUNE_BATCH = 200
+#: the distinct label sets read for the facets' labels (each row's set is one string)
+LABEL_SETS = 10_000
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,25 @@ class SampleRows:
         query = query.order_by(c.captured_at.desc(), c.sample_id).limit(limit).offset(offset)
         with self.engine.connect() as conn:
             return [dict(row) for row in conn.execute(query).mappings()]
+
+    def count(self, filters: Filters) -> int:
+        """How many samples the filters select."""
+        query = self.sa.select(self.sa.func.count()).select_from(self.table).where(*self._where(filters))
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar() or 0)
+
+    def facets(self, limit: int) -> dict[str, list[str]]:
+        """The values each filter may take, over all samples (at most ``limit`` each, sorted; an empty one is
+        no value): what a filter form offers."""
+        c, out = self.table.c, {}
+        columns = {"devices": c.device_id, "pipelines": c.pipeline, "model_versions": c.model_version, "rules": c.rule}
+        with self.engine.connect() as conn:
+            for key, column in columns.items():
+                query = self.sa.select(column).where(column != "").distinct().order_by(column).limit(limit)
+                out[key] = list(conn.execute(query).scalars())
+            sets = conn.execute(self.sa.select(c.label_names).distinct().limit(LABEL_SETS)).scalars()
+            out["labels"] = sorted({name for names in sets for name in (names or "").split()})[:limit]
+        return out
 
     def _where(self, f: Filters) -> list[Any]:
         c = self.table.c
