@@ -1,4 +1,4 @@
-"""Capture rules: frames worth labelling kept on the device with the model's own output (docs/datasets.md, "Capture on the device").
+"""Capture rules: frames worth labelling kept on the device with the model's own output (docs/datasets.md).
 
 A rule is a short text, the same in ``Pipeline(capture=[...])``, ``edgeinfer run --capture`` and an agent.yaml
 pipeline's ``capture:`` list::

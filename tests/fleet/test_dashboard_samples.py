@@ -22,6 +22,8 @@ from support.browser import DESKTOP, Browser, screenshot, wait_for, wait_js, wai
 from support.dashboard import fill, go, running_dashboard, settle, sign_in
 from support.live import basic
 
+from edgeinfer.pipeline.sampling import perceptual_hash  # the device's own hash
+
 DOCS_IMG = Path(__file__).parents[2] / "docs" / "img"
 SSD = REFERENCES / "mobilenet_ssd_v2_coco_quant_postprocess_litert.json"
 #: the widest frame a sample is made at (the photos are scaled down, their boxes with them)
@@ -33,12 +35,6 @@ SAMPLES = [("cam-door", "door", "uncertain:0.3-0.6", "3", "grace_hopper.bmp"),
            ("cam-yard", "yard", "uncertain:0.3-0.6", "4", "pets.jpg"),
            ("cam-yard", "yard", "uncertain:0.3-0.6", "4", "cat.bmp"),
            ("cam-yard", "yard", "detection:0.5", "4", "parrot.jpg")]
-
-
-def ahash(image) -> str:
-    """What a device sends: a 64-bit average hash of the frame."""
-    small = cv2.resize(cv2.cvtColor(image, cv2.COLOR_BGR2GRAY), (8, 8), interpolation=cv2.INTER_AREA)
-    return f"{int(''.join('1' if b else '0' for b in (small > small.mean()).flatten()), 2):016x}"
 
 
 def upload(url: str, auth: str, device: str, sample_id: str, body: dict) -> int:
@@ -59,7 +55,7 @@ def sample_body(photo: str, pipeline: str, rule: str, version: str, captured_at:
     assert ok
     detections = [{"label": d["label"], "score": d["score"], "box": [round(v * scale, 1) for v in d["box_xyxy_px"]]}
                   for d in json.loads(SSD.read_text())["detections"][photo]]
-    return {"jpeg": base64.b64encode(jpeg.tobytes()).decode(), "phash": ahash(image), "width": image.shape[1],
+    return {"jpeg": base64.b64encode(jpeg.tobytes()).decode(), "phash": perceptual_hash(image), "width": image.shape[1],
             "height": image.shape[0], "captured_at": captured_at, "pipeline": pipeline, "rule": rule,
             "model": {"name": "ssd_mobilenet_v2", "version": version}, "detections": detections}
 
@@ -272,7 +268,7 @@ def test_more_pages_in_the_next_samples(dash):
         image = cv2.resize(blocks, (160, 120), interpolation=cv2.INTER_NEAREST)
         ok, jpeg = cv2.imencode(".jpg", image)
         assert ok
-        body = {"jpeg": base64.b64encode(jpeg.tobytes()).decode(), "phash": ahash(image), "width": 160,
+        body = {"jpeg": base64.b64encode(jpeg.tobytes()).decode(), "phash": perceptual_hash(image), "width": 160,
                 "height": 120, "captured_at": time.time() - 86400 + index, "pipeline": "bulk",
                 "detections": [{"label": "box", "score": 0.5, "box": [10, 10, 60, 60]}]}
         assert upload(dash.manager.http.url, login, "cam-bulk", f"b{index:02d}", body) == 201

@@ -23,6 +23,7 @@ from support.processes import edgeinfer_cmd
 
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.pipeline.sampling import perceptual_hash  # the device's own hash
 
 FLEET = "data"
 W, H = 320, 240
@@ -59,17 +60,10 @@ def encode(image: np.ndarray) -> bytes:
     return data.tobytes()
 
 
-def ahash(image: np.ndarray) -> str:
-    """The device's side: a 64-bit average hash of the frame (what a capture would send)."""
-    small = cv2.resize(cv2.cvtColor(image, cv2.COLOR_BGR2GRAY), (8, 8), interpolation=cv2.INTER_AREA)
-    bits = (small > small.mean()).flatten()
-    return f"{int(''.join('1' if b else '0' for b in bits), 2):016x}"
-
-
 def sample(seed: int, *, detections: list[dict] | None = None, image: np.ndarray | None = None,
            **extra: Any) -> dict:
     image = scene(seed) if image is None else image
-    body = {"jpeg": base64.b64encode(encode(image)).decode(), "phash": ahash(image), "width": W, "height": H,
+    body = {"jpeg": base64.b64encode(encode(image)).decode(), "phash": perceptual_hash(image), "width": W, "height": H,
             "captured_at": 1795652031.0 + seed, "pipeline": "door", "stream": "", "rule": "detection:0.5",
             "model": {"name": "yolov8n", "sha256": "ab" * 32, "version": "3"},
             "detections": detections if detections is not None else [
