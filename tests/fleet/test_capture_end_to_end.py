@@ -1,17 +1,21 @@
 """From the field back to the model, with no stand-in on either side: a real agent process (its enrolled credential,
 the manager's own Mosquitto) runs the COCO SSD detector over photos, keeps the frames with a box it is unsure of,
 and uploads them; the manager stores each scene once; an operator asks for the next frames; the export opens in
-pycocotools; corrected labels imported back change what ``edgeinfer evaluate`` says of the model."""
+pycocotools; corrected labels imported back change what ``edgeinfer evaluate`` says of the model. A device whose
+disk is full says so once, goes on running, and what it had stored still reaches the manager."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+import urllib.request
 
+import cv2
 import pytest
 from support.agent import AgentProcess, write_config
 from support.assets import ASSETS
+from support.disk import small_disk
 from support.processes import edgeinfer_cmd, env_with_repo, wait_until
 
 from edgeinfer._samples import SAMPLE_META_NAME
@@ -109,3 +113,49 @@ def test_uncertain_frames_reach_the_manager_once_per_scene_and_corrected_labels_
     # the model agrees with its own boxes (but for the unsure ones a JPEG of the frame may tip below its threshold:
     # the bench scored 0.5 is one, so its class's AP can be 0); with the corrected ones it scores far lower
     assert before >= 0.7 and after < 0.1, (before, after)
+
+
+def _get(url: str, token: str, path: str):
+    request = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _events(url: str, token: str, kind: str) -> list[dict]:
+    return _get(url, token, f"/api/events?device=cam-full&event={kind}")
+
+
+def _window_frames(url: str, token: str) -> int:
+    """The frames the device's newest telemetry window counted (0 before any)."""
+    messages = _get(url, token, "/api/devices/cam-full/telemetry?limit=1")
+    return sum(int(p.get("frames") or 0) for m in messages for p in m.get("pipelines", []))
+
+
+def test_a_full_capture_disk_is_reported_once_and_neither_the_pipeline_nor_the_stored_samples_suffer(tmp_path):
+    photo = ASSETS / "images" / "kite_and_cold.jpg"
+    sample_kib = len(cv2.imencode(".jpg", cv2.imread(str(photo)), [cv2.IMWRITE_JPEG_QUALITY, 90])[1]) // 1024
+    settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", data_dir=tmp_path / "fleet")
+    with FleetManager(settings) as manager, small_disk(tmp_path / "card", sample_kib * 3 // 2 + 16) as card:
+        assert manager.wait_connected(10)
+        url, token = manager.http.url, manager.admin_token
+        [device] = FleetClient(url, token=token).enroll_many(["cam-full"], "f")
+        config = write_config(
+            tmp_path / "agent.yaml", device_id="cam-full", fleet="f", broker=manager.broker_url,
+            username=device["username"], password=device["password"], data_dir=str(tmp_path / "data"),
+            telemetry_interval_s=0.5, manager_url=url, update_public_key=manager.key.public_key_b64(),
+            pipelines=[{"name": "door", "model": str(SSD), "labels": str(COCO_LABELS),
+                        "source": str(photo), "loop": True, "max_fps": 10,
+                        "capture": ["random:1"], "capture_per_minute": 600, "capture_dir": str(card)}])
+        with AgentProcess(config, tmp_path / "agent.log") as agent:
+            assert wait_until(lambda: _events(url, token, "capture_failed"), 60, 0.5), agent.output()
+            stored = [meta.parent for meta in card.glob(f"*/{SAMPLE_META_NAME}")]
+            assert stored and all(json.loads((f / SAMPLE_META_NAME).read_text())["rule"] == "random:1"
+                                  for f in stored)
+            # what fitted is whole and reaches the manager (the same scene each time: stored once)
+            assert wait_until(lambda: _uploaded(card) == len(stored), 60, 0.5), agent.output()
+            assert len(FleetClient(url, token=token).samples(device="cam-full")) == 1
+            assert wait_until(lambda: _window_frames(url, token) > 0, 30, 0.5), agent.output()  # it runs on
+        [failed] = _events(url, token, "capture_failed")  # once, though every kept frame failed since
+        assert failed["level"] == "warning" and "No space left on device" in failed["data"]["error"]
+        assert failed["data"]["rule"] == "random:1"
+
