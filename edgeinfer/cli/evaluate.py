@@ -1,4 +1,5 @@
-"""``edgeinfer evaluate MODEL --dataset DIR [--baseline OTHER]``: scores on labelled field data (docs/datasets.md)."""
+"""``edgeinfer evaluate MODEL --dataset DIR|--fleet [--baseline OTHER]``: scores on labelled field data
+(docs/datasets.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from typing import Any
 
 import click
 
-from .output import handle_errors, print_json
+from .fleet_access import client_options
+from .fleet_eval import evaluation_inputs, sample_filter_options
+from .output import print_json
 from .progress import StderrProgress
 
 
@@ -76,28 +79,50 @@ def eval_options(dataset_format: str | None, labels: str | None, ignore_unknown:
 
 @click.command()
 @click.argument("model", type=click.Path(exists=True, dir_okay=False))
-@click.option("--dataset", required=True, type=click.Path(exists=True, file_okay=False),
+@click.option("--dataset", type=click.Path(exists=True, file_okay=False),
               help="A labelled folder: COCO JSON + images, YOLO (data.yaml, images/, labels/), or class folders.")
+@sample_filter_options
 @click.option("--baseline", type=click.Path(exists=True, dir_okay=False),
-              help="The model the fleet runs now: scored on the same frames, the deltas printed.")
+              help="The model the fleet runs now: scored on the same frames, the deltas printed (with --fleet, by "
+                   "default the artifact of the newest deployment that succeeded for --device / --pipeline).")
 @click.option("--tolerance", type=click.FloatRange(0, 1), default=0.01, show_default=True,
-              help="With --baseline: how much lower (absolute) the headline figure may be and still not be worse.")
+              help="With a baseline: how much lower (absolute) the headline figure may be and still not be worse.")
 @dataset_options
 @click.option("--json", "as_json", is_flag=True, help="Print the scores as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
-@handle_errors
-def evaluate(model: str, dataset: str, baseline: str | None, tolerance: float, dataset_format: str | None,
-             labels: str | None, ignore_unknown: bool, eval_delegate: str | None, as_json: bool, quiet: bool) -> None:
+@client_options
+def evaluate(client: Any, model: str, dataset: str | None, from_fleet: bool, limit: int, baseline: str | None,
+             tolerance: float, dataset_format: str | None, labels: str | None, ignore_unknown: bool,
+             eval_delegate: str | None, as_json: bool, quiet: bool, **filters: str | None) -> None:
     """Score MODEL on a labelled dataset: accuracy and top-5 (classifiers), mAP50-95, mAP50 and per-class
-    AP50 / recall (detectors, pycocotools' COCOeval). With --baseline, exit 1 when MODEL is worse."""
-    from ..tools.evaluate import compare_models, evaluate_model
+    AP50 / recall (detectors, pycocotools' COCOeval). With a baseline, exit 1 when MODEL is worse.
 
+    --dataset DIR scores on a local folder; --fleet on the fleet's labelled samples, fetched from the fleet
+    manager (--fleet-url, --token-file: a viewer token), and compares with the model the fleet runs now."""
+    from ..tools.evaluate import compare_models, evaluate_model
+    from ..tools.evaluate.fleet_data import SampleSelection
+
+    if bool(dataset) == from_fleet:
+        raise click.UsageError("give --dataset DIR or --fleet")
+    if not from_fleet and any(filters.values()):
+        raise click.UsageError("--device, --pipeline, --stream, --model-version and --rule choose the fleet's "
+                               "samples: use them with --fleet")
     options = eval_options(dataset_format, labels, ignore_unknown, eval_delegate)
     say = StderrProgress(enabled=not quiet)
-    if baseline is None:
-        scores = evaluate_model(model, dataset, options, say)
-        print_json(scores) if as_json else print_scores(scores)
-        return
-    result = compare_models(model, baseline, dataset, options, tolerance, say)
-    print_json(result) if as_json else print_comparison(result)
+    current_for = {"pipeline": filters["pipeline"], "devices": [filters["device"]] if filters["device"] else None}
+    with evaluation_inputs(client, folder=dataset, fmt=dataset_format, selection=SampleSelection(**filters,
+                           limit=limit), baseline=baseline, current_for=current_for if from_fleet else None) as inputs:
+        fleet_keys = {"baseline_model": inputs.baseline_summary()} if from_fleet else {}
+        if inputs.baseline is None:
+            if from_fleet:
+                click.echo(f"edgeinfer: no deployment succeeded on the fleet at {client.url} for these samples' "
+                           "devices and pipeline: scored without a comparison (--baseline FILE compares)", err=True)
+            scores = evaluate_model(model, inputs.dataset, options, say)
+            print_json({**scores, **fleet_keys}) if as_json else print_scores(scores)
+            return
+        if from_fleet and not as_json:
+            click.echo(inputs.baseline_line())
+        result = compare_models(model, inputs.baseline, inputs.dataset, options, tolerance, say)
+        result["baseline"] = inputs.name_baseline(result["baseline"])
+    print_json({**result, **fleet_keys}) if as_json else print_comparison(result)
     raise SystemExit(1 if result["worse"] else 0)

@@ -24,6 +24,8 @@ from .evaluate import dataset_options, eval_options
 from .fleet_access import audit, broker_auth, client_options, enroll, enrollments, revoke, table, token
 from .fleet_dataset import dataset
 from .fleet_db import db
+from .fleet_eval import require_eval as require_eval_gate
+from .fleet_eval import target_devices
 from .fleet_simulate import simulate
 from .output import handle_errors, print_json
 
@@ -239,25 +241,6 @@ def analysis_lines(analysis: Any) -> list[str]:
     return lines
 
 
-def _require_eval(model: Path, baseline: str | None, dataset: str, tolerance: float, options: Any,
-                  quiet: bool) -> None:
-    """Refuse ``model`` (EvaluationRejected, exit 1) when it scores worse than ``baseline`` on ``dataset``."""
-    from ..errors import EvaluationRejected
-    from ..tools.evaluate import compare_models
-    from .progress import StderrProgress
-
-    if baseline is None:  # the fleet's current artifact is not fetched yet: the operator names it
-        raise click.UsageError("--require-eval needs --baseline CURRENT_MODEL, the model the fleet runs now")
-    result = compare_models(model, baseline, dataset, options, tolerance, StderrProgress(enabled=not quiet))
-    figures = ", ".join(f"{name} {result['candidate'][name]:.3f} vs {result['baseline'][name]:.3f}"
-                        for name in result["deltas"])
-    if result["worse"]:
-        raise EvaluationRejected(f"{model.name} scores worse than {Path(baseline).name} on {dataset} "
-                                 f"({figures}; tolerance {tolerance:g} on {result['headline']}): not deployed")
-    if not quiet:
-        click.echo(f"evaluation passed: {figures}", err=True)
-
-
 @click.command()
 @click.argument("model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--version", "version", required=True, type=click.IntRange(min=0), help="The new version number.")
@@ -290,11 +273,14 @@ def _require_eval(model: Path, baseline: str | None, dataset: str, tolerance: fl
                                       "percentage points above the control group's.")
 @click.option("--no-canary-analysis", is_flag=True, help="Judge the canary by its update results only.")
 @click.option("--no-wait", is_flag=True, help="Start the rollout and return.")
-@click.option("--require-eval", "require_eval", type=click.Path(exists=True, file_okay=False),
-              help="A labelled dataset of the fleet's own frames: refuse MODEL when it scores worse there than "
-                   "--baseline (docs/datasets.md).")
+@click.option("--require-eval", "require_eval", is_flag=True,
+              help="First score MODEL on the fleet's labelled samples (of --pipeline) against the model the targets "
+                   "run now; refuse it, nothing uploaded, when it is worse (docs/datasets.md).")
+@click.option("--eval-dataset", type=click.Path(exists=True, file_okay=False),
+              help="With --require-eval (implied): a local labelled folder instead of the fleet's samples.")
 @click.option("--baseline", type=click.Path(exists=True, dir_okay=False),
-              help="With --require-eval: the model the fleet runs now.")
+              help="With --require-eval: the current model's file (default: the artifact of the newest deployment "
+                   "that succeeded on these targets and --pipeline).")
 @click.option("--eval-tolerance", type=click.FloatRange(0, 1), default=0.01, show_default=True,
               help="With --require-eval: how much lower (absolute) the headline figure may be.")
 @dataset_options
@@ -304,7 +290,7 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
            canary_pct: float, wave_size: int | None, abort_failure_rate: float, device_timeout: float,
            rollback: bool, pipeline: str | None, canary_window: float, max_latency_regression: float,
            max_fps_drop: float, max_output_drift: float, max_error_rate: float, no_canary_analysis: bool,
-           no_wait: bool, require_eval: str | None, baseline: str | None, eval_tolerance: float,
+           no_wait: bool, require_eval: bool, eval_dataset: str | None, baseline: str | None, eval_tolerance: float,
            dataset_format: str | None, labels: str | None, ignore_unknown: bool, eval_delegate: str | None,
            as_json: bool) -> None:
     """Roll MODEL out as VERSION: signed, in waves, canary first; exit 0 only if every target is active.
@@ -314,8 +300,9 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
     pipeline error rate and output drift. Beyond a --max-* threshold the rollout is aborted and the
     canary rolled back (docs/fleet.md, Canary analysis).
 
-    With --require-eval DATASET --baseline CURRENT, MODEL is first scored against CURRENT on the same
-    labelled frames and refused (exit 1, nothing uploaded) when it is worse (docs/datasets.md).
+    With --require-eval, MODEL is first scored against the model the targets run now (or --baseline) on
+    the fleet's labelled samples (or --eval-dataset) and refused (exit 1, nothing uploaded) when it is
+    worse (docs/datasets.md).
 
     Needs an operator token (--token-file / $EDGEINFER_FLEET_TOKEN).
     """
@@ -328,9 +315,11 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
     if sum(bool(x) for x in (devices, group, all_devices)) != 1:
         raise click.UsageError("give exactly one of --device, --group or --all")
     inspect_model(model)  # refuse a file that is not a model before anything is sent
-    if require_eval:
-        _require_eval(model, baseline, require_eval, eval_tolerance,
-                      eval_options(dataset_format, labels, ignore_unknown, eval_delegate), quiet=as_json)
+    if require_eval or eval_dataset:
+        targets = None if baseline else target_devices(client, devices, group)  # whose current model
+        require_eval_gate(client, model, folder=eval_dataset, baseline=baseline, pipeline=pipeline,
+                          devices=targets, tolerance=eval_tolerance,
+                          options=eval_options(dataset_format, labels, ignore_unknown, eval_delegate), quiet=as_json)
     artifact = client.upload(model)
     try:
         spec = schemas.DeploymentSpec(sha256=artifact["sha256"], model_name=model.name, version=version,

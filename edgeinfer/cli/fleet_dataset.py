@@ -21,6 +21,8 @@ def _filter_options(func: Any) -> Any:
     for name in reversed(FILTERS):
         func = click.option(f"--{name.replace('_', '-')}", name, help=f"only samples of this {name.replace('_', ' ')}")(
             func)
+    func = click.option("--labelled/--unlabelled", default=None,
+                        help="only samples with a ground truth: corrected labels, or reviewed (or the others)")(func)
     return click.option("--reviewed/--unreviewed", default=None, help="only samples reviewed (or not)")(func)
 
 

@@ -7,6 +7,7 @@ certificate comes from the fleet's own CA, pass that CA (``--ca`` / ``$EDGEINFER
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -17,9 +18,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..errors import AuthError, EdgeInferError, FleetRequestError
+from ..errors import AuthError, DownloadError, EdgeInferError, FleetRequestError
 from .rollout import DeploymentStatus
 
 if TYPE_CHECKING:
@@ -44,13 +45,17 @@ class FleetClient:
         self._context = ssl.create_default_context(cafile=str(ca)) if ca else None
 
     def _request(self, method: str, path: str, body: Any = None,
-                 headers: dict[str, str] | None = None, *, raw: bool = False) -> Any:
+                 headers: dict[str, str] | None = None, *, raw: bool = False, into: BinaryIO | None = None) -> Any:
+        """The answer's JSON (``raw``: its bytes; ``into``: streamed into that file, answering (size, sha256));
+        None for a GET answered 404."""
         headers = dict(headers or {})
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(f"{self.url}{path}", data=body, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout, context=self._context) as response:
+                if into is not None:
+                    return _copy(response, into)
                 data = response.read()
                 return data if raw else json.loads(data or b"null")
         except urllib.error.HTTPError as exc:
@@ -150,10 +155,39 @@ class FleetClient:
         """The samples as a ``fmt`` dataset (coco, yolo, label-studio): the zip's bytes."""
         return self._request("GET", f"/api/samples/export?{_query({'format': fmt, **filters})}", raw=True)
 
+    def save_export(self, fmt: str, dest: str | os.PathLike, **filters: Any) -> int:
+        """The samples as a ``fmt`` dataset, its zip streamed into the file ``dest`` (an export of many frames is
+        never held in memory); its size."""
+        with open(dest, "wb") as out:
+            size, _ = self._request("GET", f"/api/samples/export?{_query({'format': fmt, **filters})}", into=out)
+        return size
+
+    def download_artifact(self, sha256: str, dest: str | os.PathLike) -> Path:
+        """A stored model artifact into the file ``dest``, streamed; DownloadError when the manager has none of that
+        sha256, or the bytes that came are not it (a file is never used unverified)."""
+        with open(dest, "wb") as out:
+            got = self._request("GET", f"/artifacts/{_quote(sha256)}", into=out)
+        if got is None:
+            raise DownloadError(f"the fleet manager at {self.url} has no artifact {sha256}")
+        if got[1] != sha256:
+            Path(dest).unlink(missing_ok=True)
+            raise DownloadError(f"artifact {sha256} from {self.url} arrived as {got[1]} ({got[0]} bytes): not used")
+        return Path(dest)
+
     def import_labels(self, fmt: str, body: bytes) -> dict:
         """Corrected labels back: a COCO annotations.json's bytes, or a zip of YOLO labels/ and data.yaml."""
         kind = "application/json" if fmt == "coco" else "application/zip"
         return self._request("POST", f"/api/samples/import?format={_quote(fmt)}", body, {"Content-Type": kind})
+
+
+def _copy(response: Any, out: BinaryIO) -> tuple[int, str]:
+    """Copy an answer into ``out`` in chunks; (size, sha256) of what came."""
+    digest, size = hashlib.sha256(), 0
+    while chunk := response.read(1 << 20):
+        out.write(chunk)
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def _query(values: dict[str, Any]) -> str:

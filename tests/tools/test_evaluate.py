@@ -54,12 +54,21 @@ def yolo_dataset(root: Path, shift: float = 0.0) -> Path:
     return root
 
 
-def coco_dataset(root: Path) -> Path:
-    """A COCO JSON of the Coral SSD's LiteRT reference boxes, its own category ids (not the model's)."""
+def coco_ids() -> dict[str, int]:
+    """COCO's own category ids: 1..90 with holes (12, 26, 29, ...), as instances_val2017.json numbers its 80
+    classes; coco_labels.txt lists them as line N = id N, with `n/a` in the holes."""
+    lines = COCO_LABELS.read_text().splitlines()
+    return {name: number for number, name in enumerate(lines, 1) if name != "n/a"}
+
+
+def coco_dataset(root: Path, ids: dict[str, int] | None = None) -> Path:
+    """A COCO JSON of the Coral SSD's LiteRT reference boxes, its own category ids (not the model's): 100, 101 …
+    in the order of the names, or ``ids`` (every one of them a category)."""
     (root / "images").mkdir(parents=True)
     found = _reference("mobilenet_ssd_v2_coco_quant_postprocess_litert.json")
     names = sorted({d["label"] for ds in found.values() for d in ds})
-    categories = [{"id": 100 + i, "name": name} for i, name in enumerate(names)]
+    ids = ids or {name: 100 + i for i, name in enumerate(names)}
+    categories = [{"id": number, "name": name} for name, number in ids.items()]
     images, annotations = [], []
     for image_id, (image, boxes) in enumerate(sorted(found.items()), 1):
         (root / "images" / image).symlink_to(IMAGES / image)
@@ -68,7 +77,7 @@ def coco_dataset(root: Path) -> Path:
         for d in boxes:
             x1, y1, x2, y2 = d["box_xyxy_px"]
             annotations.append({"id": len(annotations) + 1, "image_id": image_id, "iscrowd": 0,
-                                "category_id": 100 + names.index(d["label"]), "bbox": [x1, y1, x2 - x1, y2 - y1],
+                                "category_id": ids[d["label"]], "bbox": [x1, y1, x2 - x1, y2 - y1],
                                 "area": (x2 - x1) * (y2 - y1)})
     (root / "annotations.json").write_text(json.dumps({"images": images, "annotations": annotations,
                                                        "categories": categories}))
@@ -102,6 +111,25 @@ def test_coco_json_opens_in_pycocotools_and_the_ssd_scores_high_on_its_reference
     assert scores["format"] == "coco"
     assert scores["map50"] > 0.8, scores
     assert scores["per_class"]["person"]["recall"] > 0.8
+
+
+def test_coco_category_ids_with_holes_are_matched_to_the_model_by_name(tmp_path: Path) -> None:
+    from edgeinfer.tools.evaluate import read_dataset
+    from edgeinfer.tools.evaluate.names import match_names
+
+    ids = coco_ids()
+    assert len(ids) == 80 and (ids["person"], ids["dog"], ids["kite"]) == (1, 18, 38) and 12 not in ids.values()
+    root = coco_dataset(tmp_path / "coco", ids)
+    model = dict(enumerate(COCO_LABELS.read_text().splitlines()))  # the SSD's class id: the line's index
+    mapping = match_names(read_dataset(root).names, model)
+    # by name, never by id: COCO's person (1) is the model's 0 (1 is its bicycle), kite (38) its 37
+    assert (mapping["person"], mapping["dog"], mapping["kite"]) == (0, 17, 37)
+    scores = evaluate_model(SSD, root, EvaluateOptions(labels=COCO_LABELS))
+    assert scores["map50"] > 0.8, scores
+    assert {name for name, c in scores["per_class"].items() if c["boxes"]} == {"person", "kite", "dog", "cat", "tie",
+                                                                                "bird"}
+    assert scores["per_class"]["person"]["recall"] > 0.8 and scores["per_class"]["kite"]["recall"] > 0.7
+    assert scores["per_class"]["bicycle"]["boxes"] == 0  # a category of the file with no box: no recall stated
 
 
 def test_classifier_on_class_folders_gives_accuracy_and_top5(tmp_path: Path) -> None:
@@ -187,7 +215,7 @@ def test_deploy_require_eval_refuses_a_worse_candidate_before_uploading(tmp_path
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEINFER_FLEET_TOKEN", "unused")  # nothing may be sent: no manager listens there
     root = class_folders(tmp_path / "classes")
-    common = ("--version", "2", "--all", "--require-eval", root, "--labels", IMAGENET_LABELS,
+    common = ("--version", "2", "--all", "--require-eval", "--eval-dataset", root, "--labels", IMAGENET_LABELS,
               "--fleet-url", "http://127.0.0.1:9")
     refused = run_cli("deploy", MOBILENET_TINY, *common, "--baseline", MOBILENET_V2, "--json")
     assert refused.returncode == 1
@@ -195,5 +223,6 @@ def test_deploy_require_eval_refuses_a_worse_candidate_before_uploading(tmp_path
     assert "scores worse than mobilenet_v2_1.0_224_quant.tflite" in line and "accuracy 0.333 vs 1.000" in line
     passed = run_cli("deploy", MOBILENET_V2, *common, "--baseline", MOBILENET_TINY)
     assert "evaluation passed: accuracy 1.000 vs 0.333" in passed.stderr  # then the (absent) manager is asked
+    # no --baseline: the fleet is asked for the model it runs now (none listens here: one clear line)
     missing = run_cli("deploy", MOBILENET_V2, *common)
-    assert missing.returncode == 2 and "--require-eval needs --baseline" in missing.stderr
+    assert missing.returncode == 1 and "cannot reach the fleet manager" in error_line(missing)

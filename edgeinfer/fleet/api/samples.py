@@ -94,20 +94,25 @@ def filters(device: Annotated[str | None, Query(pattern=or_empty(ID_PATTERN), de
             pipeline: Text = None, stream: Text = None, model_version: Text = None, rule: Text = None,
             label: Annotated[str | None, Query(max_length=128, pattern=or_empty(PRINTABLE_PATTERN),
                                                description="a class in its labels (or detections)")] = None,
-            reviewed: bool | None = None) -> Filters:
+            reviewed: bool | None = None, labelled: bool | None = None) -> Filters:
     """The query's filters; an empty one is no filter."""
     return Filters(device_id=device or None, pipeline=pipeline or None, stream=stream or None,
-                   model_version=model_version or None, rule=rule or None, label=label or None, reviewed=reviewed)
+                   model_version=model_version or None, rule=rule or None, label=label or None, reviewed=reviewed,
+                   labelled=labelled)
+
+
+Labelled = Annotated[bool | None, Query(description="true: only samples with a ground truth — corrected labels, or "
+                                                    "reviewed (the model's detections accepted); false: the others")]
 
 
 @router.get("/api/samples", response_model=list[Sample], responses=errors(400, 401),
             summary="Samples, newest first, filtered (an empty filter is no filter)")
 def list_samples(_who: Viewer, fleet: Services, device: Annotated[str | None, Query(pattern=or_empty(ID_PATTERN))]
                  = None, pipeline: Text = None, stream: Text = None, model_version: Text = None, rule: Text = None,
-                 label: Text = None, reviewed: bool | None = None,
+                 label: Text = None, reviewed: bool | None = None, labelled: Labelled = None,
                  limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100,
                  offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> Any:
-    chosen = filters(device, pipeline, stream, model_version, rule, label, reviewed)
+    chosen = filters(device, pipeline, stream, model_version, rule, label, reviewed, labelled)
     return fleet.samples.list(chosen, limit=limit, offset=offset)
 
 
@@ -180,8 +185,9 @@ def export_samples(_who: Viewer, fleet: Services,
                    format: Annotated[str, Query(pattern="^(coco|yolo|label-studio)$", description=" | ".join(FORMATS))],
                    device: Annotated[str | None, Query(pattern=or_empty(ID_PATTERN))] = None, pipeline: Text = None,
                    stream: Text = None, model_version: Text = None, rule: Text = None, label: Text = None,
-                   reviewed: bool | None = None, limit: Annotated[int, Query(ge=1, le=MAX_EXPORT)] = 1000) -> Any:
-    chosen = filters(device, pipeline, stream, model_version, rule, label, reviewed)
+                   reviewed: bool | None = None, labelled: Labelled = None,
+                   limit: Annotated[int, Query(ge=1, le=MAX_EXPORT)] = 1000) -> Any:
+    chosen = filters(device, pipeline, stream, model_version, rule, label, reviewed, labelled)
     rows = fleet.samples.list(chosen, limit=limit)
     spool = tempfile.SpooledTemporaryFile(max_size=32 << 20)  # noqa: SIM115 - handed to the response, closed there
     export_zip(rows, format, spool, lambda row: fleet.samples.rows.jpeg(row["device_id"], row["sample_id"]) or b"")

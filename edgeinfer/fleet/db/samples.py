@@ -31,6 +31,8 @@ class Filters:
     rule: str | None = None
     label: str | None = None
     reviewed: bool | None = None
+    #: True: only samples with a ground truth (corrected labels, or reviewed: the detections accepted)
+    labelled: bool | None = None
 
 
 def label_names(detections: Sequence[dict]) -> str:
@@ -116,7 +118,15 @@ class SampleRows:
         if f.label is not None:  # the label as a whole word of label_names; LIKE's own characters escaped
             word = f.label.replace(" ", "_").replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             where.append(c.label_names.like(f"% {word} %", escape="\\"))
+        if f.labelled is not None:
+            where.append(self._labelled() if f.labelled else self.sa.not_(self._labelled()))
         return where
+
+    def _labelled(self) -> Any:
+        """Has a ground truth: reviewed, or corrected labels set. A JSON column keeps Python's None as JSON
+        ``null`` (not SQL NULL), so "no labels" is its text ``null`` on PostgreSQL and SQLite alike."""
+        c, sa = self.table.c, self.sa
+        return c.reviewed | (sa.func.coalesce(sa.cast(c.labels, sa.Text), "null") != "null")
 
     def update(self, device_id: str, sample_id: str, *, reviewed: bool | None,
                labels: list[dict] | None) -> bool:

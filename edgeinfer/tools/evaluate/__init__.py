@@ -59,17 +59,19 @@ def evaluate_model(model: str | Path, dataset: str | Path | Dataset, options: Ev
     else:
         scores = detection_scores(data.samples, outputs, mapping)
     ignored = sorted(set(data.names) - set(mapping))
-    return {"model": str(model), "dataset": str(data.root), "format": data.format, "kind": data.kind,
+    return {"model": str(model), "dataset": data.source or str(data.root), "format": data.format, "kind": data.kind,
             "task": under_test.reading.task, "layout": under_test.reading.layout.name,
             "ignored_classes": ignored, **scores}
 
 
-def compare_models(candidate: str | Path, baseline: str | Path, dataset: str | Path,
+def compare_models(candidate: str | Path, baseline: str | Path, dataset: str | Path | Dataset,
                    options: EvaluateOptions = EvaluateOptions(), tolerance: float = DEFAULT_TOLERANCE,
                    say: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Both models on the same frames; the deltas (candidate - baseline) and whether the candidate is worse
-    than the baseline by more than ``tolerance`` on the headline figure (``worse``)."""
-    data = read_dataset(dataset, options.format)  # read once: both models see exactly the same frames
+    """Both models on the same frames (``dataset``: a folder or a read :class:`Dataset`); the deltas (candidate -
+    baseline) and whether the candidate is worse than the baseline by more than ``tolerance`` on the headline
+    figure (``worse``)."""
+    # read once: both models see exactly the same frames
+    data = dataset if isinstance(dataset, Dataset) else read_dataset(dataset, options.format)
     ours = evaluate_model(candidate, data, options, say)
     theirs = evaluate_model(baseline, data, options, say)
     headline = HEADLINE[data.kind]

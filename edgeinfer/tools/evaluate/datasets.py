@@ -46,6 +46,8 @@ class Dataset:
     root: Path
     names: list[str]
     samples: list[Sample] = field(default_factory=list)
+    #: where it came from, in words, when not a folder of the user's (the fleet's samples); reports say this
+    source: str = ""
 
 
 def read_dataset(folder: str | Path, fmt: str | None = None) -> Dataset:
