@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.assets import IMAGENET_LABELS, IMAGES, LABELS, MOBILENET_TINY, MOBILENET_V2, MODELS, REFERENCES
+from support.metadata import ssd_with_coco_names
 from support.optimize import YOLO_FALL, error_line, json_out, run_cli
 
 from edgeinfer.errors import DatasetError
@@ -189,6 +190,18 @@ def test_compare_runs_both_models_on_the_same_frames(tmp_path: Path) -> None:
     assert result["worse"] and result["headline"] == "accuracy"
     assert result["deltas"]["accuracy"] == pytest.approx(result["candidate"]["accuracy"] - 1.0)
     assert result["candidate"]["images"] == result["baseline"]["images"] == 6
+
+
+def test_a_model_that_knows_fewer_classes_is_compared_on_the_classes_both_know(tmp_path: Path) -> None:
+    # the person-only pose model against the 80-class SSD on the SSD's own boxes (persons, kites, ...)
+    root = coco_dataset(tmp_path / "coco")
+    pose = MODELS / "yolo11n-pose.onnx"
+    result = compare_models(pose, ssd_with_coco_names(tmp_path / "ssd"), root, EvaluateOptions(ignore_unknown=True))
+    ours, theirs = result["candidate"], result["baseline"]
+    assert ours["ignored_classes"] == theirs["ignored_classes"] and "kite" in theirs["ignored_classes"]
+    assert list(ours["per_class"]) == list(theirs["per_class"]) == ["person"]
+    alone = evaluate_model(ssd_with_coco_names(tmp_path / "again"), root, EvaluateOptions(ignore_unknown=True))
+    assert "kite" in alone["per_class"] and alone["ignored_classes"] != theirs["ignored_classes"]
 
 
 def test_cli_evaluate_prints_a_table_json_and_exits_1_for_a_worse_model(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ baseline on the same frames, and whether the candidate is worse by more than a t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ class EvaluateOptions:
     labels: str | Path | None = None
     task: str | None = None
     ignore_unknown: bool = False
+    #: score on these of the dataset's classes only (None: every class the model knows)
+    classes: frozenset[str] | None = None
 
 
 def evaluate_model(model: str | Path, dataset: str | Path | Dataset, options: EvaluateOptions = EvaluateOptions(),
@@ -49,6 +52,8 @@ def evaluate_model(model: str | Path, dataset: str | Path | Dataset, options: Ev
                                   f"{under_test.reading.task}); the dataset {data.root} is labelled for {data.kind}")
         mapping = match_names(data.names, under_test.names, ignore_unknown=options.ignore_unknown,
                               model_path=Path(model).name)
+        if options.classes is not None:
+            mapping = {name: cid for name, cid in mapping.items() if name in options.classes}
         if not mapping:
             raise DatasetError(f"none of the dataset's classes is among {Path(model).name}'s")
         outputs = list(run_images(under_test, [s.path for s in data.samples], say))
@@ -72,12 +77,27 @@ def compare_models(candidate: str | Path, baseline: str | Path, dataset: str | P
     figure (``worse``)."""
     # read once: both models see exactly the same frames
     data = dataset if isinstance(dataset, Dataset) else read_dataset(dataset, options.format)
+    if options.ignore_unknown and options.classes is None:  # and are judged on the same classes
+        shared = _known_classes(candidate, data, options) & _known_classes(baseline, data, options)
+        options = dataclasses.replace(options, classes=frozenset(shared))
     ours = evaluate_model(candidate, data, options, say)
     theirs = evaluate_model(baseline, data, options, say)
     headline = HEADLINE[data.kind]
     deltas = {name: ours[name] - theirs[name] for name in FIGURES[data.kind]}
     return {"candidate": ours, "baseline": theirs, "headline": headline, "deltas": deltas,
             "tolerance": tolerance, "worse": deltas[headline] < -tolerance}
+
+
+def _known_classes(model: str | Path, data: Dataset, options: EvaluateOptions) -> set[str]:
+    """The dataset's classes ``model`` knows by name: a model that leaves classes out is not judged on fewer
+    classes than the one it is compared with (the headline figure would favour it)."""
+    from .runner import open_model
+
+    under_test = open_model(model, delegate=options.delegate, labels=options.labels, task=options.task)
+    try:
+        return set(match_names(data.names, under_test.names, ignore_unknown=True))
+    finally:
+        under_test.engine.close()
 
 
 __all__ = ["DEFAULT_TOLERANCE", "FORMATS", "EvaluateOptions", "compare_models", "evaluate_model", "read_dataset"]
