@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import urllib.error
 import urllib.request
 
 import cv2
@@ -16,8 +17,10 @@ import pytest
 from support.agent import AgentProcess, write_config
 from support.assets import ASSETS
 from support.disk import small_disk
+from support.metadata import ssd_with_coco_names
 from support.processes import edgeinfer_cmd, env_with_repo, wait_until
 
+from edgeinfer._fs import sha256_file
 from edgeinfer._samples import SAMPLE_META_NAME
 from edgeinfer.agent.uploads import UPLOADED_MARK
 from edgeinfer.fleet.broker import free_port
@@ -26,8 +29,7 @@ from edgeinfer.fleet.manager import FleetManager, FleetSettings
 
 pycocotools = pytest.importorskip("pycocotools.coco", reason="the evaluate extra (pycocotools) is not installed")
 
-SSD = ASSETS / "models" / "mobilenet_ssd_v2_coco_quant_postprocess.tflite"
-COCO_LABELS = ASSETS / "labels" / "coco_labels.txt"
+POSE = ASSETS / "models" / "yolo11n-pose.onnx"
 #: photos where the detector reports a box scored within [0.3, 0.6) (a bench, a person, a kite), and two where
 #: it does not (a cat and dogs, all above 0.9)
 UNSURE = ("dog_segmentation.bmp", "face.jpg", "kite_and_cold.jpg")
@@ -43,13 +45,8 @@ def _uploaded(folder) -> int:
     return sum(1 for meta in folder.glob(f"*/{SAMPLE_META_NAME}") if (meta.parent / UPLOADED_MARK).exists())
 
 
-def _map50(dataset, env) -> float:
-    run = _cli("evaluate", str(SSD), "--dataset", str(dataset), "--labels", str(COCO_LABELS), "--json", "-q", env=env)
-    assert run.returncode == 0, run.stderr
-    return json.loads(run.stdout)["map50"]
-
-
 def test_uncertain_frames_reach_the_manager_once_per_scene_and_corrected_labels_change_the_evaluation(tmp_path):
+    ssd = ssd_with_coco_names(tmp_path / "models")  # the COCO SSD, saying its own class names
     photos = tmp_path / "photos"
     photos.mkdir()
     for index, name in enumerate(UNSURE + SURE):  # the order the source reads them in
@@ -65,7 +62,7 @@ def test_uncertain_frames_reach_the_manager_once_per_scene_and_corrected_labels_
             tmp_path / "agent.yaml", device_id="cam-field", fleet="f", broker=manager.broker_url,
             username=device["username"], password=device["password"], data_dir=str(tmp_path / "data"),
             telemetry_interval_s=0.5, manager_url=url, update_public_key=manager.key.public_key_b64(),
-            pipelines=[{"name": "door", "model": str(SSD), "labels": str(COCO_LABELS), "version": "7",
+            pipelines=[{"name": "door", "model": str(ssd), "version": "7",
                         "source": str(photos), "loop": True, "max_fps": 10, "score_threshold": 0.3,
                         "capture": [RULE, "request"], "capture_per_minute": 600}])
         store = tmp_path / "data" / "samples" / "door"  # the agent's default: <data_dir>/samples/<pipeline>
@@ -76,7 +73,7 @@ def test_uncertain_frames_reach_the_manager_once_per_scene_and_corrected_labels_
             assert len(samples) == len(UNSURE), samples
             for sample in samples:
                 assert (sample["pipeline"], sample["rule"], sample["model_name"], sample["model_version"]) == (
-                    "door", RULE, SSD.name, "7")
+                    "door", RULE, ssd.name, "7")
                 assert any(0.3 <= d["score"] < 0.6 for d in sample["detections"])
             # an operator asks for the next frames: the scenes not stored yet arrive under the rule "request"
             asked = FleetClient(url, token=operator).capture("cam-field", "door", frames=len(UNSURE + SURE))
@@ -95,30 +92,60 @@ def test_uncertain_frames_reach_the_manager_once_per_scene_and_corrected_labels_
         boxes = sum(len(s["detections"]) for s in samples)
         assert len(coco.getAnnIds()) == boxes and {"person", "kite"} <= {c["name"] for c in coco.loadCats(
             coco.getCatIds())}
-        before = _map50(exported, env)
-        # the labeller corrects every box (here: to its top-left quarter, so none matches the model's at IoU 0.5)
-        document = json.loads((exported / "annotations.json").read_text())
-        for annotation in document["annotations"]:
-            annotation["bbox"][2:] = [annotation["bbox"][2] / 2, annotation["bbox"][3] / 2]
+        # nothing is labelled yet: no evaluation on the fleet's data, said plainly
+        run = _cli("evaluate", str(ssd), "--fleet", "--pipeline", "door", "--baseline", str(ssd), "-q", env=env)
+        assert run.returncode == 1 and "labelled" in run.stderr, run.stderr
+        # the labeller accepts the model's boxes as they are (imported back unchanged): the fleet's first labels
+        accepted = json.loads((exported / "annotations.json").read_text())
+        for annotation in accepted["annotations"]:
             annotation.pop("score", None)
-        corrected = tmp_path / "corrected.json"
-        corrected.write_text(json.dumps(document))
-        run = _cli("fleet", "dataset", "import", "--format", "coco", str(corrected), "--json", env=env)
-        assert run.returncode == 0, run.stderr
-        assert json.loads(run.stdout)["samples"] == len(UNSURE)
-        again = tmp_path / "export-again"
-        run = _cli("fleet", "dataset", "export", "--format", "coco", "-o", str(again), "--rule", RULE, env=env)
-        assert run.returncode == 0, run.stderr
-        after = _map50(again, env)
+        assert _import(tmp_path / "accepted.json", accepted, env) == len(UNSURE)
+        before = _fleet_map50(ssd, env)
+        # a candidate that finds fewer of the fleet's persons is refused before anything is uploaded
+        run = _cli("deploy", str(POSE), "--device", "cam-field", "--pipeline", "door", "--version", "8",
+                   "--require-eval", "--baseline", str(ssd), "--ignore-unknown-classes", "--json", env=env)
+        assert run.returncode == 1 and "scores worse than" in run.stderr, (run.stdout, run.stderr)
+        assert admin.deployments() == [] and _status(url, operator, f"/artifacts/{sha256_file(POSE)}") == 404
+        # corrected labels (every box shrunk to its top-left quarter: none matches the model's at IoU 0.5) change
+        # what the fleet's data says of the model
+        corrected = json.loads(json.dumps(accepted))
+        for annotation in corrected["annotations"]:
+            annotation["bbox"][2:] = [annotation["bbox"][2] / 2, annotation["bbox"][3] / 2]
+        assert _import(tmp_path / "corrected.json", corrected, env) == len(UNSURE)
+        after = _fleet_map50(ssd, env)
     # the model agrees with its own boxes (but for the unsure ones a JPEG of the frame may tip below its threshold:
     # the bench scored 0.5 is one, so its class's AP can be 0); with the corrected ones it scores far lower
     assert before >= 0.7 and after < 0.1, (before, after)
+
+
+def _import(path, document: dict, env: dict[str, str]) -> int:
+    path.write_text(json.dumps(document))
+    run = _cli("fleet", "dataset", "import", "--format", "coco", str(path), "--json", env=env)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)["samples"]
+
+
+def _fleet_map50(model, env: dict[str, str]) -> float:
+    """The model's mAP50 on the fleet's labelled samples of the pipeline (``evaluate --fleet``, fetched from the
+    manager's API), compared with itself: no deployment names a current model here."""
+    run = _cli("evaluate", str(model), "--fleet", "--pipeline", "door", "--baseline", str(model), "--json", "-q",
+               env=env)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)["candidate"]["map50"]
 
 
 def _get(url: str, token: str, path: str):
     request = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
+
+
+def _status(url: str, token: str, path: str) -> int:
+    try:
+        _get(url, token, path)
+    except urllib.error.HTTPError as error:
+        return error.code
+    return 200
 
 
 def _events(url: str, token: str, kind: str) -> list[dict]:
@@ -143,7 +170,7 @@ def test_a_full_capture_disk_is_reported_once_and_neither_the_pipeline_nor_the_s
             tmp_path / "agent.yaml", device_id="cam-full", fleet="f", broker=manager.broker_url,
             username=device["username"], password=device["password"], data_dir=str(tmp_path / "data"),
             telemetry_interval_s=0.5, manager_url=url, update_public_key=manager.key.public_key_b64(),
-            pipelines=[{"name": "door", "model": str(SSD), "labels": str(COCO_LABELS),
+            pipelines=[{"name": "door", "model": str(ssd_with_coco_names(tmp_path / "models")),
                         "source": str(photo), "loop": True, "max_fps": 10,
                         "capture": ["random:1"], "capture_per_minute": 600, "capture_dir": str(card)}])
         with AgentProcess(config, tmp_path / "agent.log") as agent:
