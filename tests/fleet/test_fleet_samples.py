@@ -7,7 +7,6 @@ requests refused with nothing stored lost."""
 from __future__ import annotations
 
 import base64
-import http.client
 import io
 import json
 import os
@@ -19,6 +18,7 @@ import cv2
 import numpy as np
 import pytest
 from pycocotools.coco import COCO
+from support.live import basic, request
 from support.processes import edgeinfer_cmd
 
 from edgeinfer.fleet.client import FleetClient
@@ -27,24 +27,6 @@ from edgeinfer.pipeline.sampling import perceptual_hash  # the device's own hash
 
 FLEET = "data"
 W, H = 320, 240
-
-
-def basic(username: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
-
-
-def request(base: str, method: str, path: str, *, body: bytes | None = None, auth: str | None = None,
-            headers: dict | None = None) -> tuple[int, Any, bytes]:
-    """(status, headers, body) of one request on a fresh connection."""
-    host, port = base.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    try:
-        connection.request(method, path, body=body, headers={**(headers or {}), **({"Authorization": auth} if auth
-                                                                                    else {})})
-        response = connection.getresponse()
-        return response.status, response.headers, response.read()
-    finally:
-        connection.close()
 
 
 def scene(seed: int) -> np.ndarray:
