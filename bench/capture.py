@@ -2,8 +2,8 @@
 """What do capture rules cost the inference thread? Inference fps with capture on and off, in one run.
 
 A real detector (default: Coral's COCO SSD MobileNet v2, LiteRT, one thread) runs through the real
-``Pipeline`` over a generated 640x480 MJPEG clip of six shared photos, ten frames each, cycled
-(``policy=every``: read as fast as the pipeline goes). Variants, each a fresh Pipeline, rotating order
+``Pipeline`` over a generated MJPEG clip (default 1280x720, ``--size``) of six shared photos, ten frames
+each, cycled (``policy=every``: read as fast as the pipeline goes). Variants, each a fresh Pipeline, rotating order
 over ``--rounds`` rounds:
 
     off          no capture (full-size decode, as capture forces: only the sampler differs)
@@ -14,7 +14,8 @@ over ``--rounds`` rounds:
                  inference thread, the JPEG encode and the writes in the store's thread (the queue of
                  ``QUEUE_SAMPLES`` drops what the disk cannot take, counted)
     off_reduced  informational: no capture with the default reduced decode (capture turns it off: a
-                 sample is the full-size frame), i.e. what turning capture on costs a default pipeline
+                 sample is the full-size frame; 1280x720 MJPEG decodes at 1/2 scale for a 300x300 input,
+                 640x480 would not be reduced), i.e. what turning capture on costs a default pipeline
 
 Reported, medians over the rounds: fps (first result to last), its ratio to ``off`` (the median of
 each round's own ratio: neighbours in time, so slow drifts of the machine's load cancel), CPU ms a
@@ -23,7 +24,8 @@ frame (every thread of the process: the store's encoding included), the inferenc
 same call, the same result; median over all frames, and over the kept ones alone), samples written
 and dropped, and the rest of the machine's load meanwhile (cores, /proc/stat).
 
-    PYTHONPATH=. python bench/capture.py [--rounds 5] [--frames 600] [--model M] [--threads 1] [--json [FILE]]
+    PYTHONPATH=. python bench/capture.py [--rounds 5] [--frames 600] [--model M] [--threads 1]
+                                            [--size 1280x720] [--json [FILE]]
 """
 
 from __future__ import annotations
@@ -80,13 +82,13 @@ class CheckTimer:
         return rule
 
 
-def make_clip(folder: Path, frames: int) -> Path:
-    """The photos in turn, ten frames each, cycled to at least ``frames`` frames (640x480 MJPEG)."""
+def make_clip(folder: Path, frames: int, size: tuple[int, int]) -> Path:
+    """The photos in turn, ten frames each, cycled to at least ``frames`` frames (MJPEG)."""
     from edgeinfer.capture import make_test_clip
 
     cycles = -(-frames // CYCLE)
     return make_test_clip(folder / "clip.avi", [ASSETS / "images" / p for p in PHOTOS] * cycles,
-                          size=(640, 480), fps=30, frames_per_image=FRAMES_PER_PHOTO)
+                          size=size, fps=30, frames_per_image=FRAMES_PER_PHOTO)
 
 
 def run_variant(name: str, args: argparse.Namespace, clip: Path, folder: Path) -> dict[str, Any]:
@@ -111,6 +113,7 @@ def run_variant(name: str, args: argparse.Namespace, clip: Path, folder: Path) -
                 first, c1 = time.perf_counter(), time.process_time()
         wall, cpu = time.perf_counter() - first, time.process_time() - c1
         machine = (_busy_jiffies() - j0) / _HZ - (time.process_time() - c0)
+        reduction = pipeline.source.reduction  # the last frame's decode scale: 1/reduction
     counts = pipeline.sampler.counts() if pipeline.sampler is not None else {}  # closed: the queue written
     written = sum(1 for _ in store.iterdir()) if store.exists() else 0
     shutil.rmtree(store, ignore_errors=True)
@@ -121,7 +124,7 @@ def run_variant(name: str, args: argparse.Namespace, clip: Path, folder: Path) -
             "check_us_mean": statistics.fmean(timer.all) * 1e6 if timer else 0.0,
             "check_us_kept": statistics.median(timer.kept) * 1e6 if timer and timer.kept else None,
             "kept": counts.get("kept", 0), "written": written, "dropped": counts.get("dropped", 0),
-            "failed": counts.get("failed", 0), "other_cores": max(machine, 0.0) / (wall or 1.0)}
+            "failed": counts.get("failed", 0), "reduction": reduction, "other_cores": max(machine, 0.0) / (wall or 1.0)}
 
 
 def summarise(runs: dict[str, list[dict]]) -> dict[str, dict]:
@@ -140,25 +143,26 @@ def summarise(runs: dict[str, list[dict]]) -> dict[str, dict]:
                         "cpu_ratio": round(statistics.median(cpu_ratios), 4),
                         "check_us": round(med("check_us"), 2), "check_us_mean": round(med("check_us_mean"), 2),
                         "check_us_kept": None if med("check_us_kept") is None else round(med("check_us_kept"), 1),
+                        "decode_scale": f"1/{max(r['reduction'] for r in rows)}",
                         "written": med("written"), "dropped": med("dropped"), "failed": max(r["failed"] for r in rows),
                         "other_cores": round(med("other_cores"), 2)}
     return report
 
 
 def print_table(summary: dict) -> None:
-    print(f"{Path(summary['model']).name}, {summary['threads']} thread(s), 640x480 MJPEG clip, {summary['frames']} "
-          f"frames a run, {summary['rounds']} rounds (rotating order); medians")
+    print(f"{Path(summary['model']).name}, {summary['threads']} thread(s), {summary['size']} MJPEG clip, "
+          f"{summary['frames']} frames a run, {summary['rounds']} rounds (rotating order); medians")
     print(f"{'variant':12} {'fps':>7} {'x off':>6} {'(min-max)':>13} {'CPU ms/fr':>9} {'x off':>6} {'check us':>9} "
-          f"{'mean':>7} {'kept fr.':>8} {'written':>7} {'dropped':>7} {'others':>6}")
+          f"{'mean':>7} {'kept fr.':>8} {'written':>7} {'dropped':>7} {'decode':>6} {'others':>6}")
     for name, row in summary["variants"].items():
         kept = "-" if row["check_us_kept"] is None else f"{row['check_us_kept']:.1f}"
         print(f"{name:12} {row['fps']:7.1f} {row['fps_ratio']:6.3f} {row['fps_ratio_min']:6.3f}-"
               f"{row['fps_ratio_max']:.3f} {row['cpu_ms_per_frame']:9.2f} {row['cpu_ratio']:6.3f} "
               f"{row['check_us']:9.2f} {row['check_us_mean']:7.2f} {kept:>8} {row['written']:7g} {row['dropped']:7g} "
-              f"{row['other_cores']:6.2f}")
+              f"{row['decode_scale']:>6} {row['other_cores']:6.2f}")
     print("check us: the inference thread's time in StreamSampler.check a frame (median, mean; 'kept fr.': the median "
           "over the frames a rule kept); others: cores the rest of the machine used meanwhile")
-    print("check alone, on one run's results (a real 640x480 frame), median us a call: " + ", ".join(
+    print("check alone, on one run's results (a real frame), median us a call: " + ", ".join(
         f"{rules} {us:.2f}" for rules, us in summary["check_alone_us"].items()))
 
 
@@ -172,7 +176,7 @@ def check_alone(args: argparse.Namespace, clip: Path, folder: Path, passes: int 
 
     with Pipeline(args.model, clip, threads=args.threads, max_frames=args.frames, labels=args.labels) as pipeline:
         results = [r.result for r in pipeline]
-    frame = cv2.resize(cv2.imread(str(ASSETS / "images" / PHOTOS[0])), (640, 480))
+    frame = cv2.resize(cv2.imread(str(ASSETS / "images" / PHOTOS[0])), args.size)
     report = {}
     for rules in (VARIANTS["idle"][0][:1], VARIANTS["idle"][0][1:], VARIANTS["idle"][0]):
         times = []
@@ -195,10 +199,12 @@ def main() -> None:
     parser.add_argument("--model", default=str(ASSETS / "models" / "mobilenet_ssd_v2_coco_quant_postprocess.tflite"))
     parser.add_argument("--labels", default=None, help="default: the COCO labels for the default model")
     parser.add_argument("--threads", type=int, default=1, help="the model's threads")
+    parser.add_argument("--size", default="1280x720", help="the clip's frame size, WxH")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="which of " + ", ".join(VARIANTS))
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                         help="the figures as JSON: on stdout instead of the table, or into FILE besides it")
     args = parser.parse_args()
+    args.size = tuple(int(v) for v in args.size.lower().split("x"))
     if args.labels is None and "coco" in Path(args.model).name:
         args.labels = str(ASSETS / "labels" / "coco_labels.txt")
     names = [n for n in args.variants.split(",") if n]
@@ -210,7 +216,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="edgeinfer-bench-capture-") as tmp:
         folder = Path(tmp)
-        clip = make_clip(folder, args.frames)
+        clip = make_clip(folder, args.frames, args.size)
         run_variant("keeping", argparse.Namespace(**{**vars(args), "frames": 30}), clip, folder)  # warm caches
         for rnd in range(args.rounds):
             for name in names[rnd % len(names):] + names[:rnd % len(names)]:
@@ -219,7 +225,8 @@ def main() -> None:
                 print(f"  round {rnd + 1}: " + "  ".join(f"{n} {runs[n][-1]['fps']:.1f}" for n in names) + " fps",
                       flush=True)
         alone = check_alone(args, clip, folder)
-    summary = {"model": args.model, "threads": args.threads, "frames": args.frames, "rounds": args.rounds,
+    summary = {"model": args.model, "threads": args.threads, "size": "x".join(map(str, args.size)),
+               "frames": args.frames, "rounds": args.rounds,
                "cpus": os.cpu_count(), "variants": summarise(runs), "check_alone_us": alone}
     if args.json is not None:
         text = json.dumps(summary, indent=1)
