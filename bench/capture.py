@@ -10,6 +10,7 @@ over ``--rounds`` rounds:
     idle         ``uncertain:0.0-0.001`` (a band no score falls in: the detector reports >= 0.5) and
                  ``drift:0.99@120`` (its baseline and window each two whole cycles of the clip: the
                  distance stays ~0): every rule evaluated on every frame, none fires
+    sometimes    ``random:0.025``: about one frame a second kept (at ~40 fps), spread over the run
     keeping      ``random:1.0`` with ``capture_per_minute`` 1e6: every frame kept, so a copy in the
                  inference thread, the JPEG encode and the writes in the store's thread (the queue of
                  ``QUEUE_SAMPLES`` drops what the disk cannot take, counted)
@@ -52,6 +53,7 @@ CYCLE = FRAMES_PER_PHOTO * len(PHOTOS)
 VARIANTS: dict[str, tuple[list[str] | None, dict[str, Any]]] = {
     "off": (None, {"reduced_decode": False}),
     "idle": (["uncertain:0.0-0.001", f"drift:0.99@{2 * CYCLE}"], {}),
+    "sometimes": (["random:0.025"], {"capture_per_minute": 1_000_000}),
     "keeping": (["random:1.0"], {"capture_per_minute": 1_000_000}),
     "off_reduced": (None, {}),
 }
