@@ -20,10 +20,11 @@ over ``--rounds`` rounds:
 
 Reported, medians over the rounds: fps (first result to last), its ratio to ``off`` (the median of
 each round's own ratio: neighbours in time, so slow drifts of the machine's load cancel), CPU ms a
-frame (every thread of the process: the store's encoding included), the inference thread's time in
-``StreamSampler.check`` a frame (the instance's ``check`` wrapped in two ``perf_counter`` calls: the
-same call, the same result; median over all frames, and over the kept ones alone), samples written
-and dropped, and the rest of the machine's load meanwhile (cores, /proc/stat).
+frame (every thread of the process: the store's encoding included), the model's invoke (p50 ms: is
+it slowed by a busy neighbour thread?), the inference thread's time in ``StreamSampler.check`` a
+frame (the instance's ``check`` wrapped in two ``perf_counter`` calls: the same call, the same
+result; median over all frames, and over the kept ones alone), samples written and dropped, and the
+rest of the machine's load meanwhile (cores, /proc/stat).
 
     PYTHONPATH=. python bench/capture.py [--rounds 5] [--frames 600] [--model M] [--threads 1]
                                             [--size 1280x720] [--json [FILE]]
@@ -116,6 +117,7 @@ def run_variant(name: str, args: argparse.Namespace, clip: Path, folder: Path) -
         wall, cpu = time.perf_counter() - first, time.process_time() - c1
         machine = (_busy_jiffies() - j0) / _HZ - (time.process_time() - c0)
         reduction = pipeline.source.reduction  # the last frame's decode scale: 1/reduction
+        stages = {stage: values["p50"] for stage, values in pipeline.stats.stages.items()}
     counts = pipeline.sampler.counts() if pipeline.sampler is not None else {}  # closed: the queue written
     written = sum(1 for _ in store.iterdir()) if store.exists() else 0
     shutil.rmtree(store, ignore_errors=True)
@@ -126,7 +128,8 @@ def run_variant(name: str, args: argparse.Namespace, clip: Path, folder: Path) -
             "check_us_mean": statistics.fmean(timer.all) * 1e6 if timer else 0.0,
             "check_us_kept": statistics.median(timer.kept) * 1e6 if timer and timer.kept else None,
             "kept": counts.get("kept", 0), "written": written, "dropped": counts.get("dropped", 0),
-            "failed": counts.get("failed", 0), "reduction": reduction, "other_cores": max(machine, 0.0) / (wall or 1.0)}
+            "failed": counts.get("failed", 0), "reduction": reduction, "infer_ms": stages["infer"],
+            "stages_p50_ms": stages, "other_cores": max(machine, 0.0) / (wall or 1.0)}
 
 
 def summarise(runs: dict[str, list[dict]]) -> dict[str, dict]:
@@ -142,28 +145,31 @@ def summarise(runs: dict[str, list[dict]]) -> dict[str, dict]:
         report[name] = {"fps": round(med("fps"), 2), "fps_ratio": round(statistics.median(ratios), 4),
                         "fps_ratio_min": round(min(ratios), 4), "fps_ratio_max": round(max(ratios), 4),
                         "cpu_ms_per_frame": round(med("cpu_ms_per_frame"), 3),
-                        "cpu_ratio": round(statistics.median(cpu_ratios), 4),
+                        "cpu_ratio": round(statistics.median(cpu_ratios), 4), "infer_ms": round(med("infer_ms"), 2),
                         "check_us": round(med("check_us"), 2), "check_us_mean": round(med("check_us_mean"), 2),
                         "check_us_kept": None if med("check_us_kept") is None else round(med("check_us_kept"), 1),
                         "decode_scale": f"1/{max(r['reduction'] for r in rows)}",
                         "written": med("written"), "dropped": med("dropped"), "failed": max(r["failed"] for r in rows),
-                        "other_cores": round(med("other_cores"), 2)}
+                        "other_cores": round(med("other_cores"), 2),
+                        "stages_p50_ms": {k: round(statistics.median(r["stages_p50_ms"][k] for r in rows), 3)
+                                          for k in rows[0]["stages_p50_ms"]}}
     return report
 
 
 def print_table(summary: dict) -> None:
     print(f"{Path(summary['model']).name}, {summary['threads']} thread(s), {summary['size']} MJPEG clip, "
           f"{summary['frames']} frames a run, {summary['rounds']} rounds (rotating order); medians")
-    print(f"{'variant':12} {'fps':>7} {'x off':>6} {'(min-max)':>13} {'CPU ms/fr':>9} {'x off':>6} {'check us':>9} "
-          f"{'mean':>7} {'kept fr.':>8} {'written':>7} {'dropped':>7} {'decode':>6} {'others':>6}")
+    print(f"{'variant':12} {'fps':>7} {'x off':>6} {'(min-max)':>13} {'CPU ms/fr':>9} {'x off':>6} {'invoke':>6} "
+          f"{'check us':>9} {'mean':>7} {'kept fr.':>8} {'written':>7} {'dropped':>7} {'decode':>6} {'others':>6}")
     for name, row in summary["variants"].items():
         kept = "-" if row["check_us_kept"] is None else f"{row['check_us_kept']:.1f}"
         print(f"{name:12} {row['fps']:7.1f} {row['fps_ratio']:6.3f} {row['fps_ratio_min']:6.3f}-"
               f"{row['fps_ratio_max']:.3f} {row['cpu_ms_per_frame']:9.2f} {row['cpu_ratio']:6.3f} "
-              f"{row['check_us']:9.2f} {row['check_us_mean']:7.2f} {kept:>8} {row['written']:7g} {row['dropped']:7g} "
-              f"{row['decode_scale']:>6} {row['other_cores']:6.2f}")
+              f"{row['infer_ms']:6.2f} {row['check_us']:9.2f} {row['check_us_mean']:7.2f} {kept:>8} "
+              f"{row['written']:7g} {row['dropped']:7g} {row['decode_scale']:>6} {row['other_cores']:6.2f}")
     print("check us: the inference thread's time in StreamSampler.check a frame (median, mean; 'kept fr.': the median "
-          "over the frames a rule kept); others: cores the rest of the machine used meanwhile")
+          "over the frames a rule kept); invoke: the model's p50 ms; others: cores the rest of the machine used "
+          "meanwhile")
     print("check alone, on one run's results (a real frame), median us a call: " + ", ".join(
         f"{rules} {us:.2f}" for rules, us in summary["check_alone_us"].items()))
 
