@@ -259,9 +259,10 @@ class StreamSampler:
         if rule is None or frame is None:
             return None
         with self._lock:
-            if len(self._queue) >= QUEUE_SAMPLES:
+            if len(self._queue) >= QUEUE_SAMPLES:  # a frame dropped here uses up no allowance, no request
                 self.counts_["dropped"] += 1
                 return None
+            self._take(rule)
             meta = self._describe(result, frame, rule, frame_id, timestamp)
             self._queue.append(_Kept(frame.copy(), meta))  # the buffer goes back to the ring: a copy
             self.counts_["kept"] += 1
@@ -283,7 +284,6 @@ class StreamSampler:
     def _which(self, result: Any, frame_id: int) -> str | None:
         fired, self._analytics = self._analytics, []
         if self._requested > 0:
-            self._requested -= 1
             return REQUEST_RULE
         for rule in self.rules:
             if self._fires(rule, result, fired) and self._allowed(rule.text):
@@ -326,6 +326,7 @@ class StreamSampler:
         return distance is not None and distance > rule.low
 
     def _allowed(self, text: str) -> bool:
+        """Whether rule ``text`` kept fewer than ``per_minute`` samples in the last minute (taken: :meth:`_take`)."""
         recent = self._recent.setdefault(text, deque())
         now = time.monotonic()
         while recent and now - recent[0] > 60.0:
@@ -333,8 +334,14 @@ class StreamSampler:
         if len(recent) >= self.per_minute:
             self.counts_["rate_limited"] += 1
             return False
-        recent.append(now)
         return True
+
+    def _take(self, text: str) -> None:
+        """A sample kept under ``text``: one of its allowance, or one frame of a request."""
+        if text == REQUEST_RULE and self._requested > 0:
+            self._requested -= 1
+        else:
+            self._recent.setdefault(text, deque()).append(time.monotonic())
 
     # -- the store's thread -----------------------------------------------------------------------
     def _ensure_thread(self) -> None:
