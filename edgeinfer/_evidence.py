@@ -1,5 +1,5 @@
 """The form of an event's evidence, defined once for the three that handle it: the pipeline records it
-(``pipeline/evidence.py``), the agent uploads it (``agent/evidence_upload.py``) and the fleet manager stores
+(``pipeline/evidence.py``), the agent uploads it (``agent/uploads.py``) and the fleet manager stores
 and serves it (``fleet/evidence.py``, the API's paths and their OpenAPI patterns).
 
 A base module, not ``link/``: the pipeline sits below the link in the layers and must name the same files

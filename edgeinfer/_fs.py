@@ -100,3 +100,18 @@ def sha256_file(path: str | os.PathLike, *extra: str | os.PathLike) -> str:
             for chunk in iter(lambda h=handle: h.read(HASH_CHUNK), b""):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def remove_record(folder: str | os.PathLike, marker: str) -> None:
+    """Delete a record's folder (an event's evidence, a capture sample) whose ``marker`` file, written last,
+    makes it whole: the marker goes first, so a crash midway leaves a partial folder, never a listed one."""
+    import shutil
+
+    folder = Path(folder)
+    with contextlib.suppress(OSError):
+        (folder / marker).unlink()
+    if folder.is_dir():
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            folder.unlink()

@@ -36,6 +36,9 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── FleetRequestError             the fleet manager refused a request; ``.status`` is its HTTP status
     ├── UploadRefused                 the fleet manager refused evidence for good (401/403/409/413); ``.status``
     ├── OutputError                   a result file cannot be written (path, permissions, disk)
+    ├── DatasetError                  (also ValueError) a labelled dataset or label file cannot be read, or its
+    │                                 class names are not the model's: names the fault; nothing was stored
+    ├── EvaluationRejected            ``deploy --require-eval``: the candidate scores worse than the current model
     ├── OptimizeError                 a model cannot be optimised (no calibration images, ...)
     │   └── AccuracyRejected          the optimised model disagrees with the original too often
     ├── BenchmarkError                a benchmark worker process failed
@@ -222,6 +225,15 @@ class UploadRefused(EdgeInferError):
 
 class OutputError(EdgeInferError):
     """A result file (optimised model, chart, report) cannot be written where the user asked."""
+
+
+class DatasetError(EdgeInferError, ValueError):
+    """A labelled dataset or an imported label file (COCO JSON, YOLO txt, class folders) cannot be read — malformed,
+    no images, a label naming no stored sample — or its class names are not the model's; nothing was stored."""
+
+
+class EvaluationRejected(EdgeInferError):
+    """A candidate model scores worse than the current one on the same labelled frames; nothing was deployed."""
 
 
 class OptimizeError(EdgeInferError):

@@ -209,7 +209,7 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
     reconnect_min, reconnect_max = _window(r, "reconnect", DEFAULT_RECONNECT_MIN_S, DEFAULT_RECONNECT_MAX_S)
     restart_min, restart_max = _window(r, "restart", DEFAULT_RESTART_MIN_S, DEFAULT_RESTART_MAX_S)
     data_dir = Path(r.path("data_dir") or DEFAULT_DATA_DIR)
-    pipelines = _with_evidence_dirs(_pipelines(r), data_dir)
+    pipelines = _with_store_dirs(_pipelines(r), data_dir)
     groups = r.get("groups", [])
     if not isinstance(groups, list) or not all(isinstance(g, str) and ID_RE.match(g) for g in groups):
         raise r.fail("groups", f"must be a list of ids (A-Z a-z 0-9 . _ -), got {groups!r}")
@@ -313,12 +313,15 @@ def _pipelines(r: ConfigReader) -> tuple[PipelineConfig, ...]:
     return pipelines
 
 
-def _with_evidence_dirs(pipelines: tuple[PipelineConfig, ...], data_dir: Path) -> tuple[PipelineConfig, ...]:
-    """A pipeline with event rules and no ``evidence_dir`` keeps its evidence in ``<data_dir>/evidence/<name>``."""
+def _with_store_dirs(pipelines: tuple[PipelineConfig, ...], data_dir: Path) -> tuple[PipelineConfig, ...]:
+    """A pipeline with event rules and no ``evidence_dir`` keeps its evidence in ``<data_dir>/evidence/<name>``;
+    one with capture rules and no ``capture_dir`` its samples in ``<data_dir>/samples/<name>``."""
     def placed(p: PipelineConfig) -> PipelineConfig:
-        if not p.events or p.evidence_dir is not None:
-            return p
-        return dataclasses.replace(p, evidence_dir=str(data_dir / "evidence" / p.name))
+        if p.events and p.evidence_dir is None:
+            p = dataclasses.replace(p, evidence_dir=str(data_dir / "evidence" / p.name))
+        if p.capture and p.capture_dir is None:
+            p = dataclasses.replace(p, capture_dir=str(data_dir / "samples" / p.name))
+        return p
 
     return tuple(placed(p) for p in pipelines)
 

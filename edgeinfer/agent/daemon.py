@@ -34,7 +34,6 @@ from ..link.spool import PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
 from ..link.vocabulary import EventKind
 from .commands import CommandRouter, register_builtin_commands
 from .config import AgentConfig, resolve_profile
-from .evidence_upload import start_uploader
 from .inventory import delegate_report, software_versions
 from .live_view import add_view_commands
 from .metrics import start_metrics
@@ -48,6 +47,7 @@ from .telemetry import (
     pipeline_entry,
     telemetry_message,
 )
+from .uploads import start_uploader
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class Agent:
         self._link: MqttLink | None = None
         self._metrics: Any = None
         self.live_views: Any = None  # live_view pushes (edgeinfer.agent.live_view)
-        self.uploader: Any = None  # event evidence to the fleet manager (edgeinfer.agent.evidence_upload)
+        self.uploader: Any = None  # event evidence and capture samples to the fleet manager (agent/uploads.py)
         self._runners: list[PipelineRunner] = []
         self._delegates: list[dict[str, Any]] = []
         self._versions: dict[str, str | None] = {}
@@ -248,7 +248,8 @@ class Agent:
         self.live_views, factory = add_view_commands(self, self.commands, config, self._factory)
         self._runners = [PipelineRunner(p, emit=self.emit, on_change=self._state_changed, factory=factory,
                                         restart_min_s=config.restart_min_s, restart_max_s=config.restart_max_s,
-                                        on_evidence=self.uploader.enqueue if self.uploader else None)
+                                        on_evidence=self.uploader.enqueue if self.uploader else None,
+                                        on_sample=self.uploader.enqueue_sample if self.uploader else None)
                          for p in config.pipelines]
         self._link.set_retained(self.topics.state, encode(self._state_message(online=True)))
         self._link.start()

@@ -2,7 +2,7 @@
 
 A :class:`LivePush` per (pipeline, stream) runs a :class:`~edgeinfer.pipeline.live.LiveFeed` (its own thread, a
 box of one frame, bounded by ``fps``, ``width`` and ``max_kbps``) whose sink POSTs each JPEG to the command's
-``url`` with the device's credential (:class:`~.evidence_upload.DeviceHTTP`, the evidence uploader's client).
+``url`` with the device's credential (:class:`~.uploads.DeviceHTTP`, the uploader's client).
 The manager repeats the command while someone watches, each time moving ``until`` on: a repeat updates the
 running push. 204 goes on; 410 (nobody watches) stops at once; 401/403 (and any other refusal) stop and are
 reported once as an ``error`` event; a network error or a 5xx skips that frame. Nothing is recorded.
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CommandRejected
 from ..link.vocabulary import Command, EventKind
 from ..pipeline.live import MAX_FPS, LiveFeed
-from .evidence_upload import DeviceHTTP
+from .uploads import DeviceHTTP
 
 if TYPE_CHECKING:
     from ..pipeline.stats import FrameResult

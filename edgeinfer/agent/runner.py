@@ -88,12 +88,38 @@ def rule_event_data(event: dict, *, upload: bool) -> dict[str, Any]:
     return data
 
 
+#: at most one ``capture_failed`` event this often per pipeline (a full disk fails every kept frame)
+CAPTURE_FAILED_EVERY_S = 60.0
+
+
+class CaptureReports:
+    """A pipeline's capture samples, for the agent: each one written goes to ``on_sample(info, pipeline)`` (the
+    uploader); one the disk refused is a ``capture_failed`` event, one a minute at most."""
+
+    def __init__(self, pipeline: str, emit: EmitFn, on_sample: Callable[[dict, str], None] | None) -> None:
+        self.pipeline, self._emit, self._on_sample = pipeline, emit, on_sample
+        self._failed_at = -CAPTURE_FAILED_EVERY_S
+
+    def __call__(self, info: dict) -> None:
+        if "error" not in info:
+            if self._on_sample is not None:
+                self._on_sample(info, self.pipeline)
+            return
+        now = time.monotonic()
+        if now - self._failed_at >= CAPTURE_FAILED_EVERY_S:
+            self._failed_at = now
+            data = {key: str(info.get(key, ""))[:500] for key in ("error", "stream", "rule")}
+            self._emit(EventKind.CAPTURE_FAILED, "warning", f"pipeline {self.pipeline}: {info['error']}",
+                       pipeline=self.pipeline, data=data)
+
+
 class PipelineRunner:
     """Runs one pipeline in a named thread; restarts it with backoff when it fails."""
 
     def __init__(self, config: PipelineConfig, *, emit: EmitFn, on_change: Callable[[], None],
                  factory: PipelineFactory = default_pipeline_factory, restart_min_s: float = 1.0,
-                 restart_max_s: float = 60.0, on_evidence: Callable[[dict, str], None] | None = None) -> None:
+                 restart_max_s: float = 60.0, on_evidence: Callable[[dict, str], None] | None = None,
+                 on_sample: Callable[[dict, str], None] | None = None) -> None:
         self.config = config
         self.name = config.name
         self._emit = emit
@@ -101,6 +127,7 @@ class PipelineRunner:
         self._factory = factory
         #: ``on_evidence(event, pipeline)``: an event's snapshot and clip are written (the uploader takes them)
         self._on_evidence = on_evidence
+        self._capture_reports = CaptureReports(config.name, emit, on_sample)
         self._backoff = Backoff(initial_s=restart_min_s, max_s=restart_max_s, jitter=EQUAL_JITTER)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -170,6 +197,7 @@ class PipelineRunner:
         old = pipeline.swap_engine(engine)
         info = engine.model
         self.config = dataclasses.replace(self.config, model=str(info.path), version=version)
+        pipeline.samples.describe(self.name, version)
         self.delegate = engine.description
         self.fallback_reason = engine.fallback_reason
         self.model = {"path": str(info.path), "sha256": info.sha256, "version": version, "format": info.format.value}
@@ -207,8 +235,7 @@ class PipelineRunner:
                  "restarts": self.restarts, "model": dict(self.model), "degraded": self.degraded,
                  "delegate_wanted": self.delegate_wanted}
         if sources:
-            pipeline = self.pipeline
-            live = {s["name"]: s for s in pipeline.stream_status()} if pipeline is not None else {}
+            live = {s["name"]: s for s in running.stream_status()} if running is not None else {}
             entry["streams"] = [live.get(s.name) or {"name": s.name, "source": str(s.source), "status": self.status,
                                                      "error": None} for s in sources]
         return entry
@@ -315,15 +342,16 @@ class PipelineRunner:
         return error, requested and not self._stop.is_set()
 
     def _follow(self, pipeline: MultiPipeline) -> None:
-        """Report the pipeline's delegate failovers and failbacks (it goes on running through them), what
-        its event rules fire (``rule_triggered``, once the evidence is written) and, with several sources,
-        what happens to its streams."""
+        """Report its delegate failovers and failbacks (it runs on through them), what its event rules fire (once the
+        evidence is written), its streams' fates (several sources); name its capture samples and pass them on."""
         self.degraded, self.delegate_wanted = False, None
         pipeline.add_delegate_listener(self._on_delegate_event)
         if self.config.events:
             pipeline.add_event_listener(self._on_rule_event)
         if self.config.sources:
             pipeline.add_stream_listener(self._on_stream_event)
+        pipeline.samples.describe(self.name, self.config.version)
+        pipeline.samples.add_listener(self._capture_reports)
 
     def _first_result(self, _result: Any) -> None:
         """An observer until a run's first result: the agent's cold start (the first run's, counted from

@@ -23,6 +23,7 @@ COMMANDS = {
     "device": ("device", "device"), "doctor": ("device", "doctor"), "bench": ("bench", "bench"),
     "optimize": ("optimize", "optimize"), "agent": ("agent", "agent"), "fleet": ("fleet", "fleet"),
     "deploy": ("fleet", "deploy"), "keys": ("keys", "keys"), "demo": ("demo", "demo"),
+    "evaluate": ("evaluate", "evaluate"),
 }
 
 

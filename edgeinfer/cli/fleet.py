@@ -20,8 +20,12 @@ from ..fleet.canary import (
 )
 from ..fleet.rollout import DEFAULT_CANARY_PCT, DEFAULT_DEVICE_TIMEOUT_S, DeploymentStatus
 from ..link.vocabulary import TargetState
+from .evaluate import dataset_options, eval_options
 from .fleet_access import audit, broker_auth, client_options, enroll, enrollments, revoke, table, token
+from .fleet_dataset import dataset
 from .fleet_db import db
+from .fleet_eval import require_eval as require_eval_gate
+from .fleet_eval import target_devices
 from .fleet_simulate import simulate
 from .output import handle_errors, print_json
 
@@ -45,7 +49,7 @@ def fleet() -> None:
     """Run the fleet manager, or ask it about devices and deployments."""
 
 
-for _command in (db, simulate, token, enroll, enrollments, revoke, audit, broker_auth):
+for _command in (db, dataset, simulate, token, enroll, enrollments, revoke, audit, broker_auth):
     fleet.add_command(_command)
 
 
@@ -92,13 +96,18 @@ for _command in (db, simulate, token, enroll, enrollments, revoke, audit, broker
               help="Refuse (413) a snapshot.jpg upload larger than this.")
 @click.option("--evidence-clip-max-mb", default=64.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Refuse (413) a clip.mjpeg upload larger than this.")
+@click.option("--samples-max-mb", default=4096.0, show_default=True, type=click.FloatRange(min=1),
+              help="Keep at most this much of captured samples (datasets); the oldest unreviewed go first.")
+@click.option("--samples-days", default=90.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Delete captured samples older than this.")
 @handle_errors
 def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_broker_url: str | None, tls: bool,
                 tls_hosts: tuple[str, ...], ca: str | None, cert: str | None, key: str | None,
                 username: str | None, password_file: str | None, db_url: str | None, http: str,
                 public_url: str | None, data_dir: Path, manager_id: str | None, retention_days: float,
                 rollup_days: float, audit_days: float, shared_group: str | None, lease_ttl: float,
-                evidence_max_mb: float, evidence_snapshot_max_mb: float, evidence_clip_max_mb: float) -> None:
+                evidence_max_mb: float, evidence_snapshot_max_mb: float, evidence_clip_max_mb: float,
+                samples_max_mb: float, samples_days: float) -> None:
     """Ingest every device's state, telemetry and events; serve artifacts and the API; run rollouts.
 
     Several managers may share one broker and one PostgreSQL (--db postgresql+psycopg://...): each
@@ -115,7 +124,8 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
         key=key, username=username, password=password, manager_id=manager_id, raw_retention_days=retention_days,
         rollup_retention_days=rollup_days, audit_retention_days=audit_days, lease_ttl_s=lease_ttl,
         shared_group=shared_group, evidence_max_bytes=_mib(evidence_max_mb),
-        evidence_snapshot_max_bytes=_mib(evidence_snapshot_max_mb), evidence_clip_max_bytes=_mib(evidence_clip_max_mb))
+        evidence_snapshot_max_bytes=_mib(evidence_snapshot_max_mb), evidence_clip_max_bytes=_mib(evidence_clip_max_mb),
+        samples_max_bytes=_mib(samples_max_mb), samples_retention_days=samples_days)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with parts.FleetManager(settings) as manager:
@@ -263,19 +273,36 @@ def analysis_lines(analysis: Any) -> list[str]:
                                       "percentage points above the control group's.")
 @click.option("--no-canary-analysis", is_flag=True, help="Judge the canary by its update results only.")
 @click.option("--no-wait", is_flag=True, help="Start the rollout and return.")
+@click.option("--require-eval", "require_eval", is_flag=True,
+              help="First score MODEL on the fleet's labelled samples (of --pipeline) against the model the targets "
+                   "run now; refuse it, nothing uploaded, when it is worse (docs/datasets.md).")
+@click.option("--eval-dataset", type=click.Path(exists=True, file_okay=False),
+              help="With --require-eval (implied): a local labelled folder instead of the fleet's samples.")
+@click.option("--baseline", type=click.Path(exists=True, dir_okay=False),
+              help="With --require-eval: the current model's file (default: the artifact of the newest deployment "
+                   "that succeeded on these targets and --pipeline).")
+@click.option("--eval-tolerance", type=click.FloatRange(0, 1), default=0.01, show_default=True,
+              help="With --require-eval: how much lower (absolute) the headline figure may be.")
+@dataset_options
 @click.option("--json", "as_json", is_flag=True)
 @client_options
 def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], group: str | None, all_devices: bool,
            canary_pct: float, wave_size: int | None, abort_failure_rate: float, device_timeout: float,
            rollback: bool, pipeline: str | None, canary_window: float, max_latency_regression: float,
            max_fps_drop: float, max_output_drift: float, max_error_rate: float, no_canary_analysis: bool,
-           no_wait: bool, as_json: bool) -> None:
+           no_wait: bool, require_eval: bool, eval_dataset: str | None, baseline: str | None, eval_tolerance: float,
+           dataset_format: str | None, labels: str | None, ignore_unknown: bool, eval_delegate: str | None,
+           as_json: bool) -> None:
     """Roll MODEL out as VERSION: signed, in waves, canary first; exit 0 only if every target is active.
 
     The canary wave is judged on its live telemetry against devices still on the old version (or,
     with no later wave, against its own telemetry before the update): p95 infer latency, fps,
     pipeline error rate and output drift. Beyond a --max-* threshold the rollout is aborted and the
     canary rolled back (docs/fleet.md, Canary analysis).
+
+    With --require-eval, MODEL is first scored against the model the targets run now (or --baseline) on
+    the fleet's labelled samples (or --eval-dataset) and refused (exit 1, nothing uploaded) when it is
+    worse (docs/datasets.md).
 
     Needs an operator token (--token-file / $EDGEINFER_FLEET_TOKEN).
     """
@@ -288,6 +315,11 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
     if sum(bool(x) for x in (devices, group, all_devices)) != 1:
         raise click.UsageError("give exactly one of --device, --group or --all")
     inspect_model(model)  # refuse a file that is not a model before anything is sent
+    if require_eval or eval_dataset:
+        targets = None if baseline else target_devices(client, devices, group)  # whose current model
+        require_eval_gate(client, model, folder=eval_dataset, baseline=baseline, pipeline=pipeline,
+                          devices=targets, tolerance=eval_tolerance,
+                          options=eval_options(dataset_format, labels, ignore_unknown, eval_delegate), quiet=as_json)
     artifact = client.upload(model)
     try:
         spec = schemas.DeploymentSpec(sha256=artifact["sha256"], model_name=model.name, version=version,

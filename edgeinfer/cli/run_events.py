@@ -35,3 +35,11 @@ def print_event_counts(counts: dict, folder: str | None) -> None:
     click.echo(f"events: {counts['delivered']} recorded" + (f" in {folder}" if folder else "")
                + (f", {held} held back (cooldown / rate limit)" if held else "")
                + (f", {counts['failed']} not written" if counts["failed"] else ""))
+
+
+def print_capture_counts(counts: dict, folder: str) -> None:
+    """What the capture rules kept (``StreamSampler.counts()``), at the end of a run."""
+    held = counts["rate_limited"] + counts["dropped"]
+    click.echo(f"capture: {counts['written']} sample(s) kept in {folder}"
+               + (f", {held} held back (rate limit / a busy disk)" if held else "")
+               + (f", {counts['failed']} not written" if counts["failed"] else ""))

@@ -34,6 +34,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._samples import total_variation  # the one drift measure (the capture rule uses it too)
+
 DEFAULT_MAX_LATENCY_REGRESSION = 50.0  # percent
 DEFAULT_MAX_FPS_DROP = 25.0  # percent
 DEFAULT_MAX_OUTPUT_DRIFT = 0.2  # total variation, 0..1 (and the relative change of detector figures)
@@ -216,14 +218,6 @@ def _add_outputs(group: GroupFigures, outputs: Any) -> None:
         weight = detections if isinstance(detections, int) and detections > 0 else frames
         group.score_sum += score * weight
         group.score_weight += weight
-
-
-def total_variation(first: Counter, second: Counter) -> float | None:
-    """Half the L1 distance between two histograms, each normalised (None when either is empty)."""
-    a, b = sum(first.values()), sum(second.values())
-    if not a or not b:
-        return None
-    return 0.5 * sum(abs(first[k] / a - second[k] / b) for k in set(first) | set(second))
 
 
 def _median(values: list[float]) -> float | None:

@@ -7,6 +7,7 @@ certificate comes from the fleet's own CA, pass that CA (``--ca`` / ``$EDGEINFER
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -17,9 +18,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..errors import AuthError, EdgeInferError, FleetRequestError
+from ..errors import AuthError, DownloadError, EdgeInferError, FleetRequestError
 from .rollout import DeploymentStatus
 
 if TYPE_CHECKING:
@@ -44,14 +45,19 @@ class FleetClient:
         self._context = ssl.create_default_context(cafile=str(ca)) if ca else None
 
     def _request(self, method: str, path: str, body: Any = None,
-                 headers: dict[str, str] | None = None) -> Any:
+                 headers: dict[str, str] | None = None, *, raw: bool = False, into: BinaryIO | None = None) -> Any:
+        """The answer's JSON (``raw``: its bytes; ``into``: streamed into that file, answering (size, sha256));
+        None for a GET answered 404."""
         headers = dict(headers or {})
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(f"{self.url}{path}", data=body, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout, context=self._context) as response:
-                return json.loads(response.read() or b"null")
+                if into is not None:
+                    return _copy(response, into)
+                data = response.read()
+                return data if raw else json.loads(data or b"null")
         except urllib.error.HTTPError as exc:
             try:
                 message = json.loads(exc.read()).get("error", exc.reason)
@@ -112,6 +118,11 @@ class FleetClient:
     def restart(self, device_id: str, pipeline: str) -> dict:
         return self._post(f"/api/devices/{_quote(device_id)}/restart", {"pipeline": pipeline})
 
+    def capture(self, device_id: str, pipeline: str, frames: int, stream: str = "") -> dict:
+        """Ask a device to keep the next ``frames`` frames of a pipeline as capture samples."""
+        body = {"pipeline": pipeline, "frames": frames, **({"stream": stream} if stream else {})}
+        return self._post(f"/api/devices/{_quote(device_id)}/capture", body)
+
     def tokens(self) -> list[dict]:
         return self._request("GET", "/api/tokens")
 
@@ -135,6 +146,54 @@ class FleetClient:
 
     def audit(self, limit: int = 100) -> list[dict]:
         return self._request("GET", f"/api/audit?limit={int(limit)}")
+
+    def samples(self, **filters: Any) -> list[dict]:
+        """Captured samples: filters device, pipeline, stream, model_version, rule, label, reviewed, limit."""
+        return self._request("GET", f"/api/samples?{_query(filters)}")
+
+    def export_samples(self, fmt: str, **filters: Any) -> bytes:
+        """The samples as a ``fmt`` dataset (coco, yolo, label-studio): the zip's bytes."""
+        return self._request("GET", f"/api/samples/export?{_query({'format': fmt, **filters})}", raw=True)
+
+    def save_export(self, fmt: str, dest: str | os.PathLike, **filters: Any) -> int:
+        """The samples as a ``fmt`` dataset, its zip streamed into the file ``dest`` (an export of many frames is
+        never held in memory); its size."""
+        with open(dest, "wb") as out:
+            size, _ = self._request("GET", f"/api/samples/export?{_query({'format': fmt, **filters})}", into=out)
+        return size
+
+    def download_artifact(self, sha256: str, dest: str | os.PathLike) -> Path:
+        """A stored model artifact into the file ``dest``, streamed; DownloadError when the manager has none of that
+        sha256, or the bytes that came are not it (a file is never used unverified)."""
+        with open(dest, "wb") as out:
+            got = self._request("GET", f"/artifacts/{_quote(sha256)}", into=out)
+        if got is None:
+            raise DownloadError(f"the fleet manager at {self.url} has no artifact {sha256}")
+        if got[1] != sha256:
+            Path(dest).unlink(missing_ok=True)
+            raise DownloadError(f"artifact {sha256} from {self.url} arrived as {got[1]} ({got[0]} bytes): not used")
+        return Path(dest)
+
+    def import_labels(self, fmt: str, body: bytes) -> dict:
+        """Corrected labels back: a COCO annotations.json's bytes, or a zip of YOLO labels/ and data.yaml."""
+        kind = "application/json" if fmt == "coco" else "application/zip"
+        return self._request("POST", f"/api/samples/import?format={_quote(fmt)}", body, {"Content-Type": kind})
+
+
+def _copy(response: Any, out: BinaryIO) -> tuple[int, str]:
+    """Copy an answer into ``out`` in chunks; (size, sha256) of what came."""
+    digest, size = hashlib.sha256(), 0
+    while chunk := response.read(1 << 20):
+        out.write(chunk)
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _query(values: dict[str, Any]) -> str:
+    """A query string of the values given (None: left out; a bool as true/false)."""
+    return urllib.parse.urlencode({key: str(value).lower() if isinstance(value, bool) else value
+                                   for key, value in values.items() if value is not None})
 
 
 def _quote(part: str) -> str:

@@ -43,6 +43,7 @@ from .live import LiveFeed
 from .liveview import LiveView
 from .metrics import FleetMetrics
 from .rollout import RolloutDriver
+from .samples import SampleLimits, SampleStore
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,10 @@ class FleetSettings:
     evidence_snapshot_max_bytes: int = 4 << 20
     evidence_clip_max_bytes: int = 64 << 20
     evidence_max_bytes: int = 2048 << 20
+    #: captured samples (samples.py): one sample's JPEG; all samples together (the oldest unreviewed go); their age
+    sample_max_bytes: int = 4 << 20
+    samples_max_bytes: int = 4096 << 20
+    samples_retention_days: float = 90.0
 
     def http_address(self) -> tuple[str, int]:
         host, _, port = self.http.rpartition(":")
@@ -120,6 +125,7 @@ class FleetManager:
         self.access: FleetAccess | None = None  # tokens, enrolment, the broker's accounts, the audit log
         self.broker: ManagedMosquitto | None = None  # the managed Mosquitto, if we started one
         self.evidence: EvidenceStore | None = None  # events' snapshots and clips
+        self.samples: SampleStore | None = None  # captured samples for datasets
         self.live: LiveFeed | None = None  # the dashboard's live updates
         self.liveview: LiveView | None = None  # devices' live frames and their viewers
         self.http: FleetHTTPServer | None = None
@@ -158,6 +164,8 @@ class FleetManager:
                                                  EvidenceLimits(snapshot_bytes=s.evidence_snapshot_max_bytes,
                                                                 clip_bytes=s.evidence_clip_max_bytes,
                                                                 total_bytes=s.evidence_max_bytes))
+        self.samples = SampleStore(db, SampleLimits(jpeg_bytes=s.sample_max_bytes, total_bytes=s.samples_max_bytes,
+                                                    max_age_s=s.samples_retention_days * DAY_S))
         live = self.live = LiveFeed(db).start()
         host, port = s.http_address()
         try:
@@ -173,7 +181,7 @@ class FleetManager:
         liveview = self.liveview = LiveView(db, commands, lambda: self.public_url).start()
         services = FleetServices(access=access, artifacts=store, commands=commands, deployments=deployments,
                                  devices=self.devices, evidence=evidence, live=live, liveview=liveview,
-                                 metrics=FleetMetrics(self))
+                                 metrics=FleetMetrics(self), samples=self.samples)
         self.http.start(build_app(services))
         self.ingest = Ingest(db, on_event=deployments.follow_event, on_state=deployments.follow_device_state,
                              queue_size=s.ingest_queue, batch_size=s.ingest_batch).start()
@@ -282,6 +290,8 @@ class FleetManager:
                 if any(deleted.values()):
                     log.info("retention: deleted %s", deleted)
                 self.evidence.prune()
+                if self.samples is not None:
+                    self.samples.prune()
                 self.db.forget_live_frames(time.time() - self.settings.raw_retention_days * DAY_S)
             except Exception as exc:
                 log.warning("retention pass failed: %s", exc)

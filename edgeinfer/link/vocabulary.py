@@ -47,6 +47,9 @@ class Command(Word):
     #: ``args.pipeline``, ``args.lines`` {name: [x1, y1, x2, y2]}, ``args.zones`` {name: [[x, y], ...]},
     #: ``args.revision``
     SET_ANALYTICS = "set_analytics"
+    #: keep the next ``args.frames`` frames of one pipeline (``args.pipeline``; ``args.stream``: one stream, else
+    #: each) as capture samples, whatever the rules say — the dashboard's "capture the next N frames"
+    CAPTURE = "capture"
 
 
 class EventKind(Word):
@@ -70,6 +73,11 @@ class EventKind(Word):
     #: a pipeline's lines and zones were replaced (``data.pipeline``, ``data.revision``, ``data.lines``, ``data.zones``)
     ANALYTICS_CHANGED = "analytics_changed"
     EVIDENCE_UPLOAD_FAILED = "evidence_upload_failed"
+    #: the fleet manager refused a capture sample for good (``data.sample_id``, ``data.status``, ``data.error``)
+    SAMPLE_UPLOAD_FAILED = "sample_upload_failed"
+    #: a capture sample could not be written on the device (a full disk): ``data.error``, ``data.stream``,
+    #: ``data.rule`` (at most one a minute per pipeline; the samples stored stay)
+    CAPTURE_FAILED = "capture_failed"
     MQTT_RECONNECTED = "mqtt_reconnected"
     CMD_RESULT = "cmd_result"
     CMD_REJECTED = "cmd_rejected"

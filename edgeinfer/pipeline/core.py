@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .events import StreamEvents
     from .failover import DelegateEvent, DelegateStatus
     from .labels import Labels
+    from .sampling import StreamSampler
     from .stream import Stream
     from .tasks import ModelReading
 
@@ -140,6 +141,11 @@ class Pipeline:
     def analytics(self) -> StreamAnalytics | None:
         """Tracking, lines and zones (options ``track``, ``lines``, ``zones``): counts, listeners; else None."""
         return self._stream.analytics
+
+    @property
+    def sampler(self) -> StreamSampler | None:
+        """The capture rules (options ``capture`` with a ``capture_dir``): ``request(n)``, ``counts()``."""
+        return self._stream.sampler
 
     @property
     def events(self) -> StreamEvents | None:

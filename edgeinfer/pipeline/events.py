@@ -266,7 +266,7 @@ class StreamEvents:
         """A frame's result (detections, or a classification's top-k) against the ``detection`` rules."""
         if not self._detection_rules:
             return
-        for item in _scored(result):
+        for item in scored_items(result):
             label, score = str(getattr(item, "label", "")), float(getattr(item, "score", 0.0))
             for index, rule in enumerate(self.rules):
                 if rule.kind == DETECTION and score >= rule.min_score and rule.takes(label):
@@ -442,7 +442,7 @@ def _size(summary: dict, what: str) -> int:
         return 0
 
 
-def _scored(result: Any) -> Sequence[Any]:
+def scored_items(result: Any) -> Sequence[Any]:
     """The items of a result a ``detection`` rule looks at: every detection, or a classification's top-1
     (other tasks: none)."""
     from .postprocess import Classification, Detections

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import threading
 import time
 from collections import deque
@@ -39,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .._evidence import CLIP_NAME, CLIP_NAMES, EVENT_ID, PLAIN_SNAPSHOT_NAME, SNAPSHOT_NAME, new_event_id
-from .._fs import atomic_write_bytes
+from .._fs import atomic_write_bytes, remove_record
 from ..errors import InputMismatch, OutputError
 from .evidence_clip import write_clip
 
@@ -524,10 +523,4 @@ def _read_event(folder: Path) -> StoredEvent | None:
 
 def _remove(folder: Path) -> None:
     """Delete an event folder: event.json first, so a crash midway leaves no event listed."""
-    with contextlib.suppress(OSError):
-        (folder / META_NAME).unlink()
-    if folder.is_dir():
-        shutil.rmtree(folder, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            folder.unlink()
+    remove_record(folder, META_NAME)

@@ -38,6 +38,7 @@ from .engines import EnginePool
 from .failover import DelegateEvent, DelegateStatus
 from .labels import Labels
 from .options import PipelineOptions
+from .sampling import PipelineSamples
 from .stats import FrameResult, PipelineStats
 from .stream import Stream
 from .streams import STREAM_ENDED, STREAM_FAILED, STREAM_RESTORED, StreamEvent, StreamRecord, StreamSet
@@ -85,6 +86,7 @@ class MultiPipeline:
         self.error: BaseException | None = None
         self.reading: ModelReading | None = None  # how the model is read: its task, output layout, preprocessing
         self._event_listeners: tuple[Callable[[dict], Any], ...] = ()
+        self.samples = PipelineSamples(name, lambda: self._streams.open_streams())  # the capture rules' samples
         self._results = 0  # results delivered (max_frames)
         self._opencv = OpenCVThreads(options.opencv_threads)
         labels = options.labels
@@ -134,6 +136,7 @@ class MultiPipeline:
                              callback_errors=lambda: self._delivery.callback_errors)
         for listener in self._event_listeners if stream.events is not None else ():
             stream.events.add_listener(listener)  # type: ignore[union-attr]
+        self.samples.attach(stream.sampler, lambda: worker.engine.model)  # the model serving it when kept
         return stream
 
     def remove_stream(self, name: str) -> PipelineStats:
@@ -145,8 +148,7 @@ class MultiPipeline:
         stream.finish()
         if self._stopping:
             return
-        running = self._streams.ended(stream)
-        if running is False:
+        if self._streams.ended(stream) is False:  # no stream runs any more
             self._end_run(self._streams.error())
 
     def get_stream(self, name: str) -> Stream:
@@ -154,9 +156,8 @@ class MultiPipeline:
         return self._streams.get(name)
 
     def stream_state(self, name: str) -> tuple[str, BaseException | None]:
-        """``("running" | "ended" | "failed", error)`` of stream ``name`` (KeyError when there is none):
-        ended once its engine has taken its last frame; failed when its capture stopped on an error (or
-        its source could not be opened again)."""
+        """``("running" | "ended" | "failed", error)`` of stream ``name`` (KeyError when there is none): ended once
+        its engine has taken its last frame; failed when its capture stopped on an error (or could not reopen)."""
         return self._streams.state(name)
 
     def stream_status(self) -> list[dict[str, Any]]:
@@ -350,3 +351,4 @@ class MultiPipeline:
 
 __all__ = ["STREAM_ENDED", "STREAM_FAILED", "STREAM_RESTORED", "BatchRow", "EngineWorker", "MultiPipeline",
            "StreamEvent", "StreamRecord", "batch_size"]
+

@@ -131,6 +131,16 @@ class PipelineOptions:
     #: detect / record split: a camera's main stream; files are read in step, frame n with frame n); used only
     #: with events and an evidence_dir
     record_source: str | None = None
+    # capture rules (edgeinfer.pipeline.sampling; docs/datasets.md): frames kept with the model's output; off by default
+    #: rules: ``uncertain:LOW-HIGH[/LABEL,...]``, ``drift:DISTANCE[@FRAMES]``, ``event:RULE``, ``random:RATE``,
+    #: ``request`` (only the frames asked for)
+    capture: tuple[str, ...] = ()
+    #: where the samples go (capture is off without it)
+    capture_dir: str | os.PathLike | None = None
+    #: the store's bound; the oldest samples go first
+    capture_max_mb: float = 100.0
+    #: samples each rule keeps a minute at most, per stream
+    capture_per_minute: int = 6
     # motion gating (edgeinfer.pipeline.motion): unchanged frames reuse the last result, marked reused
     motion_gate: bool = False
     #: gray levels a pixel of the small comparison copy must change by
@@ -151,11 +161,12 @@ class PipelineOptions:
                 raise ValueError(f"{option.name} must be one of {', '.join(choices)}, not {value!r}")
         positive = {"max_fps": self.max_fps, "watchdog_floor_s": self.watchdog_floor_s,
                     "evidence_max_mb": self.evidence_max_mb, "evidence_pre_s": self.evidence_pre_s,
-                    "evidence_fps": self.evidence_fps}
+                    "evidence_fps": self.evidence_fps, "capture_max_mb": self.capture_max_mb}
         if self.watchdog_factor < 1:
             raise ValueError(f"watchdog_factor must be >= 1, not {self.watchdog_factor}")
         at_least_one = {"max_frames": self.max_frames, "queue_size": self.queue_size, "threads": self.threads,
-                        "top_k": self.top_k, "track_min_hits": self.track_min_hits}
+                        "top_k": self.top_k, "track_min_hits": self.track_min_hits,
+                        "capture_per_minute": self.capture_per_minute}
         if self.tracking and self.task is not None and not get_task(self.task).boxes:
             raise ValueError(f"tracking, lines and zones need a task with boxes (detect, pose, segment, obb), "
                              f"not {self.task!r}")
@@ -166,6 +177,11 @@ class PipelineOptions:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, not {value}")
         self._check_events()
+        if self.capture:
+            from .sampling import CaptureRule
+
+            for text in self.capture:
+                CaptureRule.parse(text)
         for name in ("line_band", "line_hold_s"):
             if not 0 <= getattr(self, name) < float("inf"):  # NaN fails too
                 raise ValueError(f"{name} must be finite and >= 0, not {getattr(self, name)!r}")
@@ -202,7 +218,8 @@ class PipelineOptions:
     def decode_reduced(self) -> bool:
         """Whether a source may decode frames smaller than its own size (never when frames are kept, nor
         when events keep evidence: a snapshot at the model's 1/4 scale shows too little)."""
-        return self.reduced_decode and not self.keep_frames and not (self.events and self.evidence_dir)
+        return (self.reduced_decode and not self.keep_frames and not (self.events and self.evidence_dir)
+                and not (self.capture and self.capture_dir))  # a capture sample is the full-size frame
 
     @property
     def tracking(self) -> bool:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .options import PipelineOptions
     from .record import RecordSource
     from .ring import Slot
+    from .sampling import StreamSampler
     from .tasks import Task
 
 log = logging.getLogger("edgeinfer.pipeline")
@@ -78,6 +79,8 @@ class Stream:
         self.gate: MotionGate | None = None
         self.analytics: StreamAnalytics | None = None
         self.events: StreamEvents | None = None
+        #: the capture rules (options.capture with a capture_dir): frames kept with the model's output
+        self.sampler: StreamSampler | None = None
         #: where the evidence's frames come from when not this stream's source (options.record_source)
         self.record: RecordSource | None = None
         #: frames per second of a file's own time (frame_id / fps is a frame's time in it); None: live, wall time
@@ -138,11 +141,20 @@ class Stream:
 
                 self.record = self.events.record = RecordSource.open(options.record_source, options, self.name)
 
+        if options.capture and options.capture_dir is not None:
+            from .events import stream_folder
+            from .sampling import sampler_from_options
+
+            folder = stream_folder(options.capture_dir, self.name) if self.name else options.capture_dir
+            self.sampler = sampler_from_options(options, stream=self.name, folder=folder)
+            if self.sampler is not None and self.analytics is not None:
+                self.analytics.add_listener(self.sampler.on_analytics)
+
     @property
     def holds_frames(self) -> bool:
         """Whether the engine's thread keeps a frame's buffer until its result is answered: an event's
         snapshot is the frame it was decided on (the buffer is only copied when one fires)."""
-        return self.events is not None and self.events.recorder is not None
+        return (self.events is not None and self.events.recorder is not None) or self.sampler is not None
 
     def source_time(self, frame_id: int, wall_time: float) -> float:
         """A frame's time in the source's own clock: its place in a file (read at any speed), the capture
@@ -193,6 +205,8 @@ class Stream:
             if events.wants_results:
                 events.check(result, frame_id, stamp)
             events.release(result)
+        if self.sampler is not None:  # a few comparisons; a copy only for a frame a rule keeps
+            self.sampler.check(result, frame, frame_id, self.source_time(frame_id, stamp))
         t6 = time.perf_counter()
         self.outputs.observe(result)
         self.last = (plan.gen, result)
@@ -241,6 +255,8 @@ class Stream:
         """Finish the recordings in progress (their post-roll is what there is)."""
         if self.events is not None:
             self.events.close()
+        if self.sampler is not None:
+            self.sampler.close()
 
     def close_source(self) -> None:
         """Close the source if the stream opened it — not under a capture thread still blocked in a read."""

@@ -18,12 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ..fleet.db.samples import Filters
 from ..link.vocabulary import FINISHED_STATES, EventKind
 
 if TYPE_CHECKING:
     from ..fleet.manager import FleetManager
 
 TELEMETRY_SECONDS = 4.0
+#: the demo agent's capture rule: a tenth of the frames, at random (docs/datasets.md)
+CAPTURE_RULE = "random:0.1"
 DEVICE = "demo-cam"
 
 
@@ -82,8 +85,10 @@ def run_fleet_demo(clip: Path, model_v1: Path, model_v2: Path, workdir: Path,
         config = workdir / "agent.yaml"
         atomic_write_bytes(config, yaml.safe_dump({  # 0600: it holds the device's password
             **enrolled, "data_dir": str(agent_dir), "telemetry_interval_s": 1.0, "groups": ["demo"],
+            "manager_url": fleet.http.url,  # where its samples go
             "pipelines": [{"name": "main", "model": str(model_v1), "source": str(clip), "loop": True,
-                           "max_fps": 15, "version": "1"}],
+                           "max_fps": 15, "version": "1",  # and frames worth labelling kept and uploaded
+                           "capture": [CAPTURE_RULE], "capture_per_minute": 30}],
         }, sort_keys=False).encode(), mode=0o600)
         echo(f"   $ edgeinfer agent --config {config}")
         with open(workdir / "agent.log", "wb") as log:
@@ -122,6 +127,10 @@ def _watch_and_deploy(fleet: FleetManager, agent: subprocess.Popen, model_v2: Pa
                 echo(f"   telemetry  {_describe(message)}")
         time.sleep(0.2)
     telemetry = db.device_telemetry(DEVICE, 1000)
+    _wait(lambda: db.samples.select(Filters(device_id=DEVICE), limit=1), 20, agent)  # the upload is a thread's
+    samples = db.samples.select(Filters(device_id=DEVICE), limit=1000)
+    echo(f"   samples    {len(samples)} frame(s) the capture rule {CAPTURE_RULE} kept, at the manager "
+         "(the dashboard's Samples page; edgeinfer fleet dataset export --format coco -o DIR)")
     echo("== 4. a signed rollout: the bird model as version 2 to the running agent")
     # one device, and a model with other classes: no canary analysis (docs/fleet.md, Canary analysis)
     command = [sys.executable, "-m", "edgeinfer", "deploy", str(model_v2), "--version", "2", "--device", DEVICE,
@@ -145,7 +154,7 @@ def _watch_and_deploy(fleet: FleetManager, agent: subprocess.Popen, model_v2: Pa
         "telemetry": len(telemetry), "seqs": [m["seq"] for m in telemetry],
         "fps": next((p["fps"] for m in reversed(telemetry) for p in m["pipelines"] if p["frames"]), 0.0),
         "delegate": next((p["delegate"] for m in telemetry for p in m["pipelines"] if p.get("delegate")), None),
-        "deploy_exit_code": done.returncode,
+        "samples": len(samples), "deploy_exit_code": done.returncode,
         "version_after": after["model_version"], "update_states": [e["data"]["state"] for e in events],
         "audit": [e["action"] for e in db.list_audit(20)],
     }

@@ -331,6 +331,8 @@ def test_malformed_commands_get_error_events_and_change_nothing(tmp_path, broker
         # signed by the fleet (a state-changing command must be), and still wrong
         signed_command("c-args", "restart_pipeline", {"pipeline": "main", "now": True}),
         signed_command("c-nopipe", "restart_pipeline", {"pipeline": "nope"}),
+        signed_command("c-nocapture", "capture", {"pipeline": "main", "frames": 3}),  # it has no pipeline
+        signed_command("c-frames", "capture", {"pipeline": "main", "frames": 0}),
         json.dumps({"v": 1, "type": "cmd", "id": "c-old", "cmd": "ping", "expires": 1000.0}).encode(),
         json.dumps({"v": 1, "type": "cmd", "id": "c-extra", "cmd": "ping", "admin": True}).encode(),
     ]
@@ -346,12 +348,14 @@ def test_malformed_commands_get_error_events_and_change_nothing(tmp_path, broker
         rejected = events(collector, "cmd_rejected")
         assert sorted((e["cmd_id"] or "", e["data"]["reason"]) for e in rejected) == [
             ("", "invalid"), ("", "invalid"), ("", "invalid"), ("c-args", "invalid_args"), ("c-extra", "invalid"),
-            ("c-nopipe", "failed"), ("c-old", "expired"), ("c-unknown", "unknown_command")]
+            ("c-frames", "invalid_args"), ("c-nocapture", "failed"), ("c-nopipe", "failed"), ("c-old", "expired"),
+            ("c-unknown", "unknown_command")]
         assert all(e["level"] == "error" for e in rejected)
         by_id = {e["cmd_id"]: e for e in rejected}
-        assert "known: deploy, live_view, ping, restart_pipeline, rollback, set_analytics" in \
+        assert "known: capture, deploy, live_view, ping, restart_pipeline, rollback, set_analytics" in \
             by_id["c-unknown"]["message"]
         assert "no pipeline named 'nope'" in by_id["c-nopipe"]["message"]
+        assert "no pipeline named 'main'" in by_id["c-nocapture"]["message"]
         assert "unknown key 'admin'" in by_id["c-extra"]["message"]
 
         # a good command works, and a repeated id is not run twice

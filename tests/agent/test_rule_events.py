@@ -20,7 +20,7 @@ from support.agent import AgentProcess, write_config
 from support.broker import Collector
 from support.pipeline import ULTRAFACE
 
-from edgeinfer.agent.evidence_upload import REFUSED_MARK, UPLOADED_MARK, EvidenceUploader
+from edgeinfer.agent.uploads import REFUSED_MARK, UPLOADED_MARK, DeviceUploader
 from edgeinfer.link.protocol import validate
 from edgeinfer.pipeline.evidence import PLAIN_SNAPSHOT_NAME, SNAPSHOT_NAME, EvidenceStore
 
@@ -150,7 +150,7 @@ def test_unsent_evidence_is_sent_after_a_restart_and_a_refusal_is_reported_once(
     emitted: list[tuple] = []
     with EvidenceServer(tmp_path / "received") as server:
         server.refuse = {ids[2]}
-        uploader = EvidenceUploader(server.url, "cam-01", credentials=("cam-01", "pw"),
+        uploader = DeviceUploader(server.url, "cam-01", credentials=("cam-01", "pw"),
                                     emit=lambda *a, **k: emitted.append((a, k)))
         assert uploader.scan([("main", tmp_path / "evidence" / "main")]) == 3
         shutil.rmtree(root / ids[3])  # the store's bound took it before its turn
@@ -165,5 +165,5 @@ def test_unsent_evidence_is_sent_after_a_restart_and_a_refusal_is_reported_once(
     assert uploader.sent == 1 and uploader.refused == 1
     [(args, kwargs)] = emitted
     assert args[0] == "evidence_upload_failed" and kwargs["data"]["status"] == 403
-    assert EvidenceUploader(server.url, "cam-01", credentials=None).scan([("main", root)]) == 0  # all marked
+    assert DeviceUploader(server.url, "cam-01", credentials=None).scan([("main", root)]) == 0  # all marked
     assert len(EvidenceStore(root)) == 3  # the marks are not events and do not upset the store

@@ -162,9 +162,13 @@ def test_the_built_pipeline_decodes_the_real_stream_in_gstreamer(rtsp):
     pipeline = rtsp_pipeline(rtsp.url("h264"), "h264", "openh264dec", transport="tcp")
     pipeline = pipeline.replace("appsink drop=true max-buffers=2 sync=false", "fakesink num-buffers=3")
     pipeline = pipeline.replace("format=BGR", f"format=BGR,width={SIZE[0]},height={SIZE[1]}")
-    done = subprocess.run(["gst-launch-1.0", "-q", *shlex.split(pipeline)], capture_output=True, text=True,
-                          timeout=30)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = subprocess.run(["gst-launch-1.0", *shlex.split(pipeline)], capture_output=True, text=True, timeout=30)
+    # the frames reached the sink (EOS after num-buffers); a server that closes first makes the RTSP teardown
+    # that follows fail ("Could not send message"), which says nothing of the decoding
+    torn_down_late = 'Got EOS from element "pipeline0"' in done.stdout and all(
+        "Could not send message" in error or "Could not write to resource" in error
+        for error in done.stderr.split("ERROR: ")[1:])
+    assert done.returncode == 0 or torn_down_late, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def test_the_boards_decoders_are_used_for_a_camera_that_states_its_codec():

@@ -46,13 +46,15 @@ DEVICE = "contract-cam"
 EVENT_ID = new_event_id(1)
 #: what fills a path parameter when a role is checked (the credential is judged before the parameters)
 PATH_VALUES = {"device_id": DEVICE, "deployment_id": "d" * 32, "token_id": "0" * 12, "sha256": "0" * 64,
-               "event_id": EVENT_ID, "pipeline": "main"}
+               "event_id": EVENT_ID, "pipeline": "main", "sample_id": "s1"}
 STREAM = "/api/stream"
 LIVE_VIEW = "/api/devices/{device_id}/live/{pipeline}"
 ENDLESS = (STREAM, LIVE_VIEW)
 EXCLUDED = [arg for path in ENDLESS for arg in ("--exclude-path", path)]
 #: a live frame nobody watches is a valid request answered 410 Gone (the device stops sending): not a refusal
 LIVE_FRAMES = "/api/devices/{device_id}/live/{pipeline}/frames"
+SAMPLES_IMPORT = "/api/samples/import"
+SAMPLE = "/api/devices/{device_id}/samples/{sample_id}"
 #: the operations that take a list of up to 10,000 device ids: the coverage phase sends the longest lists (each a
 #: second of work for the manager) over and over; the fuzzing phase sends them lists of any length
 LISTS_OF_DEVICES = (("/api/enrollments", "POST"), ("/api/deployments", "POST"))
@@ -157,9 +159,16 @@ def fuzzer_config(contract: Contract) -> str:
         values = {name: value for name, value in known.items() if f"{{{name}}}" in path}
         lines += ["[[operations]]", f'include-path = "{path}"', f'include-method = "{method}"',
                   "parameters = { " + ", ".join(f'"path.{k}" = "{v}"' for k, v in values.items()) + " }", ""]
-    lines += ["[[operations]]", f'include-path = "{LIVE_FRAMES}"', 'include-method = "POST"',
+    # by name ("METHOD path"): filters of one block are OR-ed, so include-path with include-method would take in
+    # every operation of that method
+    lines += ["[[operations]]", f'include-name = "POST {LIVE_FRAMES}"',
               "[operations.checks.positive_data_acceptance]",
               'expected-statuses = ["2xx", "401", "403", "404", "409", "410"]', ""]
+    # bodies whose validity no schema states: an import is a COCO document or a zip of YOLO files; a sample's jpeg
+    # is base64 of a JPEG (the hooks send a real one where they can)
+    for name in (f"POST {SAMPLES_IMPORT}", f"PUT {SAMPLE}"):
+        lines += ["[[operations]]", f'include-name = "{name}"', "[operations.checks.positive_data_acceptance]",
+                  'expected-statuses = ["2xx", "400", "401", "403", "404", "409"]', ""]
     for path, method in LISTS_OF_DEVICES:  # their coverage cases cost more than every other operation's together
         lines += ["[[operations]]", f'include-path = "{path}"', f'include-method = "{method}"',
                   "[operations.phases.coverage]", "enabled = false", ""]

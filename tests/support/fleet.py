@@ -8,7 +8,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from edgeinfer.fleet.live import LiveFeed
 from edgeinfer.fleet.liveview import LiveView
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.fleet.metrics import FleetMetrics
+from edgeinfer.fleet.samples import SampleStore
 from edgeinfer.link.spool import Spool
 from edgeinfer.updates.signing import SigningKey
 
@@ -147,7 +148,7 @@ def api_server(db: FleetDB, folder: Path, *, artifacts: ArtifactStore | None = N
                 deployments=DeploymentService(db, key, store, commands, public_url=server.url),
                 devices=DeviceService(db, evidence_store), evidence=evidence_store, live=LiveFeed(db),
                 liveview=LiveView(db, commands, lambda: server.url), metrics=FleetMetrics(None),
-                max_upload_bytes=max_upload_bytes)
+                samples=SampleStore(db), max_upload_bytes=max_upload_bytes)
             services.liveview.start()
             server.start(build_app(services))
             try:
@@ -200,20 +201,24 @@ class SimulatedFleet:
     simulation: Any
     admin: Any
     ids: list[str]
+    #: device id -> (MQTT user name, password): what the device itself signs in with (sample uploads too)
+    credentials: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
 def simulated_fleet(data_dir: Path, *, devices: int, behaviours: Mapping[str, str] | None = None,
                     interval_s: float = 1.0, fleet: str = "canary",
                     update_delay_s: tuple[float, float] = (0.05, 0.2), ramp_s: float | None = 2.0,
-                    online_timeout: float = 60.0) -> Iterator[SimulatedFleet]:
-    """A manager with its managed Mosquitto, ``devices`` enrolled in one call and simulated in this process
-    (``behaviours``: model name → how the devices run it); yielded once every device is online in the
-    manager's database with telemetry."""
+                    online_timeout: float = 60.0, db_url: str | None = None,
+                    groups: tuple[str, ...] = ()) -> Iterator[SimulatedFleet]:
+    """A manager with its managed Mosquitto (and its database at ``db_url``: default SQLite in ``data_dir``),
+    ``devices`` enrolled in one call and simulated in this process (``behaviours``: model name → how the devices
+    run it; ``groups``: theirs); yielded once every device is online in the manager's database with telemetry."""
     from edgeinfer.fleet.broker import free_port
     from edgeinfer.tools.simulate import Simulation, SimulationSettings
 
-    settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", data_dir=data_dir)
+    settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", data_dir=data_dir,
+                             db_url=db_url)
     with FleetManager(settings) as manager:
         assert manager.wait_connected(10), "the fleet manager did not connect to its Mosquitto"
         admin = FleetClient(manager.http.url, token=manager.admin_token)
@@ -222,7 +227,7 @@ def simulated_fleet(data_dir: Path, *, devices: int, behaviours: Mapping[str, st
         credentials = {e["device_id"]: (e["username"], e["password"]) for e in issued}
         simulation = Simulation(SimulationSettings(broker=manager.broker_url, devices=devices, fleet=fleet,
                                                    interval_s=interval_s, update_delay_s=update_delay_s,
-                                                   ramp_s=ramp_s, credentials=credentials,
+                                                   ramp_s=ramp_s, credentials=credentials, groups=groups,
                                                    behaviours=dict(behaviours or {})))
         with simulation:
             simulation.start()
@@ -233,5 +238,5 @@ def simulated_fleet(data_dir: Path, *, devices: int, behaviours: Mapping[str, st
 
             assert wait_until(all_online, online_timeout, 0.2), \
                 f"not every device came online: {simulation.online}/{devices} connected"
-            yield SimulatedFleet(manager, simulation, admin, ids)
+            yield SimulatedFleet(manager, simulation, admin, ids, credentials)
             simulation.stop(drain_s=1.0)

@@ -10,10 +10,28 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def basic(username: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
+def request(base: str, method: str, path: str, *, body: bytes | None = None, auth: str | None = None,
+            headers: dict | None = None) -> tuple[int, Any, bytes]:
+    """(status, headers, body) of one request on a fresh connection (Content-Length set for a body)."""
+
+    host, port = base.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        sent = dict(headers or {})
+        if auth:
+            sent["Authorization"] = auth
+        connection.request(method, path, body=body, headers=sent)
+        response = connection.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        connection.close()
 
 
 def post_frame(url: str, device: str, pipeline: str, jpeg: bytes, auth: str, *, stream: str = "",

@@ -7,7 +7,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from .assets import ASSETS, MODELS
+from .assets import ASSETS, LABELS, MODELS
 
 YOLO_POSE = MODELS / "yolo11n-pose.onnx"
 YOLO_FALL = MODELS / "yolo_fall_detection.onnx"
@@ -85,3 +85,14 @@ def damage_member(archive_path: Path, member: str) -> None:
     for i in range(middle, middle + 8):
         data[i] ^= 0x5A
     archive_path.write_bytes(bytes(data))
+
+
+def ssd_with_coco_names(folder: Path) -> Path:
+    """A copy of the Coral SSD in ``folder`` with COCO's names zipped onto it (Ultralytics' form): a model that
+    says its own classes, as the models the fleet deploys do (no labels file beside it)."""
+    import shutil
+
+    lines = (LABELS / "coco_labels.txt").read_text().splitlines()
+    folder.mkdir(parents=True, exist_ok=True)
+    model = Path(shutil.copy(MODELS / "mobilenet_ssd_v2_coco_quant_postprocess.tflite", folder))
+    return with_metadata_json(model, {"task": "detect", "names": {str(i): name for i, name in enumerate(lines)}})

@@ -32,6 +32,7 @@ from ..evidence import EvidenceStore
 from ..live import LiveFeed
 from ..liveview import LiveView
 from ..metrics import FleetMetrics
+from ..samples import SampleStore
 
 #: the largest model upload, unless the server is told otherwise
 MAX_UPLOAD_BYTES = 2 << 30
@@ -50,6 +51,7 @@ class FleetServices:
     live: LiveFeed
     liveview: LiveView
     metrics: FleetMetrics
+    samples: SampleStore
     max_upload_bytes: int = MAX_UPLOAD_BYTES
 
 

@@ -17,6 +17,7 @@ from ...errors import ConfigError
 from ...link.vocabulary import TargetState
 from ..rollout import DeploymentStatus
 from . import evidence, live, rollouts, security, writes
+from .samples import SampleRows
 from .schema import tables
 
 DEFAULT_DB_URL = "sqlite:///fleet.db"
@@ -63,6 +64,8 @@ class FleetDB:
                 self.engine.dispose()
                 raise
         self.t = tables(self._sa)
+        #: captured samples for datasets (samples.py)
+        self.samples = SampleRows(self._sa, self.engine, self.t)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -27,6 +27,7 @@ class Tables:
     evidence_chunks: Any
     live_frames: Any
     analytics: Any
+    samples: Any
 
 
 def tables(sa: Any) -> Tables:
@@ -185,5 +186,28 @@ def tables(sa: Any) -> Tables:
         sa.Column("zones", sa.JSON, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
     )
+    samples = sa.Table(  # a captured sample for datasets (fleet/samples.py; migration 0008)
+        "samples", metadata,
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("sample_id", sa.String(64), primary_key=True),
+        *(sa.Column(name, sa.String(size), nullable=False) for name, size in (
+            ("pipeline", 64), ("stream", 64), ("rule", 128), ("model_name", 128), ("model_sha256", 64),
+            ("model_version", 128))),
+        sa.Column("width", sa.Integer, nullable=False),
+        sa.Column("height", sa.Integer, nullable=False),
+        sa.Column("captured_at", sa.Float, nullable=False),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("size", sa.BigInteger, nullable=False),
+        sa.Column("sha256", sa.String(64), nullable=False),
+        sa.Column("phash", sa.String(16), nullable=False),
+        sa.Column("jpeg", sa.LargeBinary, nullable=False),
+        sa.Column("detections", sa.JSON, nullable=False),
+        sa.Column("labels", sa.JSON),
+        sa.Column("label_names", sa.Text, nullable=False),  # " person car ": the label filter's LIKE
+        sa.Column("reviewed", sa.Boolean, nullable=False),
+        sa.Column("reviewed_at", sa.Float),
+        sa.Index("ix_samples_created_at", "created_at"),
+        sa.Index("ix_samples_scene", "device_id", "pipeline", "stream", "created_at"),
+    )
     return Tables(metadata, devices, telemetry, rollups, events, deployments, targets, tokens, audit, credentials,
-                  evidence, evidence_chunks, live_frames, analytics)
+                  evidence, evidence_chunks, live_frames, analytics, samples)

@@ -6,6 +6,7 @@ import { devicesPage } from "./devices.js";
 import { devicePage } from "./device.js";
 import { deploymentsPage, deploymentPage } from "./deployments.js";
 import { eventsPage } from "./events.js";
+import { samplesPage } from "./samples.js";
 
 const $ = (sel) => document.querySelector(sel);
 const view = $("#view");
@@ -136,6 +137,7 @@ const ROUTES = [
   [/^\/deployments\/?$/, () => deploymentsPage, "deployments"],
   [/^\/deployments\/(.+)$/, () => deploymentPage, "deployments"],
   [/^\/events\/?$/, () => eventsPage, "events"],
+  [/^\/samples\/?$/, () => samplesPage, "samples"],
 ];
 
 function unmountCurrent() {
@@ -145,7 +147,10 @@ function unmountCurrent() {
 
 async function route() {
   if (!ctx.me) return;
-  let path = location.hash.replace(/^#/, "") || "/";
+  const hash = location.hash.replace(/^#/, "");
+  const at = hash.indexOf("?"); // a page's own parameters (#/samples?label=person), kept encoded for it
+  let path = (at < 0 ? hash : hash.slice(0, at)) || "/";
+  const params = new URLSearchParams(at < 0 ? "" : hash.slice(at + 1));
   try { path = decodeURIComponent(path); } catch { /* malformed %-escape: match it as typed */ }
   const seq = ++routeSeq;
   unmountCurrent();
@@ -165,7 +170,7 @@ async function route() {
   const entry = { page: null, ready: false, queue: [], seq };
   current = entry;
   try {
-    entry.page = await match[1]()(root, ctx, match[0][1]);
+    entry.page = await match[1]()(root, ctx, match[0][1], params);
   } catch (e) {
     if (seq !== routeSeq) return;
     if (e instanceof ApiError && e.status === 401) return; // already back at sign-in

@@ -1,4 +1,4 @@
-// One device: charts over time, delegate plan, model, events, operator actions.
+// One device: charts over time, delegate plan, model, events, operator actions (capturing frames among them).
 import { api } from "./api.js";
 import { h, clear, setText, emptyState, fact, fmtNum, fmtAgo, fmtTime, fmtBytes, deviceMetrics, versionOf,
   canOperate, confirmDialog, DASH } from "./dom.js";
@@ -6,6 +6,7 @@ import { lineChart, join } from "./charts.js";
 import { eventItem, eventKey } from "./overview.js";
 import { evidenceList } from "./events.js";
 import { liveCard } from "./live.js";
+import { captureCard } from "./capture.js";
 
 const TELEMETRY_LIMIT = 300;
 
@@ -37,6 +38,7 @@ export async function devicePage(root, ctx, id) {
   const detections = evidenceList({ device: id, limit: 20 });
   const actions = canOperate(ctx.me.role) ? actionsCard(id, () => d) : null;
   const live = liveCard(id, () => d, canOperate(ctx.me.role));
+  const capture = canOperate(ctx.me.role) ? captureCard(id, () => d) : null;
 
   root.replaceChildren(h("div", { "data-testid": "device", dataset: { deviceId: id } },
     h("p", { class: "crumbs" }, h("a", { href: "#/devices" }, "Devices"), " / "),
@@ -47,7 +49,8 @@ export async function devicePage(root, ctx, id) {
     h("div", { class: "grid" },
       h("section", { class: "card" }, h("h2", {}, "Delegate plan"), plan),
       h("section", { class: "card" }, h("h2", {}, "Model"), slots),
-      actions),
+      actions,
+      capture && capture.el),
     h("section", { class: "card", "data-testid": "device-detections" }, h("h2", {}, "Detections"), detections.el),
     h("section", { class: "card" }, h("h2", {}, "Events"), events)));
   // Not fatal: the rest of the page is useful without it (a manager without evidence answers 404).
@@ -189,6 +192,7 @@ export async function devicePage(root, ctx, id) {
         if (!upd) return;
         d = { ...d, ...upd };
         renderInfo();
+        if (capture) capture.refresh();
         // Extend the charts with the new telemetry sample (if it is newer than the last one).
         const t = upd.last_telemetry;
         const ts = t && (t.ts ?? t.timestamp);

@@ -1,15 +1,18 @@
-"""Event evidence to the fleet manager: each event's snapshot and clip, PUT with the device's credential.
+"""What a device sends the fleet manager on its own: each event's evidence and each capture sample, PUT with the
+device's credential.
 
-:class:`EvidenceUploader` runs thread ``edgeinfer-evidence-upload``. The pipelines' event listeners
-hand it events (:meth:`~EvidenceUploader.enqueue`); it PUTs ``snapshot.jpg`` then ``clip.mjpeg`` to
-``<manager_url>/api/devices/<device>/events/<event id>/<file>`` with HTTP Basic (the device's MQTT
-user name and password, as artifact downloads do) and marks the event's folder ``uploaded`` when
-both are stored. Nothing is kept in memory that the disk does not have: at start it finds every
-stored event without the mark (an agent that crashed, a network that was down) and sends it, oldest
-first. A network error or a 5xx waits with backoff and tries again; the manager's 200 for bytes it
-already has makes a retry harmless; a refusal (401/403/404/413, 409 for different bytes under the
-same id) is reported once as an ``evidence_upload_failed`` event and the event is not tried again
-(marked ``upload_refused``). The store's own bound may delete an event before it is sent: skipped.
+:class:`DeviceUploader` runs thread ``edgeinfer-device-upload``. The pipelines hand it what they wrote (an event's
+folder, :meth:`~DeviceUploader.enqueue`; a capture sample's, :meth:`~DeviceUploader.enqueue_sample`); it sends each
+as its :class:`Kind` says — an event's ``snapshot.jpg`` then its clip to
+``<manager_url>/api/devices/<device>/events/<event id>/<file>``, a sample as one JSON document (``_samples.py``) to
+``<manager_url>/api/devices/<device>/samples/<sample id>`` — with HTTP Basic (the device's MQTT user name and
+password, as artifact downloads do), and marks the folder ``uploaded`` when the manager has it. Nothing is kept in
+memory that the disk does not have: at start it finds every stored folder without the mark (an agent that crashed,
+a network that was down) and sends it, oldest first. A network error or a 5xx waits with backoff and tries again;
+the manager's 200 for what it already has makes a retry harmless; a refusal (400/401/403/404/413, 409 for other
+bytes under the same id) is reported once as an ``evidence_upload_failed`` or ``sample_upload_failed`` event and
+the folder is not tried again (marked ``upload_refused``). A store's own bound may delete a folder before it is
+sent: skipped.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ import time
 import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._backoff import EQUAL_JITTER, Backoff
 from .._evidence import CLIP_NAMES, CONTENT_TYPES, EVENT_ID, EVIDENCE_FILES, SNAPSHOT_NAME
 from .._fs import atomic_write_bytes
+from .._samples import SAMPLE_FRAME_NAME, SAMPLE_META_NAME, upload_document
 from ..errors import UploadRefused
 from ..link.vocabulary import EventKind
 from ..pipeline.evidence import META_NAME
@@ -38,19 +43,32 @@ log = logging.getLogger(__name__)
 UPLOADED_MARK = "uploaded"
 #: the mark of an event the manager refused (not tried again)
 REFUSED_MARK = "upload_refused"
-#: what is sent, in this order (the snapshot first: the dashboard shows it while the clip travels)
-#: what an event's folder may hold, in upload order (the snapshot first; the clip is MP4 or MJPEG)
+#: what an event's folder may hold, in upload order (the snapshot first: the dashboard shows it while the clip
+#: travels; the clip is MP4 or MJPEG)
 FILES = tuple((name, CONTENT_TYPES[name]) for name in EVIDENCE_FILES)
 #: seconds one request may take (a clip of a few MiB on a slow uplink)
 REQUEST_TIMEOUT_S = 60.0
-#: events waiting at most (the oldest beyond it wait for the next start's scan)
+#: folders waiting at most (the oldest beyond it wait for the next start's scan)
 MAX_QUEUE = 1000
 
 EmitFn = Callable[..., None]
 
 
-class EvidenceUploader:
-    """Sends each event's evidence to the fleet manager, in order, surviving cuts and restarts."""
+@dataclass(frozen=True)
+class Kind:
+    """One kind of folder the device uploads: the file that makes it whole (written last), where the stores keep
+    them, how one is sent, and the event a refusal is reported as."""
+
+    name: str
+    meta_name: str
+    globs: tuple[str, ...]
+    send: Callable[[DeviceUploader, Path], bool]
+    refused_event: EventKind
+
+
+class DeviceUploader:
+    """Sends each event's evidence and each capture sample to the fleet manager, in order, surviving cuts and
+    restarts."""
 
     def __init__(self, manager_url: str, device_id: str, *, credentials: tuple[str, str] | None,
                  cafile: str | None = None, emit: EmitFn | None = None,
@@ -60,12 +78,12 @@ class EvidenceUploader:
         self.http = DeviceHTTP(credentials, cafile)
         self._emit = emit
         self._backoff = backoff or Backoff(initial_s=1.0, max_s=60.0, jitter=EQUAL_JITTER)
-        self._queue: deque[tuple[str | None, Path]] = deque()
+        self._queue: deque[tuple[str | None, Path, Kind]] = deque()
         self._known: set[Path] = set()
         self._wake = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: events sent, refused, and retries after a failure
+        #: folders sent, refused, and retries after a failure
         self.sent = self.refused = self.retries = 0
 
     # -- feeding -----------------------------------------------------------------------------------
@@ -73,27 +91,35 @@ class EvidenceUploader:
         """An event a pipeline recorded (its ``clip`` path names the folder); ignored without evidence."""
         clip = event.get("clip")
         if clip:
-            self._add(pipeline, Path(clip).parent)
+            self._add(pipeline, Path(clip).parent, EVIDENCE)
 
-    def scan(self, folders: Iterable[tuple[str | None, Path]]) -> int:
-        """Queue every stored event under ``folders`` (``(pipeline, evidence dir)``) not yet sent, oldest
-        first; the stream folders of a multi-stream pipeline too. Returns how many were queued."""
+    def enqueue_sample(self, sample: dict, pipeline: str | None = None) -> None:
+        """A capture sample a pipeline wrote (a sampler's listener's ``info``: its ``folder``); ignored else."""
+        folder = sample.get("folder")
+        if folder:
+            self._add(pipeline, Path(folder), SAMPLES)
+
+    def scan(self, folders: Iterable[tuple[str | None, Path]], kind: Kind | None = None) -> int:
+        """Queue every stored folder of ``kind`` (events: the default) under ``folders`` (``(pipeline, store
+        folder)``) not yet sent, oldest first; the stream folders of a multi-stream pipeline too. Returns how many
+        were queued."""
+        kind = kind or EVIDENCE
         found: list[tuple[str, str | None, Path]] = []
         for pipeline, root in folders:
-            for meta in sorted(Path(root).glob(f"*/{META_NAME}")) + sorted(Path(root).glob(f"*/*/{META_NAME}")):
+            for meta in [m for pattern in kind.globs for m in sorted(Path(root).glob(pattern))]:
                 folder = meta.parent
                 if EVENT_ID.match(folder.name) and not _marked(folder):
                     found.append((folder.name, pipeline, folder))
         for _name, pipeline, folder in sorted(found, key=lambda item: item[0]):
-            self._add(pipeline, folder)
+            self._add(pipeline, folder, kind)
         return len(found)
 
-    def _add(self, pipeline: str | None, folder: Path) -> None:
+    def _add(self, pipeline: str | None, folder: Path, kind: Kind) -> None:
         with self._wake:
             if folder in self._known or len(self._queue) >= MAX_QUEUE:
                 return
             self._known.add(folder)
-            self._queue.append((pipeline, folder))
+            self._queue.append((pipeline, folder, kind))
             self._wake.notify()
 
     @property
@@ -102,8 +128,8 @@ class EvidenceUploader:
             return len(self._queue)
 
     # -- the thread --------------------------------------------------------------------------------
-    def start(self) -> EvidenceUploader:
-        self._thread = threading.Thread(target=self._run, name="edgeinfer-evidence-upload", daemon=True)
+    def start(self) -> DeviceUploader:
+        self._thread = threading.Thread(target=self._run, name="edgeinfer-device-upload", daemon=True)
         self._thread.start()
         return self
 
@@ -115,7 +141,7 @@ class EvidenceUploader:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _next(self) -> tuple[str | None, Path] | None:
+    def _next(self) -> tuple[str | None, Path, Kind] | None:
         with self._wake:
             while not self._queue and not self._stop.is_set():
                 self._wake.wait(1.0)
@@ -136,11 +162,13 @@ class EvidenceUploader:
             item = self._next()
             if item is None:
                 continue
-            pipeline, folder = item
+            pipeline, folder, kind = item
             try:
-                self.upload(folder)
+                if kind.send(self, folder):
+                    atomic_write_bytes(folder / UPLOADED_MARK, json.dumps({"at": time.time()}).encode())
+                    self.sent += 1
             except UploadRefused as exc:
-                self._refused(pipeline, folder, exc)
+                self._refused(pipeline, folder, kind, exc)
             except (OSError, http.client.HTTPException, urllib.error.URLError) as exc:
                 if not folder.is_dir():  # the store's bound took it meanwhile
                     self._done(folder)
@@ -148,26 +176,27 @@ class EvidenceUploader:
                 attempt += 1
                 self.retries += 1
                 delay = self._backoff.delay(attempt)
-                log.info("evidence of %s not sent (%s); again in %.1f s", folder.name, exc, delay)
+                log.info("%s %s not sent (%s); again in %.1f s", kind.name, folder.name, exc, delay)
                 self._stop.wait(delay)
                 continue
             attempt = 0
             self._done(folder)
 
-    def _refused(self, pipeline: str | None, folder: Path, exc: UploadRefused) -> None:
+    def _refused(self, pipeline: str | None, folder: Path, kind: Kind, exc: UploadRefused) -> None:
         self.refused += 1
         with contextlib.suppress(OSError):
             atomic_write_bytes(folder / REFUSED_MARK, json.dumps({"status": exc.status, "error": str(exc)}).encode())
         self._done(folder)
-        log.warning("evidence of %s refused by the fleet manager: %s", folder.name, exc)
+        log.warning("%s %s refused by the fleet manager: %s", kind.name, folder.name, exc)
         if self._emit is not None:
-            self._emit(EventKind.EVIDENCE_UPLOAD_FAILED, "warning",
-                       f"the fleet manager refused the evidence of event {folder.name}: {exc}", pipeline=pipeline,
-                       data={"event_id": folder.name, "status": exc.status, "error": str(exc)[:500]})
+            key = "event_id" if kind is EVIDENCE else "sample_id"
+            self._emit(kind.refused_event, "warning",
+                       f"the fleet manager refused the {kind.name} {folder.name}: {exc}", pipeline=pipeline,
+                       data={key: folder.name, "status": exc.status, "error": str(exc)[:500]})
 
-    # -- one event ---------------------------------------------------------------------------------
+    # -- one folder --------------------------------------------------------------------------------
     def upload(self, folder: Path) -> bool:
-        """PUT the event's files; mark it sent. False when the folder is gone (nothing to send)."""
+        """PUT an event's files (the snapshot first). False when the folder is gone (nothing to send)."""
         if not (folder / META_NAME).is_file():
             return False
         present = [(name, kind) for name, kind in FILES if (folder / name).is_file()]
@@ -179,27 +208,46 @@ class EvidenceUploader:
                 size = path.stat().st_size
             except FileNotFoundError:
                 return False
-            self._put(folder.name, name, path, size, content_type)
-        atomic_write_bytes(folder / UPLOADED_MARK, json.dumps({"at": time.time()}).encode())
-        self.sent += 1
+            with open(path, "rb") as body:
+                self._put(self.url_of(folder.name, name), body, size, content_type)
+        return True
+
+    def upload_sample(self, folder: Path) -> bool:
+        """PUT a capture sample as one JSON document. False when the folder is gone (the store's bound)."""
+        try:
+            meta = json.loads((folder / SAMPLE_META_NAME).read_bytes())
+            jpeg = (folder / SAMPLE_FRAME_NAME).read_bytes()
+        except FileNotFoundError:
+            return False
+        except ValueError as exc:  # a sample.json this agent did not write whole: nothing to retry
+            raise UploadRefused(0, f"unreadable {SAMPLE_META_NAME}: {exc}") from None
+        body = json.dumps(upload_document(meta, jpeg)).encode("utf-8")
+        device = urllib.parse.quote(self.device_id, safe="")
+        self._put(f"{self.base}/api/devices/{device}/samples/{folder.name}", body, len(body), "application/json")
         return True
 
     def url_of(self, event_id: str, name: str) -> str:
         device = urllib.parse.quote(self.device_id, safe="")
         return f"{self.base}/api/devices/{device}/events/{event_id}/{name}"
 
-    def _put(self, event_id: str, name: str, path: Path, size: int, content_type: str) -> None:
+    def _put(self, url: str, body: Any, size: int, content_type: str) -> None:
         import urllib.error
 
         headers = {"Content-Type": content_type, "Content-Length": str(size)}
-        with open(path, "rb") as body:
-            try:
-                self.http.send("PUT", self.url_of(event_id, name), body, headers, timeout=REQUEST_TIMEOUT_S)
-            except urllib.error.HTTPError as exc:
-                detail = _detail(exc)
-                if exc.code >= 500 or exc.code in (408, 429):
-                    raise OSError(f"HTTP {exc.code}: {detail}") from None
-                raise UploadRefused(exc.code, detail) from None
+        try:
+            self.http.send("PUT", url, body, headers, timeout=REQUEST_TIMEOUT_S)
+        except urllib.error.HTTPError as exc:
+            detail = _detail(exc)
+            if exc.code >= 500 or exc.code in (408, 429):
+                raise OSError(f"HTTP {exc.code}: {detail}") from None
+            raise UploadRefused(exc.code, detail) from None
+
+
+#: an event's evidence (pipeline/evidence.py), a capture sample (pipeline/sampling.py)
+EVIDENCE = Kind("evidence of event", META_NAME, (f"*/{META_NAME}", f"*/*/{META_NAME}"), DeviceUploader.upload,
+                EventKind.EVIDENCE_UPLOAD_FAILED)
+SAMPLES = Kind("capture sample", SAMPLE_META_NAME, (f"*/{SAMPLE_META_NAME}", f"*/*/{SAMPLE_META_NAME}"),
+               DeviceUploader.upload_sample, EventKind.SAMPLE_UPLOAD_FAILED)
 
 
 class DeviceHTTP:
@@ -236,18 +284,19 @@ class DeviceHTTP:
             return int(answer.status)
 
 
-def start_uploader(config: Any, emit: EmitFn | None) -> EvidenceUploader | None:
-    """The agent's uploader (an ``AgentConfig`` with ``manager_url`` and a pipeline with event rules),
-    started, with what an earlier run left unsent queued; None when there is nothing to upload."""
-    folders = [(p.name, Path(p.evidence_dir)) for p in config.pipelines if p.events and p.evidence_dir]
-    if config.manager_url is None or not folders:
+def start_uploader(config: Any, emit: EmitFn | None) -> DeviceUploader | None:
+    """The agent's uploader (an ``AgentConfig`` with ``manager_url`` and a pipeline with event rules or capture
+    rules), started, with what an earlier run left unsent queued; None when there is nothing to upload."""
+    events = [(p.name, Path(p.evidence_dir)) for p in config.pipelines if p.events and p.evidence_dir]
+    samples = [(p.name, Path(p.capture_dir)) for p in config.pipelines if p.capture and p.capture_dir]
+    if config.manager_url is None or not (events or samples):
         return None
     mqtt = config.mqtt  # the device's credential and CA also open the fleet manager, as for artifacts
-    uploader = EvidenceUploader(config.manager_url, config.device_id, emit=emit, cafile=mqtt.ca,
-                                credentials=(mqtt.username, mqtt.password or "") if mqtt.username else None)
-    queued = uploader.scan(folders)
+    uploader = DeviceUploader(config.manager_url, config.device_id, emit=emit, cafile=mqtt.ca,
+                              credentials=(mqtt.username, mqtt.password or "") if mqtt.username else None)
+    queued = uploader.scan(events, EVIDENCE) + uploader.scan(samples, SAMPLES)
     if queued:
-        log.info("%d event(s) of an earlier run still to upload", queued)
+        log.info("%d event(s) and sample(s) of an earlier run still to upload", queued)
     return uploader.start()
 
 

@@ -1,0 +1,242 @@
+"""Captured samples and the datasets made of them (``samples.py``, ``datasets.py``; docs/datasets.md).
+
+``PUT /api/devices/{device}/samples/{sample id}``: a device uploads a sample with its own MQTT credential
+(HTTP Basic, its own device id only) or an operator's token. Listing, reading and exporting need a viewer
+token; marking reviewed, correcting labels, deleting and importing labels an operator's.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
+
+from ..._samples import SAMPLE_ID_PATTERN
+from ...errors import DatasetError
+from ...link.protocol import ID_PATTERN
+from ..artifacts import UploadTooLarge
+from ..datasets import FORMATS, IMPORT_FORMATS, MAX_IMPORT_BYTES, export_zip, parse_coco, parse_yolo
+from ..db.samples import Filters
+from ..samples import clamped
+from ..schemas import PRINTABLE_PATTERN, Sample, SampleChange, SampleStored, SampleUpload, describe_error, or_empty
+from .deps import EvidenceUploader, Operator, Services, Viewer
+from .responses import binary, binary_body, errors
+
+router = APIRouter(tags=["samples"])
+DeviceId = Annotated[str, Path(pattern=ID_PATTERN, description="a device id")]
+SampleId = Annotated[str, Path(pattern=SAMPLE_ID_PATTERN, description="a sample id (the device names it)")]
+MAX_LIST = 1000
+MAX_EXPORT = 20_000
+#: the values a filter offers, at most
+MAX_FACET = 500
+#: a JSON body read whole: its JPEG's limit in base64, and room for the detections
+BODY_SLACK = 1 << 20
+SAMPLE = "/api/devices/{device_id}/samples/{sample_id}"
+ZIP = "application/zip"
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request's body, at most ``limit`` bytes as its Content-Length says (411 / 413 before reading)."""
+    length = request.headers.get("content-length")
+    if length is None or not length.isdigit():
+        raise HTTPException(411, "send the body with a Content-Length")
+    if len(length) > 18 or int(length) > limit:
+        raise HTTPException(413, f"the body may be {limit} bytes at most")
+    try:
+        body = await request.body()
+    except ClientDisconnect:
+        raise HTTPException(400, "the client went away during the upload") from None
+    if len(body) > limit:
+        raise HTTPException(413, f"the body may be {limit} bytes at most")
+    return body
+
+
+@router.put(SAMPLE, status_code=201, response_model=SampleStored, summary="Upload a captured sample (the device "
+            "itself, or operator)", responses={200: {"model": SampleStored, "description": "Stored already (a "
+            "retry), or a near-identical frame of the scene is (duplicate_of): not stored again"},
+            **errors(400, 401, 403, 409, 411, 413)},
+            openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/SampleUpload"}}}}},
+            description="HTTP Basic with the device's own MQTT credential (its own device id only), or an operator "
+                        "token. The body is a SampleUpload (JSON, with a Content-Length). 201 stored; 200 the same "
+                        "sample again, or a duplicate of the scene by its perceptual hash; 409 another sample has "
+                        "this id.")
+async def put_sample(device_id: DeviceId, sample_id: SampleId, request: Request, who: EvidenceUploader,
+                     fleet: Services) -> Any:
+    body = await _body(request, fleet.samples.limits.jpeg_bytes * 4 // 3 + BODY_SLACK)
+    try:
+        upload = SampleUpload.model_validate_json(body)
+    except ValidationError as exc:
+        raise HTTPException(400, describe_error(exc)) from None
+    try:
+        received = await run_in_threadpool(fleet.samples.receive, device_id, sample_id, upload)
+    except UploadTooLarge as exc:
+        raise HTTPException(413, str(exc)) from None
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    if received.status == 409:
+        return JSONResponse({"error": f"sample {sample_id} of {device_id} is stored already with another frame",
+                             **received.answer}, status_code=409)
+    if who is not None and received.status == 201:
+        await run_in_threadpool(who.audit, "sample.upload", f"{device_id}/{sample_id}", size=received.answer["size"])
+    return JSONResponse(received.answer, status_code=received.status)
+
+
+Text = Annotated[str | None, Query(max_length=128, pattern=or_empty(PRINTABLE_PATTERN))]
+
+
+def filters(device: Annotated[str | None, Query(pattern=or_empty(ID_PATTERN), description="a device id")] = None,
+            pipeline: Text = None, stream: Text = None, model_version: Text = None, rule: Text = None,
+            label: Annotated[str | None, Query(max_length=128, pattern=or_empty(PRINTABLE_PATTERN),
+                                               description="a class in its labels (or detections)")] = None,
+            reviewed: bool | None = None, labelled: bool | None = None) -> Filters:
+    """The query's filters; an empty one is no filter."""
+    return Filters(device_id=device or None, pipeline=pipeline or None, stream=stream or None,
+                   model_version=model_version or None, rule=rule or None, label=label or None, reviewed=reviewed,
+                   labelled=labelled)
+
+
+Labelled = Annotated[bool | None, Query(description="true: only samples with a ground truth — corrected labels, or "
+                                                    "reviewed (the model's detections accepted); false: the others")]
+
+
+@router.get("/api/samples", response_model=list[Sample], responses=errors(400, 401),
+            summary="Samples, newest first, filtered (an empty filter is no filter)")
+def list_samples(_who: Viewer, fleet: Services, device: Annotated[str | None, Query(pattern=or_empty(ID_PATTERN))]
+                 = None, pipeline: Text = None, stream: Text = None, model_version: Text = None, rule: Text = None,
+                 label: Text = None, reviewed: bool | None = None, labelled: Labelled = None,
+                 limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 100,
+                 offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> Any:
+    chosen = filters(device, pipeline, stream, model_version, rule, label, reviewed, labelled)
+    return fleet.samples.list(chosen, limit=limit, offset=offset)
+
+
+class SampleFacets(BaseModel):
+    """How many samples the filters select, and the values each filter may take over all samples (what the
+    dashboard's filter form offers; a label's spaces are ``_`` as the label filter matches them)."""
+
+    total: int
+    devices: list[str]
+    pipelines: list[str]
+    model_versions: list[str]
+    rules: list[str]
+    labels: list[str]
+
+
+@router.get("/api/samples/facets", response_model=SampleFacets, responses=errors(400, 401),
+            summary="How many samples the filters select, and each filter's values")
+def sample_facets(_who: Viewer, fleet: Services, chosen: Annotated[Filters, Depends(filters)]) -> Any:
+    return {"total": fleet.samples.rows.count(chosen), **fleet.samples.rows.facets(MAX_FACET)}
+
+
+def _sample(fleet: Any, device_id: str, sample_id: str) -> dict:
+    row = fleet.samples.rows.get(device_id, sample_id)
+    if row is None:
+        raise HTTPException(404, f"no sample {sample_id} of device {device_id}")
+    return row
+
+
+@router.get(SAMPLE, response_model=Sample, responses=errors(400, 401, 404), summary="One sample")
+def get_sample(device_id: DeviceId, sample_id: SampleId, _who: Viewer, fleet: Services) -> Any:
+    return _sample(fleet, device_id, sample_id)
+
+
+@router.get(SAMPLE + "/frame.jpg", response_class=Response, summary="A sample's frame (JPEG)",
+            responses={200: binary("image/jpeg", description="The JPEG as the device sent it"),
+                       **errors(400, 401, 404)})
+def get_sample_frame(device_id: DeviceId, sample_id: SampleId, _who: Viewer, fleet: Services) -> Response:
+    data = fleet.samples.rows.jpeg(device_id, sample_id)
+    if data is None:
+        raise HTTPException(404, f"no sample {sample_id} of device {device_id}")
+    return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=86400"})
+
+
+@router.patch(SAMPLE, response_model=Sample, responses=errors(400, 401, 403, 404),
+              summary="Mark a sample reviewed, or set its corrected labels (operator)")
+def change_sample(device_id: DeviceId, sample_id: SampleId, change: SampleChange, who: Operator,
+                  fleet: Services) -> Any:
+    row = _sample(fleet, device_id, sample_id)
+    labels = None
+    if change.labels is not None:
+        labels = clamped([d.model_dump() for d in change.labels], row["width"], row["height"])
+    fleet.samples.rows.update(device_id, sample_id, reviewed=change.reviewed, labels=labels)
+    who.audit("sample.change", f"{device_id}/{sample_id}", reviewed=change.reviewed, labels=labels is not None)
+    return _sample(fleet, device_id, sample_id)
+
+
+@router.delete(SAMPLE, status_code=204, response_class=Response, responses=errors(400, 401, 403, 404),
+               summary="Delete a sample (operator)")
+def delete_sample(device_id: DeviceId, sample_id: SampleId, who: Operator, fleet: Services) -> Response:
+    if not fleet.samples.rows.delete(device_id, sample_id):
+        raise HTTPException(404, f"no sample {sample_id} of device {device_id}")
+    who.audit("sample.delete", f"{device_id}/{sample_id}")
+    return Response(status_code=204)
+
+
+@router.get("/api/samples/export", response_class=StreamingResponse, summary="The samples as a dataset (zip)",
+            responses={200: binary(ZIP, description="images/ and the format's labels: coco annotations.json, "
+                                   "yolo labels/ + data.yaml, label-studio tasks.json"), **errors(400, 401)})
+def export_samples(_who: Viewer, fleet: Services,
+                   format: Annotated[str, Query(pattern="^(coco|yolo|label-studio)$", description=" | ".join(FORMATS))],
+                   device: Annotated[str | None, Query(pattern=or_empty(ID_PATTERN))] = None, pipeline: Text = None,
+                   stream: Text = None, model_version: Text = None, rule: Text = None, label: Text = None,
+                   reviewed: bool | None = None, labelled: Labelled = None,
+                   limit: Annotated[int, Query(ge=1, le=MAX_EXPORT)] = 1000) -> Any:
+    chosen = filters(device, pipeline, stream, model_version, rule, label, reviewed, labelled)
+    rows = fleet.samples.list(chosen, limit=limit)
+    spool = tempfile.SpooledTemporaryFile(max_size=32 << 20)  # noqa: SIM115 - handed to the response, closed there
+    export_zip(rows, format, spool, lambda row: fleet.samples.rows.jpeg(row["device_id"], row["sample_id"]) or b"")
+    spool.seek(0)
+
+    def chunks() -> Any:
+        with spool:
+            while data := spool.read(1 << 20):
+                yield data
+
+    return StreamingResponse(chunks(), media_type=ZIP, headers={
+        "Content-Disposition": f'attachment; filename="samples-{format}.zip"'})
+
+
+@router.post("/api/samples/import", responses=errors(400, 401, 403, 411, 413),
+             openapi_extra=binary_body("application/json", ZIP),
+             summary="Import corrected labels: a COCO annotations.json, or a zip of YOLO labels/ and data.yaml "
+                     "(operator)", description="Files are matched to samples by name (images/<device>/<sample>.jpg, "
+                     "labels/<device>/<sample>.txt, as exported). Everything is checked first: a malformed file, "
+                     "or one naming no stored sample, is a 400 and nothing changes. Each sample named gets the "
+                     "file's boxes as its labels and is marked reviewed.")
+async def import_labels(request: Request, who: Operator, fleet: Services,
+                        format: Annotated[str, Query(pattern="^(coco|yolo)$",
+                                                     description=" | ".join(IMPORT_FORMATS))]) -> dict[str, int]:
+    body = await _body(request, MAX_IMPORT_BYTES)
+    try:
+        changed = await run_in_threadpool(_import, fleet, format, body)
+    except DatasetError as exc:
+        raise HTTPException(400, str(exc)) from None
+    await run_in_threadpool(who.audit, "sample.import", None, format=format, samples=changed)
+    return {"samples": changed}
+
+
+def _import(fleet: Any, fmt: str, body: bytes) -> int:
+    rows = fleet.samples.rows
+    found = parse_coco(body) if fmt == "coco" else parse_yolo(body, lambda key: _size(rows, key))
+    changes = []
+    for (device_id, sample_id), labels in sorted(found.items()):
+        row = rows.get(device_id, sample_id)
+        if row is None:
+            raise DatasetError(f"{device_id}/{sample_id}: no such sample is stored")
+        for label in labels:
+            if label["box"][2] > row["width"] + 0.5 or label["box"][3] > row["height"] + 0.5:
+                raise DatasetError(f"{device_id}/{sample_id}: box {label['box']} is outside the "
+                                   f"{row['width']}x{row['height']} frame")
+        changes.append((device_id, sample_id, labels))
+    return rows.set_labels(changes)
+
+
+def _size(rows: Any, key: tuple[str, str]) -> tuple[int, int] | None:
+    row = rows.get(*key)
+    return (row["width"], row["height"]) if row else None
