@@ -56,14 +56,15 @@ EmitFn = Callable[..., None]
 
 @dataclass(frozen=True)
 class Kind:
-    """One kind of folder the device uploads: the file that makes it whole (written last), where the stores keep
-    them, how one is sent, and the event a refusal is reported as."""
+    """One kind of folder the device uploads: the file that makes it whole (written last; a store keeps its
+    folders at ``*/`` or, a stream's, ``*/*/``), how one is sent, and how a refusal is reported."""
 
     name: str
     meta_name: str
-    globs: tuple[str, ...]
     send: Callable[[DeviceUploader, Path], bool]
     refused_event: EventKind
+    #: the refusal event's key for the folder's id
+    id_key: str
 
 
 class DeviceUploader:
@@ -106,7 +107,7 @@ class DeviceUploader:
         kind = kind or EVIDENCE
         found: list[tuple[str, str | None, Path]] = []
         for pipeline, root in folders:
-            for meta in [m for pattern in kind.globs for m in sorted(Path(root).glob(pattern))]:
+            for meta in [m for pattern in ("*/", "*/*/") for m in sorted(Path(root).glob(pattern + kind.meta_name))]:
                 folder = meta.parent
                 if EVENT_ID.match(folder.name) and not _marked(folder):
                     found.append((folder.name, pipeline, folder))
@@ -189,10 +190,9 @@ class DeviceUploader:
         self._done(folder)
         log.warning("%s %s refused by the fleet manager: %s", kind.name, folder.name, exc)
         if self._emit is not None:
-            key = "event_id" if kind is EVIDENCE else "sample_id"
             self._emit(kind.refused_event, "warning",
                        f"the fleet manager refused the {kind.name} {folder.name}: {exc}", pipeline=pipeline,
-                       data={key: folder.name, "status": exc.status, "error": str(exc)[:500]})
+                       data={kind.id_key: folder.name, "status": exc.status, "error": str(exc)[:500]})
 
     # -- one folder --------------------------------------------------------------------------------
     def upload(self, folder: Path) -> bool:
@@ -244,10 +244,9 @@ class DeviceUploader:
 
 
 #: an event's evidence (pipeline/evidence.py), a capture sample (pipeline/sampling.py)
-EVIDENCE = Kind("evidence of event", META_NAME, (f"*/{META_NAME}", f"*/*/{META_NAME}"), DeviceUploader.upload,
-                EventKind.EVIDENCE_UPLOAD_FAILED)
-SAMPLES = Kind("capture sample", SAMPLE_META_NAME, (f"*/{SAMPLE_META_NAME}", f"*/*/{SAMPLE_META_NAME}"),
-               DeviceUploader.upload_sample, EventKind.SAMPLE_UPLOAD_FAILED)
+EVIDENCE = Kind("evidence of event", META_NAME, DeviceUploader.upload, EventKind.EVIDENCE_UPLOAD_FAILED, "event_id")
+SAMPLES = Kind("capture sample", SAMPLE_META_NAME, DeviceUploader.upload_sample, EventKind.SAMPLE_UPLOAD_FAILED,
+               "sample_id")
 
 
 class DeviceHTTP:

@@ -410,8 +410,9 @@ class PipelineSamples:
         self._context = (pipeline, "")
         self._listeners: tuple[Callable[[dict], Any], ...] = ()
 
-    def _samplers(self, stream: str | None = None) -> list[tuple[str, StreamSampler | None]]:
-        return [(s.name, s.sampler) for s in self._open_streams() if stream is None or not stream or s.name == stream]
+    def _samplers(self, stream: str = "") -> list[tuple[str, StreamSampler | None]]:
+        """The open streams' samplers (of ``stream`` only, when named)."""
+        return [(s.name, s.sampler) for s in self._open_streams() if not stream or s.name == stream]
 
     def attach(self, sampler: StreamSampler | None, model_of: Callable[[], Any]) -> None:
         """A new stream's sampler (None: the stream does not capture): told the pipeline's names and listeners, and
@@ -473,8 +474,7 @@ def perceptual_hash(frame: np.ndarray) -> str:
     grey = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY) if frame.ndim == 3 and frame.shape[2] == 3 else frame
     small = cv2.resize(np.ascontiguousarray(grey), (32, 32), interpolation=cv2.INTER_AREA).astype(np.float32)
     low = cv2.dct(small)[:8, :8]
-    bits = (low > np.median(low)).reshape(-1)
-    return f"{int(''.join('1' if b else '0' for b in bits), 2):016x}"
+    return np.packbits(low > np.median(low)).tobytes().hex()  # 64 bits, the first the most significant
 
 
 def _output_dict(result: Any) -> Any:

@@ -15,13 +15,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ...errors import DatasetError
+from ...fleet.rollout import DeploymentStatus
+from ...link.vocabulary import TargetState
 from .datasets import Dataset, read_dataset
 
 #: the newest labelled samples an evaluation takes unless told otherwise (the export's own default)
 DEFAULT_LIMIT = 1000
-#: a deployment of this status is what its devices run now
-SUCCEEDED = "succeeded"
-ACTIVE = "active"
 
 
 @dataclass(frozen=True)
@@ -86,13 +85,13 @@ def current_deployment(client: Any, *, pipeline: str | None = None,
     that names none, matches any: both mean the agent's first) with a device of ``devices`` active on it (None:
     any device); None when there is none."""
     wanted = None if devices is None else set(devices)
-    candidates = [d for d in client.deployments() if d["status"] == SUCCEEDED
+    candidates = [d for d in client.deployments() if d["status"] == DeploymentStatus.SUCCEEDED
                   and (pipeline is None or (d.get("options") or {}).get("pipeline") in (None, pipeline))]
     for deployment in sorted(candidates, key=lambda d: d["created_at"], reverse=True):
         if wanted is None:
             return deployment
         detail = client.deployment(deployment["deployment_id"]) or {}
-        if any(t["device_id"] in wanted and t["state"] == ACTIVE for t in detail.get("devices") or []):
+        if any(t["device_id"] in wanted and t["state"] == TargetState.ACTIVE for t in detail.get("devices") or []):
             return deployment
     return None
 
