@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 from .db import FleetDB
 from .overview import EVENTS_SHOWN, overview
@@ -37,27 +37,19 @@ def frame(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, default=str, separators=(',', ':'))}\n\n".encode()
 
 
-class LiveFeed:
-    """Polls ``db`` while listeners exist; fans what changed out to each of them."""
+class Loop:
+    """A daemon thread running ``_run`` from :meth:`start` until :meth:`close`: ``_wake`` hurries it (set it to
+    have it look now), ``_stop`` ends it. The manager's polling threads are such loops."""
 
-    def __init__(self, db: FleetDB, *, poll_s: float = POLL_S) -> None:
-        self.db = db
-        self.poll_s = poll_s
-        self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = set()
-        self._lock = threading.Lock()
+    thread_name = "edgeinfer-fleet-loop"
+
+    def __init__(self) -> None:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._marks: dict[str, tuple] = {}
-        self._rows: dict[str, dict] = {}  # every device's row as last read (what the overview is made from)
-        self._deployments: dict[str, str] = {}
-        self._overview: str | None = None
-        self._last_event: int | None = None
-        #: looks at the database done so far (the first only takes stock: it sends no devices or events)
-        self.polls = 0
 
-    def start(self) -> LiveFeed:
-        self._thread = threading.Thread(target=self._run, name="edgeinfer-fleet-live", daemon=True)
+    def start(self: LoopT) -> LoopT:
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
         return self
 
@@ -66,6 +58,32 @@ class LiveFeed:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(5)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+LoopT = TypeVar("LoopT", bound=Loop)
+
+
+class LiveFeed(Loop):
+    """Polls ``db`` while listeners exist; fans what changed out to each of them."""
+
+    thread_name = "edgeinfer-fleet-live"
+
+    def __init__(self, db: FleetDB, *, poll_s: float = POLL_S) -> None:
+        super().__init__()
+        self.db = db
+        self.poll_s = poll_s
+        self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = set()
+        self._lock = threading.Lock()
+        self._marks: dict[str, tuple] = {}
+        self._rows: dict[str, dict] = {}  # every device's row as last read (what the overview is made from)
+        self._deployments: dict[str, str] = {}
+        self._overview: str | None = None
+        self._last_event: int | None = None
+        #: looks at the database done so far (the first only takes stock: it sends no devices or events)
+        self.polls = 0
 
     @property
     def listeners(self) -> int:

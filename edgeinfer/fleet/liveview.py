@@ -25,6 +25,7 @@ from ..link.vocabulary import Command
 from .commands import CommandService
 from .db import FleetDB
 from .db.live import Key
+from .live import Loop
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,13 @@ def part(row: dict) -> bytes:
     return head.encode() + bytes(row["jpeg"]) + b"\r\n"
 
 
-class LiveView:
+class LiveView(Loop):
     """Viewers of live frames on this manager, and the device commands and frames that feed them."""
 
+    thread_name = "edgeinfer-fleet-liveview"
+
     def __init__(self, db: FleetDB, commands: CommandService, public_url: Callable[[], str]) -> None:
+        super().__init__()
         self.db = db
         self.commands = commands
         self.public_url = public_url
@@ -102,20 +106,6 @@ class LiveView:
         self._last: dict[Key, bytes] = {}
         self._renewed: dict[Key, float] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> LiveView:
-        self._thread = threading.Thread(target=self._run, name="edgeinfer-fleet-liveview", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(5)
 
     @property
     def viewers(self) -> int:
