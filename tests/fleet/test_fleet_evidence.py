@@ -488,20 +488,28 @@ def test_clips_are_split_by_their_jpeg_markers():
 
 
 # ------------------------------------------------------------------------------------------ dashboard
+def _shown_event(fleet, seq: int, event_id: str, snapshot: bytes, clip_file: tuple[str, bytes], **data):
+    """An event of cam-a with its snapshot and clip uploaded and its message stored: the dashboard to open and
+    the event's list item's selector."""
+    from support.dashboard import Dashboard
+
+    name, movie = clip_file
+    assert fleet.put("cam-a", event_id, "snapshot.jpg", snapshot)[0] == 201
+    assert fleet.put("cam-a", event_id, name, movie)[0] == 201
+    publish_event(fleet, "cam-a", seq, event_data(event_id, snapshot=snapshot, movie=movie, **data))
+    assert wait_until(lambda: fleet.events(f"event_id={event_id}"), 15, 0.1)
+    dash = Dashboard(fleet.manager, None, ["cam-a", "cam-b"], fleet.tokens,
+                     {role: f"evidence-{role}" for role in fleet.tokens})
+    return dash, f'li[data-testid=evidence-event][data-event-id="{event_id}"]'
+
+
 def test_the_dashboard_shows_the_snapshot_and_plays_the_clip(fleet):
     from support.browser import Browser, wait_for, wait_js
-    from support.dashboard import Dashboard, go, sign_in
+    from support.dashboard import go, sign_in
 
     shown = new_event_id(30)
     snapshot, (movie, parts) = jpeg(200, 150, 40), clip(8, 41, 120, 90)
-    assert fleet.put("cam-a", shown, "snapshot.jpg", snapshot)[0] == 201
-    assert fleet.put("cam-a", shown, "clip.mjpeg", movie)[0] == 201
-    publish_event(fleet, "cam-a", 10, event_data(shown, frames=8, duration_s=1.0, snapshot=snapshot, movie=movie))
-    assert wait_until(lambda: fleet.events(f"event_id={shown}"), 15, 0.1)
-
-    dash = Dashboard(fleet.manager, None, ["cam-a", "cam-b"], fleet.tokens,
-                     {role: f"evidence-{role}" for role in fleet.tokens})
-    item = f'li[data-testid=evidence-event][data-event-id="{shown}"]'
+    dash, item = _shown_event(fleet, 10, shown, snapshot, ("clip.mjpeg", movie), frames=8, duration_s=1.0)
     with Browser() as browser:
         sign_in(browser, dash, "viewer")
         go(browser, dash, "#/events")
@@ -616,7 +624,7 @@ def test_an_mp4_clip_and_the_plain_snapshot_are_stored_and_served_as_what_they_a
 
 def test_the_dashboard_plays_an_mp4_clip_in_a_video_element(fleet, tmp_path):
     from support.browser import Browser, wait_for, wait_js
-    from support.dashboard import Dashboard, go, sign_in
+    from support.dashboard import go, sign_in
 
     from edgeinfer.pipeline.evidence import EncodedFrame
     from edgeinfer.pipeline.evidence_clip import h264_encoder, write_clip
@@ -625,13 +633,7 @@ def test_the_dashboard_plays_an_mp4_clip_in_a_video_element(fleet, tmp_path):
         pytest.skip("PyAV with an H.264 encoder is not installed")
     write_clip(tmp_path, [EncodedFrame(i, i / 5, jpeg(320, 240, 60 + i)) for i in range(10)])
     shown, snapshot, movie = new_event_id(40), jpeg(200, 150, 59), (tmp_path / "clip.mp4").read_bytes()
-    assert fleet.put("cam-a", shown, "snapshot.jpg", snapshot)[0] == 201
-    assert fleet.put("cam-a", shown, "clip.mp4", movie)[0] == 201
-    publish_event(fleet, "cam-a", 20, event_data(shown, frames=10, duration_s=1.8, snapshot=snapshot, movie=movie))
-    assert wait_until(lambda: fleet.events(f"event_id={shown}"), 15, 0.1)
-    dash = Dashboard(fleet.manager, None, ["cam-a", "cam-b"], fleet.tokens,
-                     {role: f"evidence-{role}" for role in fleet.tokens})
-    item = f'li[data-testid=evidence-event][data-event-id="{shown}"]'
+    dash, item = _shown_event(fleet, 20, shown, snapshot, ("clip.mp4", movie), frames=10, duration_s=1.8)
     with Browser() as browser:
         sign_in(browser, dash, "viewer")
         go(browser, dash, "#/events")
