@@ -38,7 +38,7 @@ from .engines import EnginePool
 from .failover import DelegateEvent, DelegateStatus
 from .labels import Labels
 from .options import PipelineOptions
-from .sampling import PipelineSamples
+from .run_samples import PipelineSamples
 from .stats import FrameResult, PipelineStats
 from .stream import Stream
 from .streams import STREAM_ENDED, STREAM_FAILED, STREAM_RESTORED, StreamEvent, StreamRecord, StreamSet
