@@ -644,7 +644,8 @@ def test_the_events_page_says_when_a_file_sources_events_happened_and_where_in_t
     from support.browser import Browser, wait_for
     from support.dashboard import Dashboard, go, sign_in
 
-    dash = Dashboard(fleet.manager, None, ["cam-e2e"], fleet.tokens, {role: f"evidence-{role}" for role in fleet.tokens})
+    dash = Dashboard(fleet.manager, None, ["cam-e2e"], fleet.tokens,
+                     {role: f"evidence-{role}" for role in fleet.tokens})
     with Browser() as browser:
         sign_in(browser, dash, "viewer")
         go(browser, dash, "#/events")
