@@ -25,9 +25,18 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+from pydantic import Strict as StrictType
 
 from .._evidence import EVENT_ID_FORM, EVENT_ID_PATTERN
-from .._samples import MAX_DETECTIONS, MAX_LABEL, PHASH_PATTERN
+from .._samples import (
+    COCO_SKELETON,
+    KEYPOINT_VISIBLE,
+    MAX_DETECTIONS,
+    MAX_KEYPOINTS,
+    MAX_LABEL,
+    PHASH_PATTERN,
+    keypoint_names,
+)
 from ..link.protocol import COMMAND_NAME_PATTERN, ID_PATTERN
 from ..link.vocabulary import DEFAULT_FLEET, TargetState
 from .auth import NAME_PATTERN, TOKEN_ID_PATTERN, Role
@@ -529,12 +538,28 @@ Label = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL, pat
 ShortText = Annotated[str, StringConstraints(max_length=128, pattern=PRINTABLE_PATTERN)]
 
 
+#: a keypoint: x, y in the frame's pixels and v (a model's confidence 0..1, or a label's COCO flag 0, 1, 2); an
+#: array in JSON (strict numbers: a JSON array is no Python tuple, so only the tuple itself is lax)
+Keypoint = Annotated[tuple[Annotated[Coordinate, StrictType()], Annotated[Coordinate, StrictType()],
+                           Annotated[float, Field(ge=0, le=2, allow_inf_nan=False), StrictType()]], StrictType(False)]
+
+
 class Detection(Strict):
-    """One box: its class, its score (none for a person's label) and x1, y1, x2, y2 in the frame's pixels."""
+    """One box: its class, its score (none for a person's label) and x1, y1, x2, y2 in the frame's pixels; a pose
+    model's keypoints ``[x, y, v]``. The document states how the dashboard draws keypoints (``_samples.py``):
+    ``x-keypoint-names`` and ``x-skeletons`` (limbs as index pairs) by keypoint count, ``x-keypoint-visible`` (a
+    model's keypoint under this confidence is not drawn)."""
+
+    model_config = ConfigDict(json_schema_extra={
+        "x-keypoint-names": {"17": list(keypoint_names(17))},
+        "x-skeletons": {"17": [list(pair) for pair in COCO_SKELETON]}, "x-keypoint-visible": KEYPOINT_VISIBLE})
 
     label: Label
     score: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     box: Annotated[list[Coordinate], Field(min_length=4, max_length=4)]
+    keypoints: Annotated[list[Keypoint], Field(max_length=MAX_KEYPOINTS, description=(
+        "[x, y, v] each in the frame's pixels: v is the model's confidence in detections, COCO's visibility flag "
+        "(0 not labelled, 1 hidden, 2 visible) in labels"))] | None = None
 
     @field_validator("box")
     @classmethod
