@@ -66,9 +66,9 @@ def keypoint_counts(samples: Sequence[dict]) -> dict[str, int]:
         for box in boxes_of(sample):
             count = len(box.get("keypoints") or ())
             if count and counts.setdefault(str(box["label"]), count) != count:
-                raise DatasetError(f"the {box['label']!r} boxes carry {counts[str(box['label'])]} and {count} "
-                                   "keypoints: export the samples of each pose model apart (filter by pipeline or "
-                                   "model version)")
+                fewer, more = sorted((counts[str(box["label"])], count))
+                raise DatasetError(f"the {box['label']!r} boxes carry {fewer} and {more} keypoints: export the "
+                                   "samples of each pose model apart (filter by pipeline or model version)")
     return counts
 
 
