@@ -226,7 +226,7 @@ def _yolo_box(label: Path, number: int, line: str, names: dict[int, str], kpt_sh
     if class_id not in names:
         raise DatasetError(f"{label}:{number}: class {class_id} is not among data.yaml's {len(names)} names")
     points = []
-    for i in range(0, len(values), dims):
+    for i in range(0, len(values), dims or 1):
         x, y = values[i], values[i + 1]
         v = values[i + 2] if dims == 3 else (0.0 if x == y == 0 else 2.0)  # 2-D: 0, 0 is not labelled
         if v not in (0, 1, 2):
