@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import subprocess
 import time
 import zipfile
 
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 from pycocotools.coco import COCO
 from support.assets import ASSETS, IMAGES, MODELS
+from support.processes import edgeinfer_cmd
 
 from edgeinfer import Pipeline
 from edgeinfer._backoff import Backoff
@@ -224,3 +227,12 @@ def test_a_pose_samples_keypoints_go_from_the_device_to_the_exports_and_correcte
                            .read("annotations.json"))
         [exported] = [a for a in again["annotations"] if a["image_id"] == image["id"]]
         assert exported["keypoints"] == imported and exported["keypoints"][9 * 3 + 2] == 1
+
+        # the fleet's labelled samples score the pose model on its keypoints (OKS) as well as its boxes
+        scored = subprocess.run(edgeinfer_cmd("evaluate", str(YOLO_POSE), "--fleet", "--json", "-q",
+                                              "--fleet-url", manager.http.url), capture_output=True, text=True,
+                                env={**os.environ, "EDGEINFER_FLEET_TOKEN": manager.admin_token}, timeout=240)
+        assert scored.returncode == 0, scored.stderr
+        scores = json.loads(scored.stdout)
+        assert scores["map50_95"] > 0.9 and scores["keypoints"]["instances"] == 2, scores
+        assert scores["keypoints_map50_95"] > 0.8 and scores["keypoints"]["sigmas"] == "coco", scores["keypoints"]
