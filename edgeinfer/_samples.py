@@ -98,6 +98,13 @@ def skeleton_for(count: int) -> tuple[tuple[int, int], ...]:
     return COCO_SKELETON if count == len(COCO_KEYPOINT_NAMES) else ()
 
 
+def keypoint_drawing() -> dict[str, Any]:
+    """How keypoints are drawn, for the dashboard (the API's ``Detection`` schema states it): the limbs by keypoint
+    count (``x-skeletons``) and the confidence from which a model's keypoint is seen (``x-keypoint-visible``)."""
+    return {"x-skeletons": {str(len(COCO_KEYPOINT_NAMES)): [list(pair) for pair in COCO_SKELETON]},
+            "x-keypoint-visible": KEYPOINT_VISIBLE}
+
+
 def visibility(v: float, *, labelled: bool) -> int:
     """A sample's keypoint ``v`` as COCO's flag: a person's label keeps its flag (0, 1, 2); a model's confidence
     is 2 (visible) from ``KEYPOINT_VISIBLE`` on, else 0 (not labelled)."""

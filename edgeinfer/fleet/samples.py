@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._samples import DUPLICATE_BITS, hamming
+from .api.sample_schemas import SampleUpload
 from .artifacts import UploadTooLarge
 from .db import FleetDB
 from .db.samples import Filters
-from .schemas import SampleUpload
 
 log = logging.getLogger(__name__)
 

@@ -23,18 +23,10 @@ from ..artifacts import UploadTooLarge
 from ..datasets import FORMATS, IMPORT_FORMATS, MAX_IMPORT_BYTES, export_zip, parse_coco, parse_yolo
 from ..db.samples import Filters
 from ..samples import clamped
-from ..schemas import (
-    PRINTABLE_PATTERN,
-    Detection,
-    Sample,
-    SampleChange,
-    SampleStored,
-    SampleUpload,
-    describe_error,
-    or_empty,
-)
+from ..schemas import PRINTABLE_PATTERN, describe_error, or_empty
 from .deps import EvidenceUploader, Operator, Services, Viewer
 from .responses import binary, binary_body, errors
+from .sample_schemas import Detection, Sample, SampleChange, SampleStored, SampleUpload
 
 router = APIRouter(tags=["samples"])
 DeviceId = Annotated[str, Path(pattern=ID_PATTERN, description="a device id")]
