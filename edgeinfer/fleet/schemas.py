@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from .._evidence import EVENT_ID_FORM, EVENT_ID_PATTERN
-from .._samples import MAX_DETECTIONS, MAX_LABEL, PHASH_PATTERN
+from .._samples import PHASH_PATTERN
 from ..link.protocol import COMMAND_NAME_PATTERN, ID_PATTERN
 from ..link.vocabulary import DEFAULT_FLEET, TargetState
 from .auth import NAME_PATTERN, TOKEN_ID_PATTERN, Role
@@ -518,82 +518,3 @@ class WhoAmI(BaseModel):
 
 class Health(BaseModel):
     ok: bool
-
-
-# ------------------------------------------------------------------------------------------- samples
-
-#: a JPEG of a sample, base64: 4 MiB of JPEG at most (the manager may take less: fleet serve --sample-max-mb)
-MAX_SAMPLE_B64 = (4 << 20) * 4 // 3 + 4
-Coordinate = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
-Label = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL, pattern=PRINTABLE_PATTERN)]
-ShortText = Annotated[str, StringConstraints(max_length=128, pattern=PRINTABLE_PATTERN)]
-
-
-class Detection(Strict):
-    """One box: its class, its score (none for a person's label) and x1, y1, x2, y2 in the frame's pixels."""
-
-    label: Label
-    score: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
-    box: Annotated[list[Coordinate], Field(min_length=4, max_length=4)]
-
-    @field_validator("box")
-    @classmethod
-    def _ordered(cls, box: list[float]) -> list[float]:
-        """Two corners, whichever first: kept as the top-left and the bottom-right."""
-        return [min(box[0], box[2]), min(box[1], box[3]), max(box[0], box[2]), max(box[1], box[3])]
-
-
-class ModelInfo(Strict):
-    name: ShortText = ""
-    sha256: Annotated[str, StringConstraints(pattern=or_empty(SHA256_PATTERN))] = ""
-    version: ShortText = ""
-
-
-class SampleUpload(Strict):
-    """A captured sample (``_samples.py``): the frame as the camera gave it and what the model said."""
-
-    jpeg: Annotated[str, StringConstraints(min_length=4, max_length=MAX_SAMPLE_B64)]
-    phash: Annotated[str, StringConstraints(pattern=PHASH_PATTERN)]
-    width: Annotated[int, Field(ge=1, le=65535), BeforeValidator(_integral)]
-    height: Annotated[int, Field(ge=1, le=65535), BeforeValidator(_integral)]
-    captured_at: Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]
-    pipeline: Annotated[str, StringConstraints(max_length=64, pattern=PRINTABLE_PATTERN)] = ""
-    stream: Annotated[str, StringConstraints(max_length=64, pattern=PRINTABLE_PATTERN)] = ""
-    rule: ShortText = ""
-    model: ModelInfo = ModelInfo()
-    detections: Annotated[list[Detection], Field(max_length=MAX_DETECTIONS)] = []
-
-
-class SampleStored(BaseModel):
-    """What an upload did: stored, stored already (a retry), or not stored as a duplicate of ``duplicate_of``."""
-
-    device_id: str
-    sample_id: str
-    size: int
-    sha256: str
-    duplicate_of: str | None = None
-
-
-class Sample(Row):
-    """A stored sample, without its JPEG (``GET .../frame.jpg``)."""
-
-    device_id: str
-    sample_id: str
-    pipeline: str
-    stream: str
-    rule: str
-    model_name: str
-    model_version: str
-    width: int
-    height: int
-    captured_at: float
-    detections: list[JsonObject]
-    labels: list[JsonObject] | None
-    reviewed: bool
-
-
-class SampleChange(Strict):
-    """Mark a sample reviewed (or not), and/or set its corrected labels (null: keep them)."""
-
-    reviewed: bool | None = None
-    labels: Annotated[list[Detection], Field(max_length=MAX_DETECTIONS)] | None = None

@@ -1,8 +1,10 @@
 """What the model sees, drawn on the frame: the one drawing the live view, ``run --preview`` and evidence use.
 
-:func:`annotate` draws a frame's result — boxes with label, score and track id, keypoints, instance masks,
-oriented boxes, the top classes of a classifier — and the stream's counting lines and zones with their counts,
-on a copy of the frame (scaled to ``width`` at most first, so drawing costs what the output size costs).
+:func:`annotate` draws a frame's result — boxes with label, score and track id, keypoints (COCO's 17 joined by
+COCO's 19 limbs, other counts as points; a keypoint under ``KEYPOINT_VISIBLE`` is not drawn, nor its limbs),
+instance masks, oriented boxes, the top classes of a classifier — and the stream's counting lines and zones with
+their counts, on a copy of the frame (scaled to ``width`` at most first, so drawing costs what the output size
+costs).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from .._samples import COCO_SKELETON, KEYPOINT_VISIBLE, skeleton_for
 
 if TYPE_CHECKING:
     import numpy as np
@@ -22,6 +26,10 @@ _PALETTE = ((56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49,
 LINE_COLOUR = (0, 215, 255)
 ZONE_COLOUR = (255, 160, 40)
 TEXT_COLOUR = (255, 255, 255)
+#: BGR colours of COCO's limbs by body part, in ``COCO_SKELETON``'s order (Ultralytics' pose colours): legs,
+#: torso, arms, face
+LEG_COLOUR, TORSO_COLOUR, ARM_COLOUR, FACE_COLOUR = (255, 153, 51), (255, 51, 255), (0, 128, 255), (0, 255, 0)
+COCO_LIMB_COLOURS = (LEG_COLOUR,) * 4 + (TORSO_COLOUR,) * 3 + (ARM_COLOUR,) * 5 + (FACE_COLOUR,) * 7
 
 
 @dataclass(frozen=True)
@@ -104,12 +112,28 @@ def _detection(canvas: np.ndarray, detection: Any, scale: float, thickness: int)
     else:
         x1, y1, x2, y2 = detection.box
         cv2.rectangle(canvas, _pt(x1, y1, scale), _pt(x2, y2, scale), tint, thickness, cv2.LINE_AA)
-    for keypoint in detection.keypoints:
-        if keypoint.score >= 0.3:
-            cv2.circle(canvas, _pt(keypoint.x, keypoint.y, scale), thickness + 1, tint, -1, cv2.LINE_AA)
+    if detection.keypoints:
+        _keypoints(canvas, detection.keypoints, scale, thickness, tint)
     track = f"#{detection.track_id} " if detection.track_id is not None else ""
     x1, y1 = detection.box[:2]
     _text(canvas, f"{track}{detection.label} {detection.score:.2f}", _pt(x1, y1, scale), tint, thickness)
+
+
+def _keypoints(canvas: np.ndarray, keypoints: Sequence[Any], scale: float, thickness: int,
+               tint: tuple[int, int, int]) -> None:
+    """The seen keypoints as points, and the limbs between two seen ones (COCO's 17: COCO's skeleton)."""
+    import cv2
+
+    seen = [_pt(k.x, k.y, scale) if k.score >= KEYPOINT_VISIBLE else None for k in keypoints]
+    skeleton = skeleton_for(len(keypoints))
+    for index, (a, b) in enumerate(skeleton):
+        start, end = seen[a], seen[b]
+        if start is not None and end is not None:
+            limb = COCO_LIMB_COLOURS[index] if skeleton is COCO_SKELETON else tint
+            cv2.line(canvas, start, end, limb, thickness + 1, cv2.LINE_AA)
+    for point in seen:
+        if point is not None:
+            cv2.circle(canvas, point, thickness + 2, tint, -1, cv2.LINE_AA)
 
 
 def _mask(canvas: np.ndarray, mask: Any, scale: float, tint: tuple[int, int, int]) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import re
 import threading
@@ -41,7 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 from .._evidence import EVENT_ID, new_event_id
 from .._fs import atomic_write_bytes, remove_record
-from .._samples import REQUEST_RULE, SAMPLE_FRAME_NAME, SAMPLE_META_NAME, SAMPLE_VERSION, total_variation
+from .._samples import (
+    MAX_KEYPOINTS,
+    REQUEST_RULE,
+    SAMPLE_FRAME_NAME,
+    SAMPLE_META_NAME,
+    SAMPLE_VERSION,
+    total_variation,
+)
 from ..errors import OutputError
 from .events import DETECTION, EventRule, scored_items
 
@@ -402,15 +410,32 @@ class StreamSampler:
 
 
 def labelled_boxes(result: Any, width: int, height: int) -> list[dict]:
-    """The model's output as a dataset's labels (``_samples.py``): each detection's label, score and box, or a
-    classifier's top-1 as a box of the whole frame; other tasks (semantic masks) none."""
+    """The model's output as a dataset's labels (``_samples.py``): each detection's label, score and box (and a
+    pose model's keypoints), or a classifier's top-1 as a box of the whole frame; other tasks (semantic masks)
+    none."""
     items = scored_items(result)
     if items and not hasattr(items[0], "box"):
         return [{"label": str(items[0].label), "score": round(float(items[0].score), 6),
                  "box": [0.0, 0.0, float(width), float(height)]}]
-    return [{"label": str(d.label), "score": round(float(d.score), 6),
-             "box": [round(min(max(float(v), 0.0), limit), 1) for v, limit in zip(d.box, (width, height) * 2)]}
-            for d in items]
+    labelled = []
+    for d in items:
+        entry = {"label": str(d.label), "score": round(float(d.score), 6),
+                 "box": [round(min(max(float(v), 0.0), limit), 1) for v, limit in zip(d.box, (width, height) * 2)]}
+        if getattr(d, "keypoints", ()):
+            entry["keypoints"] = _keypoints(d.keypoints[:MAX_KEYPOINTS], width, height)
+        labelled.append(entry)
+    return labelled
+
+
+def _keypoints(keypoints: Any, width: int, height: int) -> list[list[float]]:
+    """``[x, y, confidence]`` each in the frame's pixels; one the model put off the frame is cut to it, unseen (0)."""
+    out = []
+    for k in keypoints:
+        x, y, score = (v if math.isfinite(v) else -1.0 for v in (float(k.x), float(k.y), float(k.score)))
+        inside = 0.0 <= x <= width and 0.0 <= y <= height
+        out.append([round(min(max(x, 0.0), width), 1), round(min(max(y, 0.0), height), 1),
+                    round(min(max(score, 0.0), 1.0), 4) if inside else 0.0])
+    return out
 
 
 def perceptual_hash(frame: np.ndarray) -> str:

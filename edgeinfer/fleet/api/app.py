@@ -23,9 +23,10 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from ..._version import __version__
-from ..schemas import ErrorBody, SampleUpload, describe
+from ..schemas import ErrorBody, describe
 from . import access, artifacts, deployments, devices, events, live, overview, samples
 from .deps import FleetServices, Viewer
+from .sample_schemas import SampleUpload
 from .web import add_dashboard
 
 TITLE = "edgeinfer fleet manager"

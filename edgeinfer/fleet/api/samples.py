@@ -23,9 +23,10 @@ from ..artifacts import UploadTooLarge
 from ..datasets import FORMATS, IMPORT_FORMATS, MAX_IMPORT_BYTES, export_zip, parse_coco, parse_yolo
 from ..db.samples import Filters
 from ..samples import clamped
-from ..schemas import PRINTABLE_PATTERN, Sample, SampleChange, SampleStored, SampleUpload, describe_error, or_empty
+from ..schemas import PRINTABLE_PATTERN, describe_error, or_empty
 from .deps import EvidenceUploader, Operator, Services, Viewer
 from .responses import binary, binary_body, errors
+from .sample_schemas import Detection, Sample, SampleChange, SampleStored, SampleUpload
 
 router = APIRouter(tags=["samples"])
 DeviceId = Annotated[str, Path(pattern=ID_PATTERN, description="a device id")]
@@ -190,7 +191,11 @@ def export_samples(_who: Viewer, fleet: Services,
     chosen = filters(device, pipeline, stream, model_version, rule, label, reviewed, labelled)
     rows = fleet.samples.list(chosen, limit=limit)
     spool = tempfile.SpooledTemporaryFile(max_size=32 << 20)  # noqa: SIM115 - handed to the response, closed there
-    export_zip(rows, format, spool, lambda row: fleet.samples.rows.jpeg(row["device_id"], row["sample_id"]) or b"")
+    try:
+        export_zip(rows, format, spool, lambda row: fleet.samples.rows.jpeg(row["device_id"], row["sample_id"]) or b"")
+    except DatasetError as exc:  # keypoints the format cannot hold together (two pose models' samples)
+        spool.close()
+        raise HTTPException(400, str(exc)) from None
     spool.seek(0)
 
     def chunks() -> Any:
@@ -230,11 +235,22 @@ def _import(fleet: Any, fmt: str, body: bytes) -> int:
         if row is None:
             raise DatasetError(f"{device_id}/{sample_id}: no such sample is stored")
         for label in labels:
-            if label["box"][2] > row["width"] + 0.5 or label["box"][3] > row["height"] + 0.5:
-                raise DatasetError(f"{device_id}/{sample_id}: box {label['box']} is outside the "
-                                   f"{row['width']}x{row['height']} frame")
+            _check_label(label, f"{device_id}/{sample_id}", row["width"], row["height"])
         changes.append((device_id, sample_id, labels))
     return rows.set_labels(changes)
+
+
+def _check_label(label: dict, where: str, width: int, height: int) -> None:
+    """An imported label within its frame and within the bounds an upload's or a PATCH's is (the one model)."""
+    try:
+        Detection.model_validate(label)
+    except ValidationError as exc:
+        raise DatasetError(f"{where}: {describe_error(exc)}") from None
+    if label["box"][2] > width + 0.5 or label["box"][3] > height + 0.5:
+        raise DatasetError(f"{where}: box {label['box']} is outside the {width}x{height} frame")
+    for x, y, _ in label.get("keypoints") or ():
+        if x > width + 0.5 or y > height + 0.5:
+            raise DatasetError(f"{where}: keypoint ({x}, {y}) is outside the {width}x{height} frame")
 
 
 def _size(rows: Any, key: tuple[str, str]) -> tuple[int, int] | None:
