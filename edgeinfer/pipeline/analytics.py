@@ -28,7 +28,9 @@ from .zones import (
     AnalyticsEvent,
     LineCounter,
     ZoneCounter,
-    _named,
+    named_regions,
+    parse_line,
+    parse_zone,
 )
 
 if TYPE_CHECKING:
@@ -96,11 +98,11 @@ class StreamAnalytics:
 
     # -- frames --------------------------------------------------------------------------------
     def __call__(self, result: FrameResult) -> None:
-        """The pipeline observer: a ``FrameResult`` of a ``detect`` pipeline."""
+        """The pipeline observer: a ``FrameResult`` of a pipeline whose task gives boxes."""
         if not isinstance(result.result, Detections):
             if not self._warned_task:
                 self._warned_task = True
-                log.warning("stream analytics need detections (task 'detect'); got %s — ignored",
+                log.warning("stream analytics need detections (a task with boxes); got %s — ignored",
                             type(result.result).__name__)
             return
         self.process(result.result, result.frame_id, result.timestamp)
@@ -190,31 +192,8 @@ def _carried(new: Any, old: Any, shape: tuple[str, ...], totals: tuple[str, ...]
 
 
 # ------------------------------------------------------------------------------------------
-# Configuration: what a CLI flag or an agent.yaml entry gives
+# Configuration: what a CLI flag or an agent.yaml entry gives (parsed in zones.py, checked by _regions)
 # ------------------------------------------------------------------------------------------
-
-def _numbers(text: str, what: str) -> list[float]:
-    try:
-        return [float(part) for part in text.replace(";", ",").split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"{what}: {text!r} is not a list of numbers") from None
-
-
-def parse_line(text: str) -> tuple[float, float, float, float]:
-    """``"x1,y1,x2,y2"`` (``--line``) → four numbers."""
-    values = _numbers(text, "a line")
-    if len(values) != 4:
-        raise ValueError(f"a line is x1,y1,x2,y2 (four numbers), not {text!r}")
-    return values[0], values[1], values[2], values[3]
-
-
-def parse_zone(text: str) -> list[tuple[float, float]]:
-    """``"x1,y1,x2,y2,x3,y3,..."`` (``--zone``; ``;`` may separate points) → the polygon's points."""
-    values = _numbers(text, "a zone")
-    if len(values) % 2 or len(values) < 6:
-        raise ValueError(f"a zone is x1,y1,x2,y2,x3,y3[,...] (at least 3 points), not {text!r}")
-    return list(zip(values[0::2], values[1::2]))
-
 
 def build_analytics(*, lines: Mapping[str, Sequence[float]] | Sequence[Sequence[float]] = (),
                     zones: Mapping[str, Sequence[Sequence[float]]] | Sequence[Sequence[Sequence[float]]] = (),
@@ -243,12 +222,8 @@ def analytics_from_options(options: Any, fps: float | None = None) -> StreamAnal
     live source's (None) by their capture time."""
     if not options.tracking:
         return None
-    lines = dict(_named(text, f"line{i + 1}") for i, text in enumerate(options.lines))
-    zones = dict(_named(text, f"zone{i + 1}") for i, text in enumerate(options.zones))
-    if len(lines) != len(options.lines) or len(zones) != len(options.zones):
-        raise ValueError("two lines or two zones have the same name")
-    return analytics_for(options, {name: parse_line(text) for name, text in lines.items()},
-                         {name: parse_zone(text) for name, text in zones.items()}, fps=fps)
+    lines, zones = named_regions(options.lines, options.zones)
+    return analytics_for(options, lines, zones, fps=fps)
 
 
 def analytics_for(options: Any, lines: Mapping[str, Sequence[float]],
