@@ -68,11 +68,7 @@ class StreamAnalytics:
         self.tracker = tracker if tracker is not None else Tracker()
         self.lines = tuple(lines)
         self.zones = tuple(zones)
-        for kind, items in (("line", self.lines), ("zone", self.zones)):
-            names = [item.name for item in items]
-            duplicates = sorted({n for n in names if names.count(n) > 1})
-            if duplicates:
-                raise ValueError(f"{kind} names must be unique; repeated: {', '.join(duplicates)}")
+        _unique_names(self.lines, self.zones)
         if fps is not None and not fps > 0:
             raise ValueError(f"fps must be > 0, not {fps!r}")
         self.fps = fps
@@ -159,10 +155,7 @@ class StreamAnalytics:
         name and geometry stay is kept as it is (its counts and the tracks' state in it); one whose name stays
         but moved carries its counts over to the new one (a track inside it is judged afresh)."""
         new_lines, new_zones = tuple(lines), tuple(zones)
-        for kind, items in (("line", new_lines), ("zone", new_zones)):
-            names = [item.name for item in items]
-            if len(set(names)) != len(names):
-                raise ValueError(f"{kind} names must be unique")
+        _unique_names(new_lines, new_zones)
         with self._lock:
             old_lines = {line.name: line for line in self.lines}
             old_zones = {zone.name: zone for zone in self.zones}
@@ -178,6 +171,14 @@ class StreamAnalytics:
                     "tracks": {"confirmed": len(self.tracker.confirmed_ids), "active": len(self._seen)},
                     "lines": {line.name: line.counts() for line in self.lines},
                     "zones": {zone.name: zone.counts() for zone in self.zones}}
+
+
+def _unique_names(lines: Sequence[LineCounter], zones: Sequence[ZoneCounter]) -> None:
+    """ValueError when two lines or zones share a name (an event names one by its name alone: _regions)."""
+    names = [item.name for item in (*lines, *zones)]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"line and zone names must be unique; repeated: {', '.join(duplicates)}")
 
 
 def _carried(new: Any, old: Any, shape: tuple[str, ...], totals: tuple[str, ...]) -> Any:
