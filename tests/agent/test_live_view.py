@@ -140,7 +140,7 @@ def test_set_analytics_changes_a_running_pipeline_and_survives_a_restart(tmp_pat
                {"lines": {}, "zones": {"z": [[1, 1], [1, 1], [5, 5]]}},  # 2 distinct points
                {"lines": {"a": [1, 1, 5000, 5]}, "zones": {}},  # outside the 640x480 frame
                {"lines": {"a": [1, 1, 50, 5]}, "zones": {"a": [[1, 1], [50, 1], [50, 50]]}},  # one name twice
-               {"lines": {"a b": [1, 1, 50, 5]}, "zones": {}}]
+               {"lines": {"a/b": [1, 1, 50, 5]}, "zones": {}}]  # not a name (a space would be: "front door")
         reasons = []
         for index, shapes in enumerate(bad):
             rejected = send(collector, f"bad-{index}", "set_analytics", {"pipeline": "main", "revision": 4, **shapes})

@@ -18,6 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 
+from ..._regions import task_problem
 from ...link.protocol import ID_PATTERN
 from ...link.vocabulary import Command
 from ..liveview import MAX_FPS, MAX_FRAME_BYTES, MEDIA_TYPE, ViewRequest
@@ -124,21 +125,24 @@ def get_analytics(device_id: DeviceId, pipeline: PipelineName, _who: Viewer, fle
             responses=errors(400, 401, 403, 404, 409), summary="Send a pipeline its counting lines and zones "
             "(operator)", description="Body: {lines: {name: [[x1, y1], [x2, y2]]}, zones: {name: [[x, y], ...]}, "
             "stream}. Sends a signed set_analytics command with the next revision (lines as [x1, y1, x2, y2]); "
-            "the device applies it without a restart and reports analytics_changed. 409: a line and a zone share "
-            "a name, or a point lies outside the frame (its size from the last live frame, when there is one).")
+            "the device applies it without a restart and reports analytics_changed. 409, in the words the device "
+            "would refuse them with: a line shorter than a pixel, a zone without area, a line and a zone of one "
+            "name, a pipeline whose task (as the device last reported it) gives no boxes, or a point outside the "
+            "frame (its size from the last live frame, when there is one).")
 def put_analytics(device_id: DeviceId, pipeline: PipelineName, spec: AnalyticsSpec, who: Operator,
                   fleet: Services) -> Any:
     db = fleet.liveview.db
-    if db.get_device(device_id) is None:
+    device = db.get_device(device_id)
+    if device is None:
         raise HTTPException(404, f"no device {device_id}")
-    shared = sorted(set(spec.lines) & set(spec.zones))
-    if shared:
-        raise HTTPException(409, f"a line and a zone are both named {shared[0]!r}: names must be unique")
+    refusal = spec.problem() or task_problem(_reported_task(device, pipeline))
+    if refusal:
+        raise HTTPException(409, refusal)
     size = db.live_frame_size(device_id, pipeline, spec.stream)
     points = [p for line in spec.lines.values() for p in line] + [p for zone in spec.zones.values() for p in zone]
     if size is not None and any(x > size[0] or y > size[1] for x, y in points):
         raise HTTPException(409, f"a point lies outside the {size[0]}x{size[1]} frame")
-    lines = {name: [*a, *b] for name, (a, b) in spec.lines.items()}
+    lines = spec.device_lines()
     revision = db.save_analytics((device_id, pipeline, spec.stream or ""), lines, spec.zones)
     args = {"pipeline": pipeline, **({"stream": spec.stream} if spec.stream else {}), "lines": lines,
             "zones": spec.zones, "revision": revision}
@@ -148,3 +152,12 @@ def put_analytics(device_id: DeviceId, pipeline: PipelineName, spec: AnalyticsSp
         raise HTTPException(404, str(exc.args[0])) from None
     who.audit(f"device.{Command.SET_ANALYTICS.value}", f"{device_id}/{pipeline}", **args)
     return AnalyticsSent(command_id=command_id, device_id=device_id, revision=revision, args=args)
+
+
+def _reported_task(device: dict, pipeline: str) -> str | None:
+    """The task the device last said ``pipeline`` runs (its ``state`` message), None when it said none ("auto":
+    the model's, before the model is read)."""
+    state = device.get("state") if isinstance(device.get("state"), dict) else {}
+    entries = state.get("pipelines") if isinstance(state.get("pipelines"), list) else []
+    task = next((p.get("task") for p in entries if isinstance(p, dict) and p.get("name") == pipeline), None)
+    return task if isinstance(task, str) and task != "auto" else None
