@@ -34,8 +34,10 @@ from ..link.spool import PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
 from ..link.vocabulary import EventKind
 from .commands import CommandRouter, register_builtin_commands
 from .config import AgentConfig, resolve_profile
+from .diagnosis import add_diagnosis_commands
 from .inventory import delegate_report, software_versions
 from .live_view import add_view_commands
+from .log_ring import LogRing
 from .metrics import start_metrics
 from .runner import PipelineFactory, PipelineRunner, default_pipeline_factory
 from .services import TelemetryFigures
@@ -147,6 +149,8 @@ class Agent:
         self._metrics: Any = None
         self.live_views: Any = None  # live_view pushes (edgeinfer.agent.live_view)
         self.uploader: Any = None  # event evidence and capture samples to the fleet manager (agent/uploads.py)
+        self.log_ring = LogRing()  # the recent log lines the fleet may ask for (agent/log_ring.py)
+        self.diagnosis: Any = None  # the logs and doctor commands (agent/diagnosis.py)
         self._runners: list[PipelineRunner] = []
         self._delegates: list[dict[str, Any]] = []
         self._versions: dict[str, str | None] = {}
@@ -218,6 +222,7 @@ class Agent:
         if self._opened:
             return
         self._opened = True
+        self.log_ring.install()  # first: the start's own lines are in the ring
         self._lock_file = claim_data_dir(self.config)
         from .deploy import UpdateService
 
@@ -246,6 +251,7 @@ class Agent:
         # arrive at once and name a pipeline; commands wait in the router's queue until it starts
         self.uploader = start_uploader(config, self.emit)
         self.live_views, factory = add_view_commands(self, self.commands, config, self._factory)
+        self.diagnosis = add_diagnosis_commands(self, self.commands, config, self.log_ring)
         self._runners = [PipelineRunner(p, emit=self.emit, on_change=self._state_changed, factory=factory,
                                         restart_min_s=config.restart_min_s, restart_max_s=config.restart_max_s,
                                         on_evidence=self.uploader.enqueue if self.uploader else None,
@@ -279,7 +285,7 @@ class Agent:
             self._tick()
         if self.commands is not None:
             self.commands.stop()
-        for service in (self.uploader, self._metrics, self.live_views):  # unsent events stay on disk, unmarked
+        for service in (self.uploader, self._metrics, self.live_views, self.diagnosis):  # unsent events stay on disk
             if service is not None:
                 service.close()
         if self._link is not None:
@@ -290,6 +296,7 @@ class Agent:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+        self.log_ring.uninstall()
 
     def __enter__(self) -> Agent:
         self.open()
