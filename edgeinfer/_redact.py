@@ -48,7 +48,7 @@ def redact(text: str) -> str:
     after ``Bearer``/``Basic``, API tokens, ``password=…``/``token: …``-like values, private keys (PEM)."""
     if not text:
         return text
-    text = _PEM.sub(lambda m: f"-----BEGIN {m.group('kind')}----- {MASK}", text)
+    text = _PEM.sub(lambda m: f"-----BEGIN {m.group('kind')}----- {MASK} -----END {m.group('kind')}-----", text)
     text = _URL_USERINFO.sub(_userinfo, text)
     text = _API_TOKEN.sub(lambda m: f"{m.group('id')}{MASK}", text)
     text = _AUTH_SCHEME.sub(lambda m: f"{m.group('scheme')}{m.group('gap')}{MASK}", text)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from .._redact import redact, redact_values
 from .._version import __version__
 from ..capture.hwdecode import use_board_decoders
 from ..errors import ConfigError
@@ -199,13 +200,13 @@ class Agent:
 
     def emit(self, event: EventKind | str, level: str, message: str, *, pipeline: str | None = None,
              cmd_id: str | None = None, data: Mapping[str, Any] | None = None) -> None:
-        """Log an event and spool it for the ``events`` topic (ValueError for a kind the vocabulary lacks)."""
+        """Log an event and spool it for the ``events`` topic, its secrets masked (ValueError: an unknown kind)."""
         log.log({"info": logging.INFO, "warning": logging.WARNING}.get(level, logging.ERROR), "event %s: %s",
                 event, message)
         body = {"v": PROTOCOL_VERSION, "type": "event", "fleet": self.topics.fleet, "device": self.topics.device,
                 "ts": round(time.time(), 3), "boot_id": self.boot.boot_id, "seq": self.boot.next("events"),
-                "event": EventKind(event).value, "level": level, "message": message, "pipeline": pipeline,
-                "cmd_id": cmd_id, "data": dict(data or {})}
+                "event": EventKind(event).value, "level": level, "message": redact(message), "pipeline": pipeline,
+                "cmd_id": cmd_id, "data": redact_values(dict(data or {}))}
         self._spool_message(self.topics.events, body, PRIORITY_EVENT)
 
     def run(self) -> None:

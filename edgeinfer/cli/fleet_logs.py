@@ -59,7 +59,7 @@ def _await(read: Any, device_id: str, state: dict, wait: float, done: Any) -> tu
     while state.get("online") and not state.get("refused") and not done(state) and time.monotonic() < deadline:
         time.sleep(POLL_S)
         state = read() or state
-    return state, None if done(state) else no_answer(device_id, state, wait)
+    return state, None if state.get("online") and done(state) else no_answer(device_id, state, wait)
 
 
 def _answered(state: dict) -> bool:

@@ -84,9 +84,10 @@ class DiagnosisRows:
         with self.engine.begin() as conn:
             stored = 0
             if rows:
+                # RETURNING counts what was new on either database (a driver's rowcount of many rows may not)
                 statement = _insert(self.engine, self.logs).on_conflict_do_nothing(
-                    index_elements=["device_id", "boot_id", "seq"])
-                stored = max(0, conn.execute(statement, rows).rowcount or 0)
+                    index_elements=["device_id", "boot_id", "seq"]).returning(self.logs.c.id)
+                stored = len(conn.execute(statement, rows).all())
             self._ensure(conn, device_id)
             conn.execute(self.table.update().where(self.table.c.device_id == device_id).values(
                 logs_received_at=now, logs_complete=complete, logs_dropped=dropped))

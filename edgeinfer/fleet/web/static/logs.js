@@ -36,7 +36,7 @@ async function awaitAnswer(id, state, read, done, waitS, signal) {
     await sleep(POLL_MS, signal);
     if (!signal.aborted) state = (await read()) || state;
   }
-  return [state, done(state) ? null : noAnswer(id, state, waitS)];
+  return [state, state.online && done(state) ? null : noAnswer(id, state, waitS)];
 }
 
 function lineItem(line) {
