@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -168,7 +166,8 @@ class LogSender:
                 self._thread = threading.Thread(target=self._run, name="edgeinfer-logs", daemon=True)
                 self._thread.start()
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop sending (a POST under way ends by its own timeout; the agent does not wait for it)."""
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
@@ -301,6 +300,9 @@ class DoctorRunner:
 
     def diagnose(self) -> dict[str, Any]:
         """Run the doctor once: its exit code, its report (redacted) or why there is none, and how long it took."""
+        import subprocess  # here: an agent never asked for its doctor loads neither
+        import tempfile
+
         self.runs += 1
         started, code, error, report = time.monotonic(), None, None, None
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:

@@ -61,7 +61,10 @@ def test_an_operator_reads_filters_and_follows_a_devices_logs_and_runs_its_docto
     dashboard, _agent = page
     with Browser(DESKTOP) as browser:
         open_device(browser, dashboard, "operator")
-        status = wait_text(browser, "[data-testid=logs-status]", lambda t: "received" in t, 30)
+        wait_text(browser, "[data-testid=logs-status]", lambda t: "Refresh asks the device" in t, 15)
+        assert (dashboard.manager.db.diagnosis.state(DEVICE) or {}).get("logs_requested_at") is None  # opening the
+        wait_for(browser, "[data-testid=logs-refresh]").click()  # page asked the device nothing; Refresh asks
+        status = wait_text(browser, "[data-testid=logs-status]", lambda t: t.endswith(tuple("0123456789")), 30)
         assert "line" in status and "error" not in wait_for(browser, "[data-testid=logs-status]").get_attribute(
             "class"), status
         shown = browser.driver.execute_script(f"return {SHOWN}")
@@ -78,7 +81,7 @@ def test_an_operator_reads_filters_and_follows_a_devices_logs_and_runs_its_docto
 
         # follow: a line the agent logs from now on appears without a reload
         wait_for(browser, "[data-testid=logs-follow]").click()
-        wait_text(browser, "[data-testid=logs-status]", lambda t: "received" in t, 30)
+        wait_text(browser, "[data-testid=logs-status]", lambda t: t.endswith(tuple("0123456789")), 30)
         sent = dashboard.clients["operator"].restart(DEVICE, "main")
         done = f"command {sent['command_id']} (restart_pipeline) done"
         wait_js(browser, f"return {SHOWN}.some(([, t]) => t.includes(arguments[0]))", 60, done)
@@ -120,6 +123,9 @@ def test_an_offline_device_is_said_plainly_with_the_lines_received_before(page):
         assert text.startswith(f"{DEVICE} is offline since ") and text.endswith(
             f"; showing the {stored} lines received before"), text
         assert browser.driver.execute_script(f"return {SHOWN}.length") == stored
+        wait_for(browser, "[data-testid=logs-refresh]").click()  # asking again changes nothing: it is offline
+        settle(1.0)
+        assert wait_text(browser, "[data-testid=logs-status]", lambda t: "offline" in t, 15) == text
         wait_for(browser, "[data-testid=doctor-run]").click()
         text = wait_text(browser, "[data-testid=doctor-status]", lambda t: "offline" in t, 15)
         assert text.startswith(f"{DEVICE} is offline since "), text

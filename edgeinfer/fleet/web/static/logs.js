@@ -1,8 +1,9 @@
 // Logs and diagnosis on the device page (operators only: a device's log says more than a viewer is shown, and asking
-// costs the device work — docs/security.md). The Logs card asks the device for its recent lines (POST
-// api/devices/<id>/logs/request: a signed logs command, secrets redacted on the device), waits a bounded time for the
-// answer, and shows the lines the manager stores, filtered by level; Follow keeps them coming (each read with
-// follow=true makes the manager renew its request while the page reads). "Run doctor" runs `edgeinfer doctor` on the
+// costs the device work — docs/security.md). The Logs card shows the lines the manager has stored, filtered by level;
+// opening the page sends the device nothing. Refresh asks the device for its newer lines (POST
+// api/devices/<id>/logs/request: a signed logs command, secrets redacted on the device) and waits a bounded time for
+// the answer; Follow keeps them coming (each read with follow=true makes the manager renew its request while the page
+// reads). "Run doctor" runs `edgeinfer doctor` on the
 // device and shows its findings. An offline or silent device is said plainly, with what was received before.
 // The levels are the API's own (LogLine.level in its OpenAPI document).
 import { api, apiSchema } from "./api.js";
@@ -76,6 +77,26 @@ export function logsCard(id) {
     setText(status, text);
   }
 
+  /** What the manager has, without asking the device (opening the page). */
+  async function stored() {
+    const mine = ++generation;
+    try {
+      const page = await read({ limit: SHOWN });
+      if (mine !== generation) return;
+      show(page.lines, false);
+      next = page.next;
+      const n = page.lines.length;
+      if (!page.online) say(`${noAnswer(id, page, WAIT_S)}; showing the ${n} line${n === 1 ? "" : "s"} received before`,
+        "error");
+      else if (page.received_at) say(`${n} line${n === 1 ? "" : "s"}, received ${clock(page.received_at)} — Refresh `
+        + "asks the device for newer ones");
+      else say("nothing received yet: Refresh asks the device for its lines");
+    } catch (e) {
+      if (e.name !== "AbortError") say(`Logs failed: ${e.message}`, "error");
+    }
+  }
+
+  /** Ask the device, wait for its answer (bounded), show what the manager has then. */
   async function load() {
     const mine = ++generation;
     refresh.disabled = true;
@@ -138,7 +159,7 @@ export function logsCard(id) {
   }).catch((e) => console.warn("logs:", e.message));
 
   const doctor = doctorPart(id, ctrl.signal);
-  load();
+  stored();
   return {
     el: h("section", { class: "card logs-card", "data-testid": "logs-card" }, h("h2", {}, "Logs"),
       h("div", { class: "row" }, h("label", { for: level.id }, "Level"), level,
