@@ -208,7 +208,8 @@ def test_retention_deletes_by_age(db):
         db.audit_many([{"actor": "ops", "role": "operator", "action": "deployment.create", "target": "x",
                         "remote": "127.0.0.1", "detail": {}}], now=now - age_days * day)
     deleted = db.prune(raw_max_age_s=7 * day, rollup_max_age_s=90 * day, now=now, batch=1)
-    assert deleted == {"telemetry": 2, "telemetry_rollup": 0, "events": 1, "audit_log": 2}  # a year's audit kept
+    assert deleted == {"telemetry": 2, "telemetry_rollup": 0, "events": 1, "audit_log": 2,  # a year's audit kept
+                       "commands": 0}
     assert [m["seq"] for m in db.device_telemetry("cam-1")] == [3, 4]
     assert len(db.device_rollups("cam-1")) == 4  # roll-ups stay longer
     assert db.prune(raw_max_age_s=7 * day, rollup_max_age_s=5 * day, now=now)["telemetry_rollup"] == 2

@@ -187,6 +187,8 @@ export async function devicePage(root, ctx, id) {
 
   return {
     onEvent(name, payload) {
+      live.onEvent(name, payload); // the verdicts of what was asked here (verdict.js)
+      if (capture) capture.onEvent(name, payload);
       if (name === "devices" && Array.isArray(payload)) {
         const upd = payload.find((x) => x && x.device_id === id);
         if (!upd) return;

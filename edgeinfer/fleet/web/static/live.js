@@ -1,9 +1,11 @@
 // A pipeline's live view and its counting lines and zones, on the device page.
 // The MJPEG stream is read with fetch() (the bearer token in a header, never in a URL) and a multipart parser
 // over its ReadableStream; each JPEG becomes the <img>'s blob URL. Lines and zones are drawn in an SVG over it
-// whose viewBox is the frame's own pixels, so what is drawn is in source pixels, as the device counts.
+// whose viewBox is the frame's own pixels, so what is drawn is in source pixels, as the device counts. The editor
+// shows the lines and zones the device applied; a save says what the device did with it (verdict.js).
 import { api, headers, ApiError } from "./api.js";
 import { h, clear, setText } from "./dom.js";
+import { followCommand, showVerdict } from "./verdict.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 const svg = (tag, attrs = {}) => {
@@ -69,17 +71,18 @@ export function liveCard(id, getDevice, canEdit) {
         `Live ${pipeline}${stream ? ` / ${stream}` : ""}`);
       b.addEventListener("click", () => {
         if (open) open.close();
-        open = liveView(view, id, pipeline, stream, canEdit);
+        open = liveView(view, id, pipeline, stream, canEdit, getDevice);
       });
       return b;
     }));
   }
   render();
   return { el: h("section", { class: "card live-card" }, h("h2", {}, "Live view"), buttons, view), refresh: render,
+    onEvent(name, data) { if (open) open.onEvent(name, data); },
     unmount() { if (open) open.close(); } };
 }
 
-function liveView(root, id, pipeline, stream, canEdit) {
+function liveView(root, id, pipeline, stream, canEdit, getDevice) {
   const enc = encodeURIComponent(id), pipe = encodeURIComponent(pipeline);
   const q = stream ? `?stream=${encodeURIComponent(stream)}` : "";
   const img = h("img", { class: "live-frame", alt: `${pipeline} live`, "data-testid": "live-frame" });
@@ -140,10 +143,30 @@ function liveView(root, id, pipeline, stream, canEdit) {
     }
   })();
 
-  api(`devices/${enc}/pipelines/${pipe}/analytics${q}`, { signal: ctl.signal }).then((a) => {
-    for (const [name, points] of Object.entries(a.lines || {})) shapes.push({ kind: "line", name, points });
-    for (const [name, points] of Object.entries(a.zones || {})) shapes.push({ kind: "zone", name, points });
+  // ---- the device's lines and zones, and what it did with the last ones sent ----
+  let follow = null, revision = 0, verdict = null;
+  function showApplied(a) { // what the device applied: never a revision it refused or has not taken yet
+    shapes.length = 0;
+    for (const [name, points] of Object.entries(a.applied.lines || {})) shapes.push({ kind: "line", name, points });
+    for (const [name, points] of Object.entries(a.applied.zones || {})) shapes.push({ kind: "zone", name, points });
+    root.dataset.applied = String(a.applied.revision);
     paint();
+  }
+  const loadApplied = () => api(`devices/${enc}/pipelines/${pipe}/analytics${q}`, { signal: ctl.signal });
+  function showRecord(rec) {
+    verdict = rec;
+    const prefix = rec.state === "applied" ? "" : `Revision ${revision}: `;
+    showVerdict(result, rec, { online: getDevice().online !== false, prefix });
+    if (rec.settled) loadApplied().then(showApplied).catch(() => {}); // applied, or back to what the device has
+  }
+  function track(commandId, rev) {
+    if (follow) follow.stop();
+    revision = rev;
+    follow = followCommand(commandId, showRecord);
+  }
+  loadApplied().then((a) => {
+    showApplied(a);
+    if (a.sent.command_id && a.sent.revision > a.applied.revision) track(a.sent.command_id, a.sent.revision);
   }).catch(() => {});
 
   // ---- drawing ----
@@ -215,12 +238,20 @@ function liveView(root, id, pipeline, stream, canEdit) {
     setText(result, "saving…");
     try {
       const sent = await api(`devices/${enc}/pipelines/${pipe}/analytics`, { method: "PUT", body });
-      result.className = "result ok";
-      setText(result, `Sent revision ${sent.revision} to the device.`);
+      result.className = "result";
+      setText(result, `Revision ${sent.revision} sent: waiting for the device`);
+      track(sent.command_id, sent.revision);
     } catch (e) {
       result.className = "result error";
       setText(result, `Failed: ${e.message}`);
     }
   }
-  return { close() { ctl.abort(); if (img.src) URL.revokeObjectURL(img.src); } };
+  return {
+    onEvent(name, data) {
+      if (follow) follow.onEvent(name, data);
+      // online or not: the note follows (after the device page has taken the change in)
+      if (name === "devices" && verdict && !verdict.settled) setTimeout(() => showRecord(verdict), 0);
+    },
+    close() { ctl.abort(); if (follow) follow.stop(); if (img.src) URL.revokeObjectURL(img.src); },
+  };
 }
