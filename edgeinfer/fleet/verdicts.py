@@ -194,7 +194,8 @@ def settled(state: CommandState, samples: Mapping[str, int] | None) -> bool:
 
 def verdict_text(state: CommandState, row: Mapping[str, Any], samples: Mapping[str, int] | None) -> str:
     """The record in words, the same in the CLI and the dashboard: ``waiting for the device``, ``applied (revision
-    3)``, ``refused by the device: outside_frame — …``, ``expired …``, a capture's counts."""
+    3)``, ``applied: failed (sha256_mismatch)`` (what a deploy came to), ``refused by the device: outside_frame —
+    …``, ``expired …``, a capture's counts."""
     if state == CommandState.SENT:
         return "waiting for the device"
     if state == CommandState.EXPIRED:
@@ -203,7 +204,10 @@ def verdict_text(state: CommandState, row: Mapping[str, Any], samples: Mapping[s
         return f"refused by the device: {reason_with_words(row.get('reason'), row.get('message'))}"
     if samples is not None:
         return capture_text(samples)
-    revision = (row.get("summary") or {}).get("revision")
+    result, revision = row.get("result"), (row.get("summary") or {}).get("revision")
+    if isinstance(result, Mapping) and isinstance(result.get("state"), str):  # a deploy's or rollback's outcome
+        reason = result.get("reason")
+        return f"applied: {result['state']}" + (f" ({reason})" if isinstance(reason, str) else "")
     return f"applied (revision {revision})" if isinstance(revision, int) else "applied"
 
 
