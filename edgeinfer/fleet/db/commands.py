@@ -54,20 +54,21 @@ class CommandRows:
         now = time.time()
         values = {"state": CommandState.SENT.value, "sent_at": now, "updated_at": now, **row}
         statement = _insert(self.engine, self.t.commands).values(**values).on_conflict_do_nothing(
-            index_elements=["command_id"])
-        with self.engine.begin() as conn:
-            return conn.execute(statement).rowcount == 1
+            index_elements=["command_id"]).returning(self.t.commands.c.command_id)
+        with self.engine.begin() as conn:  # RETURNING: psycopg's rowcount of an upsert is not to be relied on
+            return conn.execute(statement).first() is not None
 
     def count_sample(self, device_id: str, sample_id: str, command_id: str, outcome: str) -> bool:
         """What the manager did with a sample of a command: counted once per sample (a retry is not counted again);
         the command's ``updated_at`` moves so that the live updates carry its new counts."""
         now = time.time()
-        statement = _insert(self.engine, self.t.command_samples).values(
+        table = self.t.command_samples
+        statement = _insert(self.engine, table).values(
             device_id=device_id, sample_id=sample_id, command_id=command_id, outcome=outcome, received_at=now
-        ).on_conflict_do_nothing(index_elements=["device_id", "sample_id"])
+        ).on_conflict_do_nothing(index_elements=["device_id", "sample_id"]).returning(table.c.sample_id)
         c = self.t.commands.c
         with self.engine.begin() as conn:
-            counted = conn.execute(statement).rowcount == 1
+            counted = conn.execute(statement).first() is not None
             if counted:
                 conn.execute(self.t.commands.update().where((c.command_id == command_id) & (c.device_id == device_id))
                              .values(updated_at=now))
