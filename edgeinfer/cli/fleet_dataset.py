@@ -12,7 +12,6 @@ from typing import Any
 import click
 
 from ..errors import DatasetError
-from ..fleet.client import wait_for_command
 from .fleet_access import client_options
 from .output import print_json
 
@@ -75,6 +74,8 @@ def dataset_capture(client: Any, device_id: str, pipeline: str, frames: int, str
     pipeline must have capture rules, `request` alone will do), and say what came of it: "5 frames captured: 2
     stored, 3 near-duplicates of stored samples", or the device's refusal. Exit 1 when the device refused, the
     command expired, or the frames did not all arrive within --timeout."""
+    from ..fleet.client import wait_for_command  # the fleet's client loads on use (the agent's CLI must not)
+
     sent = client.capture(device_id, pipeline, frames, stream)
     line = f"capture of {frames} frame(s) of {pipeline} sent to {device_id} (command {sent['command_id']})"
     if not wait:
