@@ -44,10 +44,6 @@ class CommandState(str, Enum):
         return str(self.value)
 
 
-#: the states a stored command may be in (``expired`` is ``sent`` past its ``expires_at``)
-STORED_STATES = (CommandState.SENT, CommandState.APPLIED, CommandState.REFUSED)
-#: the states that are a device's verdict: final
-VERDICTS = (CommandState.APPLIED, CommandState.REFUSED)
 #: the longest reason code and message kept of a device's answer
 MAX_REASON = 64
 MAX_MESSAGE = 1000
