@@ -29,7 +29,7 @@ from pydantic import (
 from .. import _regions as regions
 from .._evidence import EVENT_ID_FORM, EVENT_ID_PATTERN
 from .._samples import PHASH_PATTERN
-from ..link.protocol import COMMAND_NAME_PATTERN, ID_PATTERN
+from ..link.protocol import COMMAND_ID_PATTERN, COMMAND_NAME_PATTERN, ID_PATTERN
 from ..link.vocabulary import DEFAULT_FLEET, TargetState
 from .auth import NAME_PATTERN, TOKEN_ID_PATTERN, Role
 from .canary import (
@@ -63,6 +63,7 @@ PATTERN_WORDS = {
     TOKEN_ID_PATTERN: "a token id: 12 hex digits",
     NAME_PATTERN: "1-64 characters: letters, digits, space . _ @ - (starting with a letter or digit)",
     COMMAND_NAME_PATTERN: "an event name: 1-32 of a-z 0-9 _, starting with a letter",
+    COMMAND_ID_PATTERN: "a command id: 1-128 of A-Z a-z 0-9 . _ : - (starting with a letter or digit)",
     PRINTABLE_PATTERN: "text without control characters",
     # SAMPLE_ID_PATTERN is ID_PATTERN's form (the same key: its words are ID_PATTERN's)
     PHASH_PATTERN: "a perceptual hash: 16 hex digits, lower case",
@@ -283,14 +284,6 @@ class AnalyticsSpec(Strict):
     def problem(self) -> str | None:
         """Why the device would refuse these lines and zones (``_regions``, in its words), or None."""
         return regions.regions_problem(self.device_lines(), self.zones)
-
-
-class Analytics(BaseModel):
-    """What a pipeline was last sent (revision 0 and nothing: never)."""
-
-    revision: int
-    lines: dict[str, list[list[float]]]
-    zones: dict[str, list[list[float]]]
 
 
 class AnalyticsSent(BaseModel):

@@ -46,7 +46,7 @@ DEVICE = "contract-cam"
 EVENT_ID = new_event_id(1)
 #: what fills a path parameter when a role is checked (the credential is judged before the parameters)
 PATH_VALUES = {"device_id": DEVICE, "deployment_id": "d" * 32, "token_id": "0" * 12, "sha256": "0" * 64,
-               "event_id": EVENT_ID, "pipeline": "main", "sample_id": "s1"}
+               "event_id": EVENT_ID, "pipeline": "main", "sample_id": "s1", "command_id": "c" * 32}
 STREAM = "/api/stream"
 LIVE_VIEW = "/api/devices/{device_id}/live/{pipeline}"
 ENDLESS = (STREAM, LIVE_VIEW)

@@ -9,6 +9,7 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
 
 from ..._samples import MAX_DETECTIONS, MAX_KEYPOINTS, MAX_LABEL, PHASH_PATTERN, keypoint_drawing
+from ...link.protocol import COMMAND_ID_PATTERN
 from ..schemas import PRINTABLE_PATTERN, SHA256_PATTERN, JsonObject, Row, Strict, _integral, or_empty
 
 #: a JPEG of a sample, base64: 4 MiB of JPEG at most (the manager may take less: fleet serve --sample-max-mb)
@@ -60,6 +61,8 @@ class SampleUpload(Strict):
     rule: ShortText = ""
     model: ModelInfo = ModelInfo()
     detections: Annotated[list[Detection], Field(max_length=MAX_DETECTIONS)] = []  # noqa: RUF012 - pydantic copies it
+    #: the capture command that asked for this frame (rule "request"): the manager counts its frames per command
+    command_id: Annotated[str, StringConstraints(pattern=or_empty(COMMAND_ID_PATTERN))] = ""
 
 
 class SampleStored(BaseModel):

@@ -1,9 +1,11 @@
 // A pipeline's live view and its counting lines and zones, on the device page.
 // The MJPEG stream is read with fetch() (the bearer token in a header, never in a URL) and a multipart parser
 // over its ReadableStream; each JPEG becomes the <img>'s blob URL. Lines and zones are drawn in an SVG over it
-// whose viewBox is the frame's own pixels, so what is drawn is in source pixels, as the device counts.
+// whose viewBox is the frame's own pixels, so what is drawn is in source pixels, as the device counts. The editor
+// shows the lines and zones the device applied; a save says what the device did with it (verdict.js).
 import { api, apiSchema, headers, ApiError } from "./api.js";
 import { h, clear, setText, fmtTime } from "./dom.js";
+import { followCommand, showVerdict } from "./verdict.js";
 
 // A live frame older than this many seconds — by its capture time on the device (X-Frame-Time), against this
 // browser's clock — is marked stale: the device stopped sending (a restart, a stalled camera, a lost network),
@@ -141,17 +143,19 @@ export function liveCard(id, getDevice, canEdit) {
         `Live ${pipeline}${stream ? ` / ${stream}` : ""}`);
       b.addEventListener("click", () => {
         if (open) open.close();
-        open = liveView(view, id, pipeline, stream, canEdit, () => getDevice().online !== false);
+        open = liveView(view, id, pipeline, stream, canEdit, getDevice);
       });
       return b;
     }));
   }
   render();
   return { el: h("section", { class: "card live-card" }, h("h2", {}, "Live view"), buttons, view), refresh: render,
+    onEvent(name, data) { if (open) open.onEvent(name, data); },
     unmount() { if (open) open.close(); } };
 }
 
-function liveView(root, id, pipeline, stream, canEdit, isOnline) {
+function liveView(root, id, pipeline, stream, canEdit, getDevice) {
+  const isOnline = () => getDevice().online !== false;
   const enc = encodeURIComponent(id), pipe = encodeURIComponent(pipeline);
   const q = stream ? `?stream=${encodeURIComponent(stream)}` : "";
   const img = h("img", { class: "live-frame", alt: `${pipeline} live`, "data-testid": "live-frame" });
@@ -232,10 +236,30 @@ function liveView(root, id, pipeline, stream, canEdit, isOnline) {
     }
   })();
 
-  api(`devices/${enc}/pipelines/${pipe}/analytics${q}`, { signal: ctl.signal }).then((a) => {
-    for (const [name, points] of Object.entries(a.lines || {})) shapes.push({ kind: "line", name, points });
-    for (const [name, points] of Object.entries(a.zones || {})) shapes.push({ kind: "zone", name, points });
+  // ---- the device's lines and zones, and what it did with the last ones sent ----
+  let follow = null, revision = 0, verdict = null;
+  function showApplied(a) { // what the device applied: never a revision it refused or has not taken yet
+    shapes.length = 0;
+    for (const [name, points] of Object.entries(a.applied.lines || {})) shapes.push({ kind: "line", name, points });
+    for (const [name, points] of Object.entries(a.applied.zones || {})) shapes.push({ kind: "zone", name, points });
+    root.dataset.applied = String(a.applied.revision);
     paint();
+  }
+  const loadApplied = () => api(`devices/${enc}/pipelines/${pipe}/analytics${q}`, { signal: ctl.signal });
+  function showRecord(rec) {
+    verdict = rec;
+    const prefix = rec.state === "applied" ? "" : `Revision ${revision}: `;
+    showVerdict(result, rec, { online: getDevice().online !== false, prefix });
+    if (rec.settled) loadApplied().then(showApplied).catch(() => {}); // applied, or back to what the device has
+  }
+  function track(commandId, rev) {
+    if (follow) follow.stop();
+    revision = rev;
+    follow = followCommand(commandId, showRecord);
+  }
+  loadApplied().then((a) => {
+    showApplied(a);
+    if (a.sent.command_id && a.sent.revision > a.applied.revision) track(a.sent.command_id, a.sent.revision);
   }).catch(() => {});
 
   // ---- drawing ----
@@ -341,12 +365,20 @@ function liveView(root, id, pipeline, stream, canEdit, isOnline) {
     setText(result, "saving…");
     try {
       const sent = await api(`devices/${enc}/pipelines/${pipe}/analytics`, { method: "PUT", body });
-      result.className = "result ok";
-      setText(result, `Sent revision ${sent.revision} to the device.`);
+      result.className = "result";
+      setText(result, `Revision ${sent.revision} sent: waiting for the device`);
+      track(sent.command_id, sent.revision);
     } catch (e) {
       result.className = "result error";
       setText(result, `Failed: ${e.message}`);
     }
   }
-  return { close() { clearInterval(ticker); ctl.abort(); if (img.src) URL.revokeObjectURL(img.src); } };
+  return {
+    onEvent(name, data) {
+      if (follow) follow.onEvent(name, data);
+      // online or not: the note follows (after the device page has taken the change in)
+      if (name === "devices" && verdict && !verdict.settled) setTimeout(() => showRecord(verdict), 0);
+    },
+    close() { clearInterval(ticker); ctl.abort(); if (follow) follow.stop(); if (img.src) URL.revokeObjectURL(img.src); },
+  };
 }
