@@ -441,7 +441,8 @@ def metrics_agent(tmp_path_factory):
                 try:
                     body = urllib.request.urlopen(url, timeout=2).read().decode()
                     # a window with frames (its stage figures), not only the first, possibly empty, one
-                    if all(name in body for name in ("edgeinfer_pipeline_fps{", "edgeinfer_pipeline_stage_ms",
+                    # samples, not only the HELP line a window without frames still writes
+                    if all(name in body for name in ("edgeinfer_pipeline_fps{", "edgeinfer_pipeline_stage_ms{",
                                                      "edgeinfer_mqtt_connected 1.0")):
                         break
                 except OSError:

@@ -80,7 +80,8 @@ def source_text(config: PipelineConfig) -> str:
 
 #: what a ``rule_triggered`` event carries of the pipeline's event (never the device's file paths)
 RULE_EVENT_FIELDS = ("event_id", "stream", "rule", "kind", "name", "label", "track_id", "score", "direction", "box",
-                     "frame_id", "timestamp", "suppressed", "frames", "duration_s", "snapshot_bytes", "clip_bytes")
+                     "frame_id", "timestamp", "source_time", "suppressed", "frames", "duration_s", "snapshot_bytes",
+                     "clip_bytes")
 
 
 def rule_event_data(event: dict, *, upload: bool) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .postprocess import Detections
@@ -45,16 +45,19 @@ Listener = Callable[[AnalyticsEvent], Any]
 @dataclass(slots=True)
 class _Seen:
     frame_id: int
-    timestamp: float
+    timestamp: float  # the stream's own clock (source time)
     label: str
     box: tuple[float, float, float, float]
+    wall: float  # the frame's wall-clock time
 
 
 class StreamAnalytics:
     """Tracks, lines and zones of one stream.
 
     ``fps``: when given, a frame's time is ``frame_id / fps`` (the clip's own time: right for files
-    read faster or slower than real time); otherwise the frame's capture timestamp. A track unseen
+    read faster or slower than real time); otherwise the frame's capture timestamp. Holds and dwell are
+    measured in that time, and it is each event's ``source_time``; an event's ``timestamp`` is always the
+    frame's wall-clock time (docs/events.md). A track unseen
     for more than ``forget_after`` frames (default: the tracker's ``lost_frames`` + 1) is forgotten:
     it leaves the zones it was in (``zone_left``, with the time it was last seen) and its line state
     is dropped. Thread-safe: the pipeline's inference thread calls it while another reads ``counts()``.
@@ -106,24 +109,23 @@ class StreamAnalytics:
         self.process(result.result, result.frame_id, result.timestamp)
 
     def process(self, detections: Detections, frame_id: int, timestamp: float | None = None) -> Detections:
-        """Track one frame's detections and count them; the detections with their track ids."""
+        """Track one frame's detections and count them; the detections with their track ids. ``timestamp``: the
+        frame's wall-clock capture time (default: now)."""
         events: list[AnalyticsEvent] = []
         with self._lock:
-            if self.fps is not None:
-                now = frame_id / self.fps
-            else:
-                now = time.time() if timestamp is None else float(timestamp)
+            wall = time.time() if timestamp is None else float(timestamp)
+            now = frame_id / self.fps if self.fps is not None else wall
             tracked = self.tracker.update(detections, frame_id)
             for detection in tracked:
                 track_id = detection.track_id
                 if track_id is None:
                     continue
                 box = detection.box
-                self._seen[track_id] = _Seen(frame_id, now, detection.label, box)
+                self._seen[track_id] = _Seen(frame_id, now, detection.label, box, wall)
                 for counter in (*self.lines, *self.zones):
                     event = counter.update(track_id, detection.label, box, frame_id, now)
                     if event is not None:
-                        events.append(event)
+                        events.append(_on_the_wall(event, wall))
             self._forget_lost(frame_id, events)
             self.frames += 1
             self.last_frame_id = frame_id
@@ -150,7 +152,7 @@ class StreamAnalytics:
             for zone in self.zones:
                 event = zone.forget(track_id, seen.label, seen.frame_id, seen.timestamp, seen.box)
                 if event is not None:
-                    events.append(event)
+                    events.append(_on_the_wall(event, seen.wall))
 
     def replace_geometry(self, lines: Sequence[LineCounter], zones: Sequence[ZoneCounter]) -> None:
         """Count with ``lines`` and ``zones`` from the next frame on; the tracks carry on. A line or zone whose
@@ -176,6 +178,11 @@ class StreamAnalytics:
                     "tracks": {"confirmed": len(self.tracker.confirmed_ids), "active": len(self._seen)},
                     "lines": {line.name: line.counts() for line in self.lines},
                     "zones": {zone.name: zone.counts() for zone in self.zones}}
+
+
+def _on_the_wall(event: AnalyticsEvent, wall: float) -> AnalyticsEvent:
+    """A counter's event (stamped in the stream's clock) with its frame's wall-clock time as its ``timestamp``."""
+    return replace(event, timestamp=wall, source_time=event.timestamp)
 
 
 def _carried(new: Any, old: Any, shape: tuple[str, ...], totals: tuple[str, ...]) -> Any:

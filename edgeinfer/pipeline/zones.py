@@ -53,6 +53,12 @@ class AnalyticsEvent:
     ``direction`` is ``"in"`` or ``"out"`` for a line (None for zones); ``dwell_s`` the time the
     track spent inside, on ``zone_left``; ``box`` the track's box in that frame (the last one seen
     when a lost track leaves a zone).
+
+    Two times (docs/events.md): ``timestamp`` is the frame's wall-clock time (``time.time()`` when it was
+    captured — read, for a file); ``source_time`` the same frame in its source's own clock, the clock holds and
+    dwell are measured in (a file's position, ``frame_id / fps``, however fast it is read; a live source's
+    capture time). A counter stamps its events with the one clock it is given, as both;
+    :class:`~edgeinfer.pipeline.analytics.StreamAnalytics` then sets ``timestamp`` to the frame's wall-clock time.
     """
 
     kind: str
@@ -64,11 +70,17 @@ class AnalyticsEvent:
     direction: str | None = None
     dwell_s: float | None = None
     box: Box | None = None
+    source_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.source_time is None:  # one clock given: it is both
+            object.__setattr__(self, "source_time", self.timestamp)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"kind": self.kind, "name": self.name, "track_id": self.track_id,
                                 "label": self.label, "frame_id": self.frame_id,
-                                "timestamp": round(self.timestamp, 6)}
+                                "timestamp": round(self.timestamp, 6),
+                                "source_time": round(float(self.source_time or 0.0), 6)}
         if self.direction is not None:
             data["direction"] = self.direction
         if self.dwell_s is not None:

@@ -3,7 +3,15 @@
 // over its ReadableStream; each JPEG becomes the <img>'s blob URL. Lines and zones are drawn in an SVG over it
 // whose viewBox is the frame's own pixels, so what is drawn is in source pixels, as the device counts.
 import { api, headers, ApiError } from "./api.js";
-import { h, clear, setText } from "./dom.js";
+import { h, clear, setText, fmtTime } from "./dom.js";
+
+// A live frame older than this many seconds — by its capture time on the device (X-Frame-Time), against this
+// browser's clock — is marked stale: the device stopped sending (a restart, a stalled camera, a lost network),
+// and what is shown is the past. A few seconds: a frame a second (the slowest live view) is never stale in a
+// healthy stream. docs/fleet.md, "The live view".
+export const STALE_FRAME_S = 5;
+// How often the frame's age is shown again while no new frame comes (ms).
+const AGE_TICK_MS = 1000;
 
 const SVG = "http://www.w3.org/2000/svg";
 const svg = (tag, attrs = {}) => {
@@ -48,6 +56,37 @@ export async function* mjpegParts(body) {
   }
 }
 
+/** "0.4 s", "12 s", "3 min", "2 h", "4 d": how old a frame is. */
+export function fmtAge(seconds) {
+  const s = Math.max(0, seconds);
+  if (s < 10) return `${s.toFixed(1)} s`;
+  if (s < 60) return `${Math.round(s)} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h`;
+  return `${Math.floor(s / 86400)} d`;
+}
+
+/**
+ * What the live view says of the frame it shows: {state, text, age}. `frame`: {id, time} (time: its capture time,
+ * unix seconds, 0 when the device did not say) or null before the first; `online`: whether the device is online.
+ * state: "waiting" (no frame yet), "live", "stale" (older than STALE_FRAME_S), "offline" (the device is offline:
+ * whatever is shown is its last frame), "unknown" (a frame without its capture time).
+ */
+export function frameStatus(frame, online, now = Date.now() / 1000) {
+  if (!frame) {
+    return online ? { state: "waiting", text: "waiting for the device…", age: null }
+      : { state: "offline", text: "device offline — no frame yet", age: null };
+  }
+  const age = frame.time > 0 ? Math.max(0, now - frame.time) : null;
+  if (!online) {
+    return { state: "offline", age, text: age === null ? `device offline — last frame ${frame.id}, its time unknown`
+      : `device offline — last frame ${fmtTime(frame.time)} (${fmtAge(age)} old)` };
+  }
+  if (age === null) return { state: "unknown", age, text: `frame ${frame.id} — its capture time unknown` };
+  if (age > STALE_FRAME_S) return { state: "stale", age, text: `stale — frame ${frame.id}, ${fmtAge(age)} old` };
+  return { state: "live", age, text: `live: frame ${frame.id} · ${fmtAge(age)} old` };
+}
+
 /** The Live card: a button per pipeline (and stream) the device reports; the viewer and editor below them. */
 export function liveCard(id, getDevice, canEdit) {
   const buttons = h("div", { class: "row" });
@@ -69,7 +108,7 @@ export function liveCard(id, getDevice, canEdit) {
         `Live ${pipeline}${stream ? ` / ${stream}` : ""}`);
       b.addEventListener("click", () => {
         if (open) open.close();
-        open = liveView(view, id, pipeline, stream, canEdit);
+        open = liveView(view, id, pipeline, stream, canEdit, () => getDevice().online !== false);
       });
       return b;
     }));
@@ -79,12 +118,13 @@ export function liveCard(id, getDevice, canEdit) {
     unmount() { if (open) open.close(); } };
 }
 
-function liveView(root, id, pipeline, stream, canEdit) {
+function liveView(root, id, pipeline, stream, canEdit, isOnline) {
   const enc = encodeURIComponent(id), pipe = encodeURIComponent(pipeline);
   const q = stream ? `?stream=${encodeURIComponent(stream)}` : "";
   const img = h("img", { class: "live-frame", alt: `${pipeline} live`, "data-testid": "live-frame" });
   const overlay = svg("svg", { class: "live-overlay", "data-testid": "live-overlay", preserveAspectRatio: "none" });
-  const status = h("p", { class: "muted", "data-testid": "live-status", role: "status" }, "connecting…");
+  const status = h("p", { class: "muted live-status", "data-testid": "live-status", role: "status",
+    dataset: { staleAfter: String(STALE_FRAME_S) } }, "connecting…");
   const list = h("ul", { class: "plain live-shapes", "data-testid": "live-shapes" });
   const result = h("p", { class: "result", "data-testid": "live-result", role: "status", "aria-live": "polite" });
   const shapes = []; // {kind: "line" | "zone", name, points: [[x, y], ...]}
@@ -101,8 +141,20 @@ function liveView(root, id, pipeline, stream, canEdit) {
     tool("Draw zone", "draw-zone", () => { mode = "zone"; draft = null; paint(); }),
     tool("Close zone", "close-zone", () => finishZone()),
     tool("Save", "save-analytics", () => save())) : h("p", { class: "muted" }, "Viewers see the lines and zones; operators edit them.");
-  clear(root).append(h("h3", {}, `${pipeline}${stream ? ` / ${stream}` : ""}`),
-    h("div", { class: "live-stage" }, img, overlay), status, tools, list, result);
+  const stage = h("div", { class: "live-stage" }, img, overlay);
+  clear(root).append(h("h3", {}, `${pipeline}${stream ? ` / ${stream}` : ""}`), stage, status, tools, list, result);
+
+  // the frame shown, with its age: a frame from before a restart, or of a device gone offline, says so
+  let shown = null, connected = false;
+  function showAge() {
+    if (!connected) return;
+    const st = frameStatus(shown, isOnline());
+    setText(status, st.text);
+    status.dataset.frameState = st.state;
+    status.dataset.frameAge = st.age === null ? "" : st.age.toFixed(1);
+    stage.dataset.frameState = st.state;
+  }
+  const ticker = setInterval(showAge, AGE_TICK_MS);
 
   function setFrame(blob) {
     const old = img.src;
@@ -125,17 +177,21 @@ function liveView(root, id, pipeline, stream, canEdit) {
     try {
       const resp = await fetch(`api/devices/${enc}/live/${pipe}${q}`, { headers: headers(), signal: ctl.signal });
       if (!resp.ok) throw new ApiError(resp.status, `${resp.status}`);
-      setText(status, "waiting for the device…");
+      connected = true;
+      showAge();
       for await (const part of mjpegParts(resp.body)) {
         frames += 1;
         const stated = /^(\d+)x(\d+)$/.exec(part.headers["x-frame-size"] || "");
         sourceSize = stated && +stated[1] > 0 ? [+stated[1], +stated[2]] : null;
         setFrame(new Blob([part.jpeg], { type: "image/jpeg" }));
         root.dataset.frames = String(frames);
-        setText(status, `live: frame ${part.headers["x-frame-id"] || frames}`);
+        shown = { id: part.headers["x-frame-id"] || String(frames), time: Number(part.headers["x-frame-time"]) || 0 };
+        showAge();
       }
+      connected = false;
       setText(status, "the stream ended");
     } catch (e) {
+      connected = false;
       if (e.name !== "AbortError") setText(status, `live view unavailable: ${e.message}`);
     }
   })();
@@ -222,5 +278,5 @@ function liveView(root, id, pipeline, stream, canEdit) {
       setText(result, `Failed: ${e.message}`);
     }
   }
-  return { close() { ctl.abort(); if (img.src) URL.revokeObjectURL(img.src); } };
+  return { close() { clearInterval(ticker); ctl.abort(); if (img.src) URL.revokeObjectURL(img.src); } };
 }
