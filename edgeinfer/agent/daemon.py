@@ -40,6 +40,7 @@ from .inventory import delegate_report, software_versions
 from .live_view import add_view_commands
 from .log_ring import LogRing
 from .metrics import start_metrics
+from .model_check import ConfigErrors
 from .runner import PipelineFactory, PipelineRunner, default_pipeline_factory
 from .services import TelemetryFigures
 from .telemetry import (
@@ -159,6 +160,7 @@ class Agent:
         self._lock_file: Any = None
         self._last_tick: float | None = None
         self._spool_write_errors = 0
+        self.config_errors = ConfigErrors(self.stop)  # a pipeline's first start failed as configured: exit 78
 
     # -- what plug-ins see (AgentServices) -------------------------------------------------
     def stop(self) -> None:
@@ -256,8 +258,9 @@ class Agent:
         self._runners = [PipelineRunner(p, emit=self.emit, on_change=self._state_changed, factory=factory,
                                         restart_min_s=config.restart_min_s, restart_max_s=config.restart_max_s,
                                         on_evidence=self.uploader.enqueue if self.uploader else None,
-                                        on_sample=self.uploader.enqueue_sample if self.uploader else None)
-                         for p in config.pipelines]
+                                        on_sample=self.uploader.enqueue_sample if self.uploader else None,
+                                        on_config_error=self.config_errors.reporter(config, index))
+                         for index, p in enumerate(config.pipelines)]
         self._link.set_retained(self.topics.state, encode(self._state_message(online=True)))
         self._link.start()
         if config.metrics is not None:
