@@ -77,6 +77,12 @@ def test_the_api_signs_the_kind_keeps_it_and_says_it(world, tmp_path):
     audit = next(e for e in client.audit() if e["action"] == "deployment.create"
                  and e["target"] == agent["deployment_id"])
     assert audit["detail"]["kind"] == "agent"
+    # updating the agent needs an admin: an operator may deploy models only
+    operator = services.access.tokens.create(name="ci", role="operator")["token"]
+    status, body = post(url, operator, {"sha256": uploaded["sha256"], "kind": "agent", "version": 9002, "all": True})
+    assert status == 403 and "updating the agent needs admin" in body["error"]
+    status, _ = post(url, operator, {"sha256": uploaded["sha256"], "version": 3, "devices": ["cam-2"]})
+    assert status == 201
     # a kind the manager cannot deploy is refused, naming the field
     token = admin_of(tmp_path / "api")
     for word in ("config", "firmware", 1):
