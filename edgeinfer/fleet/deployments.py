@@ -70,21 +70,22 @@ def deploy_args(deployment: dict) -> dict:
     return args
 
 
-def kind_of(deployment: dict) -> DeploymentKind:
-    """A stored deployment's kind (a row from before kinds is a model's)."""
-    return DeploymentKind(deployment.get("kind") or DeploymentKind.MODEL)
+def kind_of(deployment: dict) -> str:
+    """A stored deployment's kind's word (a row from before kinds is a model's; a word this manager does not know,
+    from a newer one sharing its database, is passed on as it is)."""
+    return str(deployment.get("kind") or DeploymentKind.MODEL.value)
 
 
 def rollback_args(deployment: dict) -> dict:
     """The arguments of the rollback a failed canary analysis sends: for a model, the deployment's pipeline if it
     named one; for another kind, the kind (an agent goes back to its other environment)."""
     if kind_of(deployment) != DeploymentKind.MODEL:
-        return {"kind": kind_of(deployment).value}
+        return {"kind": kind_of(deployment)}
     pipeline = (deployment.get("options") or {}).get("pipeline")
     return {"pipeline": pipeline} if pipeline else {}
 
 
-def running_artifacts(state: dict) -> dict[DeploymentKind, set[str]]:
+def running_artifacts(state: dict) -> dict[str, set[str]]:
     """What a device's ``state`` says it runs, by kind: its pipelines' models and, once out of its trial, the agent
     bundle it was installed from (sha256s)."""
     models = {str((p.get("model") or {}).get("sha256") or "") for p in state.get("pipelines") or []}
