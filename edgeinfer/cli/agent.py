@@ -7,14 +7,16 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
+from ..updates.launcher import CONFIG_EXIT_STATUS
 from .output import handle_errors, print_json
 
 if TYPE_CHECKING:
     from ..errors import ConfigError
 
 #: exit status for a configuration error (sysexits EX_CONFIG). The systemd unit lists it in
-#: RestartPreventExitStatus= so a broken config does not become a crash loop.
-EXIT_CONFIG = 78
+#: RestartPreventExitStatus= so a broken config does not become a crash loop; the agent's launcher gives up a
+#: new version that exits with it at once (edgeinfer/updates/launcher.py defines it for both).
+EXIT_CONFIG = CONFIG_EXIT_STATUS
 
 
 @click.command()
@@ -65,6 +67,8 @@ def agent(config_path: str, check: bool) -> None:
         _config_error(exc)
     if daemon.config_errors.error is not None:  # a pipeline's first start failed as configured (reported, stopped)
         _config_error(daemon.config_errors.error)
+    if daemon.exit_status:  # an agent update: the launcher starts the slot its state names now
+        sys.exit(daemon.exit_status)
 
 
 def _config_error(error: ConfigError) -> NoReturn:
