@@ -126,6 +126,28 @@ def watchdog_interval() -> float | None:
         return None
 
 
+def pipeline_windows(runners: list[PipelineRunner], totals: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    """Each pipeline's telemetry entry for this window; adds its frames and drops to ``totals``."""
+    pipelines = []
+    for runner in runners:
+        entry = pipeline_entry(runner.name, runner.status, runner.take_window(), delegate=runner.delegate,
+                               restarts=runner.restarts, streams=[s.name for s in runner.config.sources])
+        pipelines.append(entry)
+        total = totals.setdefault(runner.name, {"frames": 0, "dropped": 0})
+        total["frames"] += entry["frames"]
+        total["dropped"] += entry["dropped"]
+    return pipelines
+
+
+def spool_figures(spool: Spool | None, write_errors: int) -> dict[str, Any]:
+    """The telemetry's ``spool`` section."""
+    stats = spool.stats() if spool is not None else None
+    if not stats:
+        return {"pending": 0, "dropped": 0}
+    return {"pending": stats.pending, "bytes": stats.bytes, "dropped": stats.dropped,
+            "dropped_events": stats.dropped_events, "rejected": stats.rejected, "write_errors": write_errors}
+
+
 class Agent:
     """The device agent. ``run()`` blocks until ``stop()`` (e.g. from a SIGTERM handler).
 
@@ -356,32 +378,13 @@ class Agent:
         window_s = self.config.telemetry_interval_s if self._last_tick is None else max(1e-3, now - self._last_tick)
         self._last_tick = now
         link_status = self._link.status.to_dict() if self._link is not None else None
-        message = telemetry_message(self.topics, self.boot, interval_s=window_s, pipelines=self._pipeline_windows(),
-                                    system=(system := self.probe.sample()), spool=self._spool_figures(),
+        message = telemetry_message(self.topics, self.boot, interval_s=window_s,
+                                    pipelines=pipeline_windows(self._runners, self.figures.totals),
+                                    system=(system := self.probe.sample()),
+                                    spool=spool_figures(self._spool, self._spool_write_errors),
                                     mqtt=link_status, footprint=footprint_section(self._runners, system))
         self.figures.latest = message
         self._spool_message(self.topics.telemetry, message, PRIORITY_TELEMETRY)
-
-    def _pipeline_windows(self) -> list[dict[str, Any]]:
-        """Each pipeline's telemetry entry for this window; adds its frames and drops to the totals."""
-        pipelines = []
-        for runner in self._runners:
-            stats = runner.take_window()
-            entry = pipeline_entry(runner.name, runner.status, stats, delegate=runner.delegate,
-                                   restarts=runner.restarts, streams=[s.name for s in runner.config.sources])
-            pipelines.append(entry)
-            totals = self.figures.totals.setdefault(runner.name, {"frames": 0, "dropped": 0})
-            totals["frames"] += entry["frames"]
-            totals["dropped"] += entry["dropped"]
-        return pipelines
-
-    def _spool_figures(self) -> dict[str, Any]:
-        spool = self._spool.stats() if self._spool is not None else None
-        if not spool:
-            return {"pending": 0, "dropped": 0}
-        return {"pending": spool.pending, "bytes": spool.bytes, "dropped": spool.dropped,
-                "dropped_events": spool.dropped_events, "rejected": spool.rejected,
-                "write_errors": self._spool_write_errors}
 
     def _spool_message(self, topic: str, message: Mapping[str, Any], priority: int) -> None:
         spool = self._spool
