@@ -139,13 +139,18 @@ def export_zip(samples: Sequence[dict], fmt: str, out: Any, jpeg_of: Callable[[d
 
 
 # -------------------------------------------------------------------------------------------- import
+def sample_file_pattern(suffix: str) -> str:
+    """How an imported file names its sample, ``[./][images/|labels/]<device>/<sample><suffix>`` (``/`` or ``\\``),
+    as a regular expression: what the import reads, and what the OpenAPI document says it reads."""
+    return rf"^(?:\.[/\\])?(?:(?:images|labels)[/\\])?([^/\\]+)[/\\]([^/\\]+){re.escape(suffix)}$"
+
+
 def _key_of(file_name: str, suffix: str) -> tuple[str, str]:
     """(device_id, sample_id) of ``[images/|labels/]<device>/<sample><suffix>``."""
-    name = re.sub(r"^(?:\./)?(?:images/|labels/)?", "", file_name.replace("\\", "/"))
-    parts = name.removesuffix(suffix).split("/")
-    if not name.endswith(suffix) or len(parts) != 2 or not all(parts):
+    match = re.match(sample_file_pattern(suffix), file_name)
+    if match is None:
         raise DatasetError(f"{file_name!r} is not <device>/<sample>{suffix}: exported by edgeinfer?")
-    return parts[0], parts[1]
+    return match.group(1), match.group(2)
 
 
 def _box(label: Any, x: float, y: float, w: float, h: float, where: str) -> dict:
@@ -222,7 +227,7 @@ def parse_yolo(data: bytes, size_of: SizeOf) -> dict[tuple[str, str], list[dict]
 
 def _yolo_file(name: str, body: bytes, names: dict[int, str], size: tuple[int, int] | None) -> list[dict]:
     if size is None:
-        raise DatasetError(f"{name}: no such sample is stored")
+        raise LookupError(f"{name}: no such sample is stored")
     width, height = size
     boxes = []
     for number, line in enumerate(body.decode(errors="replace").splitlines(), start=1):

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from ..._version import __version__
-from ..schemas import ErrorBody, SampleUpload, describe
+from ..schemas import ErrorBody, describe
 from . import access, artifacts, deployments, devices, events, live, overview, samples
 from .deps import FleetServices, Viewer
 from .web import add_dashboard
@@ -101,8 +101,9 @@ def document(app: FastAPI) -> dict[str, Any]:
         components.pop(name, None)
     components[ErrorBody.__name__] = ErrorBody.model_json_schema()
     # a body a route reads itself (bounded before it is parsed): its model is the document's all the same
-    upload = SampleUpload.model_json_schema(ref_template="#/components/schemas/{model}")
-    for name, definition in upload.pop("$defs", {}).items():
-        components.setdefault(name, definition)
-    components[SampleUpload.__name__] = upload
+    for model in samples.READ_BODIES:
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in body.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components[model.__name__] = body
     return schema
