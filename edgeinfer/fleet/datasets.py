@@ -14,7 +14,8 @@ model's ``detections``:
 
 Import (``POST /api/samples/import``): a COCO ``annotations.json`` or a zip of YOLO ``labels/**.txt`` with
 its ``data.yaml``, matched to the samples by file name; every file is checked before anything is stored
-(``DatasetError`` names the first fault), and all the samples change in one transaction.
+(``DatasetError`` names the first fault; a file naming no stored sample is a ``LookupError``), and all the samples
+change in one transaction.
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ SizeOf = Callable[[tuple[str, str]], "tuple[int, int] | None"]
 
 def parse_yolo(data: bytes, size_of: SizeOf) -> dict[tuple[str, str], list[dict]]:
     """{(device, sample): labels} of a zip of ``data.yaml`` and ``labels/<device>/<sample>.txt``; ``size_of``:
-    a stored sample's (width, height), to turn normalised boxes into pixels (None: not stored)."""
+    a stored sample's (width, height), to turn normalised boxes into pixels (None: not stored, a LookupError)."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             files = {info.filename: archive.read(info) for info in archive.infolist()

@@ -279,8 +279,6 @@ async def import_labels(request: Request, who: Operator, fleet: Services,
     kind = (request.headers.get("content-type") or "").partition(";")[0].strip().lower()
     fmt = {"application/json": "coco", ZIP: "yolo"}.get(kind, format or "coco")
     try:
-        if fmt == "coco":
-            CocoLabels.model_validate_json(body)
         changed = await run_in_threadpool(_import, fleet, fmt, body)
     except ValidationError as exc:
         raise HTTPException(400, f"not a COCO detection document: {describe_error(exc)}") from None
@@ -293,8 +291,10 @@ async def import_labels(request: Request, who: Operator, fleet: Services,
 
 
 def _import(fleet: Any, fmt: str, body: bytes) -> int:
-    """Check every file, then store: DatasetError (400), LookupError (404), HTTPException 409."""
+    """Check every file, then store: ValidationError or DatasetError (400), LookupError (404), HTTPException 409."""
     rows = fleet.samples.rows
+    if fmt == "coco":
+        CocoLabels.model_validate_json(body)  # what the document says a COCO document is; then what it says
     found = parse_coco(body) if fmt == "coco" else parse_yolo(body, lambda key: _size(rows, key))
     changes = []
     for (device_id, sample_id), labels in sorted(found.items()):
