@@ -131,7 +131,8 @@ def _has_part(body: bytes) -> bool:
 @schemathesis.hook
 def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     """Every phase's requests (a ``map_body`` hook sees the fuzzing phase's only). The body is set only when it
-    changes: schemathesis judges a body set here again, and takes bytes for no string (a negative body)."""
+    changes: schemathesis judges a body set here again, and to it a JPEG's bytes are no JSON Schema string — it would
+    take a valid upload for an invalid one, and expect it refused."""
     whole = whole_coco_document(case.body)
     if whole is not case.body:
         case.body = whole
