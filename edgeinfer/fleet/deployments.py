@@ -14,6 +14,7 @@ from .commands import CommandService
 from .db import FleetDB
 from .rollout import DEFAULT_LEASE_TTL_S, DeploymentStatus, RolloutDriver, plan_waves
 from .schemas import DeploymentSpec
+from .verdicts import device_words, reason_with_words, refusal_of
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +82,12 @@ def progress_of(event: dict) -> tuple[str, TargetState, str | None] | None:
     if not deployment_id:
         return None
     if name == EventKind.UPDATE:
-        reported, detail = data.get("state"), data.get("reason") or event.get("message")
+        reported = data.get("state")
+        # a failure: its reason code and the device's own words of it; progress: the device's message
+        reason = data.get("reason")
+        detail = reason_with_words(reason, device_words(reason, data.get("detail"))) if reason else event.get("message")
     elif name == EventKind.CMD_REJECTED:
-        reported, detail = TargetState.REJECTED, data.get("reason") or event.get("message")
+        reported, detail = TargetState.REJECTED, reason_with_words(*refusal_of(event))
     else:
         return None
     try:

@@ -370,7 +370,11 @@ EVENT_SCHEMA: dict[str, Any] = {
         "message": {"type": "string"},
         "pipeline": _NULLABLE_STR,
         "cmd_id": _NULLABLE_STR,
-        "data": {"type": "object"},
+        "data": {"type": "object",
+                 "description": "what the event says, by its name; every time in it is wall-clock unix seconds, as "
+                                "ts is — a rule_triggered event's timestamp is its frame's wall-clock time and its "
+                                "source_time the same frame in the source's own clock (seconds into a file; a live "
+                                "source's capture time)"},
     },
 }
 

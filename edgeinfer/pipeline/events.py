@@ -260,10 +260,13 @@ class StreamEvents:
                 fired = {"kind": event.kind, "name": event.name, "label": event.label, "track_id": event.track_id,
                          "score": None, "direction": event.direction,
                          "box": [round(v, 1) for v in event.box] if event.box is not None else None}
-                self._fire(index, rule, fired, event.frame_id, event.timestamp, subject=event.track_id)
+                self._fire(index, rule, fired, event.frame_id, event.timestamp, subject=event.track_id,
+                           source_time=event.source_time)
 
-    def check(self, result: Any, frame_id: int, timestamp: float) -> None:
-        """A frame's result (detections, or a classification's top-k) against the ``detection`` rules."""
+    def check(self, result: Any, frame_id: int, timestamp: float, source_time: float | None = None) -> None:
+        """A frame's result (detections, or a classification's top-k) against the ``detection`` rules.
+        ``timestamp``: the frame's wall-clock time; ``source_time``: its time in the source's own clock (default:
+        the same)."""
         if not self._detection_rules:
             return
         for item in scored_items(result):
@@ -276,10 +279,13 @@ class StreamEvents:
                              "score": round(score, 4), "direction": None,
                              "box": [round(float(v), 1) for v in box] if box is not None else None}
                     self._fire(index, rule, fired, frame_id, timestamp,
-                               subject=track_id if track_id is not None else label)
+                               subject=track_id if track_id is not None else label, source_time=source_time)
 
     def _fire(self, index: int, rule: EventRule, fired: dict, frame_id: int, timestamp: float,
-              subject: Any) -> None:
+              subject: Any, source_time: float | None = None) -> None:
+        """``timestamp``: the frame's wall-clock time (the event's time, and the cooldown's clock);
+        ``source_time``: the frame in the source's own clock (the evidence's), the same when not given."""
+        source_time = float(timestamp if source_time is None else source_time)
         with self._lock:
             key = (index, subject)
             last = self._last_fired.get(key) if rule.kind == DETECTION else None
@@ -303,7 +309,8 @@ class StreamEvents:
             self.triggered += 1
             suppressed, self._suppressed_since = self._suppressed_since, 0
         event = {"stream": self.stream, "rule": rule.text, **fired, "frame_id": int(frame_id),
-                 "timestamp": round(float(timestamp), 6), "suppressed": suppressed}
+                 "timestamp": round(float(timestamp), 6), "source_time": round(source_time, 6),
+                 "suppressed": suppressed}
         held = self._at_hand
         if held is not None and held[1] == int(frame_id):
             self._fired_now.append(event)  # goes with its own frame once the result is whole (release)
@@ -313,7 +320,7 @@ class StreamEvents:
                            "snapshot_bytes": 0, "clip_bytes": 0, "frames": 0, "duration_s": 0.0})
             return
         with self._lock:
-            self._pending.append(_Pending(None, int(frame_id), float(timestamp), event))
+            self._pending.append(_Pending(None, int(frame_id), source_time, event))
             self._wake.notify()
         self._ensure_thread()
 

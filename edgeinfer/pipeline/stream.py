@@ -203,7 +203,7 @@ class Stream:
             result = self.analytics.process(result, frame_id, stamp)
         if events is not None:
             if events.wants_results:
-                events.check(result, frame_id, stamp)
+                events.check(result, frame_id, stamp, source_time=self.source_time(frame_id, stamp))
             events.release(result)
         if self.sampler is not None:  # a few comparisons; a copy only for a frame a rule keeps
             self.sampler.check(result, frame, frame_id, self.source_time(frame_id, stamp))

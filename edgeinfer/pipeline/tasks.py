@@ -9,9 +9,12 @@ and ``edgeinfer bench`` all take the task names from :data:`TASK_NAMES`.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._regions import BOX_TASKS
 from .decoders import DecoderInput, DecoderSettings, Layout, choose_layout
 from .preprocess import input_geometry
 
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
     from ..runtime.engine import Engine
     from .labels import Labels
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Task:
@@ -30,16 +34,20 @@ class Task:
     resize: str
     #: a model's packed labels file (TFLite metadata) is used when the caller gives none
     embedded_labels: bool
-    #: its results are Detections (boxes to track, count and keep as evidence)
-    boxes: bool
+
+    @property
+    def boxes(self) -> bool:
+        """Its results are Detections (boxes to track, count and keep as evidence): one of ``_regions.BOX_TASKS``,
+        the tasks that take lines and zones, which the fleet manager checks too."""
+        return self.name in BOX_TASKS
 
 
 TASKS: dict[str, Task] = {task.name: task for task in (
-    Task("classify", "top-k classes of the whole frame", "stretch", True, False),
-    Task("detect", "boxes with scores and classes (SSD, YOLO, DETR, MediaPipe ...)", "letterbox", False, True),
-    Task("pose", "people as boxes with keypoints (YOLO pose; MoveNet: a list of one)", "letterbox", False, True),
-    Task("segment", "instances with masks (YOLO seg), or a class per pixel (DeepLab)", "letterbox", False, True),
-    Task("obb", "oriented boxes (YOLO obb)", "letterbox", False, True),
+    Task("classify", "top-k classes of the whole frame", "stretch", True),
+    Task("detect", "boxes with scores and classes (SSD, YOLO, DETR, MediaPipe ...)", "letterbox", False),
+    Task("pose", "people as boxes with keypoints (YOLO pose; MoveNet: a list of one)", "letterbox", False),
+    Task("segment", "instances with masks (YOLO seg), or a class per pixel (DeepLab)", "letterbox", False),
+    Task("obb", "oriented boxes (YOLO obb)", "letterbox", False),
 )}
 #: every task name, in the order help texts list them
 TASK_NAMES = tuple(TASKS)
@@ -72,6 +80,8 @@ class ModelReading:
     std: float | tuple[float, ...] | None
     #: where the task came from: "given", "the model's metadata" or "its outputs"
     task_from: str = "given"
+    #: what could not be checked against the model (a rule's label on a model without labels): logged warnings
+    notes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         values = "as the quantised input states" if self.mean is None and self.std is None else \
@@ -117,9 +127,12 @@ def _values(value: Any) -> str:
 def read_run_model(engine: Engine, options: Any, labels: Labels | None) -> tuple[ModelReading, Labels | None]:
     """How a run reads its first engine (a batch row of it) for ``options`` (its PipelineOptions), and its
     labels: the caller's, else the labels file packed in the model (classifiers), else the class names its
-    metadata states. LayoutMismatch when no layout fits; ValueError when tracking is asked of boxless results."""
+    metadata states. LayoutMismatch when no layout fits; ValueError when tracking is asked of boxless results, or
+    when an event or capture rule cannot work with this model (a label it does not have, an ``uncertain`` band
+    under the score threshold: pipeline/rule_check.py); what could not be checked is logged and in ``notes``."""
     from .decoders import model_labels
     from .labels import Labels
+    from .rule_check import check_rules
 
     reading = read_model(engine, task=options.task, decoder=options.decoder, labels=labels,
                          settings=options.decoder_settings())
@@ -132,4 +145,8 @@ def read_run_model(engine: Engine, options: Any, labels: Labels | None) -> tuple
     if options.tracking and not reading.gives_boxes:
         raise ValueError(f"tracking, lines and zones need results with boxes; {engine.model.path} read as "
                          f"{reading.task!r} ({reading.layout.name}) gives none")
-    return reading, labels
+    notes = check_rules(options, labels, engine.model.path,
+                        thresholded_boxes=reading.gives_boxes and reading.layout.thresholded)
+    for note in notes:
+        log.warning("%s", note)
+    return (dataclasses.replace(reading, notes=notes) if notes else reading), labels

@@ -550,14 +550,26 @@ def test_the_dashboard_shows_the_snapshot_and_plays_the_clip(fleet):
 
 
 
-def test_a_real_agent_counts_the_scene_and_its_events_arrive_with_their_evidence(fleet, tmp_path):
-    """End to end: an agent process (enrolled credential, the managed broker) runs the face detector on the
-    generated scene with a line and a zone; every crossing and entry is a rule_triggered event in the
-    manager's list, and the snapshot and clip it uploaded are the device's files byte for byte."""
+@dataclass
+class SceneRun:
+    """What a real agent running the scene left: the events the manager lists, the agent's evidence folder, and
+    the wall-clock bounds of its run."""
+
+    listed: list[dict]
+    folder: Path
+    started: float
+    ended: float
+
+
+@pytest.fixture(scope="module")
+def scene_run(fleet, tmp_path_factory) -> SceneRun:
+    """An agent process (enrolled credential, the managed broker) runs the face detector on the generated scene —
+    a file, read far faster than real time — with a line and a zone, until every event and its evidence is in."""
     from support import scenes
     from support.agent import AgentProcess, write_config
     from support.pipeline import ULTRAFACE
 
+    tmp_path = tmp_path_factory.mktemp("scene-agent")
     scene = scenes.make_scene_clip(tmp_path / "scene.avi")
     # a device of its own: the other tests' events for cam-a and cam-b must not be counted here
     [enrolled] = FleetClient(fleet.url, token=fleet.tokens["admin"]).enroll_many(["cam-e2e"], FLEET)
@@ -578,13 +590,23 @@ def test_a_real_agent_counts_the_scene_and_its_events_arrive_with_their_evidence
         return listed if len(listed) == expected and all(e["evidence"]["clip"] for e in listed) else []
 
     folder = tmp_path / "data" / "evidence" / "main"
+    started = time.time()
     with AgentProcess(config, tmp_path / "agent.log") as agent:
         assert wait_until(lambda: bool(arrived()), 90, 0.2), (fleet.events("device=cam-e2e"), agent.output())
         # the agent marks a folder uploaded once the manager's answer is back, after the manager has stored it:
         # stopping the agent as soon as the manager lists everything could leave the last mark unwritten
         assert wait_until(lambda: all((folder / e["data"]["event_id"] / "uploaded").exists()
                                       for e in arrived()), 30, 0.1), agent.output()
-    listed = arrived()
+    return SceneRun(arrived(), folder, started, time.time())
+
+
+def test_a_real_agent_counts_the_scene_and_its_events_arrive_with_their_evidence(fleet, scene_run):
+    """End to end: every crossing and entry is a rule_triggered event in the manager's list, and the snapshot and
+    clip it uploaded are the device's files byte for byte."""
+    from support import scenes
+
+    truth = scenes.SCENE_TRUTH
+    listed, folder = scene_run.listed, scene_run.folder
     assert sorted(e["data"]["kind"] for e in listed) == sorted(["line_crossed"] * (truth["in"] + truth["out"])
                                                                 + ["zone_entered"] * truth["zone_entries"])
     for event in listed:
@@ -597,6 +619,46 @@ def test_a_real_agent_counts_the_scene_and_its_events_arrive_with_their_evidence
             status, _, body = fleet.get("cam-e2e", event_id, name)
             assert status == 200 and body == (folder / event_id / name).read_bytes(), (event_id, name)
         assert (folder / event_id / "uploaded").exists()
+
+
+def test_events_from_a_file_source_land_with_wall_clock_time_and_their_source_time_apart(scene_run):
+    """Issue 35: a file source's line and zone events carried the clip's own time as their time (``79.3``: the
+    Events page said "20785 d ago"). On the Events API each has the wall clock — ``ts`` and ``data.timestamp``
+    within the agent's run — and the clip's own time as ``data.source_time``."""
+    from support import scenes
+
+    assert scene_run.listed
+    for event in scene_run.listed:
+        data = event["data"]
+        assert scene_run.started <= event["ts"] <= scene_run.ended, event
+        assert scene_run.started <= data["timestamp"] <= event["ts"] + 0.001, event  # the frame's time, then its report
+        assert data["source_time"] == pytest.approx(data["frame_id"] / scenes.FPS, abs=1e-3), event
+        stored = json.loads((scene_run.folder / data["event_id"] / "event.json").read_text())
+        assert stored["event"]["timestamp"] == data["timestamp"]
+        assert stored["snapshot_time"] == pytest.approx(data["source_time"], abs=1e-3)  # the clip: source time
+
+
+def test_the_events_page_says_when_a_file_sources_events_happened_and_where_in_the_file(fleet, scene_run):
+    """The Events page in Chromium, with the real agent's events from a file: each says it happened seconds ago
+    (it said "20785 d ago", the clip's time read as a date) and, as a file's, where in the clip."""
+    from support.browser import Browser, wait_for
+    from support.dashboard import Dashboard, go, sign_in
+
+    dash = Dashboard(fleet.manager, None, ["cam-e2e"], fleet.tokens,
+                     {role: f"evidence-{role}" for role in fleet.tokens})
+    with Browser() as browser:
+        sign_in(browser, dash, "viewer")
+        go(browser, dash, "#/events")
+        for event in scene_run.listed:
+            data = event["data"]
+            item = wait_for(browser, f'li[data-testid=evidence-event][data-event-id="{data["event_id"]}"]', 15)
+            when = item.find_element("css selector", "time")
+            assert re.fullmatch(r"\d+ (s|min) ago", when.text), when.text
+            assert abs(int(when.get_attribute("datetime")[:4]) - time.gmtime().tm_year) <= 1
+            position = item.find_element("css selector", "[data-testid=evidence-source-time]").text
+            minutes, seconds = position.split(":")
+            assert int(minutes) * 60 + float(seconds) == pytest.approx(data["source_time"], abs=0.051), position
+        assert browser.errors() == []
 
 
 def test_an_mp4_clip_and_the_plain_snapshot_are_stored_and_served_as_what_they_are(fleet, tmp_path):

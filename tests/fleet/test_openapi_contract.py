@@ -55,9 +55,10 @@ from support.fleet import admin_of, api_server, state_message, telemetry_message
 from support.jpegs import JPEGS, MP4_HEAD
 
 from edgeinfer._evidence import new_event_id
+from edgeinfer.fleet.api.sample_schemas import JPEG_BASE64
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.samples import decode_jpeg
-from edgeinfer.fleet.schemas import JPEG_BASE64, DeploymentSpec
+from edgeinfer.fleet.schemas import DeploymentSpec
 
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="schemathesis 4 needs Python 3.11")
 jsonschema_rs = pytest.importorskip("jsonschema_rs", reason="schemathesis's: the document's schemas, judged")
@@ -76,7 +77,7 @@ SAMPLE_ID = "s1"
 PIPELINE = "main"
 #: what fills a path parameter when a role is checked (the credential is judged before the parameters)
 PATH_VALUES = {"device_id": DEVICE, "deployment_id": "d" * 32, "token_id": "0" * 12, "sha256": "0" * 64,
-               "event_id": EVENT_ID, "pipeline": PIPELINE, "sample_id": SAMPLE_ID}
+               "event_id": EVENT_ID, "pipeline": PIPELINE, "sample_id": SAMPLE_ID, "command_id": "c" * 32}
 STREAM = "/api/stream"
 LIVE_VIEW = "/api/devices/{device_id}/live/{pipeline}"
 #: the media types of answers that go on until the client goes

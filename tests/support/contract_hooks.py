@@ -5,8 +5,9 @@ say, and how it reads an answer that never ends. schemathesis loads this module 
 - The bytes of what a media type or a format names: an ``image/jpeg`` snapshot, a ``video/x-motion-jpeg`` or
   ``video/mp4`` clip, an ``application/zip`` of YOLO labels, a string of format ``jpeg-base64`` (a sample's frame in
   JSON). Without them the fuzzer sends arbitrary bytes under those names, and the manager rightly refuses them.
-- That the annotations of a COCO document name an image and a category of that document (JSON Schema has no way to
-  say so): an annotation's id that names none is made to name one; what is invalid stays invalid.
+- That the annotations of a COCO document name an image and a category of that document, each with as many keypoints
+  as its category names and a flag for each (JSON Schema has no way to say so): an annotation's id that names none is
+  made to name one, its keypoints as many as they must be; what is invalid stays invalid.
 - A ``multipart/x-mixed-replace`` answer (a live view, a clip played) goes on until the client goes: it is read up to
   its first whole part, for at most :data:`PART_WAIT_S`, and then closed. (A ``text/event-stream`` answer needs no
   help: schemathesis reads a few events of it, as its configuration says.)
@@ -27,7 +28,7 @@ from typing import Any
 import schemathesis
 from hypothesis import strategies as st
 
-from edgeinfer.fleet.schemas import JPEG_BASE64
+from edgeinfer.fleet.api.sample_schemas import JPEG_BASE64
 
 from .jpegs import JPEGS, MP4_HEAD
 
@@ -94,8 +95,19 @@ def whole_coco_document(body: Any) -> Any:
             if type(annotation.get(key)) is int and annotation[key] not in ids:
                 annotation[key] = ids[index % len(ids)] if ids else None
         if None not in (annotation.get("image_id", 0), annotation.get("category_id", 0)):
-            whole.append(annotation)
+            whole.append(_whole_keypoints(annotation, body["categories"]))
     return body if whole == body["annotations"] else {**body, "annotations": whole}
+
+
+def _whole_keypoints(annotation: dict, categories: list[dict]) -> dict:
+    """An annotation's keypoints (x, y, v flat), as many as its category names (or whole triples), each v a flag."""
+    values = annotation.get("keypoints")
+    if not isinstance(values, list) or not all(type(v) in (int, float) and v >= 0 for v in values):
+        return annotation
+    names = next((c.get("keypoints") for c in categories if c["id"] == annotation.get("category_id")), None)
+    count = len(names) if isinstance(names, list) else len(values) // 3
+    values = (values + [0] * (3 * count))[:3 * count]
+    return {**annotation, "keypoints": [v if i % 3 != 2 or v in (0, 1, 2) else 2 for i, v in enumerate(values)]}
 
 
 def _first_part(response: Any, **_: Any) -> Any:

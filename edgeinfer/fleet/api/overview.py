@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from ..schemas import Deployment, DeploymentDetail, Device, Event, Health, Overview, WhoAmI
+from .command_schemas import CommandRecord
 from .deps import Services, Viewer
 from .responses import EventStream, errors
 
@@ -43,7 +44,9 @@ STREAM_EVENTS = {"type": "object", "oneOf": [
     _event("devices", {"type": "array", "items": _ref(Device)}, "The devices whose rows changed"),
     _event("deployments", {"type": "array", "items": _ref(Deployment)}, "The deployments that moved"),
     _event("deployment", _ref(DeploymentDetail), "A deployment that moved, with every target"),
-    _event("events", {"type": "array", "items": _streamed_event()}, "New events, oldest first")]}
+    _event("events", {"type": "array", "items": _streamed_event()}, "New events, oldest first"),
+    _event("commands", {"type": "array", "items": _ref(CommandRecord)}, "Commands whose record changed: sent, "
+           "applied, refused, expired (GET /api/commands/{command_id})")]}
 
 
 @router.get("/api/overview", response_model=Overview, responses=errors(401),
@@ -57,8 +60,8 @@ def fleet_overview(_who: Viewer, fleet: Services) -> Any:
             responses={200: {"description": "Server-Sent Events until the client goes: `event: NAME` and `data: JSON` "
                              "(below), a comment line to keep the connection open when nothing changes",
                              "content": {"text/event-stream": {"schema": STREAM_EVENTS}}}, **errors(401)},
-            summary="Live updates (Server-Sent Events): overview, devices, deployments, deployment, events — what "
-                    "changed, about once a second")
+            summary="Live updates (Server-Sent Events): overview, devices, deployments, deployment, events, "
+                    "commands — what changed, about once a second")
 def stream(_who: Viewer, fleet: Services) -> EventStream:
     return EventStream(fleet.live.stream(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, BeforeValidator, Field, StringConstraints, ValidationError
 from starlette.requests import ClientDisconnect
 
-from ..._samples import SAMPLE_ID_PATTERN
+from ..._samples import MAX_KEYPOINTS, SAMPLE_ID_PATTERN
 from ...errors import DatasetError
 from ...link.protocol import ID_PATTERN
 from ..artifacts import UploadTooLarge
@@ -31,20 +31,10 @@ from ..datasets import (
 )
 from ..db.samples import Filters
 from ..samples import clamped
-from ..schemas import (
-    PRINTABLE_PATTERN,
-    Label,
-    Sample,
-    SampleChange,
-    SampleStored,
-    SampleUpload,
-    Strict,
-    _integral,
-    describe_error,
-    or_empty,
-)
+from ..schemas import PRINTABLE_PATTERN, Strict, _integral, describe_error, or_empty
 from .deps import EvidenceUploader, Operator, Services, Viewer
 from .responses import binary, errors
+from .sample_schemas import Detection, Label, Sample, SampleChange, SampleStored, SampleUpload, ShortText
 
 router = APIRouter(tags=["samples"])
 DeviceId = Annotated[str, Path(pattern=ID_PATTERN, description="a device id")]
@@ -209,7 +199,11 @@ def export_samples(_who: Viewer, fleet: Services,
     chosen = filters(device, pipeline, stream, model_version, rule, label, reviewed, labelled)
     rows = fleet.samples.list(chosen, limit=limit)
     spool = tempfile.SpooledTemporaryFile(max_size=32 << 20)  # noqa: SIM115 - handed to the response, closed there
-    export_zip(rows, format, spool, lambda row: fleet.samples.rows.jpeg(row["device_id"], row["sample_id"]) or b"")
+    try:
+        export_zip(rows, format, spool, lambda row: fleet.samples.rows.jpeg(row["device_id"], row["sample_id"]) or b"")
+    except DatasetError as exc:  # keypoints the format cannot hold together (two pose models' samples)
+        spool.close()
+        raise HTTPException(400, str(exc)) from None
     spool.seek(0)
 
     def chunks() -> Any:
@@ -236,6 +230,12 @@ class CocoImage(Strict):
 class CocoCategory(Strict):
     id: CocoId
     name: Label
+    keypoints: Annotated[list[ShortText], Field(max_length=MAX_KEYPOINTS)] | None = Field(
+        None, description="the names of its keypoints: how many an annotation of it has")
+
+
+#: a number of a COCO box or keypoint: in the frame's pixels (or a keypoint's flag)
+CocoNumber = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class CocoAnnotation(Strict):
@@ -243,12 +243,16 @@ class CocoAnnotation(Strict):
 
     image_id: CocoId = Field(description="the id of an image of this document")
     category_id: CocoId = Field(description="the id of a category of this document")
-    bbox: Annotated[list[Annotated[float, Field(ge=0, allow_inf_nan=False)]], Field(min_length=4, max_length=4)]
+    bbox: Annotated[list[CocoNumber], Field(min_length=4, max_length=4)]
+    keypoints: Annotated[list[CocoNumber], Field(max_length=3 * MAX_KEYPOINTS)] | None = Field(None, description=(
+        "x, y, v flat: three numbers a keypoint, v its flag (0 not labelled, 1 hidden, 2 visible), as many keypoints "
+        "as its category names"))
 
 
 class CocoLabels(Strict):
-    """Corrected labels as COCO detection: an ``annotations.json`` as exported, edited. Each annotation names an image
-    and a category of the document itself (a document whose references dangle is a 400, as JSON Schema cannot say)."""
+    """Corrected labels as COCO detection (keypoints too): an ``annotations.json`` as exported, edited. Each annotation
+    names an image and a category of the document itself, and has as many keypoints as its category names (a
+    document where that does not hold is a 400, as JSON Schema cannot say)."""
 
     images: list[CocoImage]
     categories: list[CocoCategory]
@@ -302,11 +306,23 @@ def _import(fleet: Any, fmt: str, body: bytes) -> int:
         if row is None:
             raise LookupError(f"{device_id}/{sample_id}: no such sample is stored")
         for label in labels:
-            if label["box"][2] > row["width"] + 0.5 or label["box"][3] > row["height"] + 0.5:
-                raise HTTPException(409, f"{device_id}/{sample_id}: box {label['box']} is outside the "
-                                         f"{row['width']}x{row['height']} frame")
+            _check_label(label, f"{device_id}/{sample_id}", row["width"], row["height"])
         changes.append((device_id, sample_id, labels))
     return rows.set_labels(changes)
+
+
+def _check_label(label: dict, where: str, width: int, height: int) -> None:
+    """An imported label within its sample's frame (409: the document is well-formed, the sample is smaller) and
+    within the bounds an upload's or a PATCH's is (the one model; 400)."""
+    if label["box"][2] > width + 0.5 or label["box"][3] > height + 0.5:
+        raise HTTPException(409, f"{where}: box {label['box']} is outside the {width}x{height} frame")
+    for x, y, _ in label.get("keypoints") or ():
+        if x > width + 0.5 or y > height + 0.5:
+            raise HTTPException(409, f"{where}: keypoint ({x}, {y}) is outside the {width}x{height} frame")
+    try:
+        Detection.model_validate(label)
+    except ValidationError as exc:
+        raise DatasetError(f"{where}: {describe_error(exc)}") from None
 
 
 def _size(rows: Any, key: tuple[str, str]) -> tuple[int, int] | None:

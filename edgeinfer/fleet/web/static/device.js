@@ -1,5 +1,5 @@
-// One device: charts over time, delegate plan, model, events, operator actions (capturing frames among them).
-import { api } from "./api.js";
+// One device: charts over time, delegate plan, model, events, operator actions (capturing frames among them), its logs.
+import { api, ApiError } from "./api.js";
 import { h, clear, setText, emptyState, fact, fmtNum, fmtAgo, fmtTime, fmtBytes, deviceMetrics, versionOf,
   canOperate, confirmDialog, DASH } from "./dom.js";
 import { lineChart, join } from "./charts.js";
@@ -7,16 +7,77 @@ import { eventItem, eventKey } from "./overview.js";
 import { evidenceList } from "./events.js";
 import { liveCard } from "./live.js";
 import { captureCard } from "./capture.js";
+import { logsCard } from "./logs.js";
 
 const TELEMETRY_LIMIT = 300;
+// A page opened before its device registered looks for it this often (ms), this long, besides the live stream's
+// `devices` updates (which show it within a second of its registering, while the stream is up).
+const UNKNOWN_RETRY_MS = 5000;
+const UNKNOWN_RETRY_FOR_MS = 10 * 60 * 1000;
 
-export async function devicePage(root, ctx, id) {
+/** The device and its recent telemetry; [null, []] while the manager knows no such device (404). */
+async function loadDevice(id) {
   const enc = encodeURIComponent(id);
-  const [dev, telemetry] = await Promise.all([
-    api(`devices/${enc}`),
+  return Promise.all([
+    api(`devices/${enc}`).catch((e) => { if (e instanceof ApiError && e.status === 404) return null; throw e; }),
     // Charts are useful without telemetry history (roll-ups), so a failure here is not fatal.
     api(`devices/${enc}/telemetry?limit=${TELEMETRY_LIMIT}`).catch(() => []),
   ]);
+}
+
+export async function devicePage(root, ctx, id) {
+  const [dev, telemetry] = await loadDevice(id);
+  return dev === null ? unknownDevicePage(root, ctx, id) : shownDevicePage(root, ctx, id, dev, telemetry);
+}
+
+/**
+ * A device page opened before its device registered (a link sent ahead of an installation, a device page kept
+ * open across a re-enrolment): it says the device is not known yet and becomes the device's page as soon as the
+ * manager knows it — on the live stream's `devices` update naming it, or a look every UNKNOWN_RETRY_MS — with
+ * no reload.
+ */
+function unknownDevicePage(root, ctx, id) {
+  root.replaceChildren(h("div", { "data-testid": "device-unknown", dataset: { deviceId: id } },
+    h("p", { class: "crumbs" }, h("a", { href: "#/devices" }, "Devices"), " / "),
+    h("div", { class: "page-head" }, h("h1", {}, id), h("span", { class: "badge state-offline" }, "not known yet")),
+    h("p", { role: "status" }, `The manager knows no device ${id} yet. This page shows it as soon as it registers `
+      + "(its agent's first connection, once enrolled)."),
+    h("p", { class: "muted" }, h("a", { href: "#/devices" }, "The devices known so far"))));
+  let inner = null, looking = null, disposed = false;
+  const started = Date.now();
+  const timer = setInterval(() => {
+    if (Date.now() - started > UNKNOWN_RETRY_FOR_MS) clearInterval(timer); // the live stream still watches
+    else look();
+  }, UNKNOWN_RETRY_MS);
+  function look() {
+    if (inner || disposed) return Promise.resolve();
+    if (!looking) {
+      looking = loadDevice(id).then(async ([dev, telemetry]) => {
+        if (dev === null || disposed || inner) return;
+        clearInterval(timer);
+        const page = await shownDevicePage(root, ctx, id, dev, telemetry);
+        if (disposed) page.unmount(); else inner = page;
+      }).catch((e) => console.warn(`device ${id}:`, e.message)).finally(() => { looking = null; });
+    }
+    return looking;
+  }
+  return {
+    onEvent(name, payload) {
+      if (inner) { inner.onEvent(name, payload); return; }
+      if (name === "devices" && Array.isArray(payload) && payload.some((x) => x && x.device_id === id)) look();
+    },
+    // app.js refreshes a page after the live stream was down: a look while unknown, then as the device page would be
+    get refresh() { return inner ? inner.refresh : look; },
+    unmount() {
+      disposed = true;
+      clearInterval(timer);
+      if (inner) inner.unmount();
+    },
+  };
+}
+
+async function shownDevicePage(root, ctx, id, dev, telemetry) {
+  const enc = encodeURIComponent(id);
   let d = dev;
   const tel = Array.isArray(telemetry) ? telemetry.slice() : [];
   const rollups = Array.isArray(d.rollups) ? d.rollups : [];
@@ -39,6 +100,7 @@ export async function devicePage(root, ctx, id) {
   const actions = canOperate(ctx.me.role) ? actionsCard(id, () => d) : null;
   const live = liveCard(id, () => d, canOperate(ctx.me.role));
   const capture = canOperate(ctx.me.role) ? captureCard(id, () => d) : null;
+  const logs = canOperate(ctx.me.role) ? logsCard(id) : null; // operators only (docs/security.md)
 
   root.replaceChildren(h("div", { "data-testid": "device", dataset: { deviceId: id } },
     h("p", { class: "crumbs" }, h("a", { href: "#/devices" }, "Devices"), " / "),
@@ -52,7 +114,8 @@ export async function devicePage(root, ctx, id) {
       actions,
       capture && capture.el),
     h("section", { class: "card", "data-testid": "device-detections" }, h("h2", {}, "Detections"), detections.el),
-    h("section", { class: "card" }, h("h2", {}, "Events"), events)));
+    h("section", { class: "card" }, h("h2", {}, "Events"), events),
+    logs && logs.el));
   // Not fatal: the rest of the page is useful without it (a manager without evidence answers 404).
   detections.load().catch((e) => console.warn("detections:", e.message));
 
@@ -187,6 +250,8 @@ export async function devicePage(root, ctx, id) {
 
   return {
     onEvent(name, payload) {
+      live.onEvent(name, payload); // the verdicts of what was asked here (verdict.js)
+      if (capture) capture.onEvent(name, payload);
       if (name === "devices" && Array.isArray(payload)) {
         const upd = payload.find((x) => x && x.device_id === id);
         if (!upd) return;
@@ -216,6 +281,7 @@ export async function devicePage(root, ctx, id) {
     unmount() {
       clearInterval(ticker);
       live.unmount();
+      if (logs) logs.unmount();
       detections.unmount();
       for (const c of Object.values(charts)) c.destroy();
     },

@@ -14,6 +14,9 @@ const DEFAULT_FPS = 5;
 const MP4_CLIP = "clip.mp4";
 // After an event arrives live, how long (ms) to wait before each look for its uploaded evidence.
 const EVIDENCE_RETRIES = [1000, 2000, 4000, 8000, 15000, 30000];
+// Unix seconds of 2001: an event's `timestamp` below it is no wall-clock time but a file's position, as agents
+// before issue 35 sent it for line and zone events; the message's own `ts` is shown for those.
+const WALL_CLOCK_MIN = 1e9;
 
 export async function eventsPage(root) {
   const list = evidenceList({});
@@ -104,7 +107,9 @@ function evidenceItem(e) {
   const thumb = h("div", { class: "evidence-media" }, h("span", { class: "muted" }, "…"));
   const play = h("button", { type: "button", "data-testid": "evidence-play", hidden: true }, "Play clip");
   const info = h("span", { class: "muted evidence-sizes" });
-  const when = data.timestamp || e.ts;
+  // when it happened (the wall clock); for a file source, where in the file too (docs/events.md: two times)
+  const when = data.timestamp >= WALL_CLOCK_MIN ? data.timestamp : e.ts;
+  const inSource = sourcePosition(data);
   const li = h("li", { "data-testid": "evidence-event",
     dataset: { eventId: data.event_id, deviceId: e.device_id, ts: String(e.ts || when || 0) } },
     thumb,
@@ -120,7 +125,8 @@ function evidenceItem(e) {
         fact("name", data.name),
         fact("track", data.track_id === null || data.track_id === undefined ? null : `#${data.track_id}`,
           "evidence-track"),
-        fact("score", typeof data.score === "number" ? fmtNum(data.score, 2) : null)),
+        fact("score", typeof data.score === "number" ? fmtNum(data.score, 2) : null),
+        inSource ? fact("in the source", inSource, "evidence-source-time") : ""),
       h("div", { class: "row" }, play, info)));
 
   function fact(label, value, testid) {
@@ -252,6 +258,21 @@ function evidenceItem(e) {
       clear(thumb);
     },
   };
+}
+
+/**
+ * Where in its source an event happened, when that is not its wall-clock time: "1:19.3" into a file (its
+ * `source_time`, or an older agent's `timestamp`); null for a live source (the two times are one).
+ */
+export function sourcePosition(data) {
+  const wall = data.timestamp >= WALL_CLOCK_MIN ? data.timestamp : null;
+  const source = typeof data.source_time === "number" ? data.source_time : (wall === null ? data.timestamp : null);
+  if (typeof source !== "number" || !Number.isFinite(source)) return null;
+  if (wall !== null && Math.abs(source - wall) < 1) return null;
+  if (source >= WALL_CLOCK_MIN) return fmtTime(source); // a source with a clock of its own
+  const tenths = Math.round(Math.max(0, source) * 10);
+  const minutes = Math.floor(tenths / 600), seconds = (tenths - minutes * 600) / 10;
+  return `${minutes}:${seconds < 10 ? "0" : ""}${seconds.toFixed(1)}`;
 }
 
 /**
