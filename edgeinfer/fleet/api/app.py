@@ -26,7 +26,6 @@ from ..._version import __version__
 from ..schemas import ErrorBody, describe
 from . import access, artifacts, commands, deployments, devices, diagnosis, events, live, overview, samples
 from .deps import FleetServices, Viewer
-from .sample_schemas import SampleUpload
 from .web import add_dashboard
 
 TITLE = "edgeinfer fleet manager"
@@ -102,9 +101,9 @@ def document(app: FastAPI) -> dict[str, Any]:
         components.pop(name, None)
     components[ErrorBody.__name__] = ErrorBody.model_json_schema()
     # a body a route reads itself (bounded before it is parsed): its model is the document's all the same
-    for model in (SampleUpload, *diagnosis.UPLOADS):
-        upload = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        for name, definition in upload.pop("$defs", {}).items():
+    for model in (*samples.READ_BODIES, *diagnosis.UPLOADS):
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in body.pop("$defs", {}).items():
             components.setdefault(name, definition)
-        components[model.__name__] = upload
+        components[model.__name__] = body
     return schema

@@ -10,7 +10,6 @@ until the client goes. ``GET .../live/{pipeline}/last.jpg`` (viewer). ``GET | PU
 
 from __future__ import annotations
 
-import math
 import uuid
 from typing import Annotated, Any
 
@@ -23,7 +22,7 @@ from ..._regions import task_problem
 from ...link.protocol import ID_PATTERN
 from ...link.vocabulary import Command
 from ..liveview import MAX_FPS, MAX_FRAME_BYTES, MEDIA_TYPE, ViewRequest
-from ..schemas import PRINTABLE_PATTERN, AnalyticsSent, AnalyticsSpec
+from ..schemas import PRINTABLE_PATTERN, AnalyticsSent, AnalyticsSpec, or_empty
 from ..verdicts import CommandState
 from .command_schemas import Analytics
 from .deps import EvidenceUploader, Operator, Services, Viewer
@@ -36,11 +35,14 @@ PipelineName = Annotated[str, Path(min_length=1, max_length=64, pattern=PRINTABL
 StreamName = Annotated[str, Query(max_length=64, pattern=PRINTABLE_PATTERN,
                                   description="the stream of a multi-stream pipeline (empty: its single source)")]
 MEDIA = MEDIA_TYPE.partition(";")[0]
+#: X-Frame-Time: seconds, as the agent writes them (f"{t:.6f}"); nothing at all is no time
+FRAME_TIME_PATTERN = r"^(-?[0-9]{1,12}(\.[0-9]{1,9})?)?$"
 
 
 @router.post("/live/{pipeline}/frames", status_code=204, response_class=Response,
              responses={204: {"description": "Stored for the viewers"},
-                        410: {"description": "Nobody watches: stop sending", "content": {}},
+                        410: {"description": "Nobody watches: stop sending (the frame was valid: no refusal, no body)",
+                              "content": {}},
                         **errors(400, 401, 403, 413)},
              openapi_extra=binary_body("image/jpeg"), summary="A live frame (the device itself, or operator)",
              description="One JPEG of the pipeline's annotated frames, at most 1 MiB, with X-Frame-Time (its "
@@ -48,14 +50,16 @@ MEDIA = MEDIA_TYPE.partition(";")[0]
                          "kept for the viewers and the editor.")
 async def post_frame(device_id: DeviceId, pipeline: PipelineName, request: Request, _who: EvidenceUploader,
                      fleet: Services, stream: StreamName = "",
-                     x_frame_time: Annotated[float, Header(description="capture time, unix seconds")] = 0.0,
+                     x_frame_time: Annotated[str, Header(pattern=FRAME_TIME_PATTERN, description=(
+                         "capture time, unix seconds, in decimal as the device writes it (0 or less: none)"))]
+                     = "",
                      x_frame_id: Annotated[str, Header(max_length=64, pattern=PRINTABLE_PATTERN)] = "",
                      x_source_size: Annotated[str, Header(
-                         pattern=r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$",
+                         pattern=or_empty(r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"),
                          description="the source's WIDTHxHEIGHT: the pixels its boxes, lines and zones are in (the "
                                      "JPEG may be smaller); default: the JPEG's own size")] = "") -> Response:
     body = await _read_frame(request)
-    frame_time = x_frame_time if math.isfinite(x_frame_time) and x_frame_time > 0 else None
+    frame_time = float(x_frame_time) if x_frame_time and float(x_frame_time) > 0 else None
     source = tuple(int(v) for v in x_source_size.split("x")) if x_source_size else None
     try:
         watched = await run_in_threadpool(fleet.liveview.receive, (device_id, pipeline, stream), body, frame_time,
