@@ -37,6 +37,7 @@ from .config import AgentConfig, resolve_profile
 from .inventory import delegate_report, software_versions
 from .live_view import add_view_commands
 from .metrics import start_metrics
+from .model_check import ConfigErrors
 from .runner import PipelineFactory, PipelineRunner, default_pipeline_factory
 from .services import TelemetryFigures
 from .telemetry import (
@@ -155,6 +156,7 @@ class Agent:
         self._last_tick: float | None = None
         self._spool_write_errors = 0
         self.exit_status = 0  # what the process exits with after run(): request_exit()
+        self.config_errors = ConfigErrors(self.stop)  # a pipeline's first start failed as configured: exit 78
 
     # -- what plug-ins see (AgentServices) -------------------------------------------------
     def stop(self) -> None:
@@ -255,8 +257,9 @@ class Agent:
         self._runners = [PipelineRunner(p, emit=self.emit, on_change=self._state_changed, factory=factory,
                                         restart_min_s=config.restart_min_s, restart_max_s=config.restart_max_s,
                                         on_evidence=self.uploader.enqueue if self.uploader else None,
-                                        on_sample=self.uploader.enqueue_sample if self.uploader else None)
-                         for p in config.pipelines]
+                                        on_sample=self.uploader.enqueue_sample if self.uploader else None,
+                                        on_config_error=self.config_errors.reporter(config, index))
+                         for index, p in enumerate(config.pipelines)]
         self._link.set_retained(self.topics.state, encode(self._state_message(online=True)))
         self._link.start()
         if config.metrics is not None:

@@ -26,6 +26,7 @@ from .._backoff import EQUAL_JITTER, Backoff
 from ..errors import EdgeInferError
 from ..link.vocabulary import EventKind
 from ..pipeline.stats import PipelineStats, combine_streams, merge_stats
+from .model_check import FirstStart
 from .pipeline_config import PipelineConfig
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ _UNTIL_TOLD = 1e9
 PipelineFactory = Callable[[PipelineConfig], "MultiPipeline"]
 #: ``emit(event, level, message, *, pipeline=None, cmd_id=None, data=None)``: report an event
 EmitFn = Callable[..., None]
+ErrorFn = Callable[[BaseException], None]
 
 
 def default_pipeline_factory(config: PipelineConfig) -> MultiPipeline:
@@ -120,12 +122,12 @@ class PipelineRunner:
     def __init__(self, config: PipelineConfig, *, emit: EmitFn, on_change: Callable[[], None],
                  factory: PipelineFactory = default_pipeline_factory, restart_min_s: float = 1.0,
                  restart_max_s: float = 60.0, on_evidence: Callable[[dict, str], None] | None = None,
-                 on_sample: Callable[[dict, str], None] | None = None) -> None:
+                 on_sample: Callable[[dict, str], None] | None = None, on_config_error: ErrorFn | None = None) -> None:
         self.config = config
         self.name = config.name
         self._emit = emit
         self._on_change = on_change
-        self._factory = factory
+        self._factory = FirstStart(factory, on_config_error)  # a first start failed as configured: not restarted
         #: ``on_evidence(event, pipeline)``: an event's snapshot and clip are written (the uploader takes them)
         self._on_evidence = on_evidence
         self._capture_reports = CaptureReports(config.name, emit, on_sample)
@@ -289,7 +291,7 @@ class PipelineRunner:
                 if time.monotonic() - started >= STABLE_RUN_S:
                     attempt = 0
                 self._report_failed(error)
-                if self.config.restart == "never":
+                if self._factory.hands_over(error) or self.config.restart == "never":
                     self._wait(_UNTIL_TOLD)
                     continue
             attempt += 1
