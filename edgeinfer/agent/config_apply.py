@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import EdgeInferError
 from ..pipeline.live_options import restart_needed
 from ..pipeline.options import PipelineOptions
+from .analytics_command import forget_geometry
 
 if TYPE_CHECKING:
     from .config import AgentConfig
@@ -110,7 +111,7 @@ def plan_changes(old: AgentConfig, new: AgentConfig) -> Plan:
     plan.pipelines += [PipelineChange(name, "removed") for name in running if name not in wanted]
     for name, config in wanted.items():
         plan.pipelines.append(pipeline_change(running[name], config) if name in running
-                              else PipelineChange(name, "added", tuple(sorted(dataclasses.asdict(config))), config))
+                              else PipelineChange(name, "added", (), config))
     return plan
 
 
@@ -130,6 +131,9 @@ def apply_changes(agent: AgentServices, plan: Plan, old: AgentConfig, new: Agent
     """Put ``plan`` in place: removed pipelines stopped, changed ones changed live / reopened / restarted, added ones
     started, the agent's keys taken."""
     running = {p.name: p for p in old.pipelines}
+    for change in plan.pipelines:  # the revision's lines and zones replace what set_analytics kept
+        if change.kind in ("removed", "added") or {"lines", "zones"} & set(change.keys):
+            forget_geometry(new.data_dir, change.name)
     for change in plan.of("removed"):
         agent.remove_pipeline(change.name)
     for change in plan.pipelines:
