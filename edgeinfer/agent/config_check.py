@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-import urllib.parse
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._redact import redact
 from .model_check import check_model, is_config_failure, pipeline_config_error
 
 if TYPE_CHECKING:
@@ -53,19 +53,6 @@ def _probe(source: Any, options: PipelineOptions, timeout: float, found: dict[st
             opened.close()
 
 
-def shown(source: Any) -> str:
-    """A source as a message shows it: a URL's password masked (``rtsp://user:***@cam/stream``), for the words go to
-    the fleet (an ``update`` event, the ``state`` message's last refusal)."""
-    text = str(source)
-    if "://" not in text or "@" not in text:
-        return text
-    parts = urllib.parse.urlsplit(text)
-    if parts.password is None:
-        return text
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
-
-
 def source_problems(config: AgentConfig, indexes: Iterable[int], *, skip: Collection[Any] = (),
                     timeout: float = SOURCE_OPEN_TIMEOUT_S) -> list[str]:
     """Every source of the pipelines ``indexes`` (but those in ``skip``: open already) opened at once, each on its
@@ -88,10 +75,9 @@ def source_problems(config: AgentConfig, indexes: Iterable[int], *, skip: Collec
         if thread.is_alive():  # left to finish on its own (a device read cannot be cut short safely)
             if found.get("source") is not None:
                 found["source"].interrupt()
-            problems.append(f"{key}: {shown(source)} did not open within {timeout:g} s")
-        elif found["problem"] is not None:
-            why = found["problem"].replace(str(source), shown(source))
-            problems.append(f"{key}: {shown(source)} did not open: {why}")
+            problems.append(redact(f"{key}: {source} did not open within {timeout:g} s"))
+        elif found["problem"] is not None:  # the words go to the fleet (an update event, the state): no password
+            problems.append(redact(f"{key}: {source} did not open: {found['problem']}"))
     return problems
 
 

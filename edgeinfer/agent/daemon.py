@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import sqlite3
 import threading
@@ -26,6 +27,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._redact import redact, redact_values
 from .._version import __version__
 from ..capture.hwdecode import use_board_decoders
 from ..errors import ConfigError
@@ -35,8 +37,10 @@ from ..link.spool import PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
 from ..link.vocabulary import DeploymentKind, EventKind
 from .commands import CommandRouter, register_builtin_commands
 from .config import AgentConfig, resolve_profile
+from .diagnosis import add_diagnosis_commands
 from .inventory import delegate_report, software_versions
 from .live_view import add_view_commands
+from .log_ring import LogRing
 from .metrics import start_metrics
 from .model_check import ConfigErrors
 from .pipelines import Runners
@@ -129,6 +133,16 @@ def watchdog_interval() -> float | None:
         return None
 
 
+def report_reconnect(agent: Agent, offline_s: float | None) -> None:
+    """The link's ``on_connected``: after a reconnect (not the first connect), say how long the device was cut off."""
+    if offline_s is None:
+        return
+    link, spool = agent.link, agent.spool
+    agent.emit(EventKind.MQTT_RECONNECTED, "warning", f"reconnected to the broker after {offline_s:.1f} s offline",
+               data={"offline_s": round(offline_s, 3), "session_present": link.status.session_present if link
+                     else None, "pending": spool.pending if spool else None})
+
+
 class Agent:
     """The device agent. ``run()`` blocks until ``stop()`` (e.g. from a SIGTERM handler).
 
@@ -154,6 +168,8 @@ class Agent:
         self._metrics: Any = None
         self.live_views: Any = None  # live_view pushes (edgeinfer.agent.live_view)
         self.uploader: Any = None  # event evidence and capture samples to the fleet manager (agent/uploads.py)
+        self.log_ring = LogRing()  # the recent log lines the fleet may ask for (agent/log_ring.py)
+        self.diagnosis: Any = None  # the logs and doctor commands (agent/diagnosis.py)
         self.pipelines = Runners(self._make_runner)  # built in open(), once the configuration is known
         self.configuration: Any = None  # the fleet's configuration revisions (agent/configuration.py)
         self._delegates: list[dict[str, Any]] = []
@@ -223,11 +239,11 @@ class Agent:
 
     def emit(self, event: EventKind | str, level: str, message: str, *, pipeline: str | None = None,
              cmd_id: str | None = None, data: Mapping[str, Any] | None = None) -> None:
-        """Log an event and spool it for the ``events`` topic (ValueError for a kind the vocabulary lacks)."""
+        """Log an event and spool it for the ``events`` topic, its secrets masked (ValueError: an unknown kind)."""
         log.log({"info": logging.INFO, "warning": logging.WARNING}.get(level, logging.ERROR), "event %s: %s",
                 event, message)
-        body = event_message(self.topics, self.boot, EventKind(event).value, level, message, pipeline=pipeline,
-                             cmd_id=cmd_id, data=data)
+        body = event_message(self.topics, self.boot, EventKind(event).value, level, redact(message),
+                             pipeline=pipeline, cmd_id=cmd_id, data=redact_values(dict(data or {})))
         self._spool_message(self.topics.events, body, PRIORITY_EVENT)
 
     def _make_runner(self, config: PipelineConfig, on_config_error: Any) -> PipelineRunner:
@@ -251,6 +267,7 @@ class Agent:
         if self._opened:
             return
         self._opened = True
+        self.log_ring.install()  # first: the start's own lines are in the ring
         self._lock_file = claim_data_dir(self.config)
         from .configuration import ConfigUpdates
         from .deploy import UpdateService
@@ -277,11 +294,12 @@ class Agent:
         offline = encode(self._state_message(online=False, reason="connection lost"))
         self._link = MqttLink(config.link_settings(), spool=self._spool, will=(self.topics.state, offline),
                               subscriptions=[self.topics.cmd], on_message=self._on_message,
-                              on_connected=self._on_connected)
+                              on_connected=functools.partial(report_reconnect, self))
         # runners exist before the link connects: a command queued in the persistent session may
         # arrive at once and name a pipeline; commands wait in the router's queue until it starts
         self.uploader = start_uploader(config, self.emit)
         self.live_views, self._factory = add_view_commands(self, self.commands, config, self._factory)
+        self.diagnosis = add_diagnosis_commands(self, self.commands, config, self.log_ring)
         self.pipelines.build(config, self.config_errors.reporter)
         self._link.set_retained(self.topics.state, encode(self._state_message(online=True)))
         self._link.start()
@@ -309,7 +327,7 @@ class Agent:
             self._tick()
         if self.commands is not None:
             self.commands.stop()
-        for service in (self.uploader, self._metrics, self.live_views):  # unsent events stay on disk, unmarked
+        for service in (self.uploader, self._metrics, self.live_views, self.diagnosis):  # unsent events stay on disk
             if service is not None:
                 service.close()
         if self._link is not None:
@@ -320,6 +338,7 @@ class Agent:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+        self.log_ring.uninstall()
 
     def __enter__(self) -> Agent:
         self.open()
@@ -413,15 +432,6 @@ class Agent:
             if self.configuration is not None:  # the revision it runs, the one on trial, the last refused
                 message["config"] = self.configuration.describe()
         return message
-
-    def _on_connected(self, offline_s: float | None) -> None:
-        """After a reconnect (not the first connect): say how long the device was cut off."""
-        if offline_s is None:
-            return
-        link = self._link
-        self.emit(EventKind.MQTT_RECONNECTED, "warning", f"reconnected to the broker after {offline_s:.1f} s offline",
-                  data={"offline_s": round(offline_s, 3), "session_present": link.status.session_present if link
-                        else None, "pending": self._spool.pending if self._spool else None})
 
     def _on_message(self, topic: str, payload: bytes) -> None:
         if topic != self.topics.cmd:

@@ -38,8 +38,19 @@ def print_scores(scores: dict[str, Any]) -> None:
     widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows)]
     for row in (headers, *rows):
         click.echo("  " + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+    if scores.get("keypoints"):
+        click.echo("  " + _keypoint_line(scores["keypoints"]))
     if scores["ignored_classes"]:
         click.echo(f"  ignored (not the model's classes): {', '.join(scores['ignored_classes'])}")
+
+
+def _keypoint_line(keypoints: dict[str, Any]) -> str:
+    """The keypoints' figures (OKS), or why they were not scored."""
+    if not keypoints["scored"]:
+        return f"keypoints: not scored: {keypoints['why']}"
+    sigmas = "COCO's sigmas" if keypoints["sigmas"] == "coco" else f"sigmas 1/{keypoints['count']} each"
+    return (f"keypoints (OKS) mAP50-95 {_pct(keypoints['map50_95'])}   mAP50 {_pct(keypoints['map50'])}   "
+            f"({keypoints['instances']} labelled instances, {keypoints['count']} keypoints, {sigmas})")
 
 
 def print_comparison(result: dict[str, Any]) -> None:
@@ -49,7 +60,7 @@ def print_comparison(result: dict[str, Any]) -> None:
     deltas = ", ".join(f"{name} {_delta(value)}" for name, value in result["deltas"].items())
     verdict = "worse" if result["worse"] else "not worse"
     click.echo(f"candidate - baseline: {deltas} → {verdict} (tolerance {_pct(result['tolerance'])} "
-               f"on {result['headline']})")
+               f"on {', '.join(result['judged'])})")
 
 
 def dataset_options(func: Any) -> Any:
@@ -96,7 +107,8 @@ def evaluate(client: Any, model: str, dataset: str | None, from_fleet: bool, lim
              tolerance: float, dataset_format: str | None, labels: str | None, ignore_unknown: bool,
              eval_delegate: str | None, as_json: bool, quiet: bool, **filters: str | None) -> None:
     """Score MODEL on a labelled dataset: accuracy and top-5 (classifiers), mAP50-95, mAP50 and per-class
-    AP50 / recall (detectors, pycocotools' COCOeval). With a baseline, exit 1 when MODEL is worse.
+    AP50 / recall (detectors, pycocotools' COCOeval), and a pose model's keypoints (OKS mAP50-95, mAP50) on keypoint
+    labels. With a baseline, exit 1 when MODEL is worse.
 
     --dataset DIR scores on a local folder; --fleet on the fleet's labelled samples, fetched from the fleet
     manager (--fleet-url, --token-file: a viewer token), and compares with the model the fleet runs now."""

@@ -122,7 +122,8 @@ def require_eval(client: Any, model: Path, *, folder: str | None, baseline: str 
                             for name in result["deltas"])
         where = inputs.dataset.source or folder
         if result["worse"]:
+            judged = ", ".join(result["judged"])
             raise EvaluationRejected(f"{model.name} scores worse than {inputs.baseline_name()} on {where} "
-                                     f"({figures}; tolerance {tolerance:g} on {result['headline']}): not deployed")
+                                     f"({figures}; tolerance {tolerance:g} on {judged}): not deployed")
     if not quiet:
         click.echo(f"evaluation passed: {figures}", err=True)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._samples import DUPLICATE_BITS, hamming
+from .api.sample_schemas import SampleUpload
 from .artifacts import UploadTooLarge
 from .db import FleetDB
+from .db.commands import DUPLICATE, STORED
 from .db.samples import Filters
-from .schemas import SampleUpload
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +66,17 @@ def decode_jpeg(text: str, limit: int) -> bytes:
 
 def clamped(detections: list[dict], width: int, height: int) -> list[dict]:
     """``detections`` with their boxes cut to the frame: a detector's box may reach past the frame's edge (its
-    anchor does), a dataset's may not."""
+    anchor does), a dataset's may not. So are keypoints, each ``[x, y, v]``: one past the edge is cut to it with
+    ``v`` 0 (not seen, not labelled). A detection without keypoints keeps no ``keypoints`` key."""
     out = []
     for detection in detections:
         x1, y1, x2, y2 = detection["box"]
-        out.append({**detection, "box": [min(x1, width), min(y1, height), min(x2, width), min(y2, height)]})
+        entry = {**detection, "box": [min(x1, width), min(y1, height), min(x2, width), min(y2, height)]}
+        keypoints = entry.pop("keypoints", None)
+        if keypoints:
+            entry["keypoints"] = [[x, y, v] if x <= width and y <= height else [min(x, width), min(y, height), 0.0]
+                                  for x, y, v in keypoints]
+        out.append(entry)
     return out
 
 
@@ -78,10 +85,19 @@ class SampleStore:
 
     def __init__(self, db: FleetDB, limits: SampleLimits = SampleLimits()) -> None:
         self.rows = db.samples
+        self.commands = db.commands
         self.limits = limits
 
     def receive(self, device_id: str, sample_id: str, upload: SampleUpload) -> Received:
-        """Store an upload. ValueError (400) for a JPEG that is not one, UploadTooLarge (413)."""
+        """Store an upload. ValueError (400) for a JPEG that is not one, UploadTooLarge (413). A sample a command
+        asked for (``command_id``) is counted for that command, stored or a near-duplicate, once."""
+        received = self._receive(device_id, sample_id, upload)
+        if upload.command_id and received.status in (200, 201):
+            outcome = DUPLICATE if received.answer.get("duplicate_of") else STORED
+            self.commands.count_sample(device_id, sample_id, upload.command_id, outcome)
+        return received
+
+    def _receive(self, device_id: str, sample_id: str, upload: SampleUpload) -> Received:
         data = decode_jpeg(upload.jpeg, self.limits.jpeg_bytes)
         sha256 = hashlib.sha256(data).hexdigest()
         answer = {"device_id": device_id, "sample_id": sample_id, "size": len(data), "sha256": sha256}

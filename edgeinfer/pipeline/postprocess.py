@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._samples import COCO_KEYPOINT_NAMES
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -68,12 +70,8 @@ def top_k(scores: np.ndarray, k: int, labels: Labels | None = None) -> list[Clas
 # Results of the geometric tasks (the decoders that make them: edgeinfer.pipeline.decoders)
 # ------------------------------------------------------------------------------------------
 
-#: MoveNet / COCO keypoint order
-KEYPOINT_NAMES = (
-    "nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder",
-    "left_elbow", "right_elbow", "left_wrist", "right_wrist", "left_hip", "right_hip", "left_knee",
-    "right_knee", "left_ankle", "right_ankle",
-)
+#: MoveNet / COCO keypoint order (the sample form's, ``_samples.py``: one definition for the device and the fleet)
+KEYPOINT_NAMES = COCO_KEYPOINT_NAMES
 
 #: MediaPipe BlazeFace keypoint order
 FACE_KEYPOINT_NAMES = ("right_eye", "left_eye", "nose_tip", "mouth_center", "right_ear_tragion", "left_ear_tragion")

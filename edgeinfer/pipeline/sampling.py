@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import re
 import threading
@@ -41,7 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 from .._evidence import EVENT_ID, new_event_id
 from .._fs import atomic_write_bytes, remove_record
-from .._samples import REQUEST_RULE, SAMPLE_FRAME_NAME, SAMPLE_META_NAME, SAMPLE_VERSION, total_variation
+from .._samples import (
+    MAX_KEYPOINTS,
+    REQUEST_RULE,
+    SAMPLE_FRAME_NAME,
+    SAMPLE_META_NAME,
+    SAMPLE_VERSION,
+    total_variation,
+)
 from ..errors import OutputError
 from .events import DETECTION, EventRule, scored_items
 
@@ -225,6 +233,7 @@ class StreamSampler:
         self._random = random.Random(seed)
         self._recent: dict[str, deque[float]] = {}
         self._requested = 0
+        self._request_id = ""  # the command that asked for the frames requested (sample.json's command_id)
         self._drift: dict[str, tuple[Counter, deque[Counter]]] = {}
         self._baseline_frames: dict[str, int] = {}
         self._drift_sums: dict[str, Counter] = {}
@@ -237,11 +246,12 @@ class StreamSampler:
         #: the newest write error, for a status line or an event (None: none yet)
         self.last_error: str | None = None
 
-    def request(self, frames: int) -> None:
-        """Keep the next ``frames`` frames whatever they show (rate limits do not apply: they were asked for)."""
+    def request(self, frames: int, command_id: str = "") -> None:
+        """Keep the next ``frames`` frames whatever they show (rate limits do not apply: they were asked for);
+        ``command_id``: the command that asks, named in each of those samples."""
         if frames < 0:
             raise ValueError(f"frames must be >= 0, not {frames}")
-        self._requested = int(frames)
+        self._requested, self._request_id = int(frames), command_id
 
     def add_listener(self, listener: Callable[[dict], Any]) -> None:
         """Call ``listener(info)`` on the store's thread for each sample written (``{"sample_id", "folder",
@@ -274,12 +284,13 @@ class StreamSampler:
         """``sample.json`` but for the id and the hash (the store's thread adds them)."""
         width, height = int(frame.shape[1]), int(frame.shape[0])
         model = self.model_of() if self.model_of is not None else None
+        asked = {"command_id": self._request_id} if rule == REQUEST_RULE and self._request_id else {}
         return {"version": SAMPLE_VERSION, "width": width, "height": height, "captured_at": round(time.time(), 6),
                 "pipeline": self.pipeline, "stream": self.stream, "rule": rule,
                 "model": {"name": Path(model.path).name if model is not None else "",
                           "sha256": (model.sha256 or "") if model is not None else "", "version": self.model_version},
                 "detections": labelled_boxes(result, width, height), "frame_id": int(frame_id),
-                "source_time": round(float(timestamp), 6), "output": _output_dict(result)}
+                "source_time": round(float(timestamp), 6), "output": _output_dict(result), **asked}
 
     def _which(self, result: Any, frame_id: int) -> str | None:
         fired, self._analytics = self._analytics, []
@@ -402,15 +413,32 @@ class StreamSampler:
 
 
 def labelled_boxes(result: Any, width: int, height: int) -> list[dict]:
-    """The model's output as a dataset's labels (``_samples.py``): each detection's label, score and box, or a
-    classifier's top-1 as a box of the whole frame; other tasks (semantic masks) none."""
+    """The model's output as a dataset's labels (``_samples.py``): each detection's label, score and box (and a
+    pose model's keypoints), or a classifier's top-1 as a box of the whole frame; other tasks (semantic masks)
+    none."""
     items = scored_items(result)
     if items and not hasattr(items[0], "box"):
         return [{"label": str(items[0].label), "score": round(float(items[0].score), 6),
                  "box": [0.0, 0.0, float(width), float(height)]}]
-    return [{"label": str(d.label), "score": round(float(d.score), 6),
-             "box": [round(min(max(float(v), 0.0), limit), 1) for v, limit in zip(d.box, (width, height) * 2)]}
-            for d in items]
+    labelled = []
+    for d in items:
+        entry = {"label": str(d.label), "score": round(float(d.score), 6),
+                 "box": [round(min(max(float(v), 0.0), limit), 1) for v, limit in zip(d.box, (width, height) * 2)]}
+        if getattr(d, "keypoints", ()):
+            entry["keypoints"] = _keypoints(d.keypoints[:MAX_KEYPOINTS], width, height)
+        labelled.append(entry)
+    return labelled
+
+
+def _keypoints(keypoints: Any, width: int, height: int) -> list[list[float]]:
+    """``[x, y, confidence]`` each in the frame's pixels; one the model put off the frame is cut to it, unseen (0)."""
+    out = []
+    for k in keypoints:
+        x, y, score = (v if math.isfinite(v) else -1.0 for v in (float(k.x), float(k.y), float(k.score)))
+        inside = 0.0 <= x <= width and 0.0 <= y <= height
+        out.append([round(min(max(x, 0.0), width), 1), round(min(max(y, 0.0), height), 1),
+                    round(min(max(score, 0.0), 1.0), 4) if inside else 0.0])
+    return out
 
 
 def perceptual_hash(frame: np.ndarray) -> str:

@@ -5,16 +5,35 @@ backoff while it does not), a sample the manager refuses is marked, reported onc
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import subprocess
 import time
+import zipfile
 
 import cv2
 import numpy as np
-from support.assets import ASSETS
+import pytest
+from pycocotools.coco import COCO
+from support.assets import ASSETS, IMAGES, MODELS
+from support.processes import edgeinfer_cmd
 
+from edgeinfer import Pipeline
 from edgeinfer._backoff import Backoff
-from edgeinfer._samples import DUPLICATE_BITS, PHASH, SAMPLE_META_NAME, hamming
+from edgeinfer._samples import (
+    COCO_FLIP,
+    COCO_KEYPOINT_NAMES,
+    COCO_SKELETON,
+    DUPLICATE_BITS,
+    KEYPOINT_VISIBLE,
+    PHASH,
+    SAMPLE_META_NAME,
+    hamming,
+)
 from edgeinfer.agent.uploads import REFUSED_MARK, SAMPLES, UPLOADED_MARK, DeviceUploader
+from edgeinfer.errors import FleetRequestError
 from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
@@ -22,6 +41,7 @@ from edgeinfer.pipeline.postprocess import Detection, Detections
 from edgeinfer.pipeline.sampling import CaptureRule, SampleStore, StreamSampler, perceptual_hash
 
 W, H = 320, 240
+YOLO_POSE = MODELS / "yolo11n-pose.onnx"
 
 
 def scene(seed: int) -> np.ndarray:
@@ -105,3 +125,114 @@ def test_samples_left_by_an_earlier_run_reach_the_manager_once_it_answers_and_re
     assert {a[0] for a, _ in emitted} == {"sample_upload_failed"}
     assert DeviceUploader("http://127.0.0.1:1", "cam-9", credentials=None).scan([("door", root)], SAMPLES) == 0
     assert len(SampleStore(root, 10 << 20)) == 4  # the marks do not upset the store; the torn one is partial: gone
+
+
+def test_a_pose_samples_keypoints_go_from_the_device_to_the_exports_and_corrected_ones_come_back(tmp_path):
+    """YOLO11n-pose keeps two real photos with people; each detection's keypoints ([x, y, confidence] in the
+    frame's pixels) travel in sample.json, the upload, the manager's row and its API; the COCO export opens in
+    pycocotools with COCO keypoints (the category's names and 19 limbs, a seen keypoint flagged 2, an unsure one
+    0); the YOLO export is an Ultralytics pose dataset (kpt_shape, flip_idx, 5 + 17 x 3 values a line); a
+    labeller's corrected keypoints come back through both imports, and a malformed one changes nothing."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("squat.bmp", "grace_hopper.bmp"):
+        (photos / name).symlink_to(IMAGES / name)
+    root = tmp_path / "samples" / "gym"
+    with Pipeline(YOLO_POSE, str(photos), capture=["random:1"], capture_dir=root, capture_per_minute=100) as run:
+        results = {r.frame_id: r.result for r in run}
+    folders = SampleStore(root, 10 << 20).list()
+    assert len(folders) == 2
+    metas = [json.loads((f / SAMPLE_META_NAME).read_text()) for f in folders]
+    for meta in metas:  # what the device wrote: every person's 17 keypoints, as the model found them
+        found = results[meta["frame_id"]]
+        assert [len(d["keypoints"]) for d in meta["detections"]] == [17] * len(found)
+        for written, detection in zip(meta["detections"], found):
+            assert np.allclose(written["keypoints"], [[k.x, k.y, k.score] for k in detection.keypoints], atol=0.06)
+    squat = next(m for m in metas if m["width"] == cv2.imread(str(IMAGES / "squat.bmp")).shape[1]
+                 and len(m["detections"]) == 1 and m["detections"][0]["keypoints"][3][2] < 0.5)
+    with FleetManager(FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0",
+                                    data_dir=tmp_path / "fleet")) as manager:
+        admin = FleetClient(manager.http.url, token=manager.admin_token)
+        [device] = admin.enroll_many(["cam-gym"], "f")
+        uploader = DeviceUploader(manager.http.url, "cam-gym", credentials=(device["username"], device["password"]))
+        assert uploader.scan([("gym", root)], SAMPLES) == 2
+        uploader.start()
+        try:
+            drain(uploader)
+        finally:
+            uploader.close()
+        assert uploader.sent == 2 and uploader.refused == 0
+        stored = {s["sample_id"]: s for s in admin.samples(device="cam-gym")}
+        assert sorted(stored) == sorted(m["sample_id"] for m in metas)
+        row = stored[squat["sample_id"]]
+        assert row["detections"] == squat["detections"]  # the keypoints as the device wrote them, from the API
+
+        # COCO: keypoints, num_keypoints, the category's names and skeleton (COCO counts from 1)
+        coco_dir = tmp_path / "coco"
+        admin.save_export("coco", tmp_path / "coco.zip", device="cam-gym")
+        zipfile.ZipFile(tmp_path / "coco.zip").extractall(coco_dir)
+        with contextlib.redirect_stdout(io.StringIO()):
+            coco = COCO(str(coco_dir / "annotations.json"))
+        [person] = coco.loadCats(coco.getCatIds(catNms=["person"]))
+        assert person["keypoints"] == list(COCO_KEYPOINT_NAMES)
+        assert person["skeleton"] == [[a + 1, b + 1] for a, b in COCO_SKELETON] and len(person["skeleton"]) == 19
+        [image] = [i for i in coco.loadImgs(coco.getImgIds()) if i["file_name"].endswith(f"{row['sample_id']}.jpg")]
+        [ann] = coco.loadAnns(coco.getAnnIds(imgIds=[image["id"]]))
+        sent = squat["detections"][0]["keypoints"]
+        flat = [value for x, y, v in sent for value in ((x, y, 2) if v >= KEYPOINT_VISIBLE else (0, 0, 0))]
+        assert ann["keypoints"] == pytest.approx(flat) and ann["keypoints"][3 * 3 + 2] == 0  # the hidden left ear
+        assert ann["num_keypoints"] == sum(1 for _, _, v in sent if v >= KEYPOINT_VISIBLE) >= 15
+
+        # YOLO pose: Ultralytics' layout
+        archive = zipfile.ZipFile(io.BytesIO(admin.export_samples("yolo", device="cam-gym")))
+        data_yaml = archive.read("data.yaml").decode()
+        assert "kpt_shape: [17, 3]\n" in data_yaml and f"flip_idx: {list(COCO_FLIP)}\n" in data_yaml
+        label_name = f"labels/cam-gym/{row['sample_id']}.txt"
+        [line] = archive.read(label_name).decode().splitlines()
+        values = [float(v) for v in line.split()]
+        assert len(values) == 5 + 17 * 3 and values[0] == 0
+        width, height = squat["width"], squat["height"]
+        assert values[5:8] == pytest.approx([sent[0][0] / width, sent[0][1] / height, 2], abs=1e-5)
+
+        # a labeller moves the nose 10 px right and marks the right wrist hidden (1), in the YOLO files...
+        values[5] += 10 / width
+        values[5 + 10 * 3 + 2] = 1
+        corrected = io.BytesIO()
+        with zipfile.ZipFile(corrected, "w") as out:
+            out.writestr("data.yaml", data_yaml)
+            out.writestr(label_name, " ".join(["0", *(f"{v:.6f}" for v in values[1:])]) + "\n")
+        assert admin.import_labels("yolo", corrected.getvalue()) == {"samples": 1}
+        [labelled] = admin.samples(device="cam-gym", labelled="true")
+        points = labelled["labels"][0]["keypoints"]
+        assert points[0][:2] == pytest.approx([sent[0][0] + 10, sent[0][1]], abs=0.01) and points[0][2] == 2
+        assert points[10][2] == 1 and points[3] == [0, 0, 0]
+        assert labelled["detections"] == squat["detections"]  # what the model said stays
+
+        # ... and in COCO: the left ear placed and seen, the left wrist hidden; a keypoint list of the wrong length
+        # changes nothing
+        document = json.loads((coco_dir / "annotations.json").read_text())
+        [mine] = [a for a in document["annotations"] if a["id"] == ann["id"]]
+        mine["keypoints"][9:12] = [300.0, 195.0, 2]
+        mine["keypoints"][9 * 3 + 2] = 1
+        assert admin.import_labels("coco", json.dumps(document).encode()) == {"samples": 2}
+        labels = {s["sample_id"]: s["labels"] for s in admin.samples(device="cam-gym")}
+        assert labels[row["sample_id"]][0]["keypoints"][3] == [300.0, 195.0, 2]
+        imported, mine["keypoints"] = mine["keypoints"], mine["keypoints"][:-3]
+        with pytest.raises(FleetRequestError, match="keypoints is a flat list of x, y, v"):
+            admin.import_labels("coco", json.dumps(document).encode())
+        assert {s["sample_id"]: s["labels"] for s in admin.samples(device="cam-gym")} == labels
+
+        # the export of a person's labels keeps their flags: the hidden left wrist stays 1
+        again = json.loads(zipfile.ZipFile(io.BytesIO(admin.export_samples("coco", device="cam-gym")))
+                           .read("annotations.json"))
+        [exported] = [a for a in again["annotations"] if a["image_id"] == image["id"]]
+        assert exported["keypoints"] == imported and exported["keypoints"][9 * 3 + 2] == 1
+
+        # the fleet's labelled samples score the pose model on its keypoints (OKS) as well as its boxes
+        scored = subprocess.run(edgeinfer_cmd("evaluate", str(YOLO_POSE), "--fleet", "--json", "-q",
+                                              "--fleet-url", manager.http.url), capture_output=True, text=True,
+                                env={**os.environ, "EDGEINFER_FLEET_TOKEN": manager.admin_token}, timeout=240)
+        assert scored.returncode == 0, scored.stderr
+        scores = json.loads(scored.stdout)
+        assert scores["map50_95"] > 0.9 and scores["keypoints"]["instances"] == 2, scores
+        assert scores["keypoints_map50_95"] > 0.8 and scores["keypoints"]["sigmas"] == "coco", scores["keypoints"]

@@ -3,7 +3,8 @@
 each frame with one box per detection placed on what it boxes and the corrected labels drawn apart; the filters
 narrow the grid and live in the hash (a linked view opens filtered); an operator marks a selection reviewed and
 deletes one, which the API then says; an error of the API is said in the page; the export carries the filters;
-a viewer sees the grid and nothing to change it with. Screenshot: docs/img/dashboard-samples-desktop.png."""
+a viewer sees the grid and nothing to change it with; a pose model's samples show each person's skeleton.
+Screenshots: docs/img/dashboard-samples-desktop.png, docs/img/dashboard-sample-pose-desktop.png."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from support.browser import DESKTOP, Browser, screenshot, wait_for, wait_js, wai
 from support.dashboard import fill, go, running_dashboard, settle, sign_in
 from support.live import basic
 
+from edgeinfer._samples import COCO_SKELETON
 from edgeinfer.pipeline.sampling import perceptual_hash  # the device's own hash
 
 DOCS_IMG = Path(__file__).parents[2] / "docs" / "img"
@@ -281,4 +283,72 @@ def test_more_pages_in_the_next_samples(dash):
         wait_for(browser, "[data-testid=samples-more]").click()
         wait_keys(browser, newest)
         wait_js(browser, "return document.querySelector('[data-testid=samples-more]').hidden", 5)
+        assert not browser.errors(), browser.errors()
+
+
+def test_a_pose_samples_skeleton_is_drawn_on_its_frame(dash):
+    """A pose model's samples (YOLO11n-pose's reference people on two photos): each person's sure keypoints as
+    points, joined by COCO's limbs — the skeleton the contract states — placed on the frame's pixels; an unsure
+    keypoint and its limbs not drawn; a person's corrected keypoints drawn as labels are (hidden ones flagged 1
+    drawn, unlabelled ones not). Screenshot: docs/img/dashboard-sample-pose-desktop.png."""
+    [issued] = dash.manager.access.enroll_devices(["cam-gym"], "dash")
+    login = basic(issued["username"], issued["password"])
+    people = json.loads((REFERENCES / "yolo11n-pose_ultralytics.json").read_text())["detections"]
+    expected = {}
+    for offset, photo in enumerate(("grace_hopper.bmp", "squat.bmp")):
+        body = sample_body(photo, "gym", "uncertain:0.3-0.6", "1", time.time() - 60 + offset)
+        scale = body["width"] / cv2.imread(str(IMAGES / photo)).shape[1]
+        body["model"] = {"name": "yolo11n-pose.onnx", "version": "1"}
+        body["detections"] = [{"label": "person", "score": p["score"], "box": [v * scale for v in p["box_xyxy_px"]],
+                               "keypoints": [[x * scale, y * scale, c] for x, y, c in p["keypoints_xy_conf"]]}
+                              for p in people[photo]]
+        assert upload(dash.manager.http.url, login, "cam-gym", Path(photo).stem, body) == 201
+        points = body["detections"][0]["keypoints"]
+        seen = [c >= 0.5 for _, _, c in points]
+        expected[f"cam-gym/{Path(photo).stem}"] = {
+            "points": sum(seen), "limbs": sorted(f"{a}-{b}" for a, b in COCO_SKELETON if seen[a] and seen[b]),
+            "first": [round(v, 1) for v in next(p[:2] for p, s in zip(points, seen) if s)]}
+    # a labeller's squat: the model's keypoints, the left ear placed but hidden (1), the right ankle not labelled
+    [squat] = api(dash, "samples?device=cam-gym&label=person&rule=uncertain:0.3-0.6&limit=1")
+    corrected = [[x, y, 2] for x, y, _ in squat["detections"][0]["keypoints"]]
+    corrected[3], corrected[16] = [corrected[3][0], corrected[3][1], 1], [0, 0, 0]
+    call(dash, "PATCH", "devices/cam-gym/samples/squat",
+         {"labels": [{"label": "person", "box": squat["detections"][0]["box"], "keypoints": corrected}]})
+    label_limbs = sorted(f"{a}-{b}" for a, b in COCO_SKELETON if 16 not in (a, b))
+    with Browser(DESKTOP) as browser:
+        sign_in(browser, dash, "viewer")
+        go(browser, dash, "#/samples?pipeline=gym")
+        wait_keys(browser, ["cam-gym/squat", "cam-gym/grace_hopper"])
+        drawn = browser.driver.execute_script("""
+            return Object.fromEntries(Array.from(document.querySelectorAll('[data-testid=sample]')).map(li => {
+              const of = (kind) => ({
+                points: li.querySelectorAll(`.box.${kind} circle.keypoint`).length,
+                limbs: Array.from(li.querySelectorAll(`.box.${kind} line.limb`)).map(l => l.dataset.limb).sort(),
+                first: (c => c ? [+c.getAttribute('cx'), +c.getAttribute('cy')] : null)(
+                  li.querySelector(`.box.${kind} circle.keypoint`))});
+              return [li.dataset.key, {detection: of('detection'), label: of('label')}];
+            }));""")
+        for key, want in expected.items():
+            got = drawn[key]["detection"]
+            assert (got["points"], got["limbs"]) == (want["points"], want["limbs"]), (key, got, want)
+            assert got["first"] == pytest.approx(want["first"], abs=0.11), (key, got)
+        assert len(expected["cam-gym/squat"]["limbs"]) == 17 and len(expected["cam-gym/grace_hopper"]["limbs"]) < 10
+        assert drawn["cam-gym/squat"]["label"]["points"] == 16  # the hidden ear drawn, the unlabelled ankle not
+        assert drawn["cam-gym/squat"]["label"]["limbs"] == label_limbs
+        assert drawn["cam-gym/grace_hopper"]["label"]["points"] == 0
+        # a limb sits on its keypoints: the SVG maps the frame's pixels to the tile as the <img> does
+        placed = browser.driver.execute_script("""
+            const li = document.querySelector('[data-key="cam-gym/squat"]');
+            const img = li.querySelector('img').getBoundingClientRect();
+            const dot = li.querySelector('.box.detection circle.keypoint').getBoundingClientRect();
+            return [img.left, img.top, img.width, img.height, dot.left + dot.width / 2, dot.top + dot.height / 2];""")
+        left, top, width, height, cx, cy = placed
+        scale = min(width / squat["width"], height / squat["height"])
+        x0, y0 = left + (width - squat["width"] * scale) / 2, top + (height - squat["height"] * scale) / 2
+        first = expected["cam-gym/squat"]["first"]
+        assert [cx, cy] == pytest.approx([x0 + first[0] * scale, y0 + first[1] * scale], abs=1.5)
+        wait_js(browser, "return Array.from(document.querySelectorAll('[data-testid=sample-frame]'))"
+                         ".every(img => img.complete && img.naturalWidth > 0)", 15)
+        settle(0.3)
+        screenshot(browser, DOCS_IMG / "dashboard-sample-pose-desktop.png")
         assert not browser.errors(), browser.errors()

@@ -278,12 +278,16 @@ def test_a_malformed_import_changes_nothing(fleet):
         return json.dumps({**good, "annotations": [{"image_id": 1, "category_id": category, "bbox": bbox}]}).encode()
 
     hostile = [b"not json", b"[]", json.dumps({**good, "images": [{"id": 1, "file_name": "../../etc.jpg"}]}).encode(),
-               annotated(77, [0, 0, 1, 1]), annotated(1, [0, 0, -1, 1]), annotated(1, [0, 0, 9999, 1]),
-               annotated(1, [0, 0, "1", 1]), annotated(1, [0, 0, 1]),
-               json.dumps({**good, "images": [{"id": 1, "file_name": "cam-a/nope.jpg"}]}).encode()]
+               annotated(77, [0, 0, 1, 1]), annotated(1, [0, 0, -1, 1]), annotated(1, [0, 0, "1", 1]),
+               annotated(1, [0, 0, 1])]
     for body in hostile:
         status, answer = fleet.call("POST", "/api/samples/import?format=coco", "operator", body)
         assert status == 400 and json.loads(answer)["error"], (body[:60], answer)
+    # well-formed, and not what is stored: a sample that is not there (404), a box outside its sample's frame (409)
+    for body, refused in ((json.dumps({**good, "images": [{"id": 1, "file_name": "cam-a/nope.jpg"}]}).encode(), 404),
+                          (annotated(1, [0, 0, 9999, 1]), 409)):
+        status, answer = fleet.call("POST", "/api/samples/import?format=coco", "operator", body)
+        assert status == refused and json.loads(answer)["error"], (body[:60], answer)
     for body in (b"PK not a zip", _zip({"labels/cam-a/m1.txt": "0 0.5 0.5 0.1 0.1\n"}),
                  _zip({"data.yaml": "names:\n  0: a\n", "labels/cam-a/m1.txt": "0 0.5 0.5 2 0.1\n"}),
                  _zip({"data.yaml": "names:\n  0: a\n", "labels/cam-a/m1.txt": "3 0.5 0.5 0.1 0.1\n"}),
@@ -327,3 +331,65 @@ def test_the_cli_exports_a_folder_and_imports_it_back(fleet, tmp_path):
     done = cli(fleet, "import", "--format", "coco", str(tmp_path / "broken.json"))
     assert done.returncode == 1 and "not a COCO detection document" in done.stderr, done.stderr
     assert fleet.list("device=cam-a")[0]["labels"] == stored["labels"]
+
+
+def pose(*points: tuple[float, float, float], label: str = "person") -> dict:
+    return {"label": label, "score": 0.8, "box": [10.0, 20.0, 110.0, 220.0], "keypoints": [list(p) for p in points]}
+
+
+def test_keypoints_are_bounded_cut_to_the_frame_and_each_pose_models_exported_apart(fleet):
+    """A detection's keypoints are [x, y, v] triples, at most 1000 (the manager says which field is wrong); one a
+    model put past the frame's edge is cut to it, unseen; a person's label flags come back as set; a COCO export
+    holds one keypoint count per class, a YOLO export one for all (else a 400 saying to export them apart); a
+    YOLO pose file of the wrong shape is refused whole."""
+    hostile = {"detections.0.keypoints.0.2: Field required": [[1.0, 2.0]],
+               "keypoints.0.2: Input should be less than or equal to 2": [[1.0, 2.0, 3.0]],
+               "keypoints.0.0: Input should be greater than or equal to 0": [[-1.0, 2.0, 0.5]],
+               "keypoints.0.1: Input should be a valid number": [[1.0, "2", 0.5]],
+               "keypoints: List should have at most 1000 items": [[1.0, 1.0, 1.0]] * 1001}
+    for error, points in hostile.items():
+        status, answer = fleet.put("cam-a", "k0", sample(81, detections=[pose(*points)]))
+        assert status == 400 and error in answer["error"], (error, answer)
+    assert fleet.list() == []
+    seventeen = [(20.0 + i, 30.0 + i, 0.9) for i in range(16)] + [(W + 30.0, H + 5.0, 0.95)]  # an ankle below
+    assert fleet.put("cam-a", "k1", sample(81, detections=[pose(*seventeen)]))[0] == 201
+    [stored] = fleet.list()
+    assert stored["detections"][0]["keypoints"][:16] == [list(p) for p in seventeen[:16]]
+    assert stored["detections"][0]["keypoints"][16] == [W, H, 0.0]  # cut to the frame, not seen
+    labels = {"labels": [pose((12.0, 22.0, 2), (30.0, 40.0, 1), (0, 0, 0))]}
+    status, body = fleet.call("PATCH", "/api/devices/cam-a/samples/k1", "operator", json.dumps(labels).encode())
+    assert status == 200 and json.loads(body)["labels"][0]["keypoints"] == [[12, 22, 2], [30, 40, 1], [0, 0, 0]]
+
+    # a face model's six landmarks beside the pose model's people: COCO keeps each class's count, YOLO cannot
+    face = pose(*[(50.0 + i, 60.0, 0.9) for i in range(6)], label="face")
+    assert fleet.put("cam-b", "k2", sample(82, detections=[pose(*seventeen), face]))[0] == 201
+    document = json.loads(export(fleet, "coco", "device=cam-b").read("annotations.json"))
+    assert {c["name"]: len(c["keypoints"]) for c in document["categories"]} == {"face": 6, "person": 17}
+    assert [c["skeleton"] for c in document["categories"] if c["name"] == "face"] == [[]]  # points, no limbs
+    status, body = fleet.call("GET", "/api/samples/export?format=yolo&device=cam-b")
+    assert status == 400 and "6 and 17 keypoints" in json.loads(body)["error"]
+    assert fleet.put("cam-b", "k3", sample(83, detections=[pose(*seventeen[:6])]))[0] == 201
+    status, body = fleet.call("GET", "/api/samples/export?format=coco&device=cam-b")
+    assert status == 400 and "'person' boxes carry 6 and 17 keypoints" in json.loads(body)["error"]
+
+    # YOLO pose files of the wrong shape: refused, nothing changes
+    before = fleet.list()
+    pose_yaml = 'kpt_shape: [2, 3]\nnames:\n  0: "person"\n'
+    for files, error in (
+            ({"data.yaml": pose_yaml, "labels/cam-a/k1.txt": "0 0.5 0.5 0.2 0.2 0.1 0.1 2\n"}, "(11 numbers)"),
+            ({"data.yaml": pose_yaml, "labels/cam-a/k1.txt": "0 0.5 0.5 0.2 0.2 0.1 0.1 2 0.2 0.2 3\n"},
+             "visibility is 0 (not labelled), 1 (hidden) or 2 (visible)"),
+            ({"data.yaml": pose_yaml, "labels/cam-a/k1.txt": "0 0.5 0.5 0.2 0.2 1.5 0.1 2 0.2 0.2 2\n"},
+             "normalised to 0..1"),
+            ({"data.yaml": pose_yaml.replace("[2, 3]", "[2, 4]"), "labels/cam-a/k1.txt": "0 0.5 0.5 0.2 0.2\n"},
+             "kpt_shape is [keypoints, 2 or 3]")):
+        status, answer = fleet.call("POST", "/api/samples/import?format=yolo", "operator", _zip(files),
+                                    "application/zip")
+        assert status == 400 and error in json.loads(answer)["error"], (files, answer)
+    assert fleet.list() == before
+    two_d = {"data.yaml": pose_yaml.replace("[2, 3]", "[2, 2]"),
+             "labels/cam-a/k1.txt": "0 0.5 0.5 0.2 0.2 0.25 0.5 0 0\n"}
+    status, _ = fleet.call("POST", "/api/samples/import?format=yolo", "operator", _zip(two_d), "application/zip")
+    assert status == 200
+    [k1] = fleet.list("device=cam-a")
+    assert k1["labels"][0]["keypoints"] == [[W * 0.25, H * 0.5, 2.0], [0.0, 0.0, 0.0]]  # x y only: 0 0 unlabelled

@@ -6,13 +6,16 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
 from support.assets import IMAGENET_LABELS, IMAGES, LABELS, MOBILENET_TINY, MOBILENET_V2, MODELS, REFERENCES
 from support.metadata import ssd_with_coco_names
-from support.optimize import YOLO_FALL, error_line, json_out, run_cli
+from support.optimize import YOLO_FALL, YOLO_POSE, error_line, json_out, run_cli
 
+from edgeinfer._samples import COCO_KEYPOINT_NAMES, COCO_SKELETON
 from edgeinfer.errors import DatasetError
 from edgeinfer.tools.evaluate import EvaluateOptions, compare_models, evaluate_model
 
@@ -239,3 +242,90 @@ def test_deploy_require_eval_refuses_a_worse_candidate_before_uploading(tmp_path
     # no --baseline: the fleet is asked for the model it runs now (none listens here: one clear line)
     missing = run_cli("deploy", MOBILENET_V2, *common)
     assert missing.returncode == 1 and "cannot reach the fleet manager" in error_line(missing)
+
+
+def pose_coco_dataset(root: Path, jitter: float = 0.0) -> Path:
+    """A COCO keypoints JSON of YOLO11n-pose's Ultralytics reference people: each box and its keypoints, those the
+    reference is sure of (>= 0.5) flagged visible (2), the others not labelled (0); ``jitter`` moves each labelled
+    keypoint by that fraction of its box's size, each in its own direction (a deliberately wrong label set)."""
+    (root / "images").mkdir(parents=True)
+    images, annotations = [], []
+    for image_id, (image, people) in enumerate(sorted(_reference("yolo11n-pose_ultralytics.json").items()), 1):
+        (root / "images" / image).symlink_to(IMAGES / image)
+        width, height = _size(image)
+        images.append({"id": image_id, "file_name": image, "width": width, "height": height})
+        for person in people:
+            x1, y1, x2, y2 = person["box_xyxy_px"]
+            flat = []
+            for index, (x, y, confidence) in enumerate(person["keypoints_xy_conf"]):
+                turn = 2.4 * index  # radians: directions spread round the circle
+                seen = confidence >= 0.5
+                flat += [x + jitter * (x2 - x1) * math.cos(turn), y + jitter * (y2 - y1) * math.sin(turn), 2] \
+                    if seen else [0, 0, 0]
+            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": 1, "iscrowd": 0,
+                                "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1),
+                                "keypoints": flat, "num_keypoints": sum(1 for v in flat[2::3] if v)})
+    (root / "annotations.json").write_text(json.dumps({"images": images, "annotations": annotations, "categories": [
+        {"id": 1, "name": "person", "keypoints": list(COCO_KEYPOINT_NAMES),
+         "skeleton": [[a + 1, b + 1] for a, b in COCO_SKELETON]}]}))
+    return root
+
+
+def test_a_pose_model_is_scored_on_keypoints_as_well_as_boxes(tmp_path: Path) -> None:
+    """YOLO11n-pose against its own reference keypoints scores a high OKS mAP; against keypoints moved by 5 % of
+    their person's size, a far lower one, with the same boxes (and so the same box mAP)."""
+    right = evaluate_model(YOLO_POSE, pose_coco_dataset(tmp_path / "right"))
+    moved = evaluate_model(YOLO_POSE, pose_coco_dataset(tmp_path / "moved", jitter=0.05))
+    assert right["map50_95"] > 0.9 and moved["map50_95"] == right["map50_95"]
+    assert right["keypoints_map50_95"] > 0.9 and right["keypoints_map50"] > 0.9, right["keypoints"]
+    assert moved["keypoints_map50_95"] < right["keypoints_map50_95"] - 0.3, moved["keypoints"]
+    assert right["keypoints"] == {"count": 17, "sigmas": "coco", "instances": 8, "detections": right["keypoints"][
+        "detections"], "map50_95": right["keypoints_map50_95"], "map50": right["keypoints_map50"], "scored": True}
+
+
+def test_keypoints_from_a_yolo_pose_dataset_and_the_cli_table_and_json(tmp_path: Path) -> None:
+    """The same labels as an Ultralytics pose dataset (kpt_shape, x y v after each box) score the same; the CLI
+    prints the keypoint figures under the boxes' and in --json; a detector on keypoint labels says it was not
+    scored on them; a dataset of another keypoint count than the model's is one clear error."""
+    root = tmp_path / "yolo"
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    for image, people in _reference("yolo11n-pose_ultralytics.json").items():
+        (root / "images" / image).symlink_to(IMAGES / image)
+        width, height = _size(image)
+        lines = []
+        for person in people:
+            x1, y1, x2, y2 = person["box_xyxy_px"]
+            values = [(x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height]
+            for x, y, confidence in person["keypoints_xy_conf"]:
+                values += [x / width, y / height, 2] if confidence >= 0.5 else [0, 0, 0]
+            lines.append("0 " + " ".join(f"{v:.6f}" for v in values))
+        (root / "labels" / Path(image).with_suffix(".txt")).write_text("\n".join(lines) + "\n")
+    (root / "data.yaml").write_text("kpt_shape: [17, 3]\nnames:\n  0: person\n")
+    scores = json_out(run_cli("evaluate", YOLO_POSE, "--dataset", root, "--json", "-q"))
+    assert (scores["format"], scores["keypoints"]["instances"]) == ("yolo", 8)
+    assert scores["keypoints_map50_95"] > 0.9 and scores["map50_95"] > 0.9
+    table = run_cli("evaluate", YOLO_POSE, "--dataset", root, "-q")
+    assert table.returncode == 0, table.stderr
+    assert re.search(r"keypoints \(OKS\) mAP50-95 \d+\.\d%   mAP50 \d+\.\d%   \(8 labelled instances, 17 keypoints, "
+                     r"COCO's sigmas\)", table.stdout), table.stdout
+    detector = evaluate_model(SSD, root, EvaluateOptions(labels=COCO_LABELS, ignore_unknown=True))
+    assert detector["keypoints_map50_95"] is None and detector["map50"] > 0.5
+    why = f"{SSD.name} gives no keypoints (task detect)"
+    assert detector["keypoints"] == {"count": 17, "scored": False, "why": why}
+    # five keypoints a person: not the model's 17
+    for label in (root / "labels").iterdir():
+        label.write_text("".join(" ".join(line.split()[:5 + 15]) + "\n" for line in label.read_text().splitlines()))
+    (root / "data.yaml").write_text("kpt_shape: [5, 3]\nnames:\n  0: person\n")
+    with pytest.raises(DatasetError, match=r"yolo11n-pose\.onnx gives 17 keypoints a detection; the dataset's "
+                                           r"labels have 5"):
+        evaluate_model(YOLO_POSE, root)
+    (root / "data.yaml").write_text("kpt_shape: [17, 3]\nnames:\n  0: person\n")
+    with pytest.raises(DatasetError, match=r"\.txt:1: expected 'class cx cy w h and 17 keypoints of x y v'"):
+        evaluate_model(YOLO_POSE, root)
+
+
+def test_two_pose_models_are_judged_on_keypoints_too(tmp_path: Path) -> None:
+    result = compare_models(YOLO_POSE, YOLO_POSE, pose_coco_dataset(tmp_path / "coco"))
+    assert result["judged"] == ["map50_95", "keypoints_map50_95"] and not result["worse"]
+    assert result["deltas"] == {"map50_95": 0.0, "map50": 0.0, "keypoints_map50_95": 0.0, "keypoints_map50": 0.0}

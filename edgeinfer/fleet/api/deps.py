@@ -28,6 +28,7 @@ from ..auth import Principal, Role
 from ..commands import CommandService
 from ..deployments import DeploymentService
 from ..devices import DeviceService
+from ..diagnosis import DiagnosisService
 from ..evidence import EvidenceStore
 from ..live import LiveFeed
 from ..liveview import LiveView
@@ -52,6 +53,7 @@ class FleetServices:
     liveview: LiveView
     metrics: FleetMetrics
     samples: SampleStore
+    diagnosis: DiagnosisService
     max_upload_bytes: int = MAX_UPLOAD_BYTES
 
 
@@ -135,14 +137,17 @@ def basic_credentials(header: str) -> tuple[str, str] | None:
 
 def artifact_reader(request: Request, fleet: Services, _token: Annotated[Any, Security(BEARER[Role.VIEWER])],
                     _device: Annotated[Any, Security(DEVICE_LOGIN)], _grant: Annotated[Any, Security(GRANT)]) -> None:
-    """A download grant for this artifact, an enrolled device's MQTT credential (Basic), or a viewer token."""
+    """A download grant for this artifact, an enrolled device's MQTT credential (Basic), or a viewer token: any one
+    of them opens it, as the document's security says (an empty ``grant=`` is no grant; a grant that does not hold
+    beside an ``Authorization`` header leaves that header to be judged)."""
     sha256 = str(request.path_params.get("sha256", ""))
     grant = request.query_params.get("grant")
-    if grant is not None:
+    header = request.headers.get("authorization") or ""
+    if grant:
         if fleet.access.tokens.grant_allows(grant, sha256):
             return
-        raise HTTPException(401, "the download grant is not valid for this artifact (expired, or forged)")
-    header = request.headers.get("authorization") or ""
+        if not header:
+            raise HTTPException(401, "the download grant is not valid for this artifact (expired, or forged)")
     if header[:6].lower() == "basic ":
         login = basic_credentials(header)
         if login is not None and fleet.access.tokens.device_login(*login):

@@ -7,7 +7,10 @@
 // Frames are fetched with the token in a header (apiBlob) and shown through blob: URLs, as evidence is. The
 // boxes are an SVG over the <img> whose viewBox is the frame's own pixels; both letterbox the same way in
 // the tile (object-fit: contain, preserveAspectRatio meet), so a box sits on what it boxes at any tile size.
-import { api, apiBlob } from "./api.js";
+// A pose model's keypoints are drawn with their box: the seen ones as points (a model's from the confidence the
+// contract states, a person's label's when flagged 1 or 2), joined by the skeleton the contract states for their
+// count (COCO's 19 limbs for COCO's 17 keypoints: the Detection schema's x-skeletons); other counts as points.
+import { api, apiBlob, apiSchema } from "./api.js";
 import { h, setText, deviceLink, fmtTime, fmtAgo, fmtBytes, canOperate, confirmDialog, DASH } from "./dom.js";
 
 const PAGE = 48;
@@ -41,8 +44,19 @@ export function filtersFrom(params) {
   return out;
 }
 
+/** How keypoints are drawn, from the contract's Detection schema (none known: points whose v is above 0). */
+async function keypointDrawing() {
+  try {
+    const schema = await apiSchema("Detection");
+    return { skeletons: schema["x-skeletons"] || {}, visible: schema["x-keypoint-visible"] ?? 0 };
+  } catch {
+    return { skeletons: {}, visible: 0 };
+  }
+}
+
 export async function samplesPage(root, ctx, _arg, params = new URLSearchParams()) {
   const operator = canOperate(ctx.me.role);
+  const drawing = await keypointDrawing();
   let chosen = filtersFrom(params);
   const tiles = new Map(); // "device/sample" -> tile
   const selected = new Set();
@@ -146,7 +160,7 @@ export async function samplesPage(root, ctx, _arg, params = new URLSearchParams(
     for (const s of rows) {
       const key = `${s.device_id}/${s.sample_id}`;
       if (tiles.has(key)) continue; // a newer sample arrived and shifted the pages
-      const tile = sampleTile(s, key, operator ? (on) => pick(key, on) : null);
+      const tile = sampleTile(s, key, operator ? (on) => pick(key, on) : null, drawing);
       tiles.set(key, tile);
       grid.append(tile.li);
       if (observer) observer.observe(tile.li); else tile.show();
@@ -276,7 +290,7 @@ function button(label, testid, onclick, cls = "") {
 // ---- one tile ----------------------------------------------------------------
 
 /** A sample's tile: {li, path, check, show() (fetch the frame), update(row), dispose()}. */
-function sampleTile(s, key, onPick) {
+function sampleTile(s, key, onPick, drawing) {
   const path = `devices/${encodeURIComponent(s.device_id)}/samples/${encodeURIComponent(s.sample_id)}`;
   const img = h("img", { class: "sample-frame", "data-testid": "sample-frame",
     alt: `frame ${s.sample_id} of ${s.device_id}` });
@@ -304,7 +318,7 @@ function sampleTile(s, key, onPick) {
     li.classList.toggle("reviewed", row.reviewed);
     mark.className = `badge ${row.reviewed ? "ok" : "muted"}`;
     setText(mark, row.reviewed ? "reviewed" : "not reviewed");
-    drawBoxes(overlay, row);
+    drawBoxes(overlay, row, drawing);
   }
 
   async function show() {
@@ -325,8 +339,8 @@ function sampleTile(s, key, onPick) {
 }
 
 /** The model's detections (solid, label and score above) and the corrected labels (dashed, label inside at
- * the bottom) in the frame's own pixels; text about a 28th of the frame's larger side. */
-function drawBoxes(overlay, s) {
+ * the bottom) in the frame's own pixels, each with its keypoints; text about a 28th of the frame's larger side. */
+function drawBoxes(overlay, s, drawing) {
   overlay.setAttribute("viewBox", `0 0 ${s.width} ${s.height}`);
   const size = Math.max(s.width, s.height) / 28;
   const boxes = [
@@ -341,7 +355,25 @@ function drawBoxes(overlay, s) {
     const label = svg("text", { x: past ? x2 - size * 0.2 : x1 + size * 0.2, y: textY, "font-size": size,
       "text-anchor": past ? "end" : "start" });
     label.textContent = text;
-    g.append(svg("rect", { x: x1, y: y1, width: Math.max(0, x2 - x1), height: Math.max(0, y2 - y1) }), label);
+    g.append(svg("rect", { x: x1, y: y1, width: Math.max(0, x2 - x1), height: Math.max(0, y2 - y1) }));
+    drawKeypoints(g, d.keypoints || [], kind, size, drawing);
+    g.append(label); // over the keypoints
     return g;
   }));
+}
+
+/** A box's keypoints ([x, y, v] in the frame's pixels): the limbs between two seen ones, then the seen points. */
+function drawKeypoints(g, points, kind, size, drawing) {
+  if (!points.length) return;
+  // a person's label flags 0 (not labelled), 1 (hidden), 2 (visible); a model's v is its confidence
+  const seen = points.map(([x, y, v]) => ((kind === "label" ? v > 0 : v > 0 && v >= drawing.visible) ? [x, y] : null));
+  for (const [a, b] of drawing.skeletons[String(points.length)] || []) {
+    if (seen[a] && seen[b]) {
+      g.append(svg("line", { class: "limb", x1: seen[a][0], y1: seen[a][1], x2: seen[b][0], y2: seen[b][1],
+        "data-limb": `${a}-${b}` }));
+    }
+  }
+  seen.forEach((p, index) => {
+    if (p) g.append(svg("circle", { class: "keypoint", cx: p[0], cy: p[1], r: size * 0.14, "data-index": index }));
+  });
 }
