@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._backoff import Backoff
 from .._config import bounds, out_of_bounds
-from .._regions import task_problem
+from .._regions import task_problem, text_rule
 from ..capture import DEFAULT_BACKOFF
 from .decoders import (
     DECODER_NAMES,
@@ -101,9 +101,9 @@ class PipelineOptions:
     #: give detections track ids (implied by lines or zones)
     track: bool = False
     #: counting lines, each ``"x1,y1,x2,y2"`` or ``"NAME=x1,y1,x2,y2"`` in source pixels (names and shapes: _regions)
-    lines: tuple[str, ...] = ()
+    lines: tuple[str, ...] = field(default=(), metadata=text_rule("line"))
     #: zones, each ``"x1,y1,x2,y2,x3,y3[,...]"`` or ``"NAME=..."`` (a polygon in source pixels)
-    zones: tuple[str, ...] = ()
+    zones: tuple[str, ...] = field(default=(), metadata=text_rule("zone"))
     #: frames a track must be matched in before it counts
     track_min_hits: int = field(default=3, metadata=bounds(minimum=1))
     #: the hysteresis band around a line or a zone's edge, a fraction of the box height
