@@ -1,4 +1,4 @@
-"""edgeinfer._backoff: one retry schedule, capped, jittered only downwards."""
+"""edgeinfer.util.backoff: one retry schedule, capped, jittered only downwards."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from edgeinfer._backoff import EQUAL_JITTER, Backoff
+from edgeinfer.util.backoff import EQUAL_JITTER, Backoff
 
 
 def test_delays_grow_to_the_cap_and_jitter_only_shortens():

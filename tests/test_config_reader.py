@@ -1,4 +1,4 @@
-"""edgeinfer._config: one keyed reader for agent.yaml and the device profiles, errors naming the file and key."""
+"""edgeinfer.util.config: one keyed reader for agent.yaml and the device profiles, errors naming the file and key."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer._config import KeyedReader, read_document, suggestion
 from edgeinfer.errors import ConfigError, ProfileError
+from edgeinfer.util.config import KeyedReader, read_document, suggestion
 
 
 def lenient(data: dict, where: str = "") -> KeyedReader:

@@ -1,10 +1,10 @@
-"""The form of an event's evidence (edgeinfer/_evidence.py): the id every part names an event's files by."""
+"""The form of an event's evidence (edgeinfer/forms/evidence.py): the id every part names an event's files by."""
 
 from __future__ import annotations
 
 import re
 
-from edgeinfer._evidence import (
+from edgeinfer.forms.evidence import (
     CLIP_NAME,
     CLIP_NAMES,
     CONTENT_TYPES,

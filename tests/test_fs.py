@@ -1,4 +1,4 @@
-"""edgeinfer._fs: files are whole or absent, whoever writes them."""
+"""edgeinfer.util.fs: files are whole or absent, whoever writes them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from edgeinfer._fs import atomic_path, atomic_write_bytes, copy_atomically, sha256_file, temp_path_for
+from edgeinfer.util.fs import atomic_path, atomic_write_bytes, copy_atomically, sha256_file, temp_path_for
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

@@ -16,12 +16,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "edgeinfer"
 ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 TABLE_HEADING = "## The folders are the boxes"
-#: a box as the table names it: `pipeline/`, `_fs.py`, `errors`
+#: a box as the table names it: `pipeline/`, `util/fs.py`, `errors`
 NAME = r"`([a-z_]+)(?:/|\.py)?`"
 
 #: the base modules: one mechanism (or one word) each, below every folder
-BASE = frozenset({"errors", "_version", "_fs", "_backoff", "_config", "_native", "_optional", "_defer", "_dist",
-                  "_evidence", "_samples", "_regions", "_redact"})
+BASE = frozenset({"errors", "_version", "util", "forms"})
 #: the folders below the agent and the fleet manager, in the order the data flows
 DEVICE_SIDE = frozenset({"device", "runtime", "capture", "pipeline"})
 #: what each box (a folder, or a base module) may import besides itself. Explicit, not a layer order: the fleet
@@ -29,7 +28,8 @@ DEVICE_SIDE = frozenset({"device", "runtime", "capture", "pipeline"})
 ALLOWED: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "_version": frozenset(),
-    **{helper: frozenset({"errors"}) for helper in BASE - {"errors", "_version"}},
+    "util": frozenset({"errors"}),
+    "forms": frozenset({"errors"}),
     "device": BASE,
     "runtime": BASE | {"device"},
     "capture": BASE,

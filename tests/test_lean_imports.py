@@ -1,5 +1,5 @@
-"""What keeps the agent lean: deferred modules (edgeinfer/_defer.py) and package metadata read without
-importlib.metadata (edgeinfer/_dist.py). Each check runs in a fresh interpreter: it is about what a process
+"""What keeps the agent lean: deferred modules (edgeinfer/util/defer.py) and package metadata read without
+importlib.metadata (edgeinfer/util/dist.py). Each check runs in a fresh interpreter: it is about what a process
 has imported, which this test process cannot show."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import textwrap
 import pytest
 from support.assets import REPO
 
-from edgeinfer import _dist
+from edgeinfer.util import dist
 
 
 def run_python(code: str, *, path: tuple[str, ...] = ()) -> dict:
@@ -29,7 +29,7 @@ def run_python(code: str, *, path: tuple[str, ...] = ()) -> dict:
 def test_a_deferred_module_is_imported_at_its_first_attribute_use():
     seen = run_python("""
         import json, sys
-        from edgeinfer._defer import defer_imports, is_deferred
+        from edgeinfer.util.defer import defer_imports, is_deferred
         deferred = defer_imports()
         import ssl, hashlib, urllib.request                 # what paho does at its import
         from paho.mqtt import client                        # paho itself, against the stand-ins
@@ -60,7 +60,7 @@ def test_a_deferred_module_is_imported_at_its_first_attribute_use():
 def test_imported_modules_are_left_alone_and_absent_ones_are_not_invented():
     seen = run_python("""
         import json, sys, ssl
-        from edgeinfer._defer import defer_imports
+        from edgeinfer.util.defer import defer_imports
         deferred = defer_imports(("ssl", "no_such_module_here"))
         print(json.dumps({"deferred": deferred, "ssl_real": type(sys.modules["ssl"]).__name__,
                           "absent": "no_such_module_here" in sys.modules}))
@@ -73,10 +73,10 @@ def test_builtin_hashes_give_the_same_digests_without_openssl(tmp_path):
     blob.write_bytes(bytes(range(256)) * 4099)
     seen = run_python(f"""
         import json, sys
-        from edgeinfer._defer import defer_imports, prefer_builtin_hashes
+        from edgeinfer.util.defer import defer_imports, prefer_builtin_hashes
         defer_imports()
         chosen = prefer_builtin_hashes()
-        from edgeinfer._fs import sha256_file
+        from edgeinfer.util.fs import sha256_file
         import hmac, secrets
         print(json.dumps({{"chosen": chosen, "digest": sha256_file({str(blob)!r}),
                           "openssl": "_hashlib" in sys.modules and sys.modules["_hashlib"] is not None,
@@ -94,7 +94,7 @@ def test_versions_read_from_dist_info_match_importlib_metadata(name):
         expected = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         expected = None
-    assert _dist.version(name) == expected
+    assert dist.version(name) == expected
 
 
 def test_versions_and_entry_points_without_importing_importlib_metadata(tmp_path):
@@ -107,9 +107,9 @@ def test_versions_and_entry_points_without_importing_importlib_metadata(tmp_path
     (legacy / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: old-pkg\nVersion: 0.3\n")
     seen = run_python("""
         import json, sys
-        from edgeinfer import _dist
-        print(json.dumps({"lab": _dist.version("lab.tool"), "old": _dist.version("Old-Pkg"),
-                          "plugins": _dist.entry_points("edgeinfer.delegates"),
+        from edgeinfer.util import dist
+        print(json.dumps({"lab": dist.version("lab.tool"), "old": dist.version("Old-Pkg"),
+                          "plugins": dist.entry_points("edgeinfer.delegates"),
                           "metadata": "importlib.metadata" in sys.modules}))
     """, path=(str(site),))
     assert seen == {"lab": "2.5", "old": "0.3", "plugins": {}, "metadata": False}
@@ -118,8 +118,8 @@ def test_versions_and_entry_points_without_importing_importlib_metadata(tmp_path
                                            "[edgeinfer.delegates]\nlabcpu = labdelegate:LabCpuDelegate\n")
     seen = run_python("""
         import json, sys
-        from edgeinfer import _dist
-        print(json.dumps({"plugins": _dist.entry_points("edgeinfer.delegates")}))
+        from edgeinfer.util import dist
+        print(json.dumps({"plugins": dist.entry_points("edgeinfer.delegates")}))
     """, path=(str(site),))
     assert seen == {"plugins": {"labcpu": "labdelegate:LabCpuDelegate"}}
 
@@ -130,8 +130,8 @@ def test_an_egg_on_the_path_is_left_to_importlib_metadata(tmp_path):
     egg.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip archive
     seen = run_python("""
         import json, sys
-        from edgeinfer import _dist
-        version = _dist.version("numpy")
+        from edgeinfer.util import dist
+        version = dist.version("numpy")
         print(json.dumps({"numpy": version, "metadata": "importlib.metadata" in sys.modules}))
     """, path=(str(egg.parent),))
     assert seen["metadata"] is True and seen["numpy"] == importlib.metadata.version("numpy")

@@ -1,12 +1,12 @@
-"""edgeinfer._redact: the one redaction of secrets — in the agent's log ring, the lines the manager stores, a doctor's
+"""edgeinfer.util.redact: the one redaction of secrets — in the agent's log ring, the lines the manager stores, a doctor's
 report and every stream URL a log or an error names."""
 
 from __future__ import annotations
 
 import pytest
 
-from edgeinfer._redact import redact, redact_values
 from edgeinfer.capture.media import redact_url, stream_description
+from edgeinfer.util.redact import redact, redact_values
 
 TOKEN = "eit_0123456789ab_" + "Zx9" * 14 + "Q"
 

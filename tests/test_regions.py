@@ -1,4 +1,4 @@
-"""One form of a pipeline's lines and zones (edgeinfer/_regions.py), and the places that take them agree on it
+"""One form of a pipeline's lines and zones (edgeinfer/forms/regions.py), and the places that take them agree on it
 exactly: agent.yaml's ``lines`` / ``zones`` (PipelineOptions, read by the agent's real config reader), a
 configuration document's check (link/config_document.py: the fleet manager's, a device revision's), the device's
 ``set_analytics`` command (the real command router: signature, args schema, handler, on a real pipeline runner) and
@@ -21,7 +21,6 @@ from support.assets import IMAGES
 from support.fleet import admin_of, api_server
 from support.pipeline import ULTRAFACE
 
-from edgeinfer import _regions
 from edgeinfer.agent.analytics_command import AnalyticsSettings
 from edgeinfer.agent.commands import CommandRouter
 from edgeinfer.agent.config import parse_config
@@ -29,6 +28,7 @@ from edgeinfer.agent.runner import PipelineRunner
 from edgeinfer.agent.telemetry import BootSequence
 from edgeinfer.errors import ConfigError
 from edgeinfer.fleet.db import FleetDB
+from edgeinfer.forms import regions
 from edgeinfer.link.config_document import document_problems
 from edgeinfer.link.protocol import Topics
 from edgeinfer.pipeline.options import PipelineOptions
@@ -212,13 +212,13 @@ def test_a_bad_name_is_refused_in_words_everywhere_never_as_a_pattern(device, ma
     with pytest.raises(ValueError) as raised:
         PipelineOptions(lines=("door/1=10,400,300,400",))
     for words in (answer["error"], body["error"], str(raised.value)):
-        assert "'door/1' is not " + _regions.NAME_FORM in words and "[A-Za-z" not in words, words
+        assert "'door/1' is not " + regions.NAME_FORM in words and "[A-Za-z" not in words, words
     assert status == 400
 
 
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_every_task_with_boxes_takes_lines_and_zones_and_the_others_are_told_which_do(device, manager, task):
-    takes = task in _regions.BOX_TASKS
+    takes = task in regions.BOX_TASKS
     assert TASKS[task].boxes is takes
     answer = device.send({"door": DOOR}, {"shop": SHOP}, pipeline=task)
     status, body = manager.put({"door": DOOR}, {"shop": SHOP}, device=f"cam-{task}")
@@ -235,15 +235,15 @@ def test_a_device_that_has_not_read_its_model_yet_is_sent_its_lines(manager):
 
 
 def test_the_box_tasks_are_tasks_and_the_document_carries_the_name_rule_and_the_bounds(manager):
-    assert set(_regions.BOX_TASKS) <= set(TASK_NAMES)
+    assert set(regions.BOX_TASKS) <= set(TASK_NAMES)
     request = urllib.request.Request(f"{manager.url}/openapi.json",
                                      headers={"Authorization": f"Bearer {manager.token}"})
     with urllib.request.urlopen(request, timeout=10) as response:
         spec = json.loads(response.read())["components"]["schemas"]["AnalyticsSpec"]["properties"]
     zones: Any = spec["zones"]
-    for shapes, most in ((spec["lines"], _regions.MAX_LINES), (zones, _regions.MAX_ZONES)):
-        assert list(shapes["patternProperties"]) == [_regions.NAME_PATTERN]
-        assert shapes["propertyNames"]["description"] == _regions.NAME_FORM and shapes["maxProperties"] == most
-    zone = zones["patternProperties"][_regions.NAME_PATTERN]
-    assert (zone["minItems"], zone["maxItems"]) == (_regions.MIN_ZONE_POINTS, _regions.MAX_ZONE_POINTS)
-    assert zone["items"]["items"]["maximum"] == _regions.MAX_COORDINATE
+    for shapes, most in ((spec["lines"], regions.MAX_LINES), (zones, regions.MAX_ZONES)):
+        assert list(shapes["patternProperties"]) == [regions.NAME_PATTERN]
+        assert shapes["propertyNames"]["description"] == regions.NAME_FORM and shapes["maxProperties"] == most
+    zone = zones["patternProperties"][regions.NAME_PATTERN]
+    assert (zone["minItems"], zone["maxItems"]) == (regions.MIN_ZONE_POINTS, regions.MAX_ZONE_POINTS)
+    assert zone["items"]["items"]["maximum"] == regions.MAX_COORDINATE

@@ -1,6 +1,6 @@
 """The ``set_analytics`` command: a pipeline's counting lines and zones replaced while it runs, kept across restarts.
 
-The new geometry is checked as every line and zone is (``_regions``: the names, a line of nonzero length, a polygon
+The new geometry is checked as every line and zone is (``forms.regions``: the names, a line of nonzero length, a polygon
 of 3 distinct points enclosing an area, each name used once; the pipeline's task one with boxes; every point inside
 the stream's frame once a frame was seen), applied to the running streams
 through :meth:`~edgeinfer.pipeline.analytics.StreamAnalytics.replace_geometry` (tracks carry on, a line or zone
@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._fs import atomic_write_text
-from .._regions import check_regions, task_problem
 from ..errors import CommandRejected, EdgeInferError
+from ..forms.regions import check_regions, task_problem
 from ..link.vocabulary import Command, EventKind
+from ..util.fs import atomic_write_text
 
 if TYPE_CHECKING:
     from ..pipeline.multi import MultiPipeline, StreamEvent
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# the message's form; what a line and a zone are (their names, bounds and shapes) is _regions' to say, in its words
+# the message's form; what a line and a zone are (their names, bounds and shapes) is forms.regions' to say, in its words
 SET_ANALYTICS_ARGS_SCHEMA = {
     "type": "object", "required": ["pipeline", "lines", "zones", "revision"], "additionalProperties": False,
     "properties": {
@@ -114,7 +114,7 @@ class AnalyticsSettings:
             if refusal:
                 raise CommandRejected(NO_BOXES, refusal)
             try:
-                check_regions(lines, zones)  # names, bounds, shapes: every line and zone's (_regions)
+                check_regions(lines, zones)  # names, bounds, shapes: every line and zone's (forms.regions)
                 if pipeline is not None:
                     apply_geometry(pipeline, _targets(pipeline, stream), lines, zones, check=True)
             except (ValueError, KeyError) as exc:
@@ -171,7 +171,7 @@ def apply_geometry(pipeline: MultiPipeline, streams: list[str], lines: Mapping[s
 
 
 def boxes_refusal(pipeline: MultiPipeline) -> str | None:
-    """Why this run takes no lines and zones: its task gives no boxes (``_regions.BOX_TASKS``), or its model is
+    """Why this run takes no lines and zones: its task gives no boxes (``forms.regions.BOX_TASKS``), or its model is
     read as classes per pixel (a semantic segmenter); None when it takes them."""
     reading = pipeline.reading
     refusal = task_problem(pipeline.options.task)

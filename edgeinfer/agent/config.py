@@ -40,7 +40,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .._config import suggestion
 from ..errors import ConfigError
 from ..link.config_document import document_problems, fleet_part
 from ..link.protocol import Topics
@@ -58,6 +57,7 @@ from ..link.settings import (
 )
 from ..link.spool import DEFAULT_MAX_BYTES, MIN_MAX_BYTES
 from ..link.vocabulary import DEFAULT_FLEET
+from ..util.config import suggestion
 from .config_reader import ID_RE, ConfigReader
 from .pipeline_config import PipelineConfig, read_pipeline
 from .telemetry import ThrottleSensor, throttle_sensor

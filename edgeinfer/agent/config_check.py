@@ -16,7 +16,7 @@ import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .._redact import redact
+from ..util.redact import redact
 from .model_check import check_model, is_config_failure, pipeline_config_error
 
 if TYPE_CHECKING:

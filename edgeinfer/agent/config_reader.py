@@ -1,4 +1,4 @@
-"""The reader of agent.yaml: the shared :class:`~edgeinfer._config.KeyedReader`, plus the agent's ids.
+"""The reader of agent.yaml: the shared :class:`~edgeinfer.util.config.KeyedReader`, plus the agent's ids.
 
 A :class:`ConfigReader` raises :class:`~edgeinfer.errors.ConfigError` (``agent.yaml:
 pipelines[0].max_fps: must be a number > 0, got -1``), reads leniently (a null is a key left out)
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._config import KeyedReader
 from ..errors import ConfigError
 from ..link.protocol import ID_PATTERN
+from ..util.config import KeyedReader
 
 #: device ids, fleet names, pipeline names, groups: one MQTT topic level each
 ID_RE = re.compile(ID_PATTERN)

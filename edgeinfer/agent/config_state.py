@@ -1,5 +1,5 @@
 """The fleet's configuration revisions on the device: the one it runs, the one before, the one on trial, the last
-refused — in one file, ``<data_dir>/configuration/state.json``, replaced whole at each step (``_fs.atomic_write_text``:
+refused — in one file, ``<data_dir>/configuration/state.json``, replaced whole at each step (``util.fs.atomic_write_text``:
 a temporary file fsynced, renamed over the old one, the folder fsynced). A reader sees the state before a step or
 after it, never between.
 
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._fs import atomic_write_text
+from ..util.fs import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._redact import redact, redact_values
 from .._version import __version__
 from ..capture.hwdecode import use_board_decoders
 from ..errors import ConfigError
@@ -35,6 +34,7 @@ from ..link.mqtt import MqttLink
 from ..link.protocol import PROTOCOL_VERSION, Topics, encode
 from ..link.spool import PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
 from ..link.vocabulary import DeploymentKind, EventKind
+from ..util.redact import redact, redact_values
 from .commands import CommandRouter, register_builtin_commands
 from .config import AgentConfig, resolve_profile
 from .diagnosis import add_diagnosis_commands

@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._redact import redact, redact_values
 from ..errors import CommandRejected
 from ..link.logs import MAX_REPORT_BYTES, MAX_UPLOAD_BYTES, MAX_UPLOAD_LINES
 from ..link.vocabulary import Command
+from ..util.redact import redact, redact_values
 from .log_ring import LogRing
 from .uploads import DeviceHTTP
 

@@ -21,10 +21,10 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from .._config import BOUND_WORDS
 from ..link.config_document import MAX_LIST_ITEMS, MAX_PIPELINES, MAX_TEXT_CHARS, SOURCE_FORMS
 from ..link.protocol import ID_PATTERN, MAX_STREAMS
 from ..pipeline.labels import Labels
+from ..util.config import BOUND_WORDS
 from .config import MAX_TELEMETRY_INTERVAL_S, MIN_TELEMETRY_INTERVAL_S, TOP_KEYS
 from .pipeline_config import PipelineConfig, members_of
 
@@ -71,7 +71,7 @@ def _bounds(option: dataclasses.Field) -> dict[str, Any]:
 
 def _texts_schema(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """A list of texts; its field's metadata may state the most items, an item's ``pattern`` and its ``form`` in
-    words (``lines`` / ``zones``: ``_regions.text_rule``)."""
+    words (``lines`` / ``zones``: ``forms.regions.text_rule``)."""
     most = metadata.get("maxItems", MAX_LIST_ITEMS)
     item = dict(_TEXT)
     if "pattern" in metadata:

@@ -18,7 +18,7 @@ VERSION_PACKAGES = ("paho-mqtt", "ai-edge-litert", "tflite-runtime", "onnxruntim
 
 def software_versions() -> dict[str, str | None]:
     """edgeinfer, Python and the installed runtimes' versions, read from package metadata (nothing imported)."""
-    from .._dist import versions
+    from ..util.dist import versions
 
     out: dict[str, str | None] = {"edgeinfer": __version__, "python": platform.python_version(),
                                   "protocol": str(PROTOCOL_VERSION)}

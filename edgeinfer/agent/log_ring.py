@@ -16,8 +16,8 @@ import threading
 from collections import deque
 from typing import Any
 
-from .._redact import redact
 from ..link.logs import MAX_LOGGER, MAX_MESSAGE, level_name
+from ..util.redact import redact
 
 #: the ring's bounds: the newest lines, and the bytes of their text
 MAX_LINES = 2000

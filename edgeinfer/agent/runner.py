@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._backoff import EQUAL_JITTER, Backoff
 from ..errors import EdgeInferError
 from ..link.vocabulary import EventKind
 from ..pipeline.stats import PipelineStats, combine_streams, merge_stats
+from ..util.backoff import EQUAL_JITTER, Backoff
 from .model_check import FirstStart
 from .pipeline_config import PipelineConfig
 
@@ -373,7 +373,7 @@ class PipelineRunner:
     def _first_result(self, _result: Any) -> None:
         """An observer until a run's first result: the agent's cold start (the first run's, counted from
         the process's start), and the heap the loading freed given back to the kernel."""
-        from .._native import trim_malloc
+        from ..util.native import trim_malloc
 
         pipeline = self.pipeline
         if pipeline is not None:

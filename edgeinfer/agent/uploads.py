@@ -4,7 +4,7 @@ device's credential.
 :class:`DeviceUploader` runs thread ``edgeinfer-device-upload``. The pipelines hand it what they wrote (an event's
 folder, :meth:`~DeviceUploader.enqueue`; a capture sample's, :meth:`~DeviceUploader.enqueue_sample`); it sends each
 as its :class:`Kind` says — an event's ``snapshot.jpg`` then its clip to
-``<manager_url>/api/devices/<device>/events/<event id>/<file>``, a sample as one JSON document (``_samples.py``) to
+``<manager_url>/api/devices/<device>/events/<event id>/<file>``, a sample as one JSON document (``forms/samples.py``) to
 ``<manager_url>/api/devices/<device>/samples/<sample id>`` — with HTTP Basic (the device's MQTT user name and
 password, as artifact downloads do), and marks the folder ``uploaded`` when the manager has it. Nothing is kept in
 memory that the disk does not have: at start it finds every stored folder without the mark (an agent that crashed,
@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._backoff import EQUAL_JITTER, Backoff
-from .._evidence import CLIP_NAMES, CONTENT_TYPES, EVENT_ID, EVIDENCE_FILES, SNAPSHOT_NAME
-from .._fs import atomic_write_bytes
-from .._samples import SAMPLE_FRAME_NAME, SAMPLE_META_NAME, upload_document
 from ..errors import UploadRefused
+from ..forms.evidence import CLIP_NAMES, CONTENT_TYPES, EVENT_ID, EVIDENCE_FILES, SNAPSHOT_NAME
+from ..forms.samples import SAMPLE_FRAME_NAME, SAMPLE_META_NAME, upload_document
 from ..link.vocabulary import EventKind
 from ..pipeline.evidence import META_NAME
+from ..util.backoff import EQUAL_JITTER, Backoff
+from ..util.fs import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._backoff import Backoff
 from ..errors import CaptureError, NotMjpeg
+from ..util.backoff import Backoff
 from . import mjpeg
 from .base import FrameSource
 from .clips import cached_test_clip, make_test_clip

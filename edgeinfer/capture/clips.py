@@ -7,8 +7,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._fs import atomic_path
 from ..errors import CaptureError
+from ..util.fs import atomic_path
 from .images import read_image
 
 

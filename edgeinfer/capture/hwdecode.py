@@ -18,7 +18,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .._backoff import Backoff
+from ..util.backoff import Backoff
 from .media import DEFAULT_READ_TIMEOUT_S, check_transport, parse_stream_url, redact_url
 from .opencv import GStreamerSource, OpenCVSource, StreamSource, gstreamer_available
 from .reconnect import DEFAULT_BACKOFF

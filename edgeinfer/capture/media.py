@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._redact import redact
 from ..errors import CaptureError
+from ..util.redact import redact
 
 SOURCE_HELP = (
     "give a video file, an image folder or glob, a camera index or /dev/videoN, an rtsp:// or http:// URL, "
@@ -111,7 +111,7 @@ def stream_open_failure(description: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """URL without a password, for logs and errors (``_redact.redact``, the one redaction)."""
+    """URL without a password, for logs and errors (``util.redact.redact``, the one redaction)."""
     return redact(url)
 
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._backoff import Backoff
 from ..errors import CaptureError, NotMjpeg
+from ..util.backoff import Backoff
 from .base import FramePacer, FrameSource
 from .jpeg import JpegDecoder
 from .media import (

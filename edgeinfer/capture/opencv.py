@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._backoff import Backoff
 from ..errors import CaptureError
+from ..util.backoff import Backoff
 from .base import FramePacer, FrameSource
 from .media import (
     DEFAULT_OPEN_TIMEOUT_S,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .._backoff import Backoff
 from ..errors import CaptureError
+from ..util.backoff import Backoff
 from .base import FrameSource
 from .reconnect import DEFAULT_BACKOFF, reconnect
 

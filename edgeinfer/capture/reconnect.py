@@ -1,7 +1,7 @@
 """Bringing a dropped live source back, whatever reads it (OpenCV, PyAV, picamera2).
 
 The source says how to let go of its device, how to open it again and how to fetch from it; this
-loop owns the schedule (:class:`~edgeinfer._backoff.Backoff`), the give-up deadline, interruption
+loop owns the schedule (:class:`~edgeinfer.util.backoff.Backoff`), the give-up deadline, interruption
 and the ``reconnects`` count, so every live source drops and comes back the same way.
 """
 
@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .._backoff import Backoff
 from ..errors import CaptureError
+from ..util.backoff import Backoff
 from .base import FrameSource
 
 log = logging.getLogger(__name__)

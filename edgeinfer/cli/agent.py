@@ -31,9 +31,9 @@ def agent(config_path: str, check: bool) -> None:
     """Run the device agent: pipelines + MQTT telemetry, state, events and commands, until SIGTERM."""
     import signal
 
-    from .._defer import defer_imports, prefer_builtin_hashes
+    from ..util.defer import defer_imports, prefer_builtin_hashes
 
-    defer_imports()  # before paho and the agent's modules are imported (edgeinfer/_defer.py)
+    defer_imports()  # before paho and the agent's modules are imported (edgeinfer/util/defer.py)
     prefer_builtin_hashes()
     from ..agent.config import load_config, resolve_profile
     from ..agent.daemon import Agent
@@ -61,7 +61,7 @@ def agent(config_path: str, check: bool) -> None:
                     "pipelines": [p.name for p in config.pipelines], "models": found["models"],
                     "source_warnings": found["sources"]})
         return
-    from .._native import cap_malloc_arenas
+    from ..util.native import cap_malloc_arenas
 
     cap_malloc_arenas()  # before the agent's threads allocate (docs/agent.md, "Footprint")
     daemon = Agent(config)

@@ -12,7 +12,6 @@ from typing import Any
 
 import click
 
-from .._optional import import_optional
 from ..fleet.canary import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_MAX_FPS_DROP,
@@ -21,6 +20,7 @@ from ..fleet.canary import (
 )
 from ..fleet.rollout import DEFAULT_CANARY_PCT, DEFAULT_DEVICE_TIMEOUT_S, DeploymentStatus
 from ..link.vocabulary import TargetState
+from ..util.optional import import_optional
 from .evaluate import dataset_options, eval_options
 from .fleet_access import audit, broker_auth, client_options, enroll, enrollments, revoke, table, token
 from .fleet_access import duration as _duration

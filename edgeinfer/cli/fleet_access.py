@@ -121,7 +121,7 @@ def enroll(client: Any, device_ids: tuple[str, ...], fleet_name: str | None, as_
     key); the password is shown only now. Enrolling again issues a new password. Several devices
     are enrolled with one broker reload (a list of YAML documents, or of JSON objects).
     """
-    from .._fs import atomic_write_bytes
+    from ..util.fs import atomic_write_bytes
 
     if len(device_ids) == 1:
         issued: Any = client.enroll(device_ids[0], fleet_name)

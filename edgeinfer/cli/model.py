@@ -104,10 +104,10 @@ def info(model: str, as_json: bool) -> None:
 def classify(model: str, images: tuple[str, ...], labels: str | None, top_k: int, delegate: str | None,
              threads: int | None, resize: str, as_json: bool) -> None:
     """Classify IMAGES with MODEL and print the top-k classes of each."""
-    from .._native import captured_native_stderr
     from ..pipeline.classify import ImageClassifier
     from ..pipeline.labels import Labels
     from ..runtime.selection import load
+    from ..util.native import captured_native_stderr
 
     names = Labels.load(labels) if labels else None
     results = []

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .._config import KeyedReader, keyed_error, read_document
 from ..errors import ProfileError
+from ..util.config import KeyedReader, keyed_error, read_document
 from .host import ARCH_ALIASES
 
 PROFILE_DIRS_ENV = "EDGEINFER_PROFILE_DIRS"

@@ -11,7 +11,7 @@ import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from .._fs import copy_atomically, replace_durably, sha256_file, temp_path_for
+from ..util.fs import copy_atomically, replace_durably, sha256_file, temp_path_for
 
 #: raised (a built-in) when an upload passes its size limit
 UploadTooLarge = OverflowError

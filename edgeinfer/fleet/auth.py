@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._fs import atomic_write_bytes
 from ..errors import AuthError
 from ..link.vocabulary import Word
 from ..updates.signing import SigningKey, VerifyKey
+from ..util.fs import atomic_write_bytes
 from .broker_auth import verify_password
 from .db import FleetDB
 

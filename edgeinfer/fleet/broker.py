@@ -42,8 +42,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._backoff import Backoff
 from ..errors import ConfigError
+from ..util.backoff import Backoff
 from .broker_auth import AuthFiles, TLSFiles
 
 log = logging.getLogger(__name__)

@@ -67,7 +67,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from .._fs import atomic_write_bytes
+from ..util.fs import atomic_write_bytes
 
 #: what mosquitto_passwd (2.0) writes
 DEFAULT_ITERATIONS = 101

@@ -3,7 +3,7 @@
 Export (a zip, ``GET /api/samples/export``; ``edgeinfer fleet dataset export``), each sample's JPEG at
 ``images/<device>/<sample>.jpg`` and its boxes — the corrected ``labels`` where a person set them, else the
 model's ``detections`` — with their keypoints where a pose model gave them (a model's confidence becomes COCO's
-visibility flag, ``_samples.visibility``):
+visibility flag, ``forms.samples.visibility``):
 
 - ``coco``: ``annotations.json`` (COCO detection: ``bbox`` is x, y, width, height in pixels; categories
   numbered from 1 in the order of their names; a prediction's ``score`` kept; COCO keypoints: ``keypoints``
@@ -32,8 +32,8 @@ import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .._samples import COCO_FLIP, keypoint_names, skeleton_for, visibility
 from ..errors import DatasetError
+from ..forms.samples import COCO_FLIP, keypoint_names, skeleton_for, visibility
 
 FORMATS = ("coco", "yolo", "label-studio")
 IMPORT_FORMATS = ("coco", "yolo")

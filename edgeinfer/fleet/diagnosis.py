@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
-from .._redact import redact, redact_values
 from ..link.logs import LEVELS
 from ..link.vocabulary import Command, EventKind
+from ..util.redact import redact, redact_values
 from .commands import CommandService
 from .db import FleetDB
 

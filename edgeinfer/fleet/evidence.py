@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._evidence import CLIP_NAME, EVENT_ID, MP4_CLIP_NAME, PLAIN_SNAPSHOT_NAME, SNAPSHOT_NAME
-from .._fs import temp_path_for
+from ..forms.evidence import CLIP_NAME, EVENT_ID, MP4_CLIP_NAME, PLAIN_SNAPSHOT_NAME, SNAPSHOT_NAME
+from ..util.fs import temp_path_for
 from .artifacts import UploadTooLarge
 from .db import FleetDB
 

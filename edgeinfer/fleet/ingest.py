@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._backoff import Backoff
 from ..errors import ProtocolError
 from ..link.protocol import decode, parse_topic, payload_text
+from ..util.backoff import Backoff
 from .db import FleetDB
 
 log = logging.getLogger(__name__)

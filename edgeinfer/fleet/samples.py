@@ -1,5 +1,5 @@
 """Captured samples, the fleet's side: devices upload a frame and what the model said about it
-(``_samples.py``), the manager keeps it in the fleet database once — by id (a retry is answered as stored)
+(``forms/samples.py``), the manager keeps it in the fleet database once — by id (a retry is answered as stored)
 and by scene (a frame whose device-computed perceptual hash is within ``DUPLICATE_BITS`` of one of the
 scene's recent samples is not stored again) — within a byte quota and an age (docs/datasets.md).
 
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .._samples import DUPLICATE_BITS, hamming
+from ..forms.samples import DUPLICATE_BITS, hamming
 from .api.sample_schemas import SampleUpload
 from .artifacts import UploadTooLarge
 from .db import FleetDB

@@ -26,9 +26,9 @@ from pydantic import (
     field_validator,
 )
 
-from .. import _regions as regions
-from .._evidence import EVENT_ID_FORM, EVENT_ID_PATTERN
-from .._samples import PHASH_PATTERN
+from ..forms import regions
+from ..forms.evidence import EVENT_ID_FORM, EVENT_ID_PATTERN
+from ..forms.samples import PHASH_PATTERN
 from ..link.protocol import COMMAND_ID_PATTERN, COMMAND_NAME_PATTERN, ID_PATTERN
 from ..link.vocabulary import DEFAULT_FLEET, DeploymentKind, TargetState
 from .auth import NAME_PATTERN, TOKEN_ID_PATTERN, Role
@@ -258,7 +258,7 @@ class CommandSent(BaseModel):
     args: JsonObject
 
 
-#: a line's or a zone's name, a coordinate in the source frame's pixels: _regions' form, as the device checks it
+#: a line's or a zone's name, a coordinate in the source frame's pixels: forms.regions' form, as the device checks it
 RegionName = Annotated[str, StringConstraints(pattern=regions.NAME_PATTERN), Field(description=regions.NAME_FORM)]
 Coordinate = Annotated[float, Field(ge=0, le=regions.MAX_COORDINATE, allow_inf_nan=False)]
 Point = Annotated[list[Coordinate], Field(min_length=2, max_length=2)]  # [x, y]
@@ -283,7 +283,7 @@ class AnalyticsSpec(Strict):
         return {name: [*a, *b] for name, (a, b) in self.lines.items()}
 
     def problem(self) -> str | None:
-        """Why the device would refuse these lines and zones (``_regions``, in its words), or None."""
+        """Why the device would refuse these lines and zones (``forms.regions``, in its words), or None."""
         return regions.regions_problem(self.device_lines(), self.zones)
 
 

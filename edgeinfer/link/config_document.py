@@ -13,7 +13,7 @@ is stale.
 number where text is wanted is its text, one rule where a list is wanted is a list of one — YAML's ways), checks it
 against the schema with :mod:`.schema_check`'s readable errors, then checks what a schema cannot say (one of
 ``source`` and ``sources``; names used once; the lines' and zones' shapes and coordinates, and a task that takes
-them, by ``_regions`` as the device reads them). Each problem names its key: ``pipelines[0].max_fps: must be > 0, got
+them, by ``forms.regions`` as the device reads them). Each problem names its key: ``pipelines[0].max_fps: must be > 0, got
 -1``. The fleet manager answers a refused document with these words (400), the agent refuses ``agent.yaml`` with
 them (``agent.yaml: pipelines[0].max_fps: ...``, exit 78), and a device refuses a fleet revision with them.
 """
@@ -24,8 +24,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .._regions import parse_regions, task_problem
 from ..errors import ConfigError, ConfigTooLarge
+from ..forms.regions import parse_regions, task_problem
 from .config_schema import BOOTSTRAP_KEYS, CONFIG_SCHEMA
 from .schema_check import nesting, schema_errors
 
@@ -131,7 +131,7 @@ def _structure(pipelines: list[Any]) -> list[str]:
 
 
 def _regions_problems(pipeline: Mapping[str, Any]) -> list[str]:
-    """A pipeline's lines and zones as the device reads them (``_regions``: their shapes, bounds and names, said as
+    """A pipeline's lines and zones as the device reads them (``forms.regions``: their shapes, bounds and names, said as
     the device says them), and whether its task takes them."""
     lines, zones = pipeline.get("lines") or [], pipeline.get("zones") or []
     refusal = task_problem(pipeline.get("task"), "tracking, lines and zones") if lines or zones or \

@@ -2,7 +2,7 @@
 
 The agent keeps a bounded ring of its recent log lines (``agent/log_ring.py``) and sends them only when the
 fleet asks (the signed ``logs`` command): each line is ``{seq, ts, level, logger, message}``, ``seq`` counting
-up within one agent start (``boot_id``). The redaction (``edgeinfer/_redact.py``) runs on every line before it
+up within one agent start (``boot_id``). The redaction (``edgeinfer/util/redact.py``) runs on every line before it
 enters the ring, and the manager runs it again on what it receives (one function, both ends: a secret that
 reached the ring of an older agent still never reaches the database or an API answer). The bounds here are the
 device's and the manager's alike: the manager's upload models take them, the agent cuts its batches by them.

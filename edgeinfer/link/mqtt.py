@@ -33,8 +33,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._backoff import EQUAL_JITTER, Backoff
 from ..errors import ClosedError
+from ..util.backoff import EQUAL_JITTER, Backoff
 from . import paho_client
 from .inbox import DeliveryCallback, Inbox, network_round
 from .outbox import Outbox

@@ -13,8 +13,8 @@ import select
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._optional import import_optional
 from ..errors import MissingDependency
+from ..util.optional import import_optional
 from .settings import BrokerURL, LinkSettings
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ def _client_class() -> type:
             return BufferedSocket(super()._create_socket())
 
         # paho's own _sock_recv/_sock_send name ssl's exceptions in their except clauses, which loads ssl
-        # at the first empty read; without TLS these are the same without them (edgeinfer/_defer.py)
+        # at the first empty read; without TLS these are the same without them (edgeinfer/util/defer.py)
         def _sock_recv(self, bufsize: int) -> bytes:
             if self._ssl:
                 return super()._sock_recv(bufsize)

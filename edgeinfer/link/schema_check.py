@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._config import suggestion
+from ..util.config import suggestion
 from .schema_fast import pattern
 
 _TYPES: dict[str, tuple[type, ...]] = {

@@ -110,7 +110,7 @@ def tls_context(ca: str | None = None, cert: str | None = None, key: str | None 
     Raises ConfigError naming the key (``ca``, ``cert``, ``key``) that is missing, unreadable, not PEM,
     or (cert/key) that do not belong together.
     """
-    import ssl  # here, not at import: an agent on a plain broker never loads OpenSSL (edgeinfer/_defer.py)
+    import ssl  # here, not at import: an agent on a plain broker never loads OpenSSL (edgeinfer/util/defer.py)
 
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2

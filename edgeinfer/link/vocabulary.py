@@ -7,7 +7,7 @@ the fleet's OpenAPI document derive their lists from them. Each is a ``str`` enu
 on the wire: a payload is built with ``.value`` and reads the same as before the enum existed, and a word
 read from the wire compares equal to its member (``"active" == TargetState.ACTIVE``).
 
-The form of an event id, which the pipeline shares too, lives in ``edgeinfer/_evidence.py``: the pipeline
+The form of an event id, which the pipeline shares too, lives in ``edgeinfer/forms/evidence.py``: the pipeline
 is below the link in the layers.
 """
 

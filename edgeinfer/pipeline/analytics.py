@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .._regions import parse_line, parse_zone
+from ..forms.regions import parse_line, parse_zone
 from .postprocess import Detections
 from .tracking import Tracker
 from .zones import (
@@ -178,7 +178,7 @@ def _on_the_wall(event: AnalyticsEvent, wall: float) -> AnalyticsEvent:
     """A counter's event (stamped in the stream's clock) with its frame's wall-clock time as its ``timestamp``."""
     return replace(event, timestamp=wall, source_time=event.timestamp)
 def _unique_names(lines: Sequence[LineCounter], zones: Sequence[ZoneCounter]) -> None:
-    """ValueError when two lines or zones share a name (an event names one by its name alone: _regions)."""
+    """ValueError when two lines or zones share a name (an event names one by its name alone: forms.regions)."""
     names = [item.name for item in (*lines, *zones)]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -197,7 +197,7 @@ def _carried(new: Any, old: Any, shape: tuple[str, ...], totals: tuple[str, ...]
 
 
 # ------------------------------------------------------------------------------------------
-# Configuration: what a CLI flag or an agent.yaml entry gives (parsed in zones.py, checked by _regions)
+# Configuration: what a CLI flag or an agent.yaml entry gives (parsed in zones.py, checked by forms.regions)
 # ------------------------------------------------------------------------------------------
 
 def build_analytics(*, lines: Mapping[str, Sequence[float]] | Sequence[Sequence[float]] = (),

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._samples import COCO_SKELETON, KEYPOINT_VISIBLE, skeleton_for
+from ..forms.samples import COCO_SKELETON, KEYPOINT_VISIBLE, skeleton_for
 
 if TYPE_CHECKING:
     import numpy as np

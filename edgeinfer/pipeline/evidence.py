@@ -16,7 +16,7 @@ Three parts, each usable alone:
   store. Recordings may overlap: every kept frame is encoded once and its bytes shared by all.
 * :class:`EvidenceStore` — one folder per event, ``<event id>/snapshot.jpg`` (annotated),
   ``frame.jpg``, ``clip.mp4`` or ``clip.mjpeg`` (:mod:`.evidence_clip`) and ``event.json``,
-  each written atomically (:func:`edgeinfer._fs.atomic_path`), ``event.json`` last: a folder
+  each written atomically (:func:`edgeinfer.util.fs.atomic_path`), ``event.json`` last: a folder
   without a readable ``event.json`` that matches its files is not an event, and is removed when the
   store opens. Bounded in bytes and in events: the oldest go first.
 """
@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from .._evidence import CLIP_NAME, CLIP_NAMES, EVENT_ID, PLAIN_SNAPSHOT_NAME, SNAPSHOT_NAME, new_event_id
-from .._fs import atomic_write_bytes, remove_record
 from ..errors import InputMismatch, OutputError
+from ..forms.evidence import CLIP_NAME, CLIP_NAMES, EVENT_ID, PLAIN_SNAPSHOT_NAME, SNAPSHOT_NAME, new_event_id
+from ..util.fs import atomic_write_bytes, remove_record
 from .evidence_clip import write_clip
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Protocol
 
-from .._evidence import CLIP_NAME, MP4_CLIP_NAME
-from .._fs import atomic_path
+from ..forms.evidence import CLIP_NAME, MP4_CLIP_NAME
+from ..util.fs import atomic_path
 
 
 class KeptFrame(Protocol):

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._regions import task_problem
+from ..forms.regions import task_problem
 from .stream_parts import analytics_part, events_part, sampler_part, unwire, wire
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def plan(old: PipelineOptions, new: PipelineOptions, streams: list[Stream]) -> t
     if blocked:
         raise ValueError(f"{', '.join(sorted(blocked))} cannot change while the pipeline runs: it needs a restart")
     refusal = task_problem(new.task or "classify", "tracking, lines and zones") if new.tracking else None
-    if refusal:  # the words every place that takes lines and zones says (_regions)
+    if refusal:  # the words every place that takes lines and zones says (forms.regions)
         raise ValueError(refusal)
     names = changed_options(old, new)
     geometry, events, capture = (bool(names & set(group)) for group in (GEOMETRY_OPTIONS, EVENT_OPTIONS,

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._backoff import Backoff
-from .._config import bounds, out_of_bounds
-from .._regions import task_problem, text_rule
 from ..capture import DEFAULT_BACKOFF
+from ..forms.regions import task_problem, text_rule
+from ..util.backoff import Backoff
+from ..util.config import bounds, out_of_bounds
 from .decoders import (
     DECODER_NAMES,
     DEFAULT_IOU_THRESHOLD,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 POLICIES = ("every", "latest")
 #: where preprocessing runs: decided from measured stage times, or pinned to one thread
 PREPROCESS_PLACES = ("auto", "capture", "inference")
-#: options that only a pipeline whose task gives boxes takes (tracking, lines, zones: ``_regions.BOX_TASKS``)
+#: options that only a pipeline whose task gives boxes takes (tracking, lines, zones: ``forms.regions.BOX_TASKS``)
 BOX_OPTIONS = ("track", "lines", "zones")
 DEFAULT_QUEUE_SIZE = 2
 DEFAULT_WATCHDOG_FLOOR_S = 1.0
@@ -97,10 +97,10 @@ class PipelineOptions:
     #: frames kept for the caller stay full size; otherwise sources that can decode less may
     reduced_decode: bool = True
     keep_frames: bool = False
-    # tracking and counting (edgeinfer.pipeline.analytics, tasks with boxes: _regions.BOX_TASKS; docs/analytics.md)
+    # tracking and counting (edgeinfer.pipeline.analytics, tasks with boxes: forms.regions.BOX_TASKS; docs/analytics.md)
     #: give detections track ids (implied by lines or zones)
     track: bool = False
-    #: counting lines, each ``"x1,y1,x2,y2"`` or ``"NAME=x1,y1,x2,y2"`` in source pixels (names and shapes: _regions)
+    #: counting lines, each ``"x1,y1,x2,y2"`` or ``"NAME=x1,y1,x2,y2"`` in source pixels (names and shapes: forms.regions)
     lines: tuple[str, ...] = field(default=(), metadata=text_rule("line"))
     #: zones, each ``"x1,y1,x2,y2,x3,y3[,...]"`` or ``"NAME=..."`` (a polygon in source pixels)
     zones: tuple[str, ...] = field(default=(), metadata=text_rule("zone"))
@@ -170,7 +170,7 @@ class PipelineOptions:
         if self.tracking and self.task is not None and not get_task(self.task).boxes:
             raise ValueError(task_problem(self.task, "tracking, lines and zones"))
         if self.lines or self.zones:
-            named_regions(self.lines, self.zones)  # the names and shapes every line and zone has (_regions)
+            named_regions(self.lines, self.zones)  # the names and shapes every line and zone has (forms.regions)
         if self.events:
             from .events import rules_from_options
 

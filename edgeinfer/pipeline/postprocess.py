@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._samples import COCO_KEYPOINT_NAMES
+from ..forms.samples import COCO_KEYPOINT_NAMES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -70,7 +70,7 @@ def top_k(scores: np.ndarray, k: int, labels: Labels | None = None) -> list[Clas
 # Results of the geometric tasks (the decoders that make them: edgeinfer.pipeline.decoders)
 # ------------------------------------------------------------------------------------------
 
-#: MoveNet / COCO keypoint order (the sample form's, ``_samples.py``: one definition for the device and the fleet)
+#: MoveNet / COCO keypoint order (the sample form's, ``forms/samples.py``: one definition for the device and the fleet)
 KEYPOINT_NAMES = COCO_KEYPOINT_NAMES
 
 #: MediaPipe BlazeFace keypoint order

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._config import suggestion
+from ..util.config import suggestion
 
 if TYPE_CHECKING:
     from .labels import Labels

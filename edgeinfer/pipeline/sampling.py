@@ -5,7 +5,7 @@ pipeline's ``capture:`` list::
 
     uncertain:LOW-HIGH[/LABEL,...]   the top score (a classifier) or any box's score (a detector) in [LOW, HIGH)
     drift:DISTANCE[@FRAMES]          the last FRAMES frames' labels drift from the first FRAMES' by more than
-                                     DISTANCE (total variation: the canary analysis's measure, ``_samples.py``)
+                                     DISTANCE (total variation: the canary analysis's measure, ``forms/samples.py``)
     event:RULE                       an event rule fires (pipeline/events.py: ``event:detection:0.9/person``,
                                      ``event:line_crossed:door``)
     random:RATE                      a share RATE (0..1) of the frames, at random
@@ -14,7 +14,7 @@ pipeline's ``capture:`` list::
 and :meth:`StreamSampler.request` keeps the next N frames (the dashboard's "capture the next N frames", the
 agent's ``capture`` command), whatever the rules.
 
-A kept sample is a folder of the store (``_samples.py``: ``frame.jpg`` and ``sample.json``, written last, with the
+A kept sample is a folder of the store (``forms/samples.py``: ``frame.jpg`` and ``sample.json``, written last, with the
 model's boxes in the frame's pixels and the frame's perceptual hash) that the agent uploads to the fleet manager.
 
 The inference thread calls :meth:`StreamSampler.check` with each result while the frame's buffer is held
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._evidence import EVENT_ID, new_event_id
-from .._fs import atomic_write_bytes, remove_record
-from .._samples import (
+from ..errors import OutputError
+from ..forms.evidence import EVENT_ID, new_event_id
+from ..forms.samples import (
     MAX_KEYPOINTS,
     REQUEST_RULE,
     SAMPLE_FRAME_NAME,
@@ -50,7 +50,7 @@ from .._samples import (
     SAMPLE_VERSION,
     total_variation,
 )
-from ..errors import OutputError
+from ..util.fs import atomic_write_bytes, remove_record
 from .events import DETECTION, EventRule, scored_items
 
 if TYPE_CHECKING:
@@ -413,7 +413,7 @@ class StreamSampler:
 
 
 def labelled_boxes(result: Any, width: int, height: int) -> list[dict]:
-    """The model's output as a dataset's labels (``_samples.py``): each detection's label, score and box (and a
+    """The model's output as a dataset's labels (``forms/samples.py``): each detection's label, score and box (and a
     pose model's keypoints), or a classifier's top-1 as a box of the whole frame; other tasks (semantic masks)
     none."""
     items = scored_items(result)

@@ -22,7 +22,7 @@ from ..errors import CaptureError, EdgeInferError
 from .stats import PipelineStats, merge_stats
 
 if TYPE_CHECKING:
-    from .._backoff import Backoff
+    from ..util.backoff import Backoff
     from .engine_worker import EngineWorker
     from .stream import Stream
 

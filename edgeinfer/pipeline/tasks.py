@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._regions import BOX_TASKS
+from ..forms.regions import BOX_TASKS
 from .decoders import DecoderInput, DecoderSettings, Layout, choose_layout
 from .preprocess import input_geometry
 
@@ -37,7 +37,7 @@ class Task:
 
     @property
     def boxes(self) -> bool:
-        """Its results are Detections (boxes to track, count and keep as evidence): one of ``_regions.BOX_TASKS``,
+        """Its results are Detections (boxes to track, count and keep as evidence): one of ``forms.regions.BOX_TASKS``,
         the tasks that take lines and zones, which the fleet manager checks too."""
         return self.name in BOX_TASKS
 

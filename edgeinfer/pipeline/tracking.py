@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._optional import import_optional
+from ..util.optional import import_optional
 from .postprocess import Detection, Detections
 
 DEFAULT_MIN_HITS = 3

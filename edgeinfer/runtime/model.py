@@ -13,8 +13,8 @@ from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
-from .._fs import sha256_file
 from ..errors import FlatbufferError, ModelFormatError, ModelNotFound, UnsizedInput
+from ..util.fs import sha256_file
 from . import _onnx_schema, _tflite_schema
 from .metadata import SIDECAR, ModelMetadata, read_metadata
 

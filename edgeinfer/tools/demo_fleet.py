@@ -63,10 +63,10 @@ def _wait(predicate: Callable[[], Any], timeout: float, agent: subprocess.Popen)
 def run_fleet_demo(clip: Path, model_v1: Path, model_v2: Path, workdir: Path,
                    echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Fleet manager + agent on ``clip``; show the telemetry, deploy ``model_v2`` as version 2."""
-    from .._fs import atomic_write_bytes
     from ..fleet.broker import free_port
     from ..fleet.client import FleetClient
     from ..fleet.manager import FleetManager, FleetSettings
+    from ..util.fs import atomic_write_bytes
 
     workdir = workdir.resolve()
     fleet_dir, agent_dir = workdir / "fleet-data", workdir / "agent-data"

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._backoff import Backoff
-from .._fs import replace_durably, sha256_file
 from ..errors import DownloadError, UpdateRejected
+from ..util.backoff import Backoff
+from ..util.fs import replace_durably, sha256_file
 
 if TYPE_CHECKING:
     import ssl
@@ -43,7 +43,7 @@ def basic_auth(username: str, password: str) -> dict[str, str]:
 
 def https_context(cafile: str) -> ssl.SSLContext:
     """A client context that verifies an https fleet manager against ``cafile`` (the fleet's CA). ``ssl`` is
-    imported here: an agent on plain MQTT and HTTP never loads OpenSSL (edgeinfer/_defer.py)."""
+    imported here: an agent on plain MQTT and HTTP never loads OpenSSL (edgeinfer/util/defer.py)."""
     import ssl
 
     return ssl.create_default_context(cafile=cafile)

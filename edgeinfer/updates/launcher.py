@@ -86,7 +86,7 @@ def read_state(root: str | os.PathLike) -> dict[str, Any]:
 
 def write_state(root: str | os.PathLike, state: dict[str, Any]) -> None:
     """Replace the state atomically: a temporary file beside it, fsynced, renamed over it, the folder fsynced.
-    The same steps as edgeinfer/_fs.py's atomic write, repeated here because this file must not import edgeinfer."""
+    The same steps as edgeinfer/util/fs.py's atomic write, repeated here because this file must not import edgeinfer."""
     folder = Path(root)
     final = folder / STATE_FILE
     temporary = folder / f".{STATE_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}"

@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._fs import atomic_write_bytes, atomic_write_text
-from .._optional import import_optional
 from ..errors import CommandRejected, ConfigError, UpdateRejected
+from ..util.fs import atomic_write_bytes, atomic_write_text
+from ..util.optional import import_optional
 
 PRIVATE_KEY_FILE = "fleet-signing.key"
 PUBLIC_KEY_FILE = "fleet-signing.pub"

@@ -14,8 +14,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .._fs import atomic_write_text, copy_atomically
 from ..errors import UpdateRejected
+from ..util.fs import atomic_write_text, copy_atomically
 
 log = logging.getLogger(__name__)
 

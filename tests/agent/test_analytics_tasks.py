@@ -11,7 +11,7 @@ from support.assets import MODELS
 from support.broker import Collector
 from support.pipeline import MOBILENET_TINY
 
-from edgeinfer._regions import BOX_TASKS
+from edgeinfer.forms.regions import BOX_TASKS
 
 CMD = "edgeinfer/v1/test/cam-01/cmd"
 YOLO_POSE = MODELS / "yolo11n-pose.onnx"

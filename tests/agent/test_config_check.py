@@ -136,7 +136,7 @@ def test_an_agent_with_a_rule_the_model_cannot_take_exits_78(tmp_path):
 
 def test_a_source_that_does_not_open_is_named_without_its_secrets():
     """A revision's refusal goes to the fleet (an update event, the state): the source is named through the one
-    redaction (_redact.py), its URL's password and a token in its query masked alike."""
+    redaction (util/redact.py), its URL's password and a token in its query masked alike."""
     with socket.socket() as free:  # a port nothing listens on: the camera is down
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]

@@ -18,7 +18,7 @@ from edgeinfer.link.protocol import Topics, validate
 
 UNUSED = {"onnxruntime", "openvino", "tensorrt", "av", "cryptography", "scipy", "trackers", "sqlalchemy"}
 #: Python's own extension modules for TLS and OpenSSL's hashes: an agent on a plain mqtt:// broker maps neither
-#: (paho's ssl/hashlib/urllib.request imports are deferred, hashlib uses Python's own sha256: edgeinfer/_defer.py)
+#: (paho's ssl/hashlib/urllib.request imports are deferred, hashlib uses Python's own sha256: edgeinfer/util/defer.py)
 OPENSSL_EXTENSIONS = ("_ssl.cpython", "_hashlib.cpython")
 
 

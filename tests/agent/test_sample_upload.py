@@ -21,8 +21,12 @@ from support.assets import ASSETS, IMAGES, MODELS
 from support.processes import edgeinfer_cmd
 
 from edgeinfer import Pipeline
-from edgeinfer._backoff import Backoff
-from edgeinfer._samples import (
+from edgeinfer.agent.uploads import REFUSED_MARK, SAMPLES, UPLOADED_MARK, DeviceUploader
+from edgeinfer.errors import FleetRequestError
+from edgeinfer.fleet.broker import free_port
+from edgeinfer.fleet.client import FleetClient
+from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.forms.samples import (
     COCO_FLIP,
     COCO_KEYPOINT_NAMES,
     COCO_SKELETON,
@@ -32,13 +36,9 @@ from edgeinfer._samples import (
     SAMPLE_META_NAME,
     hamming,
 )
-from edgeinfer.agent.uploads import REFUSED_MARK, SAMPLES, UPLOADED_MARK, DeviceUploader
-from edgeinfer.errors import FleetRequestError
-from edgeinfer.fleet.broker import free_port
-from edgeinfer.fleet.client import FleetClient
-from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.pipeline.postprocess import Detection, Detections
 from edgeinfer.pipeline.sampling import CaptureRule, SampleStore, StreamSampler, perceptual_hash
+from edgeinfer.util.backoff import Backoff
 
 W, H = 320, 240
 YOLO_POSE = MODELS / "yolo11n-pose.onnx"

@@ -18,10 +18,10 @@ from support.browser import DESKTOP, Browser, wait_for, wait_js, wait_text
 from support.dashboard import Dashboard, go, sign_in
 from support.processes import wait_until
 
-from edgeinfer._regions import NAME_FORM
 from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.forms.regions import NAME_FORM
 
 DEVICE = "cam-pose"
 YOLO_POSE = MODELS / "yolo11n-pose.onnx"

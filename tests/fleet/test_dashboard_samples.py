@@ -23,7 +23,7 @@ from support.browser import DESKTOP, Browser, screenshot, wait_for, wait_js, wai
 from support.dashboard import fill, go, running_dashboard, settle, sign_in
 from support.live import basic
 
-from edgeinfer._samples import COCO_SKELETON
+from edgeinfer.forms.samples import COCO_SKELETON
 from edgeinfer.pipeline.sampling import perceptual_hash  # the device's own hash
 
 DOCS_IMG = Path(__file__).parents[2] / "docs" / "img"

@@ -31,13 +31,13 @@ from support.fleet import api_server
 from support.live import basic, request
 from support.processes import edgeinfer_cmd, wait_until
 
-from edgeinfer._evidence import EVENT_ID, new_event_id
 from edgeinfer.fleet.api.deps import FleetServices
 from edgeinfer.fleet.auth import TokenStore
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.evidence import EvidenceLimits, JpegFrames
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.forms.evidence import EVENT_ID, new_event_id
 from edgeinfer.link.protocol import Topics
 
 FLEET = "evi"

@@ -130,7 +130,7 @@ def test_an_operator_sends_lines_and_zones_as_a_signed_command_with_a_new_revisi
     refused = {
         400: [{"zones": {"z": [[0, 0], [5, 5]]}}, {"lines": {"l": [[1, 1], [-1, 1]]}}, {"lines": {"\n": []}},
               {"lines": {"a/b": [[1, 1], [9, 9]]}}, {"lines": {"l": [[1, 1], [2, 2], [3, 3]]}}, {"zones": []}],
-        # what the document cannot state, in the device's words (_regions)
+        # what the document cannot state, in the device's words (forms.regions)
         409: [{"lines": {"same": [[0, 0], [1, 1]]}, "zones": {"same": [[0, 0], [1, 0], [1, 1]]}},
               {"zones": {"z": [[0, 0], [0, 0], [5, 5]]}}, {"zones": {"z": [[0, 0], [5, 5], [9, 9]]}},
               {"lines": {"l": [[1, 1], [1.5, 1]]}}, {"lines": {"l": [[1, 1], [1, 1.0]]}}],

@@ -54,11 +54,11 @@ from support.assets import REPO
 from support.fleet import admin_of, api_server, state_message, telemetry_message
 from support.jpegs import JPEGS, MP4_HEAD
 
-from edgeinfer._evidence import new_event_id
 from edgeinfer.fleet.api.sample_schemas import JPEG_BASE64
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.samples import decode_jpeg
 from edgeinfer.fleet.schemas import DeploymentSpec
+from edgeinfer.forms.evidence import new_event_id
 
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="schemathesis 4 needs Python 3.11")
 jsonschema_rs = pytest.importorskip("jsonschema_rs", reason="schemathesis's: the document's schemas, judged")

@@ -16,11 +16,10 @@ import yaml
 from support.assets import MODELS, REPO
 from support.processes import edgeinfer_cmd
 
-from edgeinfer import _regions
-from edgeinfer._backoff import Backoff
 from edgeinfer.agent.config import load_config
 from edgeinfer.agent.document_schema import schema_module
 from edgeinfer.errors import ConfigError, ConfigTooLarge
+from edgeinfer.forms import regions
 from edgeinfer.link.config_document import (
     MAX_DOCUMENT_BYTES,
     check_document,
@@ -31,6 +30,7 @@ from edgeinfer.link.config_document import (
 from edgeinfer.link.config_schema import BOOTSTRAP_KEYS, CONFIG_SCHEMA
 from edgeinfer.link.schema_fast import pattern
 from edgeinfer.pipeline.options import PipelineOptions
+from edgeinfer.util.backoff import Backoff
 
 SCHEMA_FILE = REPO / "edgeinfer" / "link" / "config_schema.py"
 MODEL = str(MODELS / "mobilenet_v2_1.0_224_quant.tflite")
@@ -89,25 +89,25 @@ def test_backoff_checks_the_bounds_its_schema_states():
 
 
 def test_lines_and_zones_are_stated_by_regions_the_one_definition():
-    """The schema's lines and zones are _regions' text form: its pattern (the name rule inside it), its bounds (the
+    """The schema's lines and zones are forms.regions' text form: its pattern (the name rule inside it), its bounds (the
     most lines and zones, a zone's points) and its words, never a second copy."""
     for key, kind in (("lines", "line"), ("zones", "zone")):
-        rule = _regions.text_rule(kind)
+        rule = regions.text_rule(kind)
         schema = PIPELINE[key]
-        assert schema["maxItems"] == rule["maxItems"] == (_regions.MAX_LINES if kind == "line" else _regions.MAX_ZONES)
-        assert schema["items"]["pattern"] == rule["pattern"] and _regions.NAME_PATTERN[1:-1] in rule["pattern"]
-        assert schema["items"]["errorMessage"] == f"must be {rule['form']}" and _regions.NAME_FORM in rule["form"]
-    assert f"{{{_regions.MIN_ZONE_POINTS - 1},{_regions.MAX_ZONE_POINTS - 1}}}" in _regions.ZONE_TEXT_PATTERN
+        assert schema["maxItems"] == rule["maxItems"] == (regions.MAX_LINES if kind == "line" else regions.MAX_ZONES)
+        assert schema["items"]["pattern"] == rule["pattern"] and regions.NAME_PATTERN[1:-1] in rule["pattern"]
+        assert schema["items"]["errorMessage"] == f"must be {rule['form']}" and regions.NAME_FORM in rule["form"]
+    assert f"{{{regions.MIN_ZONE_POINTS - 1},{regions.MAX_ZONE_POINTS - 1}}}" in regions.ZONE_TEXT_PATTERN
 
 
 def _reads(kind: str, text: str) -> bool:
     """What the device reads as a line / zone text, bounds and shapes aside (they are checked once it is read)."""
-    name, rest = _regions.named_text(text, f"{kind}1")
+    name, rest = regions.named_text(text, f"{kind}1")
     try:
-        shape = _regions.parse_line(rest) if kind == "line" else _regions.parse_zone(rest)
+        shape = regions.parse_line(rest) if kind == "line" else regions.parse_zone(rest)
     except ValueError:
         return False
-    return _regions.name_problem(name, kind) is None and len(shape) <= _regions.MAX_ZONE_POINTS
+    return regions.name_problem(name, kind) is None and len(shape) <= regions.MAX_ZONE_POINTS
 
 
 def _texts(seed: int, count: int) -> list[str]:
@@ -132,9 +132,9 @@ def _texts(seed: int, count: int) -> list[str]:
 
 
 def test_the_text_patterns_take_exactly_what_the_device_reads():
-    """A document's check (the schema's pattern) and the device's reader (_regions.parse_line / parse_zone) agree
+    """A document's check (the schema's pattern) and the device's reader (regions.parse_line / parse_zone) agree
     on every text: the schema refuses no line the device would read, and passes none it would not."""
-    for kind, rule in (("line", _regions.LINE_TEXT_PATTERN), ("zone", _regions.ZONE_TEXT_PATTERN)):
+    for kind, rule in (("line", regions.LINE_TEXT_PATTERN), ("zone", regions.ZONE_TEXT_PATTERN)):
         matches = pattern(rule).search
         disagree = [text for text in _texts(7, 3000) if bool(matches(text)) != _reads(kind, text)]
         assert not disagree, (kind, disagree[:5])
@@ -163,12 +163,12 @@ REFUSED = [
     ({"pipelines": [{"model": MODEL, "source": 0, "backoff": {"intial_s": 1}}]},
      "pipelines[0].backoff.intial_s: unknown key — did you mean 'initial_s'?"),
     ({"pipelines": [{"model": MODEL, "source": 0, "lines": [[1, 2]]}]},
-     f"pipelines[0].lines[0]: must be {_regions.LINE_TEXT_FORM}, got a JSON array"),
-    # lines and zones: _regions' form, bounds and shapes, in its words (the device's, the manager's)
+     f"pipelines[0].lines[0]: must be {regions.LINE_TEXT_FORM}, got a JSON array"),
+    # lines and zones: forms.regions' form, bounds and shapes, in its words (the device's, the manager's)
     ({"pipelines": [{"model": MODEL, "source": 0, "lines": "door/1=10,400,300,400"}]},
-     f"pipelines[0].lines[0]: must be {_regions.LINE_TEXT_FORM}, got 'door/1=10,400,300,400'"),
+     f"pipelines[0].lines[0]: must be {regions.LINE_TEXT_FORM}, got 'door/1=10,400,300,400'"),
     ({"pipelines": [{"model": MODEL, "source": 0, "zones": ["shop=0,0,9,0"]}]},
-     f"pipelines[0].zones[0]: must be {_regions.ZONE_TEXT_FORM}, got 'shop=0,0,9,0'"),
+     f"pipelines[0].zones[0]: must be {regions.ZONE_TEXT_FORM}, got 'shop=0,0,9,0'"),
     ({"pipelines": [{"model": MODEL, "source": 0, "lines": [f"l{i}=0,0,9,9" for i in range(33)]}]},
      "pipelines[0].lines: must be a list of at most 32 lines (or one line)"),
     ({"pipelines": [{"model": MODEL, "source": 0, "lines": ["door=5,5,5,5"]}]},

@@ -11,11 +11,11 @@ from support.broker import Broker, Collector, make_tls_files, running_broker
 from support.processes import run_without
 from support.processes import wait_until as wait_for
 
-from edgeinfer._backoff import EQUAL_JITTER, Backoff
 from edgeinfer.errors import ClosedError
 from edgeinfer.link.mqtt import MqttLink
 from edgeinfer.link.settings import LinkSettings, parse_broker_url
 from edgeinfer.link.spool import Spool
+from edgeinfer.util.backoff import EQUAL_JITTER, Backoff
 
 
 @pytest.fixture

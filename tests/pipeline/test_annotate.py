@@ -11,7 +11,7 @@ import pytest
 from support.assets import IMAGES, MODELS
 
 from edgeinfer import Pipeline
-from edgeinfer._samples import COCO_SKELETON, KEYPOINT_VISIBLE
+from edgeinfer.forms.samples import COCO_SKELETON, KEYPOINT_VISIBLE
 from edgeinfer.pipeline.annotate import COCO_LIMB_COLOURS, LINE_COLOUR, ZONE_COLOUR, Geometry, annotate, colour
 from edgeinfer.pipeline.postprocess import Classification, Detection, Detections, InstanceMask, Keypoint
 

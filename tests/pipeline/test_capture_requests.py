@@ -10,7 +10,7 @@ import pytest
 from support import scenes
 from support.pipeline import ULTRAFACE
 
-from edgeinfer._samples import REQUEST_RULE, SAMPLE_META_NAME
+from edgeinfer.forms.samples import REQUEST_RULE, SAMPLE_META_NAME
 from edgeinfer.pipeline.multi import MultiPipeline
 
 

@@ -13,10 +13,10 @@ from support import disk, scenes
 from support.pipeline import IMAGES, LABELS, MODELS, ULTRAFACE
 
 from edgeinfer import Pipeline
-from edgeinfer._evidence import new_event_id
-from edgeinfer._samples import PHASH, SAMPLE_FRAME_NAME, SAMPLE_ID, SAMPLE_META_NAME
 from edgeinfer.capture import make_test_clip
 from edgeinfer.errors import OutputError
+from edgeinfer.forms.evidence import new_event_id
+from edgeinfer.forms.samples import PHASH, SAMPLE_FRAME_NAME, SAMPLE_ID, SAMPLE_META_NAME
 from edgeinfer.pipeline.sampling import CaptureRule, SampleStore
 
 COCO_SSD = MODELS / "mobilenet_ssd_v2_coco_quant_postprocess.tflite"

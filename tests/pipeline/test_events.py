@@ -19,8 +19,8 @@ from support.assets import IMAGES, REPO
 from support.pipeline import ULTRAFACE
 
 from edgeinfer import MultiPipeline, Pipeline
-from edgeinfer._evidence import CLIP_NAMES
 from edgeinfer.capture import open_source
+from edgeinfer.forms.evidence import CLIP_NAMES
 from edgeinfer.pipeline.events import EventRule, StreamEvents, parse_rules, stream_folder
 from edgeinfer.pipeline.evidence import EVENT_ID, META_NAME, SNAPSHOT_NAME, EvidenceStore
 from edgeinfer.pipeline.postprocess import Classification, Detection, Detections

@@ -15,7 +15,7 @@ from support import scenes
 from support.pipeline import ULTRAFACE
 
 from edgeinfer import Pipeline
-from edgeinfer._evidence import MP4_CLIP_NAME, PLAIN_SNAPSHOT_NAME
+from edgeinfer.forms.evidence import MP4_CLIP_NAME, PLAIN_SNAPSHOT_NAME
 from edgeinfer.pipeline.evidence import EvidenceStore
 from edgeinfer.pipeline.evidence_clip import h264_encoder
 

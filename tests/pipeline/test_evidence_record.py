@@ -14,8 +14,8 @@ from support import scenes
 from support.pipeline import ULTRAFACE
 
 from edgeinfer import Pipeline, open_source
-from edgeinfer._evidence import PLAIN_SNAPSHOT_NAME
 from edgeinfer.errors import CaptureError
+from edgeinfer.forms.evidence import PLAIN_SNAPSHOT_NAME
 from edgeinfer.pipeline.annotate import colour
 from edgeinfer.pipeline.evidence import EvidenceStore
 

@@ -33,8 +33,8 @@ from support.processes import wait_until
 
 import edgeinfer
 from edgeinfer import DelegateFailed, InferenceError
-from edgeinfer._backoff import Backoff
 from edgeinfer.errors import CudaError
+from edgeinfer.util.backoff import Backoff
 
 FAST_PROBES = Backoff(initial_s=0.2, max_s=0.5, factor=2.0, jitter=0.0)
 FLOOR_S = 0.5

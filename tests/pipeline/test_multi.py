@@ -196,7 +196,7 @@ def test_a_stream_whose_camera_goes_away_is_told_apart_from_one_that_ended(tmp_p
     reader's error; a clip that played to its end *ended*; the engine went on until both were done."""
     from support.pipeline import MjpegServer
 
-    from edgeinfer._backoff import Backoff
+    from edgeinfer.util.backoff import Backoff
 
     clip = make_test_clip(tmp_path / "short.avi", [IMAGES / "parrot.jpg"], size=(320, 240), frames_per_image=10)
     server = MjpegServer(IMAGES / "cat.bmp").start()

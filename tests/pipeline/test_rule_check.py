@@ -12,8 +12,8 @@ import pytest
 from support.assets import IMAGENET_LABELS, IMAGES, LABELS, MOBILENET_TINY, MODELS
 
 from edgeinfer import Pipeline
-from edgeinfer._samples import SAMPLE_META_NAME
 from edgeinfer.capture import make_test_clip
+from edgeinfer.forms.samples import SAMPLE_META_NAME
 from edgeinfer.pipeline.multi import MultiPipeline
 
 SSD = MODELS / "mobilenet_ssd_v2_coco_quant_postprocess.tflite"

@@ -7,9 +7,9 @@ import shutil
 import pytest
 from support.assets import IMAGES, MODELS
 
-from edgeinfer._fs import sha256_file
 from edgeinfer.errors import ModelFormatError, ModelNotFound
 from edgeinfer.runtime.model import ModelFormat, detect_format, inspect_model
+from edgeinfer.util.fs import sha256_file
 
 
 @pytest.mark.parametrize(

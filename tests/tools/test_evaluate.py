@@ -15,8 +15,8 @@ from support.assets import IMAGENET_LABELS, IMAGES, LABELS, MOBILENET_TINY, MOBI
 from support.metadata import ssd_with_coco_names
 from support.optimize import YOLO_FALL, YOLO_POSE, error_line, json_out, run_cli
 
-from edgeinfer._samples import COCO_KEYPOINT_NAMES, COCO_SKELETON
 from edgeinfer.errors import DatasetError
+from edgeinfer.forms.samples import COCO_KEYPOINT_NAMES, COCO_SKELETON
 from edgeinfer.tools.evaluate import EvaluateOptions, compare_models, evaluate_model
 
 pytest.importorskip("pycocotools")

@@ -17,7 +17,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from ..._evidence import CLIP_NAME, CONTENT_TYPES, EVENT_ID_PATTERN, MP4_CLIP_NAME, PLAIN_SNAPSHOT_NAME, SNAPSHOT_NAME
+from ...forms.evidence import (
+    CLIP_NAME,
+    CONTENT_TYPES,
+    EVENT_ID_PATTERN,
+    MP4_CLIP_NAME,
+    PLAIN_SNAPSHOT_NAME,
+    SNAPSHOT_NAME,
+)
 from ...link.protocol import COMMAND_NAME_PATTERN, ID_PATTERN
 from ..artifacts import UploadTooLarge
 from ..evidence import BOUNDARY

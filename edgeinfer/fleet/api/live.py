@@ -18,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from ..._regions import task_problem
+from ...forms.regions import task_problem
 from ...link.protocol import ID_PATTERN
 from ...link.vocabulary import Command
 from ..liveview import MAX_FPS, MAX_FRAME_BYTES, MEDIA_TYPE, ViewRequest

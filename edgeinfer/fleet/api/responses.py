@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi.responses import FileResponse, StreamingResponse
 
-from ..._evidence import CLIP_NAME, CONTENT_TYPES, MP4_CLIP_NAME, SNAPSHOT_NAME
+from ...forms.evidence import CLIP_NAME, CONTENT_TYPES, MP4_CLIP_NAME, SNAPSHOT_NAME
 from ..schemas import ErrorBody
 
 #: what each refusal means, as the document says it

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
 
-from ..._samples import MAX_DETECTIONS, MAX_KEYPOINTS, MAX_LABEL, PHASH_PATTERN, keypoint_drawing
+from ...forms.samples import MAX_DETECTIONS, MAX_KEYPOINTS, MAX_LABEL, PHASH_PATTERN, keypoint_drawing
 from ...link.protocol import COMMAND_ID_PATTERN
 from ..schemas import PRINTABLE_PATTERN, SHA256_PATTERN, JsonObject, Row, Strict, _integral, or_empty
 
@@ -27,7 +27,7 @@ Keypoint = Annotated[tuple[Coordinate, Coordinate, Annotated[float, Field(ge=0, 
 
 class Detection(Strict):
     """One box: its class, its score (none for a person's label), x1, y1, x2, y2 and a pose model's keypoints in
-    the frame's pixels; the document states how the dashboard draws keypoints (``_samples.keypoint_drawing``)."""
+    the frame's pixels; the document states how the dashboard draws keypoints (``forms.samples.keypoint_drawing``)."""
 
     model_config = ConfigDict(json_schema_extra=keypoint_drawing())
 
@@ -52,7 +52,7 @@ class ModelInfo(Strict):
 
 
 class SampleUpload(Strict):
-    """A captured sample (``_samples.py``): the frame as the camera gave it and what the model said."""
+    """A captured sample (``forms/samples.py``): the frame as the camera gave it and what the model said."""
 
     jpeg: Annotated[str, StringConstraints(min_length=4, max_length=MAX_SAMPLE_B64), Field(json_schema_extra={
         "format": JPEG_BASE64}, description="the frame: a whole JPEG (FF D8 ... FF D9), base64")]

@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, BeforeValidator, Field, StringConstraints, ValidationError
 from starlette.requests import ClientDisconnect
 
-from ..._samples import MAX_KEYPOINTS, SAMPLE_ID_PATTERN
 from ...errors import DatasetError
+from ...forms.samples import MAX_KEYPOINTS, SAMPLE_ID_PATTERN
 from ...link.protocol import ID_PATTERN
 from ..artifacts import UploadTooLarge
 from ..datasets import (

@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..._optional import import_optional
 from ...errors import ConfigError
 from ...link.vocabulary import TargetState
+from ...util.optional import import_optional
 from ..rollout import DeploymentStatus
 from . import evidence, live, rollouts, security, writes
 from .commands import CommandRows

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..._evidence import EVENT_ID
+from ...forms.evidence import EVENT_ID
 from .schema import Tables
 
 #: how many events the retention pass looks at per round

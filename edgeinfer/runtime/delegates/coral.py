@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..._native import captured_native_stderr
 from ...errors import DelegateUnavailable
+from ...util.native import captured_native_stderr
 from ..engine import Engine
 from ..model import ModelFormat, ModelInfo
 from .base import Delegate

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from ..._native import captured_native_stderr
+from ...util.native import captured_native_stderr
 from ..engine import Engine
 from ..model import ModelFormat, ModelInfo
 from .base import Delegate, runtime_missing_reason

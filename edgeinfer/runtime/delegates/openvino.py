@@ -14,7 +14,6 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..._native import captured_native_stderr
 from ...errors import (
     DelegateFailed,
     DelegateUnavailable,
@@ -23,6 +22,7 @@ from ...errors import (
     ModelLoadError,
     UnsupportedOperator,
 )
+from ...util.native import captured_native_stderr
 from ..engine import Engine
 from ..model import ModelFormat, ModelInfo, TensorSpec, guess_layout, require_sized_inputs
 from .base import Delegate, import_runtime, runtime_missing_reason
@@ -201,7 +201,7 @@ class OpenVinoEngine(Engine):
 
 def openvino_version() -> tuple[int, int] | None:
     """(year, release) of the installed OpenVINO, from its metadata (no import), or None."""
-    from ..._dist import version
+    from ...util.dist import version
 
     text = version("openvino")
     if text is None:

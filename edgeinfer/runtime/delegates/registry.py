@@ -38,7 +38,7 @@ _instances: dict[str, Delegate] = {}
 
 
 def _entry_points() -> dict[str, str]:
-    from ..._dist import entry_points  # not importlib.metadata's while no plug-in is installed (2 MiB)
+    from ...util.dist import entry_points  # not importlib.metadata's while no plug-in is installed (2 MiB)
 
     return entry_points(ENTRY_POINT_GROUP)
 

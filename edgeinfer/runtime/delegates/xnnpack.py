@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from ..._native import captured_native_stderr
 from ...errors import (
     DelegateFailed,
     DelegateUnavailable,
@@ -18,6 +17,7 @@ from ...errors import (
     ModelLoadError,
     UnsupportedOperator,
 )
+from ...util.native import captured_native_stderr
 from ..engine import Engine
 from ..model import EDGETPU_CUSTOM_OP, ModelFormat, ModelInfo, TensorSpec, guess_layout
 from .base import Delegate, runtime_missing_reason

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..._fs import atomic_path
-from ..._optional import import_optional
 from ...errors import OutputError
 from ...pipeline.stats import STAGES
+from ...util.fs import atomic_path
+from ...util.optional import import_optional
 from .report import BenchReport, BenchResult
 
 #: width of one bar when several stand side by side at one tick

@@ -92,7 +92,7 @@ def _images_in(folder: Path) -> list[Path]:
 
 def read_coco(root: Path) -> Dataset:
     """A COCO JSON (``annotations.json``, or the only .json) and its images, beside it or under ``images/``."""
-    from ..._optional import import_optional
+    from ...util.optional import import_optional
 
     coco_module = import_optional("pycocotools.coco", "evaluate", "reading a COCO dataset")
     path = _coco_file(root)

@@ -69,9 +69,9 @@ def _names(labels: Labels | None, engine: Engine) -> dict[int, str]:
 def run_images(model: ModelUnderTest, images: list[Path],
                say: Callable[[str], None] | None = None) -> Iterator[Output]:
     """The model's result on each image, in order."""
-    from ..._native import captured_native_stderr
     from ...capture.images import read_image
     from ...pipeline.preprocess import Preprocessor
+    from ...util.native import captured_native_stderr
 
     engine, reading = model.engine, model.reading
     preprocessors: dict[tuple[int, int], Preprocessor] = {}

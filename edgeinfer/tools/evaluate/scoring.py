@@ -8,7 +8,7 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
-from ..._samples import COCO_KEYPOINT_NAMES
+from ...forms.samples import COCO_KEYPOINT_NAMES
 from .datasets import Sample
 
 COCO_KEYPOINTS = len(COCO_KEYPOINT_NAMES)
@@ -37,7 +37,7 @@ def classification_scores(samples: Sequence[Sample], results: Sequence[Any], map
 def detection_scores(samples: Sequence[Sample], outputs: Sequence[Any], mapping: dict[str, int]) -> dict:
     """COCO mAP50-95, mAP50 and per-class AP50 / recall (IoU 0.5, 100 detections) of ``outputs`` against the
     samples' boxes, on the classes in ``mapping`` (the dataset's, as the model's ids)."""
-    from ..._optional import import_optional
+    from ...util.optional import import_optional
 
     coco_module = import_optional("pycocotools.coco", "evaluate", "scoring detections")
     cocoeval = import_optional("pycocotools.cocoeval", "evaluate", "scoring detections")
@@ -70,7 +70,7 @@ def keypoint_scores(samples: Sequence[Sample], outputs: Sequence[Any], mapping: 
     samples' labelled ones (``count`` a box), on the classes in ``mapping`` that have keypoint labels. OKS's
     per-keypoint sigmas: COCO's own for its 17 keypoints (pycocotools' defaults), 1/count each for other counts
     (as Ultralytics does: no standard exists). ``sigmas`` in the answer says which."""
-    from ..._optional import import_optional
+    from ...util.optional import import_optional
 
     coco_module = import_optional("pycocotools.coco", "evaluate", "scoring keypoints")
     cocoeval = import_optional("pycocotools.cocoeval", "evaluate", "scoring keypoints")

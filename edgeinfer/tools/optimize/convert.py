@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..._optional import import_optional
 from ...errors import OptimizeError, OutputError
+from ...util.optional import import_optional
 from .vendor import first_line, quiet_vendor_logging
 
 
@@ -27,7 +27,7 @@ def convert_fp16(source: Path, target: Path) -> None:
 
 def export_ir(source: Path, target_xml: Path, compress_to_fp16: bool) -> None:
     """Convert an ONNX model to OpenVINO IR (``target_xml`` + the .bin beside it)."""
-    from ..._native import captured_native_stderr
+    from ...util.native import captured_native_stderr
 
     ov = import_optional("openvino", "openvino", "OpenVINO IR export")
     try:

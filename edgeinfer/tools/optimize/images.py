@@ -99,9 +99,9 @@ class ImageFeeder:
 
     def __call__(self, image_path: Path, dst: np.ndarray) -> Transform:
         """Write ``image_path`` into ``dst``; the transform from model-input to image pixels."""
-        from ..._native import captured_native_stderr
         from ...capture.images import read_image
         from ...pipeline.preprocess import Preprocessor
+        from ...util.native import captured_native_stderr
 
         with captured_native_stderr("OpenCV"):  # libjpeg prints "Premature end of JPEG file" itself
             frame = read_image(image_path)

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._optional import import_optional
 from ...errors import EdgeInferError, OptimizeError, OutputError
+from ...util.optional import import_optional
 from .options import OptimizeOptions, Progress
 from .vendor import first_line, quiet_vendor_logging, squashed
 

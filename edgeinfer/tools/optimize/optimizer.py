@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._fs import atomic_path
 from ...errors import AccuracyRejected, ModelError, ModelFormatError, OptimizeError
 from ...runtime.model import ModelFormat, ModelInfo, inspect_model
+from ...util.fs import atomic_path
 from .convert import convert_fp16, export_ir
 from .detectors import DetectorOutputs, compare_detections, detect_images, read_detector
 from .images import ImageFeeder, image_sets

@@ -1,6 +1,6 @@
 """What ``optimize_model`` writes: the output paths, checked before any work, and the provenance in the model.
 
-The files themselves are written through :func:`edgeinfer._fs.atomic_path` (see ``optimizer``).
+The files themselves are written through :func:`edgeinfer.util.fs.atomic_path` (see ``optimizer``).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..._fs import temp_path_for
-from ..._optional import import_optional
 from ...errors import OutputError
 from ...runtime.model import ModelInfo
+from ...util.fs import temp_path_for
+from ...util.optional import import_optional
 from .int8 import float_outputs
 from .options import OptimizeOptions
 

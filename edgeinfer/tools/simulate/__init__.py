@@ -10,7 +10,7 @@ with drifted answers, failing — is the ``behaviours`` setting, by the artifact
 model's name (:class:`Behaviour`), so a canary analysis can be tried on a fleet without hardware.
 All clients share one network thread through paho's external-loop API (``selectors``; no thread
 per device). Connections are spread over a ramp, and a lost connection is retried with
-:class:`~edgeinfer._backoff.Backoff` and equal jitter, so a thousand devices do not reconnect in
+:class:`~edgeinfer.util.backoff.Backoff` and equal jitter, so a thousand devices do not reconnect in
 lockstep after a broker restart.
 Telemetry made while offline waits in the client (up to ``max_pending`` per device; beyond that it
 is counted as dropped) and goes out after the reconnect; a message counts as acked on a PUBACK that
@@ -35,10 +35,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._backoff import EQUAL_JITTER, Backoff
 from ...errors import ClosedError
 from ...link.settings import parse_broker_url
 from ...link.vocabulary import DEFAULT_FLEET, Command, TargetState
+from ...util.backoff import EQUAL_JITTER, Backoff
 from .device import Behaviour, SimDevice, fails
 
 log = logging.getLogger(__name__)

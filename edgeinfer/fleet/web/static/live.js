@@ -15,7 +15,7 @@ export const STALE_FRAME_S = 5;
 // How often the frame's age is shown again while no new frame comes (ms).
 const AGE_TICK_MS = 1000;
 // What a name, a line and a zone must be comes from the API's AnalyticsSpec (/openapi.json: the manager's and the
-// device's one definition, edgeinfer/_regions.py); the editor says it in that document's words, never a pattern.
+// device's one definition, edgeinfer/forms/regions.py); the editor says it in that document's words, never a pattern.
 
 const SVG = "http://www.w3.org/2000/svg";
 const svg = (tag, attrs = {}) => {

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...._fs import atomic_write_bytes
 from ....errors import DelegateUnavailable, ModelFormatError, ModelLoadError, UnsupportedOperator
+from ....util.fs import atomic_write_bytes
 from .cuda import HOST_TO_DEVICE, CudaRuntime
 from .options import CALIBRATION_ENV, TensorRTOptions
 

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ...._fs import atomic_write_bytes, atomic_write_text, sha256_file
+from ....util.fs import atomic_write_bytes, atomic_write_text, sha256_file
 from .options import TensorRTOptions
 
 CACHE_ENV = "EDGEINFER_CACHE_DIR"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .errors import MissingDependency
+from ..errors import MissingDependency
 
 
 def import_optional(module: str, extra: str, purpose: str) -> ModuleType:

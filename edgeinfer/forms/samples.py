@@ -3,7 +3,7 @@
 ``fleet/datasets.py``; docs/datasets.md), and the output drift measure the capture rule and the canary analysis
 share.
 
-On the device a sample is a folder named like an event id (``_evidence.new_event_id``: sorts by time, never
+On the device a sample is a folder named like an event id (``forms.evidence.new_event_id``: sorts by time, never
 collides) holding the frame as the camera gave it (``frame.jpg``, full size) and ``sample.json``, written last (a
 folder without it is partial)::
 
