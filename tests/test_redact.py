@@ -1,5 +1,5 @@
-"""edgeinfer.util.redact: the one redaction of secrets — in the agent's log ring, the lines the manager stores, a doctor's
-report and every stream URL a log or an error names."""
+"""edgeinfer.util.redact: the one redaction of secrets — in the agent's log ring, the lines the manager stores, a
+doctor's report and every stream URL a log or an error names."""
 
 from __future__ import annotations
 

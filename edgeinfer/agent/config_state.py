@@ -1,7 +1,7 @@
 """The fleet's configuration revisions on the device: the one it runs, the one before, the one on trial, the last
-refused — in one file, ``<data_dir>/configuration/state.json``, replaced whole at each step (``util.fs.atomic_write_text``:
-a temporary file fsynced, renamed over the old one, the folder fsynced). A reader sees the state before a step or
-after it, never between.
+refused — in one file, ``<data_dir>/configuration/state.json``, replaced whole at each step
+(``util.fs.atomic_write_text``: a temporary file fsynced, renamed over the old one, the folder fsynced). A reader
+sees the state before a step or after it, never between.
 
 A revision's steps (agent/configuration.py)::
 

@@ -100,7 +100,7 @@ class PipelineOptions:
     # tracking and counting (edgeinfer.pipeline.analytics, tasks with boxes: forms.regions.BOX_TASKS; docs/analytics.md)
     #: give detections track ids (implied by lines or zones)
     track: bool = False
-    #: counting lines, each ``"x1,y1,x2,y2"`` or ``"NAME=x1,y1,x2,y2"`` in source pixels (names and shapes: forms.regions)
+    #: counting lines, each ``"x1,y1,x2,y2"`` or ``"NAME=x1,y1,x2,y2"`` in source pixels (names, shapes: forms.regions)
     lines: tuple[str, ...] = field(default=(), metadata=text_rule("line"))
     #: zones, each ``"x1,y1,x2,y2,x3,y3[,...]"`` or ``"NAME=..."`` (a polygon in source pixels)
     zones: tuple[str, ...] = field(default=(), metadata=text_rule("zone"))

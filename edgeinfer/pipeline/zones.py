@@ -374,7 +374,7 @@ def counter_names(texts: Sequence[str], prefix: str) -> list[str]:
 def named_regions(lines: Sequence[str], zones: Sequence[str]) -> tuple[dict[str, tuple[float, float, float, float]],
                                                                        dict[str, list[tuple[float, float]]]]:
     """The ``lines`` and ``zones`` options (``"[NAME=]x1,y1,x2,y2"``, ``"[NAME=]x1,y1,x2,y2,x3,y3,..."``) by name,
-    read and checked as every line and zone is (``forms.regions.parse_regions``): ValueError in its words, naming the line
-    or zone."""
+    read and checked as every line and zone is (``forms.regions.parse_regions``): ValueError in its words,
+    naming the line or zone."""
     line_pairs, zone_pairs = parse_regions(lines, zones)
     return dict(line_pairs), dict(zone_pairs)
