@@ -307,7 +307,7 @@ def deploy(client: Any, model: Path | None, agent_wheel: Path | None, wheels_dir
 
     Needs an operator token (--token-file / $EDGEINFER_FLEET_TOKEN).
     """
-    schemas = import_optional("edgeinfer.fleet.schemas", "fleet", "edgeinfer deploy")  # pydantic: the fleet extra
+    schemas = import_optional("edgeinfer.fleet.api.schemas", "fleet", "edgeinfer deploy")  # pydantic: the fleet extra
     from pydantic import ValidationError
 
     from ..fleet.client import wait_for_deployment

@@ -24,7 +24,7 @@ from ..errors import AuthError, DownloadError, EdgeInferError, FleetRequestError
 from .rollout import DeploymentStatus
 
 if TYPE_CHECKING:
-    from .schemas import DeploymentSpec
+    from .api.schemas import DeploymentSpec
 
 DEFAULT_FLEET_URL = "http://127.0.0.1:8700"
 FLEET_URL_ENV = "EDGEINFER_FLEET_URL"

@@ -1,4 +1,4 @@
-"""Deployments: a :class:`~.schemas.DeploymentSpec` becomes a signed manifest, waves of targets in the
+"""Deployments: a :class:`~.api.schemas.DeploymentSpec` becomes a signed manifest, waves of targets in the
 database and deploy commands; devices' ``update`` events (and their states) become forward-only target
 states. :class:`DeploymentService` does it; its :class:`~.rollout.RolloutDriver` drives the waves.
 
@@ -14,11 +14,11 @@ import time
 
 from ..link.vocabulary import Command, DeploymentKind, EventKind, TargetState
 from ..updates.signing import SigningKey, new_manifest
+from .api.schemas import DeploymentSpec
 from .artifacts import ArtifactStore
 from .commands import CommandService
 from .db import FleetDB
 from .rollout import DEFAULT_LEASE_TTL_S, DeploymentStatus, RolloutDriver, plan_waves
-from .schemas import DeploymentSpec
 from .verdicts import device_words, reason_with_words, refusal_of
 
 log = logging.getLogger(__name__)

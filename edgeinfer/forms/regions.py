@@ -1,7 +1,7 @@
 """The form of a pipeline's counting lines and zones, defined once for everything that takes them
 (docs/analytics.md): ``PipelineOptions`` (agent.yaml's ``lines`` / ``zones``, ``--line`` / ``--zone``), the
 counters themselves (``pipeline/zones.py``), the device's ``set_analytics`` command
-(``agent/analytics_command.py``), the fleet manager's ``AnalyticsSpec`` (``fleet/schemas.py``, so the OpenAPI
+(``agent/analytics_command.py``), the fleet manager's ``AnalyticsSpec`` (``fleet/api/schemas.py``, so the OpenAPI
 document carries the pattern and the bounds), the dashboard's editor (which takes them from that document) and the
 check of a device's configuration document (``link/config_document.py``, its schema ``link/config_schema.py``),
 which the fleet manager, agent.yaml's reader and a device's configuration revision run.

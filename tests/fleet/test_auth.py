@@ -24,11 +24,11 @@ from support.processes import wait_until as wait
 
 from edgeinfer.fleet.api import web
 from edgeinfer.fleet.api.app import ROUTERS
+from edgeinfer.fleet.api.schemas import DeploymentSpec
 from edgeinfer.fleet.auth import issue_grant
 from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient, FleetRequestError
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
-from edgeinfer.fleet.schemas import DeploymentSpec
 from edgeinfer.link.protocol import Topics
 
 BIRDS = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"

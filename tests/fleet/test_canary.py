@@ -22,10 +22,10 @@ from support.fleet import admin_token_file
 from support.processes import edgeinfer_cmd
 from support.processes import wait_until as wait
 
+from edgeinfer.fleet.api.schemas import DeploymentSpec, describe_error
 from edgeinfer.fleet.canary import Thresholds, analyse, total_variation
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.rollout import step
-from edgeinfer.fleet.schemas import DeploymentSpec, describe_error
 
 HEALTHY_TOP = {"macaw": 20, "tabby": 8, "toucan": 2}
 CANARY = [f"cam-{i}" for i in range(2)]

@@ -20,10 +20,10 @@ from support.assets import IMAGES, MODELS
 from support.processes import wait_until
 
 from edgeinfer.capture import make_test_clip
+from edgeinfer.fleet.api.schemas import DeploymentSpec
 from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
-from edgeinfer.fleet.schemas import DeploymentSpec
 from edgeinfer.link.protocol import Topics, encode
 from edgeinfer.link.vocabulary import Command
 

@@ -27,7 +27,7 @@ from support.browser import (
 )
 from support.dashboard import fill, go, rows, running_dashboard, settle, sign_in, sign_out, submit_token, wait_live
 
-from edgeinfer.fleet.schemas import DeploymentSpec
+from edgeinfer.fleet.api.schemas import DeploymentSpec
 
 BIRDS = MODELS / "mobilenet_v2_1.0_224_inat_bird_quant.tflite"
 DOCS_IMG = Path(__file__).parents[2] / "docs" / "img"

@@ -14,8 +14,8 @@ from support.broker import Collector
 from support.fleet import admin_client, state_message, telemetry_message
 from support.processes import wait_until as wait
 
+from edgeinfer.fleet.api.schemas import DeploymentSpec
 from edgeinfer.fleet.overview import device_summary, overview
-from edgeinfer.fleet.schemas import DeploymentSpec
 from edgeinfer.link.protocol import Topics
 
 

@@ -11,7 +11,7 @@ import pytest
 from support.browser import DESKTOP, Browser, wait_for, wait_js, wait_text
 from support.dashboard import go, running_dashboard, sign_in
 
-from edgeinfer.fleet.schemas import DeploymentSpec
+from edgeinfer.fleet.api.schemas import DeploymentSpec
 from edgeinfer.updates.bundle import pack
 
 

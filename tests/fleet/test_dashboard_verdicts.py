@@ -27,10 +27,10 @@ from support.dashboard import Dashboard, go, sign_in
 from support.metadata import ssd_with_coco_names
 from support.processes import edgeinfer_cmd, env_with_repo, wait_until
 
+from edgeinfer.fleet.api.schemas import DeploymentSpec
 from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
-from edgeinfer.fleet.schemas import DeploymentSpec
 from edgeinfer.updates.signing import SigningKey
 
 DOCS_IMG = Path(__file__).parents[2] / "docs" / "img"

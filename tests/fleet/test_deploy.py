@@ -23,10 +23,10 @@ from support.processes import wait_until as wait
 from edgeinfer.agent.config import parse_config
 from edgeinfer.agent.daemon import Agent
 from edgeinfer.capture import make_test_clip
+from edgeinfer.fleet.api.schemas import DeploymentSpec
 from edgeinfer.fleet.auth import issue_grant
 from edgeinfer.fleet.client import wait_for_deployment
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
-from edgeinfer.fleet.schemas import DeploymentSpec
 from edgeinfer.link.vocabulary import Command
 from edgeinfer.runtime.model import inspect_model
 from edgeinfer.updates.signing import SigningKey, new_manifest

@@ -15,11 +15,11 @@ import pytest
 import sqlalchemy as sa
 from support.fleet import admin_of, api_server, state_message
 
+from edgeinfer.fleet.api.schemas import DeploymentSpec
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.deployments import follow_state, rollback_args, running_artifacts
 from edgeinfer.fleet.rollout import plan_waves, step
-from edgeinfer.fleet.schemas import DeploymentSpec
 from edgeinfer.link.vocabulary import DeploymentKind
 from edgeinfer.updates.bundle import pack
 from edgeinfer.updates.signing import VerifyKey

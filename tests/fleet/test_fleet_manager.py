@@ -15,8 +15,8 @@ from support.broker import Collector
 from support.fleet import admin_client, state_message, telemetry_message
 from support.processes import wait_until as wait
 
+from edgeinfer.fleet.api.schemas import DeploymentSpec
 from edgeinfer.fleet.client import FleetClient
-from edgeinfer.fleet.schemas import DeploymentSpec
 from edgeinfer.link.protocol import Topics
 
 

@@ -55,9 +55,9 @@ from support.fleet import admin_of, api_server, state_message, telemetry_message
 from support.jpegs import JPEGS, MP4_HEAD
 
 from edgeinfer.fleet.api.sample_schemas import JPEG_BASE64
+from edgeinfer.fleet.api.schemas import DeploymentSpec
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.samples import decode_jpeg
-from edgeinfer.fleet.schemas import DeploymentSpec
 from edgeinfer.forms.evidence import new_event_id
 
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 11), reason="schemathesis 4 needs Python 3.11")

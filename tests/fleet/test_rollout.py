@@ -138,8 +138,8 @@ def test_the_abort_rate_has_one_meaning_per_key():
     abort_failure_rate is a fraction only — "1" used to mean 100 % when the CLI meant 1 %."""
     from pydantic import ValidationError
 
+    from edgeinfer.fleet.api.schemas import DeploymentSpec, describe_error
     from edgeinfer.fleet.rollout import RolloutRules
-    from edgeinfer.fleet.schemas import DeploymentSpec, describe_error
 
     def abort_fraction(**given) -> float:
         return DeploymentSpec(sha256="0" * 64, version=1, all=True, **given).abort_fraction()

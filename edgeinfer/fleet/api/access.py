@@ -10,7 +10,9 @@ from fastapi import APIRouter, Body, HTTPException, Path, Query
 from ...link.protocol import ID_PATTERN
 from ...link.vocabulary import DEFAULT_FLEET
 from ..auth import TOKEN_ID_PATTERN
-from ..schemas import (
+from .deps import Admin, Services
+from .responses import errors
+from .schemas import (
     MAX_DEVICES,
     AuditEntry,
     EnrollArgs,
@@ -22,8 +24,6 @@ from ..schemas import (
     TokenCreated,
     TokenSpec,
 )
-from .deps import Admin, Services
-from .responses import errors
 
 MAX_AUDIT_LIMIT = 10_000
 

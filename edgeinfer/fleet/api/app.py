@@ -23,9 +23,9 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from ..._version import __version__
-from ..schemas import ErrorBody, describe
 from . import access, artifacts, commands, deployments, devices, diagnosis, events, live, overview, samples
 from .deps import FleetServices, Viewer
+from .schemas import ErrorBody, describe
 from .web import add_dashboard
 
 TITLE = "edgeinfer fleet manager"

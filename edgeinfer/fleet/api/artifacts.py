@@ -10,9 +10,9 @@ from fastapi.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from ..artifacts import UploadTooLarge
-from ..schemas import SHA256_PATTERN, ArtifactStored
 from .deps import ArtifactReader, Operator, Services
 from .responses import ERROR_CONTENT, REASONS, OctetStream, binary, binary_body, errors
+from .schemas import SHA256_PATTERN, ArtifactStored
 
 router = APIRouter(tags=["artifacts"])
 Sha256 = Annotated[str, Path(pattern=SHA256_PATTERN, description="the artifact's sha256")]

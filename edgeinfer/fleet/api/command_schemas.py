@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ..schemas import JsonObject, Row
 from ..verdicts import CommandState
+from .schemas import JsonObject, Row
 
 
 class CaptureSamples(BaseModel):

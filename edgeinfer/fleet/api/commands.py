@@ -12,10 +12,10 @@ from fastapi.concurrency import run_in_threadpool
 
 from ...link.protocol import COMMAND_ID_PATTERN, COMMAND_NAME_PATTERN, ID_PATTERN
 from ..db.commands import MAX_LIST
-from ..schemas import PRINTABLE_PATTERN, or_empty
 from .command_schemas import CommandRecord
 from .deps import Services, Viewer
 from .responses import errors
+from .schemas import PRINTABLE_PATTERN, or_empty
 
 router = APIRouter(tags=["commands"])
 CommandId = Annotated[str, Path(pattern=COMMAND_ID_PATTERN, description="a command id (what sending it answered)")]

@@ -1,4 +1,4 @@
-"""``/api/deployments``: rollouts — start one from a :class:`~..schemas.DeploymentSpec`, follow, abort."""
+"""``/api/deployments``: rollouts — start one from a :class:`~.schemas.DeploymentSpec`, follow, abort."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from fastapi import APIRouter, HTTPException, Path
 
 from ...link.vocabulary import DeploymentKind
 from ..auth import Role
-from ..schemas import DEPLOYMENT_ID_PATTERN, Deployment, DeploymentDetail, DeploymentSpec
 from .deps import Operator, Services, Viewer
 from .responses import errors
+from .schemas import DEPLOYMENT_ID_PATTERN, Deployment, DeploymentDetail, DeploymentSpec
 
 router = APIRouter(prefix="/api/deployments", tags=["deployments"])
 DeploymentId = Annotated[str, Path(pattern=DEPLOYMENT_ID_PATTERN, description="a deployment id")]

@@ -8,9 +8,9 @@ from fastapi import APIRouter, Body, HTTPException, Path, Query
 
 from ...link.protocol import ID_PATTERN
 from ...link.vocabulary import Command
-from ..schemas import CaptureArgs, CommandSent, Device, DeviceDetail, JsonObject, PipelineArgs, RestartArgs
 from .deps import Operator, Services, Viewer
 from .responses import errors
+from .schemas import CaptureArgs, CommandSent, Device, DeviceDetail, JsonObject, PipelineArgs, RestartArgs
 
 MAX_TELEMETRY_LIMIT = 10_000
 

@@ -20,10 +20,10 @@ from pydantic import BaseModel, BeforeValidator, Field, StringConstraints, Valid
 
 from ...link.logs import LEVELS, MAX_LOGGER, MAX_MESSAGE, MAX_REPORT_BYTES, MAX_UPLOAD_BYTES, MAX_UPLOAD_LINES
 from ...link.protocol import COMMAND_ID_PATTERN, ID_PATTERN, MAX_COUNT, MAX_TS
-from ..schemas import PRINTABLE_PATTERN, JsonObject, Strict, _integral, describe_error
 from .deps import EvidenceUploader, Operator, Services
 from .responses import errors
 from .samples import _body
+from .schemas import PRINTABLE_PATTERN, JsonObject, Strict, _integral, describe_error
 
 router = APIRouter(prefix="/api/devices/{device_id}", tags=["diagnosis"])
 DeviceId = Annotated[str, Path(pattern=ID_PATTERN, description="a device id")]

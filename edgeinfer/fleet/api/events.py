@@ -28,9 +28,9 @@ from ...forms.evidence import (
 from ...link.protocol import COMMAND_NAME_PATTERN, ID_PATTERN
 from ..artifacts import UploadTooLarge
 from ..evidence import BOUNDARY
-from ..schemas import Event, EvidenceConflict, EvidenceStored, or_empty
 from .deps import EvidenceUploader, Services, Viewer
 from .responses import Clip, Mp4Clip, Snapshot, binary, binary_body, errors
+from .schemas import Event, EvidenceConflict, EvidenceStored, or_empty
 
 MAX_EVENTS_LIMIT = 1000
 #: the longest a Content-Length may be written (past any limit: int() of it would be work for nothing)

@@ -22,11 +22,11 @@ from ...forms.regions import task_problem
 from ...link.protocol import ID_PATTERN
 from ...link.vocabulary import Command
 from ..liveview import MAX_FPS, MAX_FRAME_BYTES, MEDIA_TYPE, ViewRequest
-from ..schemas import PRINTABLE_PATTERN, AnalyticsSent, AnalyticsSpec, or_empty
 from ..verdicts import CommandState
 from .command_schemas import Analytics
 from .deps import EvidenceUploader, Operator, Services, Viewer
 from .responses import Snapshot, binary, binary_body, errors
+from .schemas import PRINTABLE_PATTERN, AnalyticsSent, AnalyticsSpec, or_empty
 
 router = APIRouter(prefix="/api/devices/{device_id}", tags=["live"])
 DeviceId = Annotated[str, Path(pattern=ID_PATTERN, description="a device id")]

@@ -8,10 +8,10 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
-from ..schemas import Deployment, DeploymentDetail, Device, Event, Health, Overview, WhoAmI
 from .command_schemas import CommandRecord
 from .deps import Services, Viewer
 from .responses import EventStream, errors
+from .schemas import Deployment, DeploymentDetail, Device, Event, Health, Overview, WhoAmI
 
 router = APIRouter(tags=["overview"])
 

@@ -1,7 +1,7 @@
 """What a route of the fleet API can answer besides its success, as its ``responses=`` declaration, and the
 response classes of the routes that answer something other than JSON (their media type is the document's).
 
-Every refusal is ``{"error": "..."}`` (:class:`~..schemas.ErrorBody`); a route declares each status it can
+Every refusal is ``{"error": "..."}`` (:class:`~.schemas.ErrorBody`); a route declares each status it can
 refuse with, so the OpenAPI document lists them all (``tests/fleet/test_openapi_contract.py`` holds it to
 that).
 """
@@ -13,7 +13,7 @@ from typing import Any
 from fastapi.responses import FileResponse, StreamingResponse
 
 from ...forms.evidence import CLIP_NAME, CONTENT_TYPES, MP4_CLIP_NAME, SNAPSHOT_NAME
-from ..schemas import ErrorBody
+from .schemas import ErrorBody
 
 #: what each refusal means, as the document says it
 REASONS = {

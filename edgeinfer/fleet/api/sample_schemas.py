@@ -1,6 +1,6 @@
 """The models of the samples routes (``samples.py``; docs/datasets.md): a captured sample's upload and answers, a
 person's change, and ``Detection``, a sample's box with its keypoints — the one judge of a box wherever it comes
-from (an upload, a PATCH, an import). Requests are strict, every bound a constraint, as in ``fleet/schemas.py``."""
+from (an upload, a PATCH, an import). Requests are strict, every bound a constraint, as in ``fleet/api/schemas.py``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 
 from ...forms.samples import MAX_DETECTIONS, MAX_KEYPOINTS, MAX_LABEL, PHASH_PATTERN, keypoint_drawing
 from ...link.protocol import COMMAND_ID_PATTERN
-from ..schemas import PRINTABLE_PATTERN, SHA256_PATTERN, JsonObject, Row, Strict, _integral, or_empty
+from .schemas import PRINTABLE_PATTERN, SHA256_PATTERN, JsonObject, Row, Strict, _integral, or_empty
 
 #: a JPEG of a sample, base64: 4 MiB of JPEG at most (the manager may take less: fleet serve --sample-max-mb)
 MAX_SAMPLE_B64 = (4 << 20) * 4 // 3 + 4

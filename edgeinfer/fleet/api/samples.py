@@ -31,10 +31,10 @@ from ..datasets import (
 )
 from ..db.samples import Filters
 from ..samples import clamped
-from ..schemas import PRINTABLE_PATTERN, Strict, _integral, describe_error, or_empty
 from .deps import EvidenceUploader, Operator, Services, Viewer
 from .responses import binary, errors
 from .sample_schemas import Detection, Label, Sample, SampleChange, SampleStored, SampleUpload, ShortText
+from .schemas import PRINTABLE_PATTERN, Strict, _integral, describe_error, or_empty
 
 router = APIRouter(tags=["samples"])
 DeviceId = Annotated[str, Path(pattern=ID_PATTERN, description="a device id")]

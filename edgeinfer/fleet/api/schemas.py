@@ -26,13 +26,13 @@ from pydantic import (
     field_validator,
 )
 
-from ..forms import regions
-from ..forms.evidence import EVENT_ID_FORM, EVENT_ID_PATTERN
-from ..forms.samples import PHASH_PATTERN
-from ..link.protocol import COMMAND_ID_PATTERN, COMMAND_NAME_PATTERN, ID_PATTERN
-from ..link.vocabulary import DEFAULT_FLEET, DeploymentKind, TargetState
-from .auth import NAME_PATTERN, TOKEN_ID_PATTERN, Role
-from .canary import (
+from ...forms import regions
+from ...forms.evidence import EVENT_ID_FORM, EVENT_ID_PATTERN
+from ...forms.samples import PHASH_PATTERN
+from ...link.protocol import COMMAND_ID_PATTERN, COMMAND_NAME_PATTERN, ID_PATTERN
+from ...link.vocabulary import DEFAULT_FLEET, DeploymentKind, TargetState
+from ..auth import NAME_PATTERN, TOKEN_ID_PATTERN, Role
+from ..canary import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_MAX_FPS_DROP,
     DEFAULT_MAX_LATENCY_REGRESSION,
@@ -41,7 +41,7 @@ from .canary import (
     DEFAULT_WINDOW_S,
     Thresholds,
 )
-from .rollout import DEFAULT_CANARY_PCT, DEFAULT_DEVICE_TIMEOUT_S, DeployableKind, DeploymentStatus
+from ..rollout import DEFAULT_CANARY_PCT, DEFAULT_DEVICE_TIMEOUT_S, DeployableKind, DeploymentStatus
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 #: a name a person gives (a model, a group, a pipeline): no control characters (PostgreSQL keeps no NUL)
