@@ -10,7 +10,7 @@ operator. Measured in the page (``window.edgeinferTimings``, ``performance.now()
   and the same page: fetching ``/api/devices`` and parsing its JSON, nothing drawn (render / fetch
   is the page's own cost on top of the data it needs).
 - **live update**: while the devices page is open for ``--watch`` seconds, how long each
-  ``devices`` frame from ``/api/stream`` took to apply (rows per frame; median, p95, max ms), and
+  ``devices`` frame from ``/api/changes`` took to apply (rows per frame; median, p95, max ms), and
   the browser's long tasks (> 50 ms: what a person would feel as a stall).
 
     python bench/dashboard.py [--devices 1000] [--interval 1.0] [--reps 5] [--watch 20] [--json]

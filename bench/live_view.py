@@ -5,7 +5,7 @@ Runs the face detector (UltraFace, ONNX Runtime) over the tests' scene clip (640
 as fast as it goes) in three variants, interleaved in rotating order over ``--reps`` repetitions, in one process:
 
     off        the pipeline alone (the code path of a device nobody watches: one attribute test per frame)
-    watched    a LiveFeed at --fps frames a second, 640 px, its sink dropping the JPEG (no network)
+    watched    a LiveViewFeed at --fps frames a second, 640 px, its sink dropping the JPEG (no network)
 
 Reported, medians: the process's CPU time per inference frame (every thread: the copy, annotate() and the
 JPEG encoding included), fps, their per-repetition ratios to ``off``, and the feed's frames sent.
@@ -27,13 +27,13 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 
 def one(variant: str, clip: Path, model: Path, frames: int, fps: float) -> dict:
-    from edgeinfer.pipeline.live import LiveFeed
+    from edgeinfer.pipeline.live_view import LiveViewFeed
     from edgeinfer.pipeline.multi import MultiPipeline
 
     sent = []
     with MultiPipeline(model, {"": str(clip)}, task="detect", policy="every", loop=True, max_frames=frames,
                        threads=1, lines=["door=320,470,320,10"]) as run:
-        feed = LiveFeed(lambda: run, "", lambda jpeg, _r: sent.append(len(jpeg)) or True, fps=fps) \
+        feed = LiveViewFeed(lambda: run, "", lambda jpeg, _r: sent.append(len(jpeg)) or True, fps=fps) \
             if variant == "watched" else None
         if feed is not None:
             feed.start()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from support.fleet import api_server, state_message
 from support.jpegs import noise_jpeg
-from support.live import Watcher, post_frame
+from support.live_view import Watcher, post_frame
 
 from edgeinfer.fleet.db import FleetDB
 
@@ -34,7 +34,7 @@ def main() -> None:
             viewer = services.access.tokens.create(name="bench", role="viewer")["token"]
             operator = services.access.tokens.create(name="bench-op", role="operator")["token"]
             with Watcher(server.url, "/api/devices/cam/live/main", viewer) as watcher:
-                while services.liveview.viewers == 0:
+                while services.live_view.viewers == 0:
                     time.sleep(0.01)
                 for i in range(args.frames):
                     post_frame(server.url, "cam", "main", frame, f"Bearer {operator}", frame_id=str(i))

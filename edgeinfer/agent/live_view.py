@@ -1,6 +1,6 @@
 """The ``live_view`` command: a pipeline stream's annotated frames POSTed to the fleet manager while someone watches.
 
-A :class:`LivePush` per (pipeline, stream) runs a :class:`~edgeinfer.pipeline.live.LiveFeed` (its own thread, a
+A :class:`LivePush` per (pipeline, stream) runs a :class:`~edgeinfer.pipeline.live_view.LiveViewFeed` (its own thread, a
 box of one frame, bounded by ``fps``, ``width`` and ``max_kbps``) whose sink POSTs each JPEG to the command's
 ``url`` with the device's credential (:class:`~.uploads.DeviceHTTP`, the uploader's client).
 The manager repeats the command while someone watches, each time moving ``until`` on: a repeat updates the
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CommandRejected
 from ..link.vocabulary import Command, EventKind
-from ..pipeline.live import MAX_FPS, LiveFeed
+from ..pipeline.live_view import MAX_FPS, LiveViewFeed
 from .uploads import DeviceHTTP
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class LivePush:
         self._agent, self._http = agent, http
         self.pipeline, self.stream, self.url = pipeline, stream, str(args["url"])
         runner = agent.runner(pipeline)
-        self.feed = LiveFeed(lambda: runner.pipeline, stream, self._post, **_bounds(args))
+        self.feed = LiveViewFeed(lambda: runner.pipeline, stream, self._post, **_bounds(args))
         #: POSTs answered, failed on the network, and the status that stopped the push
         self.sent = self.failed = 0
         self.stopped_by: int | None = None

@@ -1,7 +1,7 @@
 """``edgeinfer run --preview [HOST:]PORT``: the run's annotated frames as MJPEG over HTTP (multipart/x-mixed-replace).
 
 A bench view with no fleet: :class:`PreviewServer` (stdlib ``http.server`` on thread ``edgeinfer-preview``) serves
-``/`` (a page with the image) and ``/stream.mjpeg``. A :class:`~edgeinfer.pipeline.live.LiveFeed` runs only while
+``/`` (a page with the image) and ``/stream.mjpeg``. A :class:`~edgeinfer.pipeline.live_view.LiveViewFeed` runs only while
 a client watches, so a run nobody looks at copies no frame; it stops with the run.
 """
 
@@ -37,15 +37,15 @@ class PreviewServer:
 
     def __init__(self, pipeline: Any, address: tuple[str, int], *, stream: str = "", fps: float = 10.0,
                  width: int = 960) -> None:
-        from ..pipeline.live import LiveFeed
+        from ..pipeline.live_view import LiveViewFeed
 
         self._latest: bytes | None = None
         self._fresh = threading.Condition()
         self._clients = 0
         self._closed = False
         self._feed_args = (lambda: pipeline, stream)
-        self._make_feed = lambda: LiveFeed(*self._feed_args, self._publish, fps=fps, width=width)
-        self._feed: LiveFeed | None = None
+        self._make_feed = lambda: LiveViewFeed(*self._feed_args, self._publish, fps=fps, width=width)
+        self._feed: LiveViewFeed | None = None
         self.httpd = http.server.ThreadingHTTPServer(address, _handler(self))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="edgeinfer-preview", daemon=True)

@@ -32,6 +32,7 @@ from .api.deps import FleetServices
 from .artifacts import ArtifactStore
 from .auth import ADMIN_TOKEN_FILE
 from .broker import ManagedMosquitto
+from .changes import ChangeFeed
 from .commands import CommandService
 from .db import FleetDB
 from .deployments import DeploymentService
@@ -40,8 +41,7 @@ from .diagnosis import DiagnosisService
 from .evidence import EvidenceLimits, EvidenceStore
 from .http import FleetHTTPServer
 from .ingest import Ingest
-from .live import LiveFeed
-from .liveview import LiveView
+from .live_view import LiveView
 from .metrics import FleetMetrics
 from .rollout import RolloutDriver
 from .samples import SampleLimits, SampleStore
@@ -127,8 +127,8 @@ class FleetManager:
         self.broker: ManagedMosquitto | None = None  # the managed Mosquitto, if we started one
         self.evidence: EvidenceStore | None = None  # events' snapshots and clips
         self.samples: SampleStore | None = None  # captured samples for datasets
-        self.live: LiveFeed | None = None  # the dashboard's live updates
-        self.liveview: LiveView | None = None  # devices' live frames and their viewers
+        self.changes: ChangeFeed | None = None  # the dashboard's change-feed updates
+        self.live_view: LiveView | None = None  # devices' live frames and their viewers
         self.diagnosis: DiagnosisService | None = None  # devices' logs and doctor reports, on request
         self.http: FleetHTTPServer | None = None
         self.commands: CommandService | None = None
@@ -168,7 +168,7 @@ class FleetManager:
                                                                 total_bytes=s.evidence_max_bytes))
         self.samples = SampleStore(db, SampleLimits(jpeg_bytes=s.sample_max_bytes, total_bytes=s.samples_max_bytes,
                                                     max_age_s=s.samples_retention_days * DAY_S))
-        live = self.live = LiveFeed(db).start()
+        changes = self.changes = ChangeFeed(db).start()
         host, port = s.http_address()
         try:
             self.http = FleetHTTPServer(host, port, tls=access.https_files())
@@ -180,10 +180,10 @@ class FleetManager:
         deployments = self.deployments = DeploymentService(db, key, store, commands, public_url=self.public_url,
                                                            owner=owner, lease_ttl_s=s.lease_ttl_s)
         self.devices = DeviceService(db, evidence)
-        liveview = self.liveview = LiveView(db, commands, lambda: self.public_url).start()
+        live_view = self.live_view = LiveView(db, commands, lambda: self.public_url).start()
         self.diagnosis = DiagnosisService(db, commands, lambda: self.public_url)
         services = FleetServices(access=access, artifacts=store, commands=commands, deployments=deployments,
-                                 devices=self.devices, evidence=evidence, live=live, liveview=liveview,
+                                 devices=self.devices, evidence=evidence, changes=changes, live_view=live_view,
                                  metrics=FleetMetrics(self), samples=self.samples, diagnosis=self.diagnosis)
         self.http.start(build_app(services))
         self.ingest = Ingest(db, on_event=deployments.follow_event, on_state=deployments.follow_device_state,
@@ -266,7 +266,7 @@ class FleetManager:
             return
         self._closed = True
         self._stop.set()
-        for part in (self.live, self.liveview, self.rollouts, self.link, self.ingest, self.http, self._spool,
+        for part in (self.changes, self.live_view, self.rollouts, self.link, self.ingest, self.http, self._spool,
                      self.broker):
             if part is not None:
                 try:

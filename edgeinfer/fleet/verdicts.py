@@ -13,7 +13,7 @@ and was offline since sends its answer late, and one that receives it after its 
 An answer for a command that has its verdict already (a QoS 1 redelivery, a replay answered ``duplicate``)
 changes nothing.
 
-Pure functions of the events and rows: ingest (``db/writes.py``), the API, the live updates, the deployments
+Pure functions of the events and rows: ingest (``db/writes.py``), the API, the change-feed updates, the deployments
 and the CLI read a device's answer and say a record in words through these, and nowhere else.
 """
 

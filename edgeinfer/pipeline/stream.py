@@ -73,7 +73,7 @@ class Stream:
                                          stage=self.capture.stage)
             self.capture.shared = self.shared
         self.keep_frames = options.keep_frames
-        #: a live view (pipeline/live.py) waits for a frame: the next result carries a copy (set by the view,
+        #: a live view (pipeline/live_view.py) waits for a frame: the next result carries a copy (set by the view,
         #: cleared once it has one), so a stream nobody watches copies nothing
         self.frame_wanted = False
         self.outputs = OutputSummary()

@@ -43,11 +43,11 @@ def _call(url: str, path: str, token: str, body: dict | None = None, method: str
 
 
 class Stream:
-    """``GET /api/stream`` read on a thread: the frames of one event name, as they come."""
+    """``GET /api/changes`` read on a thread: the frames of one event name, as they come."""
 
     def __init__(self, url: str, token: str, event: str) -> None:
         self.frames: list = []
-        request = urllib.request.Request(url + "/api/stream", headers={"Authorization": f"Bearer {token}"})
+        request = urllib.request.Request(url + "/api/changes", headers={"Authorization": f"Bearer {token}"})
         self._response = urllib.request.urlopen(request, timeout=60)
         self._event = event
         threading.Thread(target=self._read, daemon=True).start()

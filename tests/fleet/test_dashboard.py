@@ -74,7 +74,7 @@ def test_sign_in(dash, browser):
     whoami = wait_text(browser, "[data-testid=whoami]", lambda text: "(operator)" in text, 15)
     assert dash.names["operator"] in whoami
     wait_live(browser)
-    assert browser.driver.execute_script("return document.body.dataset.live") == "connected"
+    assert browser.driver.execute_script("return document.body.dataset.changes") == "connected"
 
 
 def test_fifty_devices_with_the_figures_the_database_has(dash, browser):

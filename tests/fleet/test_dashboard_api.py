@@ -57,12 +57,12 @@ def test_the_overview_counts_and_lists_what_an_operator_looks_for():
 
 
 class Stream:
-    """GET /api/stream, read frame by frame (what the page's fetch() reader does)."""
+    """GET /api/changes, read frame by frame (what the page's fetch() reader does)."""
 
     def __init__(self, url: str, token: str | None) -> None:
         host, port = url.removeprefix("http://").split(":")
         self.connection = http.client.HTTPConnection(host, int(port), timeout=15)
-        self.connection.request("GET", "/api/stream", headers={"Authorization": f"Bearer {token}"} if token else {})
+        self.connection.request("GET", "/api/changes", headers={"Authorization": f"Bearer {token}"} if token else {})
         self.response = self.connection.getresponse()
 
     def frames(self, until, timeout: float = 15) -> list[tuple[str, object]]:
@@ -100,8 +100,8 @@ def test_the_live_stream_pushes_what_changed_to_a_viewer(manager, broker):
         try:
             assert stream.response.status == 200
             assert stream.response.getheader("Content-Type").startswith("text/event-stream")
-            assert wait(lambda: manager.live.listeners == 1)
-            assert wait(lambda: manager.live.polls >= 1)  # the feed has taken stock of what the page loaded
+            assert wait(lambda: manager.changes.listeners == 1)
+            assert wait(lambda: manager.changes.polls >= 1)  # the feed has taken stock of what the page loaded
             device.publish(Topics("f", "cam-1").telemetry, json.dumps(telemetry_message("cam-1", boot, 1, fps=12.5)))
 
             def has_device(frames):
@@ -121,7 +121,7 @@ def test_the_live_stream_pushes_what_changed_to_a_viewer(manager, broker):
             assert any(e == "deployments" for e, _ in frames)
         finally:
             stream.close()
-    assert wait(lambda: manager.live.listeners == 0, 10)  # a closed page stops costing the database
+    assert wait(lambda: manager.changes.listeners == 0, 10)  # a closed page stops costing the database
     summary = admin._request("GET", "/api/overview")
     assert summary["devices"]["total"] == 1 and summary["versions"] == {"mobilenet.tflite v1": 1}
 

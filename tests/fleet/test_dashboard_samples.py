@@ -21,7 +21,7 @@ import pytest
 from support.assets import IMAGES, REFERENCES
 from support.browser import DESKTOP, Browser, screenshot, wait_for, wait_js, wait_text
 from support.dashboard import fill, go, running_dashboard, settle, sign_in
-from support.live import basic
+from support.live_view import basic
 
 from edgeinfer.forms.samples import COCO_SKELETON
 from edgeinfer.pipeline.sampling import perceptual_hash  # the device's own hash

@@ -28,7 +28,7 @@ import cv2
 import numpy as np
 import pytest
 from support.fleet import api_server
-from support.live import basic, request
+from support.live_view import basic, request
 from support.processes import edgeinfer_cmd, wait_until
 
 from edgeinfer.fleet.api.deps import FleetServices

@@ -14,10 +14,10 @@ import pytest
 from support.broker import Collector
 from support.fleet import running_fleet, state_message
 from support.jpegs import noise_jpeg
-from support.live import Watcher, basic, post_frame
+from support.live_view import Watcher, basic, post_frame
 from support.processes import wait_until as wait
 
-from edgeinfer.fleet import liveview
+from edgeinfer.fleet import live_view
 from edgeinfer.link.protocol import validate
 from edgeinfer.link.vocabulary import Command
 from edgeinfer.updates.signing import VerifyKey
@@ -28,7 +28,7 @@ FRAMES = [noise_jpeg(seed, 320, 240) for seed in range(4)]
 
 @pytest.fixture
 def live(tmp_path, broker, monkeypatch):
-    monkeypatch.setattr(liveview, "RENEW_S", 1.0)  # renewals every second, not every ten, to see them soon
+    monkeypatch.setattr(live_view, "RENEW_S", 1.0)  # renewals every second, not every ten, to see them soon
     with running_fleet(tmp_path / "fleet", broker.url) as manager, Collector(broker.port) as wire:
         assert wire.wait_subscribed()
         for device in ("cam-1", "cam-2"):
@@ -80,7 +80,7 @@ def test_frames_reach_a_viewer_while_it_watches_and_the_device_is_asked_for_them
         assert wait(lambda: len(commands(wire, Command.LIVE_VIEW)) >= 2, timeout=10)  # renewed while watched
         renewed = commands(wire, Command.LIVE_VIEW)[-1]
         assert renewed["id"] != first["id"] and renewed["args"]["until"] > args["until"]
-    assert wait(lambda: manager.liveview.viewers == 0)  # the client went: its stream ended
+    assert wait(lambda: manager.live_view.viewers == 0)  # the client went: its stream ended
     last = urllib.request.Request(f"{url}/api/devices/cam-1/live/main/last.jpg",
                                   headers={"Authorization": f"Bearer {tokens['viewer']}"})
     with urllib.request.urlopen(last, timeout=10) as response:
@@ -94,14 +94,14 @@ def test_only_the_device_itself_posts_its_frames_and_junk_is_refused(live):
     url = manager.http.url
     with Watcher(url, "/api/devices/cam-1/live/main", tokens["viewer"]):
         assert wait(lambda: manager.db.live_frame_size("cam-1", "main", None) is None and
-                    manager.liveview.viewers == 1)
+                    manager.live_view.viewers == 1)
         assert post_frame(url, "cam-1", "main", FRAMES[0], basic("edgeinfer-f-cam-1", "wrong")) == 401
         assert post_frame(url, "cam-1", "main", FRAMES[0], logins["cam-2"]) == 403  # another device's credential
         assert post_frame(url, "cam-1", "main", FRAMES[0], f"Bearer {tokens['viewer']}") == 403
         assert post_frame(url, "cam-1", "main", b"not a jpeg at all", logins["cam-1"]) == 400
         assert post_frame(url, "cam-1", "main", FRAMES[0][:-200], logins["cam-1"]) == 400  # cut short
         assert post_frame(url, "cam-1", "main", b"", logins["cam-1"]) == 400
-        huge = FRAMES[0][:-2] + bytes(liveview.MAX_FRAME_BYTES) + b"\xff\xd9"
+        huge = FRAMES[0][:-2] + bytes(live_view.MAX_FRAME_BYTES) + b"\xff\xd9"
         assert post_frame(url, "cam-1", "main", huge, logins["cam-1"]) == 413
         assert post_frame(url, "cam-1", "main", FRAMES[1], logins["cam-1"]) == 204
     assert manager.db.live_frame(("cam-1", "main", ""))["jpeg"] == FRAMES[1]  # only the newest frame is kept
@@ -139,7 +139,7 @@ def test_an_operator_sends_lines_and_zones_as_a_signed_command_with_a_new_revisi
         for bad in bodies:
             assert call(url, "PUT", path, tokens["operator"], bad)[0] == status, bad
     with Watcher(url, "/api/devices/cam-1/live/main", tokens["viewer"]):  # a frame tells the manager its size
-        assert wait(lambda: manager.liveview.viewers == 1)
+        assert wait(lambda: manager.live_view.viewers == 1)
         assert post_frame(url, "cam-1", "main", FRAMES[0], logins["cam-1"]) == 204
     outside = {"lines": {"l": [[0, 0], [321, 10]]}}
     status, answer = call(url, "PUT", path, tokens["operator"], outside)

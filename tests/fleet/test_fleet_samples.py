@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 import pytest
 from pycocotools.coco import COCO
-from support.live import basic, request
+from support.live_view import basic, request
 from support.processes import edgeinfer_cmd
 
 from edgeinfer.fleet.client import FleetClient

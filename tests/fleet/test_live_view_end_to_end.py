@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 from support import scenes
 from support.agent import AgentProcess, write_config
-from support.live import Watcher
+from support.live_view import Watcher
 from support.pipeline import ULTRAFACE
 from support.processes import wait_until
 

@@ -78,7 +78,7 @@ PIPELINE = "main"
 #: what fills a path parameter when a role is checked (the credential is judged before the parameters)
 PATH_VALUES = {"device_id": DEVICE, "deployment_id": "d" * 32, "token_id": "0" * 12, "sha256": "0" * 64,
                "event_id": EVENT_ID, "pipeline": PIPELINE, "sample_id": SAMPLE_ID, "command_id": "c" * 32}
-STREAM = "/api/stream"
+STREAM = "/api/changes"
 LIVE_VIEW = "/api/devices/{device_id}/live/{pipeline}"
 #: the media types of answers that go on until the client goes
 ENDLESS = ("text/event-stream", "multipart/x-mixed-replace")
@@ -168,7 +168,7 @@ def contract(tmp_path_factory) -> Contract:
     reporter = threading.Thread(target=report, args=(db, boot, stop), name="contract-device", daemon=True)
     try:
         with api_server(db, folder / "api") as (server, services):
-            services.live.start()
+            services.changes.start()
             reporter.start()
             admin = admin_of(folder / "api")
             tokens = {role: services.access.tokens.create(name=f"contract-{role}", role=role)["token"]
@@ -191,7 +191,7 @@ def contract(tmp_path_factory) -> Contract:
             finally:
                 stop.set()
                 reporter.join(5)
-                services.live.close()
+                services.changes.close()
     finally:
         db.close()
 
@@ -399,7 +399,7 @@ def request_body(contract: Contract, method: str, path: str, media_type: str) ->
 
 
 def read_events(contract: Contract, count: int) -> list[dict]:
-    """The first ``count`` Server-Sent Events of GET /api/stream, as a client parses them: {event, data}."""
+    """The first ``count`` Server-Sent Events of GET /api/changes, as a client parses them: {event, data}."""
     host, port = contract.url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     events, current = [], {}
@@ -420,7 +420,7 @@ def read_events(contract: Contract, count: int) -> list[dict]:
 
 
 def test_the_live_stream_sends_the_events_the_document_declares(contract):
-    """GET /api/stream's events were declared strings; each is an {event, data} whose data is JSON of its kind."""
+    """GET /api/changes's events were declared strings; each is an {event, data} whose data is JSON of its kind."""
     declared = contract.document["paths"][STREAM]["get"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
     kinds = {branch["properties"]["event"]["const"]: branch["properties"]["data"]
              for branch in declared.get("oneOf", [])}

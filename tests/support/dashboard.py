@@ -85,7 +85,7 @@ def submit_token(browser: Browser, token: str) -> None:
 
 
 def sign_in(browser: Browser, dashboard: Dashboard, role: str, timeout: float = 15.0) -> None:
-    """Sign in afresh with the ``role``'s token; returns once the page says who and its live feed is up."""
+    """Sign in afresh with the ``role``'s token; returns once the page says who and its change feed is up."""
     sign_out(browser, dashboard)
     wait_for(browser, "[data-testid=signin]", timeout)
     submit_token(browser, dashboard.tokens[role])
@@ -94,8 +94,8 @@ def sign_in(browser: Browser, dashboard: Dashboard, role: str, timeout: float = 
 
 
 def wait_live(browser: Browser, timeout: float = 15.0) -> None:
-    """Until the page's live feed says it is connected (``document.body.dataset.live``)."""
-    wait_js(browser, "return document.body.dataset.live === 'connected'", timeout)
+    """Until the page's change feed says it is connected (``document.body.dataset.changes``)."""
+    wait_js(browser, "return document.body.dataset.changes === 'connected'", timeout)
 
 
 def rows(browser: Browser) -> list[dict]:

@@ -18,6 +18,7 @@ from edgeinfer.fleet.api.deps import MAX_UPLOAD_BYTES, FleetServices
 from edgeinfer.fleet.artifacts import ArtifactStore
 from edgeinfer.fleet.auth import ADMIN_TOKEN_FILE
 from edgeinfer.fleet.broker_auth import hash_password
+from edgeinfer.fleet.changes import ChangeFeed
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.commands import CommandService
 from edgeinfer.fleet.db import FleetDB
@@ -26,8 +27,7 @@ from edgeinfer.fleet.devices import DeviceService
 from edgeinfer.fleet.diagnosis import DiagnosisService
 from edgeinfer.fleet.evidence import EvidenceLimits, EvidenceStore
 from edgeinfer.fleet.http import FleetHTTPServer
-from edgeinfer.fleet.live import LiveFeed
-from edgeinfer.fleet.liveview import LiveView
+from edgeinfer.fleet.live_view import LiveView
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.fleet.metrics import FleetMetrics
 from edgeinfer.fleet.samples import SampleStore
@@ -147,16 +147,16 @@ def api_server(db: FleetDB, folder: Path, *, artifacts: ArtifactStore | None = N
             services = FleetServices(
                 access=FleetAccess(db, key, folder, tls=False), artifacts=store, commands=commands,
                 deployments=DeploymentService(db, key, store, commands, public_url=server.url),
-                devices=DeviceService(db, evidence_store), evidence=evidence_store, live=LiveFeed(db),
-                liveview=LiveView(db, commands, lambda: server.url), metrics=FleetMetrics(None),
+                devices=DeviceService(db, evidence_store), evidence=evidence_store, changes=ChangeFeed(db),
+                live_view=LiveView(db, commands, lambda: server.url), metrics=FleetMetrics(None),
                 samples=SampleStore(db), diagnosis=DiagnosisService(db, commands, lambda: server.url),
                 max_upload_bytes=max_upload_bytes)
-            services.liveview.start()
+            services.live_view.start()
             server.start(build_app(services))
             try:
                 yield server, services
             finally:
-                services.liveview.close()
+                services.live_view.close()
     finally:
         spool.close()
 

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from ..._version import __version__
-from . import access, artifacts, commands, deployments, devices, diagnosis, events, live, overview, samples
+from . import access, artifacts, commands, deployments, devices, diagnosis, events, live_view, overview, samples
 from .deps import FleetServices, Viewer
 from .schemas import ErrorBody, describe
 from .web import add_dashboard
@@ -33,7 +33,7 @@ DESCRIPTION = ("Devices, telemetry, deployments, events with their evidence and 
                "fleet. Every route but /healthz needs a credential: Authorization: Bearer <token> of the role "
                "the route names (viewer < operator < admin), or, for artifacts and evidence uploads, an enrolled "
                "device's MQTT credential. Every refusal is {\"error\": \"...\"}.")
-ROUTERS = (overview.router, devices.router, commands.router, live.router, deployments.router, artifacts.router,
+ROUTERS = (overview.router, devices.router, commands.router, live_view.router, deployments.router, artifacts.router,
            events.router, samples.router, diagnosis.router, access.router)
 
 

@@ -1,6 +1,6 @@
 """The answers that say what a device did with a command (``fleet/verdicts.py``): a command's record, a capture's
 outcome, and a pipeline's lines and zones as last sent, as the device applied them, and its last refusal. Beside
-the routers that answer them (``api/commands.py``, ``api/live.py``); like every answer of ``schemas.py``, a model
+the routers that answer them (``api/commands.py``, ``api/live_view.py``); like every answer of ``schemas.py``, a model
 names the fields a client can rely on."""
 
 from __future__ import annotations

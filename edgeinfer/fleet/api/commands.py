@@ -1,6 +1,6 @@
 """What devices did with the commands sent to them (``fleet/verdicts.py``): ``GET /api/commands/{command_id}`` and
 ``GET /api/devices/{device_id}/commands`` (viewer). Every command the manager sends has a record — sent, applied,
-refused with the device's reason, expired — and its changes reach open dashboards on ``/api/stream``
+refused with the device's reason, expired — and its changes reach open dashboards on ``/api/changes``
 (``commands``)."""
 
 from __future__ import annotations

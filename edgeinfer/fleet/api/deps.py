@@ -25,13 +25,13 @@ from ...errors import AuthError
 from ..access import FleetAccess
 from ..artifacts import ArtifactStore
 from ..auth import Principal, Role
+from ..changes import ChangeFeed
 from ..commands import CommandService
 from ..deployments import DeploymentService
 from ..devices import DeviceService
 from ..diagnosis import DiagnosisService
 from ..evidence import EvidenceStore
-from ..live import LiveFeed
-from ..liveview import LiveView
+from ..live_view import LiveView
 from ..metrics import FleetMetrics
 from ..samples import SampleStore
 
@@ -49,8 +49,8 @@ class FleetServices:
     deployments: DeploymentService
     devices: DeviceService
     evidence: EvidenceStore
-    live: LiveFeed
-    liveview: LiveView
+    changes: ChangeFeed
+    live_view: LiveView
     metrics: FleetMetrics
     samples: SampleStore
     diagnosis: DiagnosisService

@@ -1,4 +1,4 @@
-"""The fleet at a glance and this manager itself: ``/api/overview``, the live stream (``/api/stream``),
+"""The fleet at a glance and this manager itself: ``/api/overview``, the change feed (``/api/stream``),
 ``/api/whoami``, ``/healthz`` and ``/metrics``."""
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ def fleet_overview(_who: Viewer, fleet: Services) -> Any:
             responses={200: {"description": "Server-Sent Events until the client goes: `event: NAME` and `data: JSON` "
                              "(below), a comment line to keep the connection open when nothing changes",
                              "content": {"text/event-stream": {"schema": STREAM_EVENTS}}}, **errors(401)},
-            summary="Live updates (Server-Sent Events): overview, devices, deployments, deployment, events, "
+            summary="Change-feed updates (Server-Sent Events): overview, devices, deployments, deployment, events, "
                     "commands — what changed, about once a second")
 def stream(_who: Viewer, fleet: Services) -> EventStream:
-    return EventStream(fleet.live.stream(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return EventStream(fleet.changes.stream(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness (no token needed; says nothing about the fleet)")

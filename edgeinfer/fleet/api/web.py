@@ -35,7 +35,7 @@ def index() -> FileResponse:
 
 class SecurityHeaders:
     """Pure ASGI middleware adding SECURITY_HEADERS to every response (Starlette's BaseHTTPMiddleware would
-    buffer the live stream's frames behind its own task)."""
+    buffer the change feed's frames behind its own task)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

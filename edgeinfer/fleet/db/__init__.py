@@ -16,7 +16,7 @@ from ...errors import ConfigError
 from ...link.vocabulary import TargetState
 from ...util.optional import import_optional
 from ..rollout import DeploymentStatus
-from . import evidence, live, rollouts, security, writes
+from . import evidence, live_view, rollouts, security, writes
 from .commands import CommandRows
 from .diagnosis import DiagnosisRows
 from .samples import SampleRows
@@ -145,31 +145,31 @@ class FleetDB:
         return evidence.event_data(self._sa, self.engine, self.t, device_id, event_id)
 
     # ------------------------------------------------------------------------------- the live view
-    def watch_live(self, key: live.Key, until: float) -> None:
-        live.watch(self._sa, self.engine, self.t, key, until)
+    def watch_live(self, key: live_view.Key, until: float) -> None:
+        live_view.watch(self._sa, self.engine, self.t, key, until)
 
-    def put_live_frame(self, key: live.Key, frame: dict) -> int | None:
+    def put_live_frame(self, key: live_view.Key, frame: dict) -> int | None:
         """The frame's seq, or None when nobody watches ``key`` (it is dropped)."""
-        return live.put_frame(self._sa, self.engine, self.t, key, frame)
+        return live_view.put_frame(self._sa, self.engine, self.t, key, frame)
 
-    def newer_live_frames(self, seen: dict[live.Key, int]) -> list[dict]:
-        return live.newer(self._sa, self.engine, self.t, seen)
+    def newer_live_frames(self, seen: dict[live_view.Key, int]) -> list[dict]:
+        return live_view.newer(self._sa, self.engine, self.t, seen)
 
-    def live_frame(self, key: live.Key) -> dict | None:
-        return live.frame(self._sa, self.engine, self.t, key)
+    def live_frame(self, key: live_view.Key) -> dict | None:
+        return live_view.frame(self._sa, self.engine, self.t, key)
 
     def live_frame_size(self, device_id: str, pipeline: str, stream: str | None) -> tuple[int, int] | None:
-        return live.frame_size(self._sa, self.engine, self.t, device_id, pipeline, stream)
+        return live_view.frame_size(self._sa, self.engine, self.t, device_id, pipeline, stream)
 
     def forget_live_frames(self, before: float) -> int:
-        return live.forget(self._sa, self.engine, self.t, before)
+        return live_view.forget(self._sa, self.engine, self.t, before)
 
-    def save_analytics(self, key: live.Key, lines: dict, zones: dict, command_id: str | None = None) -> int:
+    def save_analytics(self, key: live_view.Key, lines: dict, zones: dict, command_id: str | None = None) -> int:
         """Store a pipeline's lines and zones (sent by ``command_id``); their new revision."""
-        return live.save_analytics(self._sa, self.engine, self.t, key, lines, zones, command_id)
+        return live_view.save_analytics(self._sa, self.engine, self.t, key, lines, zones, command_id)
 
-    def analytics(self, key: live.Key) -> dict | None:
-        return live.analytics(self._sa, self.engine, self.t, key)
+    def analytics(self, key: live_view.Key) -> dict | None:
+        return live_view.analytics(self._sa, self.engine, self.t, key)
 
     # ----------------------------------------------------------------------------- deployments
     def create_deployment(self, manifest: dict, signature: str, options: dict, waves: list[list[str]]) -> None:

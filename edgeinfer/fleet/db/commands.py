@@ -60,7 +60,7 @@ class CommandRows:
 
     def count_sample(self, device_id: str, sample_id: str, command_id: str, outcome: str) -> bool:
         """What the manager did with a sample of a command: counted once per sample (a retry is not counted again);
-        the command's ``updated_at`` moves so that the live updates carry its new counts."""
+        the command's ``updated_at`` moves so that the change-feed updates carry its new counts."""
         now = time.time()
         table = self.t.command_samples
         statement = _insert(self.engine, table).values(
@@ -111,7 +111,7 @@ class CommandRows:
 
     def changed(self, since: float, until: float, limit: int = MAX_LIST) -> list[dict]:
         """Commands updated since ``since`` (an answer, a sample counted), and those whose expiry passed between
-        ``since`` and ``until`` unanswered: what the live updates look at each turn."""
+        ``since`` and ``until`` unanswered: what the change-feed updates look at each turn."""
         c = self.t.commands.c
         expired = (c.state == CommandState.SENT.value) & (c.expires_at >= since) & (c.expires_at < until)
         query = self._select((c.updated_at >= since) | expired).order_by(c.updated_at.desc()).limit(limit)

@@ -168,7 +168,7 @@ def tables(sa: Any) -> Tables:
         sa.Column("seq", sa.Integer, primary_key=True),
         sa.Column("data", sa.LargeBinary, nullable=False),
     )
-    live_frames = sa.Table(  # the newest frame of a watched (device, pipeline, stream): fleet/liveview.py
+    live_frames = sa.Table(  # the newest frame of a watched (device, pipeline, stream): fleet/live_view.py
         "live_frames", metadata,
         sa.Column("device_id", sa.String(128), primary_key=True),
         sa.Column("pipeline", sa.String(64), primary_key=True),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..verdicts import answer_of
-from . import commands, live, staging
+from . import commands, live_view, staging
 from .evidence import event_id_of
 from .schema import Tables
 
@@ -192,7 +192,7 @@ def store_events(engine: Any, t: Tables, batch: Sequence[tuple[str, str, dict]])
         upsert_devices(engine, conn, t, [(fleet, device_id, {}) for device_id, fleet in fleets.items()])
         if answers:
             commands.answer(conn, t, answers, now)
-        live.record_applied(conn, t, [(device_id, event) for _fleet, device_id, event in batch], now)
+        live_view.record_applied(conn, t, [(device_id, event) for _fleet, device_id, event in batch], now)
     return len(rows)
 
 

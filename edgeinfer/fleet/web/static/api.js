@@ -1,4 +1,4 @@
-// HTTP + live-stream access to the fleet manager API.
+// HTTP + change-feed access to the fleet manager API.
 // Paths are relative ("api/...") so the dashboard also works behind a reverse proxy sub-path.
 
 const TOKEN_KEY = "edgeinfer.token";
@@ -94,7 +94,7 @@ export async function apiBlob(path, { signal } = {}) {
 }
 
 /**
- * Live updates from GET api/stream (Server-Sent Events).
+ * Change-feed updates from GET api/changes (Server-Sent Events).
  * EventSource cannot send an Authorization header, so this reads the body with fetch() and
  * parses the SSE framing itself. Reconnects with capped exponential backoff + jitter.
  * onEvent(name, data) gets parsed JSON; onState("connected" | "reconnecting" | "off").
@@ -111,7 +111,7 @@ export function openStream(onEvent, onState) {
     ctrl = new AbortController();
     onState("reconnecting");
     try {
-      const resp = await fetch("api/stream", {
+      const resp = await fetch("api/changes", {
         headers: headers({ Accept: "text/event-stream" }),
         signal: ctrl.signal,
         cache: "no-store",

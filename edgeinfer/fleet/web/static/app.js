@@ -1,4 +1,4 @@
-// Fleet dashboard entry point: sign-in, header, hash router, live stream fan-out.
+// Fleet dashboard entry point: sign-in, header, hash router, change feed fan-out.
 import { api, token, openStream, setUnauthorizedHandler, ApiError } from "./api.js";
 import { clear, h, setText } from "./dom.js";
 import { overviewPage } from "./overview.js";
@@ -16,20 +16,20 @@ const header = $("header.top");
 const ctx = { me: null }; // shared with pages: ctx.me = {token_id, name, role}
 let stopStream = null;
 // What bench/dashboard.py reads: when the current page finished its first render, and how long each
-// live update took to apply (ms, the newest APPLY_KEPT), by event name.
+// change-feed update took to apply (ms, the newest APPLY_KEPT), by event name.
 const APPLY_KEPT = 500;
 const timings = { readyAt: null, readyPage: null, apply: [] };
 window.edgeinferTimings = timings;
 
 let current = null; // {page, ready, queue, seq}
 let routeSeq = 0;
-let liveCount = 0;
+let changeCount = 0;
 let everConnected = false;
 
 // ---- sign-in / sign-out ----------------------------------------------------
 
 function showSignin(message = "") {
-  stopLive();
+  stopChanges();
   ctx.me = null;
   unmountCurrent();
   clear(view);
@@ -75,24 +75,24 @@ async function start() {
   header.hidden = false;
   setText($("[data-testid=whoami]"), `${ctx.me.name} (${ctx.me.role})`);
   document.body.dataset.role = ctx.me.role;
-  startLive();
+  startChanges();
   route();
   return true;
 }
 
-// ---- live stream -----------------------------------------------------------
+// ---- change feed -----------------------------------------------------------
 
-function setLive(state) {
-  document.body.dataset.live = state;
-  setText($(".live-text"), state);
+function setChangesState(state) {
+  document.body.dataset.changes = state;
+  setText($(".changes-text"), state);
 }
 
-function startLive() {
-  stopLive();
+function startChanges() {
+  stopChanges();
   everConnected = false;
   stopStream = openStream(onStreamEvent, (state) => {
-    const wasDown = document.body.dataset.live !== "connected";
-    setLive(state);
+    const wasDown = document.body.dataset.changes !== "connected";
+    setChangesState(state);
     if (state === "connected") {
       // Events sent while we were disconnected are lost: refresh the current page's data,
       // in place where the page can (keeps scroll, filter and sort), else by showing it again.
@@ -102,15 +102,15 @@ function startLive() {
   });
 }
 
-function stopLive() {
+function stopChanges() {
   if (stopStream) stopStream();
   stopStream = null;
-  setLive("off");
+  setChangesState("off");
 }
 
 function onStreamEvent(name, data) {
-  liveCount++;
-  setText($("[data-testid=live-updates]"), liveCount);
+  changeCount++;
+  setText($("[data-testid=change-updates]"), changeCount);
   if (!current) return;
   // A page that is still loading gets the events after its initial fetch, in order.
   if (!current.ready) current.queue.push([name, data]);
@@ -122,7 +122,7 @@ function dispatch(page, name, data) {
   try {
     if (page.onEvent) page.onEvent(name, data);
   } catch (e) {
-    console.warn("live update failed", name, e); // one bad message must not kill the stream
+    console.warn("change-feed update failed", name, e); // one bad message must not kill the stream
   }
   timings.apply.push([name, Array.isArray(data) ? data.length : 1, performance.now() - started]);
   if (timings.apply.length > APPLY_KEPT) timings.apply.splice(0, timings.apply.length - APPLY_KEPT);

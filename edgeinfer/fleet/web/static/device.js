@@ -5,12 +5,12 @@ import { h, clear, setText, emptyState, fact, fmtNum, fmtAgo, fmtTime, fmtBytes,
 import { lineChart, join } from "./charts.js";
 import { eventItem, eventKey } from "./overview.js";
 import { evidenceList } from "./events.js";
-import { liveCard } from "./live.js";
+import { liveCard } from "./live_view.js";
 import { captureCard } from "./capture.js";
 import { logsCard } from "./logs.js";
 
 const TELEMETRY_LIMIT = 300;
-// A page opened before its device registered looks for it this often (ms), this long, besides the live stream's
+// A page opened before its device registered looks for it this often (ms), this long, besides the change feed's
 // `devices` updates (which show it within a second of its registering, while the stream is up).
 const UNKNOWN_RETRY_MS = 5000;
 const UNKNOWN_RETRY_FOR_MS = 10 * 60 * 1000;
@@ -33,7 +33,7 @@ export async function devicePage(root, ctx, id) {
 /**
  * A device page opened before its device registered (a link sent ahead of an installation, a device page kept
  * open across a re-enrolment): it says the device is not known yet and becomes the device's page as soon as the
- * manager knows it — on the live stream's `devices` update naming it, or a look every UNKNOWN_RETRY_MS — with
+ * manager knows it — on the change feed's `devices` update naming it, or a look every UNKNOWN_RETRY_MS — with
  * no reload.
  */
 function unknownDevicePage(root, ctx, id) {
@@ -46,7 +46,7 @@ function unknownDevicePage(root, ctx, id) {
   let inner = null, looking = null, disposed = false;
   const started = Date.now();
   const timer = setInterval(() => {
-    if (Date.now() - started > UNKNOWN_RETRY_FOR_MS) clearInterval(timer); // the live stream still watches
+    if (Date.now() - started > UNKNOWN_RETRY_FOR_MS) clearInterval(timer); // the change feed still watches
     else look();
   }, UNKNOWN_RETRY_MS);
   function look() {
@@ -66,7 +66,7 @@ function unknownDevicePage(root, ctx, id) {
       if (inner) { inner.onEvent(name, payload); return; }
       if (name === "devices" && Array.isArray(payload) && payload.some((x) => x && x.device_id === id)) look();
     },
-    // app.js refreshes a page after the live stream was down: a look while unknown, then as the device page would be
+    // app.js refreshes a page after the change feed was down: a look while unknown, then as the device page would be
     get refresh() { return inner ? inner.refresh : look; },
     unmount() {
       disposed = true;

@@ -1,4 +1,4 @@
-// Devices table. Built for ~1,000 rows: each row is created once, live updates rewrite only the
+// Devices table. Built for ~1,000 rows: each row is created once, change-feed updates rewrite only the
 // cells that changed, and sort/filter reorder or hide the existing <tr> nodes.
 import { api } from "./api.js";
 import { h, setText, fmtNum, fmtAgo, deviceMetrics, versionOf, DASH } from "./dom.js";
@@ -94,7 +94,7 @@ export async function devicesPage(root) {
       const c = typeof x === "number" && typeof y === "number" ? x - y : coll.compare(String(x), String(y));
       return (c || coll.compare(ia, ib)) * dir;
     });
-    // Skip the DOM work when the order did not change (the common case for live updates).
+    // Skip the DOM work when the order did not change (the common case for change-feed updates).
     const order = arr.map((e) => e[2].tr);
     if (order.length === tbody.children.length && order.every((tr, i) => tbody.children[i] === tr)) return markSorted();
     // Appending existing nodes moves them; one fragment = one reflow.
@@ -131,7 +131,7 @@ export async function devicesPage(root) {
     applySort();
   }
 
-  // Live updates can arrive many times a second; re-sort at most every 100 ms.
+  // Change-feed updates can arrive many times a second; re-sort at most every 100 ms.
   // (setTimeout rather than requestAnimationFrame, which stalls in background tabs.)
   let pending = 0;
   function scheduleSort() {

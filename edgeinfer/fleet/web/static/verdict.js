@@ -1,6 +1,6 @@
 // What a device did with a command, shown where it was asked for (the live view's editor, the Capture card).
 // A command's record (GET api/commands/<id>, fleet/verdicts.py) says where it stands — sent, applied, refused,
-// expired — and says it in words (`text`: the same sentence the CLI prints). The live stream's "commands" events
+// expired — and says it in words (`text`: the same sentence the CLI prints). The change feed's "commands" events
 // carry each change; a slow poll stands in while the stream is down. The page adds one thing the record cannot
 // know when it changes: that the device is offline while the command waits for it.
 import { api } from "./api.js";
@@ -28,7 +28,7 @@ export function showVerdict(el, rec, { online = true, prefix = "" } = {}) {
 
 /**
  * Follow command `commandId` until it settles: `onRecord(record)` with its record now (a GET) and at each change (the
- * live stream's "commands" events, handed to `onEvent`; a GET every few seconds meanwhile). Returns {onEvent, stop}.
+ * change feed's "commands" events, handed to `onEvent`; a GET every few seconds meanwhile). Returns {onEvent, stop}.
  */
 export function followCommand(commandId, onRecord, { pollMs = POLL_MS } = {}) {
   let stopped = false, last = null, timer = null;
@@ -43,7 +43,7 @@ export function followCommand(commandId, onRecord, { pollMs = POLL_MS } = {}) {
     try {
       take(await api(`commands/${encodeURIComponent(commandId)}`));
     } catch (e) {
-      console.warn("command", commandId, e.message); // the live stream may still bring it
+      console.warn("command", commandId, e.message); // the change feed may still bring it
     }
     if (!stopped) timer = setTimeout(poll, pollMs);
   }

@@ -1,6 +1,6 @@
-"""Live updates for the dashboard: Server-Sent Events on ``GET /api/stream``.
+"""Change-feed updates for the dashboard: Server-Sent Events on ``GET /api/changes``.
 
-One thread (``edgeinfer-fleet-live``) looks at the database once a second while anybody listens —
+One thread (``edgeinfer-fleet-changes``) looks at the database once a second while anybody listens —
 the database, not this process's ingest, because with several managers the device a page shows may
 be stored by another one — and sends each listener what changed: ``overview``, ``devices`` (the
 changed rows), ``deployments`` (changed summaries), ``deployment`` (a running deployment with its
@@ -22,10 +22,11 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 from .db import FleetDB
 from .overview import EVENTS_SHOWN, overview
+from .polling import Loop
 from .verdicts import record
 
 log = logging.getLogger(__name__)
@@ -44,39 +45,12 @@ def frame(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, default=str, separators=(',', ':'))}\n\n".encode()
 
 
-class Loop:
-    """A daemon thread running ``_run`` from :meth:`start` until :meth:`close`: ``_wake`` hurries it (set it to
-    have it look now), ``_stop`` ends it. The manager's polling threads are such loops."""
-
-    thread_name = "edgeinfer-fleet-loop"
-
-    def __init__(self) -> None:
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self: LoopT) -> LoopT:
-        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _run(self) -> None:
-        raise NotImplementedError
 
 
-LoopT = TypeVar("LoopT", bound=Loop)
-
-
-class LiveFeed(Loop):
+class ChangeFeed(Loop):
     """Polls ``db`` while listeners exist; fans what changed out to each of them."""
 
-    thread_name = "edgeinfer-fleet-live"
+    thread_name = "edgeinfer-fleet-changes"
 
     def __init__(self, db: FleetDB, *, poll_s: float = POLL_S) -> None:
         super().__init__()
@@ -99,7 +73,7 @@ class LiveFeed(Loop):
         return len(self._listeners)
 
     async def stream(self) -> AsyncIterator[bytes]:
-        """What ``GET /api/stream`` sends: frames as things change, a keep-alive comment when quiet."""
+        """What ``GET /api/changes`` sends: frames as things change, a keep-alive comment when quiet."""
         queue: asyncio.Queue = asyncio.Queue(QUEUE_SIZE)
         entry = (asyncio.get_running_loop(), queue)
         with self._lock:
@@ -130,7 +104,7 @@ class LiveFeed(Loop):
             try:
                 frames = self.changes()
             except Exception as exc:  # the database may be restarting: try again next turn
-                log.warning("live updates: %s", exc)
+                log.warning("change-feed updates: %s", exc)
                 frames = []
             for item in frames:
                 self._send(item)

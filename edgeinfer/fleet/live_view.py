@@ -2,7 +2,7 @@
 MJPEG (``multipart/x-mixed-replace``, one JPEG a part).
 
 The first viewer of a (device, pipeline, stream) on this manager sends the device a signed ``live_view``
-command; while viewers stay, a thread (``edgeinfer-fleet-liveview``) re-sends it every :data:`RENEW_S` with
+command; while viewers stay, a thread (``edgeinfer-fleet-live-view``) re-sends it every :data:`RENEW_S` with
 ``until`` :data:`WATCH_S` ahead, and marks the key watched until then in the database. The device POSTs each
 frame to the ingest route; a frame is stored (the row's newest, overwritten: nothing is recorded) only while
 the key is watched — else 410 and the device stops — and handed at once to this manager's viewers. The same
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from ..link.vocabulary import Command
+from .changes import Loop
 from .commands import CommandService
 from .db import FleetDB
-from .db.live import Key
-from .live import Loop
+from .db.live_view import Key
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def part(row: dict) -> bytes:
 class LiveView(Loop):
     """Viewers of live frames on this manager, and the device commands and frames that feed them."""
 
-    thread_name = "edgeinfer-fleet-liveview"
+    thread_name = "edgeinfer-fleet-live-view"
 
     def __init__(self, db: FleetDB, commands: CommandService, public_url: Callable[[], str]) -> None:
         super().__init__()

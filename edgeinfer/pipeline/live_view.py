@@ -1,6 +1,6 @@
 """A live view of one stream: its frames drawn by :func:`~.annotate.annotate` and JPEG-encoded, at a bounded rate.
 
-:class:`LiveFeed` hands ``sink(jpeg, result)`` one annotated JPEG at a time, made on its own thread
+:class:`LiveViewFeed` hands ``sink(jpeg, result)`` one annotated JPEG at a time, made on its own thread
 (``edgeinfer-live-<stream>``), never the inference thread's. The inference thread only copies a frame when the
 feed asks for one (``Stream.frame_wanted``, set when the next frame is due and cleared by the first result that
 carries it) and drops it into a box of one (a newer frame replaces one not yet taken): a stream nobody watches
@@ -37,7 +37,7 @@ MAX_FPS = 15.0
 Sink = Callable[[bytes, "FrameResult"], bool]
 
 
-class LiveFeed:
+class LiveViewFeed:
     """Annotated JPEGs of stream ``stream`` of the run ``resolve()`` returns (None between runs) to ``sink``."""
 
     def __init__(self, resolve: Callable[[], MultiPipeline | None], stream: str, sink: Sink, *, fps: float = 5.0,
@@ -66,7 +66,7 @@ class LiveFeed:
         self.fps, self.width, self.max_kbps, self.until = float(fps), int(width), max_kbps, until
 
     # -- lifetime -----------------------------------------------------------------------------------
-    def start(self) -> LiveFeed:
+    def start(self) -> LiveViewFeed:
         self._thread = threading.Thread(target=self._run, name=f"edgeinfer-live-{self.stream or 'main'}", daemon=True)
         self._thread.start()
         return self

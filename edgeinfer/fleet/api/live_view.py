@@ -1,4 +1,4 @@
-"""The live view (``fleet/liveview.py``): devices post frames while someone watches, viewers read them as MJPEG,
+"""The live view (``fleet/live_view.py``): devices post frames while someone watches, viewers read them as MJPEG,
 the editor reads the last one, and an operator sends a pipeline its counting lines and zones.
 
 ``POST /api/devices/{device}/live/{pipeline}/frames?stream=`` — one JPEG, HTTP Basic with the device's own
@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect
 from ...forms.regions import task_problem
 from ...link.protocol import ID_PATTERN
 from ...link.vocabulary import Command
-from ..liveview import MAX_FPS, MAX_FRAME_BYTES, MEDIA_TYPE, ViewRequest
+from ..live_view import MAX_FPS, MAX_FRAME_BYTES, MEDIA_TYPE, ViewRequest
 from ..verdicts import CommandState
 from .command_schemas import Analytics
 from .deps import EvidenceUploader, Operator, Services, Viewer
@@ -62,7 +62,7 @@ async def post_frame(device_id: DeviceId, pipeline: PipelineName, request: Reque
     frame_time = float(x_frame_time) if x_frame_time and float(x_frame_time) > 0 else None
     source = tuple(int(v) for v in x_source_size.split("x")) if x_source_size else None
     try:
-        watched = await run_in_threadpool(fleet.liveview.receive, (device_id, pipeline, stream), body, frame_time,
+        watched = await run_in_threadpool(fleet.live_view.receive, (device_id, pipeline, stream), body, frame_time,
                                           x_frame_id or None, source)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
@@ -99,7 +99,7 @@ async def watch(device_id: DeviceId, pipeline: PipelineName, _who: Viewer, fleet
                 max_kbps: Annotated[int, Query(ge=50, le=100_000)] = 2000) -> StreamingResponse:
     if await run_in_threadpool(fleet.devices.get, device_id) is None:
         raise HTTPException(404, f"no device {device_id}")
-    parts = fleet.liveview.watch((device_id, pipeline, stream), ViewRequest(fps, width, max_kbps))
+    parts = fleet.live_view.watch((device_id, pipeline, stream), ViewRequest(fps, width, max_kbps))
     return StreamingResponse(parts, media_type=MEDIA_TYPE, headers={"Cache-Control": "no-store",
                                                                     "X-Accel-Buffering": "no"})
 
@@ -109,7 +109,7 @@ async def watch(device_id: DeviceId, pipeline: PipelineName, _who: Viewer, fleet
             summary="The newest live frame of a pipeline (for the editor while live is off)")
 def last_frame(device_id: DeviceId, pipeline: PipelineName, _who: Viewer, fleet: Services,
                stream: StreamName = "") -> Response:
-    row = fleet.liveview.db.live_frame((device_id, pipeline, stream))
+    row = fleet.live_view.db.live_frame((device_id, pipeline, stream))
     if row is None:
         raise HTTPException(404, f"no live frame of {device_id}/{pipeline}" + (f" stream {stream}" if stream else ""))
     return Response(bytes(row["jpeg"]), media_type="image/jpeg",
@@ -131,7 +131,7 @@ def _shapes(revision: int | None, lines: dict | None, zones: dict | None, **rest
                         "last refusal of a revision, its reason code and words (null: none).")
 def get_analytics(device_id: DeviceId, pipeline: PipelineName, _who: Viewer, fleet: Services,
                   stream: StreamName = "") -> Any:
-    row = fleet.liveview.db.analytics((device_id, pipeline, stream)) or {}
+    row = fleet.live_view.db.analytics((device_id, pipeline, stream)) or {}
     command = fleet.commands.get(row["command_id"]) if row.get("command_id") else None
     return {"sent": _shapes(row.get("revision"), row.get("lines"), row.get("zones"), command_id=row.get("command_id"),
                             at=row.get("updated_at")),
@@ -162,7 +162,7 @@ def _last_refusal(fleet: Services, device_id: str, pipeline: str, stream: str) -
             "outside the frame (its size from the last live frame, when there is one).")
 def put_analytics(device_id: DeviceId, pipeline: PipelineName, spec: AnalyticsSpec, who: Operator,
                   fleet: Services) -> Any:
-    db = fleet.liveview.db
+    db = fleet.live_view.db
     device = db.get_device(device_id)
     if device is None:
         raise HTTPException(404, f"no device {device_id}")

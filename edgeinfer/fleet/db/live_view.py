@@ -3,7 +3,7 @@ when someone watches it and its newest frame, overwritten by the next — and on
 with the lines and zones last sent, their revision and command, and those the device last said it applied.
 
 Rows, not this process's memory, because the device may post its frames to one manager behind a load balancer
-while the viewer reads from another; each manager polls the rows its own viewers watch (``fleet/liveview.py``).
+while the viewer reads from another; each manager polls the rows its own viewers watch (``fleet/live_view.py``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from support.browser import DESKTOP, PHONE, Browser, screenshot, wait_for, wait_
 from support.dashboard import go, running_dashboard, sign_in
 from support.fleet import state_message
 from support.jpegs import noise_jpeg
-from support.live import basic, post_frame
+from support.live_view import basic, post_frame
 from support.processes import wait_until as wait
 
 from edgeinfer.link.vocabulary import Command
@@ -98,7 +98,7 @@ def test_the_device_page_shows_moving_frames_and_an_operator_draws_a_line(dash):
     finally:
         stop.set()
         feeder.join(5)
-    assert wait(lambda: dashboard.manager.liveview.viewers == 0, 10)
+    assert wait(lambda: dashboard.manager.live_view.viewers == 0, 10)
 
 
 def frame_status(browser) -> dict:
