@@ -1,8 +1,8 @@
 """``edgeinfer run --preview [HOST:]PORT``: the run's annotated frames as MJPEG over HTTP (multipart/x-mixed-replace).
 
 A bench view with no fleet: :class:`PreviewServer` (stdlib ``http.server`` on thread ``edgeinfer-preview``) serves
-``/`` (a page with the image) and ``/stream.mjpeg``. A :class:`~edgeinfer.pipeline.live_view.LiveViewFeed` runs only while
-a client watches, so a run nobody looks at copies no frame; it stops with the run.
+``/`` (a page with the image) and ``/stream.mjpeg``. A :class:`~edgeinfer.pipeline.live_view.LiveViewFeed` runs only
+while a client watches, so a run nobody looks at copies no frame; it stops with the run.
 """
 
 from __future__ import annotations

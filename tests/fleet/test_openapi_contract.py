@@ -79,6 +79,8 @@ PIPELINE = "main"
 PATH_VALUES = {"device_id": DEVICE, "deployment_id": "d" * 32, "token_id": "0" * 12, "sha256": "0" * 64,
                "event_id": EVENT_ID, "pipeline": PIPELINE, "sample_id": SAMPLE_ID, "command_id": "c" * 32}
 STREAM = "/api/changes"
+#: the change feed's old name, a deprecated alias that answers the same
+OLD_STREAM = "/api/stream"  # its old name
 LIVE_VIEW = "/api/devices/{device_id}/live/{pipeline}"
 #: the media types of answers that go on until the client goes
 ENDLESS = ("text/event-stream", "multipart/x-mixed-replace")
@@ -345,20 +347,29 @@ def test_what_is_not_there_is_a_declared_refusal(contract):
     assert 404 in asked
 
 
-def test_the_live_stream_keeps_its_contract(contract):
-    """Its declared content type and credential, and a keep-alive comment first (which is no event)."""
-    declared = contract.document["paths"][STREAM]["get"]["responses"]
+@pytest.mark.parametrize("path", [STREAM, OLD_STREAM])
+def test_the_change_feed_keeps_its_contract(contract, path):
+    """Its declared content type and credential, and a keep-alive comment first (which is no event) — under its
+    name and under its old name (an alias)."""
+    declared = contract.document["paths"][path]["get"]["responses"]
     assert list(declared["200"]["content"]) == ["text/event-stream"] and "401" in declared
-    assert contract.call("GET", STREAM, None)[0] == 401
+    assert contract.call("GET", path, None)[0] == 401
     host, port = contract.url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
-        connection.request("GET", STREAM, headers={"Authorization": f"Bearer {contract.tokens['viewer']}"})
+        connection.request("GET", path, headers={"Authorization": f"Bearer {contract.tokens['viewer']}"})
         response = connection.getresponse()
         assert response.status == 200 and response.headers["Content-Type"].startswith("text/event-stream")
         assert response.readline() == b": connected\n"
     finally:
         connection.close()
+
+
+def test_the_change_feeds_old_name_is_a_deprecated_alias(contract):
+    """GET /api/stream (its old name, an alias) is declared deprecated and answers as GET /api/changes does."""
+    paths = contract.document["paths"]
+    assert paths[OLD_STREAM]["get"].get("deprecated") is True and not paths[STREAM]["get"].get("deprecated")
+    assert paths[OLD_STREAM]["get"]["responses"] == paths[STREAM]["get"]["responses"]
 
 
 def test_the_live_view_keeps_its_contract(contract):

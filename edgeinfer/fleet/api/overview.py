@@ -1,5 +1,5 @@
-"""The fleet at a glance and this manager itself: ``/api/overview``, the change feed (``/api/stream``),
-``/api/whoami``, ``/healthz`` and ``/metrics``."""
+"""The fleet at a glance and this manager itself: ``/api/overview``, the change feed (``/api/changes``;
+``/api/stream`` is its old name, kept as a deprecated alias), ``/api/whoami``, ``/healthz`` and ``/metrics``."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def _event(name: str, data: dict[str, Any], what: str) -> dict[str, Any]:
                                                                "contentSchema": data}}}
 
 
-#: what GET /api/stream sends: each event as a Server-Sent Events parser gives it ({event, data}: the schema of an
+#: what GET /api/changes sends: each event as a Server-Sent Events parser gives it ({event, data}: the schema of an
 #: event, as OpenAPI 3.1 reads the schema of text/event-stream), its data JSON; a comment (": keep-alive") is none
-STREAM_EVENTS = {"type": "object", "oneOf": [
+CHANGE_EVENTS = {"type": "object", "oneOf": [
     _event("overview", _ref(Overview), "The fleet at a glance, when it changed (GET /api/overview)"),
     _event("devices", {"type": "array", "items": _ref(Device)}, "The devices whose rows changed"),
     _event("deployments", {"type": "array", "items": _ref(Deployment)}, "The deployments that moved"),
@@ -56,14 +56,25 @@ def fleet_overview(_who: Viewer, fleet: Services) -> Any:
     return fleet.devices.overview()
 
 
-@router.get("/api/stream", response_class=EventStream,
-            responses={200: {"description": "Server-Sent Events until the client goes: `event: NAME` and `data: JSON` "
-                             "(below), a comment line to keep the connection open when nothing changes",
-                             "content": {"text/event-stream": {"schema": STREAM_EVENTS}}}, **errors(401)},
-            summary="Change-feed updates (Server-Sent Events): overview, devices, deployments, deployment, events, "
+#: how GET /api/changes (and its old name) answers: the document states the one for both
+CHANGES_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Server-Sent Events until the client goes: `event: NAME` and `data: JSON` (below), a comment "
+                         "line to keep the connection open when nothing changes",
+          "content": {"text/event-stream": {"schema": CHANGE_EVENTS}}}, **errors(401)}
+
+
+@router.get("/api/changes", response_class=EventStream, responses=CHANGES_RESPONSES,
+            summary="The change feed (Server-Sent Events): overview, devices, deployments, deployment, events, "
                     "commands — what changed, about once a second")
-def stream(_who: Viewer, fleet: Services) -> EventStream:
+def changes(_who: Viewer, fleet: Services) -> EventStream:
     return EventStream(fleet.changes.stream(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/api/stream", response_class=EventStream, responses=CHANGES_RESPONSES, deprecated=True,
+            summary="The change feed under its old name (an alias of GET /api/changes, which dashboards and "
+                    "clients should read)")
+def stream(who: Viewer, fleet: Services) -> EventStream:
+    return changes(who, fleet)
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness (no token needed; says nothing about the fleet)")
