@@ -1,7 +1,7 @@
 """How long a configuration revision takes on one device: a real agent (a real process) runs a detector on a looped
 clip and reports to a real fleet manager and Mosquitto; revisions of kind ``config`` are sent to it as the fleet sends
 them (the document an artifact of the manager, the manifest signed with its key, the ``deploy`` command over MQTT),
-alternately one it takes live (a counting line and a capture rule added, then removed: pipeline/live_options.py) and
+alternately one it takes live (a counting line and a sampling rule added, then removed: pipeline/live_options.py) and
 one that restarts its pipeline (``queue_size`` changed: agent/config_apply.py). For each, from the device's ``update``
 events (agent/configuration.py):
 
@@ -105,8 +105,8 @@ def main() -> None:
                                   120), agent.output()
                 time.sleep(2.0)
                 kinds = {
-                    "live (a line and a capture rule, added or removed)": [
-                        {"lines": [LINE], "capture": ["random:0.1"]}, {}],
+                    "live (a line and a sampling rule, added or removed)": [
+                        {"lines": [LINE], "sample": ["random:0.1"]}, {}],
                     "restart (queue_size)": [{"queue_size": 3}, {"queue_size": 2}],
                 }
                 results: dict[str, dict[str, list[float]]] = {

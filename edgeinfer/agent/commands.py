@@ -332,8 +332,8 @@ RESTART_PIPELINE_ARGS_SCHEMA = {
 }
 
 
-def _cmd_capture(args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
-    """``capture``: keep the next frames of a pipeline as capture samples (the dashboard's request)."""
+def _cmd_sample(args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
+    """``capture``: keep the next frames of a pipeline as samples (the dashboard's request)."""
     runner = ctx.agent.runner(args["pipeline"])
     pipeline = runner.pipeline
     if pipeline is None:
@@ -341,11 +341,11 @@ def _cmd_capture(args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]
     try:
         streams = pipeline.samples.request(int(args["frames"]), args.get("stream", ""), ctx.command_id)
     except ValueError as exc:
-        raise CommandRejected("no_capture", f"pipeline {runner.name}: {exc}") from None
+        raise CommandRejected("no_sampling", f"pipeline {runner.name}: {exc}") from None
     return {"pipeline": runner.name, "streams": streams, "frames": int(args["frames"])}
 
 
-CAPTURE_ARGS_SCHEMA = {
+SAMPLE_ARGS_SCHEMA = {
     "type": "object", "required": ["pipeline", "frames"], "additionalProperties": False,
     "properties": {"pipeline": {"type": "string", "minLength": 1, "maxLength": 64},
                    "stream": {"type": "string", "maxLength": 64},
@@ -359,5 +359,5 @@ def register_builtin_commands(router: CommandRouter) -> None:
     router.register(Command.PING, _cmd_ping, description="answer with the boot id and uptime", signed=False)
     router.register(Command.RESTART_PIPELINE, _cmd_restart_pipeline, args_schema=RESTART_PIPELINE_ARGS_SCHEMA,
                     description="restart one pipeline now")
-    router.register(Command.CAPTURE, _cmd_capture, args_schema=CAPTURE_ARGS_SCHEMA,
-                    description="keep the next N frames of a pipeline as capture samples")
+    router.register(Command.SAMPLE, _cmd_sample, args_schema=SAMPLE_ARGS_SCHEMA,
+                    description="keep the next N frames of a pipeline as samples")

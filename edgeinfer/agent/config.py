@@ -319,12 +319,12 @@ def _pipelines(r: ConfigReader) -> tuple[PipelineConfig, ...]:
 
 def _with_store_dirs(pipelines: tuple[PipelineConfig, ...], data_dir: Path) -> tuple[PipelineConfig, ...]:
     """A pipeline with event rules and no ``evidence_dir`` keeps its evidence in ``<data_dir>/evidence/<name>``;
-    one with capture rules and no ``capture_dir`` its samples in ``<data_dir>/samples/<name>``."""
+    one with sampling rules and no ``samples_dir`` its samples in ``<data_dir>/samples/<name>``."""
     def placed(p: PipelineConfig) -> PipelineConfig:
         if p.events and p.evidence_dir is None:
             p = dataclasses.replace(p, evidence_dir=str(data_dir / "evidence" / p.name))
-        if p.capture and p.capture_dir is None:
-            p = dataclasses.replace(p, capture_dir=str(data_dir / "samples" / p.name))
+        if p.sample and p.samples_dir is None:
+            p = dataclasses.replace(p, samples_dir=str(data_dir / "samples" / p.name))
         return p
 
     return tuple(placed(p) for p in pipelines)

@@ -5,7 +5,7 @@
 - a pipeline only the revision has is **added** (a runner started beside the others); one it lacks is **removed**
   (its runner stopped); the others are not touched;
 - a pipeline whose changes are all options a running run takes (pipeline/live_options.py: ``score_threshold`` and
-  the decoder's other thresholds, ``max_fps``, ``lines``, ``zones``, ``events``, ``capture`` and their settings) is
+  the decoder's other thresholds, ``max_fps``, ``lines``, ``zones``, ``events``, ``sample`` and their settings) is
   changed **live**: ``MultiPipeline.reconfigure``, between two batches, every stream going on (its frame ids too);
 - a changed ``source``, or streams of ``sources`` added, removed or changed, **reopen** those streams only: the
   others keep their frames;

@@ -167,7 +167,7 @@ class Agent:
         self._link: MqttLink | None = None
         self._metrics: Any = None
         self.live_views: Any = None  # live_view pushes (edgeinfer.agent.live_view)
-        self.uploader: Any = None  # event evidence and capture samples to the fleet manager (agent/uploads.py)
+        self.uploader: Any = None  # event evidence and samples to the fleet manager (agent/uploads.py)
         self.log_ring = LogRing()  # the recent log lines the fleet may ask for (agent/log_ring.py)
         self.diagnosis: Any = None  # the logs and doctor commands (agent/diagnosis.py)
         self.pipelines = Runners(self._make_runner)  # built in open(), once the configuration is known

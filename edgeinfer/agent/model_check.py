@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 #: cannot take — a caller's wrong argument, in errors.py's words)
 CONFIG_FAILURES = (ConfigError, ModelNotFound, ModelFormatError, LayoutMismatch, UnsizedInput, LabelsError)
 #: the words a rule's error starts with → the key of the pipeline entry it is about
-_RULE_KEYS = {"event rule": "events", "capture rule": "capture"}
+_RULE_KEYS = {"event rule": "events", "sampling rule": "sample"}
 
 
 def is_config_failure(error: BaseException) -> bool:
@@ -97,7 +97,7 @@ class ConfigErrors:
 
 def pipeline_config_error(config: AgentConfig, index: int, error: BaseException) -> ConfigError:
     """``error`` of pipeline ``index`` as the configuration error the agent exits 78 with: ``FILE:
-    pipelines[I].KEY: …`` (the key when the error says which: ``model``, ``labels``, ``events``, ``capture``)."""
+    pipelines[I].KEY: …`` (the key when the error says which: ``model``, ``labels``, ``events``, ``sample``)."""
     text = " ".join(str(error).split())
     key = ("model" if isinstance(error, ModelError) else "labels" if isinstance(error, LabelsError)
            else next((k for words, k in _RULE_KEYS.items() if text.startswith(words)), None))

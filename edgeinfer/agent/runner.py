@@ -91,17 +91,17 @@ def rule_event_data(event: dict, *, upload: bool) -> dict[str, Any]:
     return data
 
 
-#: at most one ``capture_failed`` event this often per pipeline (a full disk fails every kept frame)
-CAPTURE_FAILED_EVERY_S = 60.0
+#: at most one ``sample_failed`` event this often per pipeline (a full disk fails every kept frame)
+SAMPLE_FAILED_EVERY_S = 60.0
 
 
-class CaptureReports:
-    """A pipeline's capture samples, for the agent: each one written goes to ``on_sample(info, pipeline)`` (the
-    uploader); one the disk refused is a ``capture_failed`` event, one a minute at most."""
+class SampleReports:
+    """A pipeline's samples, for the agent: each one written goes to ``on_sample(info, pipeline)`` (the
+    uploader); one the disk refused is a ``sample_failed`` event, one a minute at most."""
 
     def __init__(self, pipeline: str, emit: EmitFn, on_sample: Callable[[dict, str], None] | None) -> None:
         self.pipeline, self._emit, self._on_sample = pipeline, emit, on_sample
-        self._failed_at = -CAPTURE_FAILED_EVERY_S
+        self._failed_at = -SAMPLE_FAILED_EVERY_S
 
     def __call__(self, info: dict) -> None:
         if "error" not in info:
@@ -109,10 +109,10 @@ class CaptureReports:
                 self._on_sample(info, self.pipeline)
             return
         now = time.monotonic()
-        if now - self._failed_at >= CAPTURE_FAILED_EVERY_S:
+        if now - self._failed_at >= SAMPLE_FAILED_EVERY_S:
             self._failed_at = now
             data = {key: str(info.get(key, ""))[:500] for key in ("error", "stream", "rule")}
-            self._emit(EventKind.CAPTURE_FAILED, "warning", f"pipeline {self.pipeline}: {info['error']}",
+            self._emit(EventKind.SAMPLE_FAILED, "warning", f"pipeline {self.pipeline}: {info['error']}",
                        pipeline=self.pipeline, data=data)
 
 
@@ -146,7 +146,7 @@ class PipelineRunner:
         self._factory = FirstStart(factory, on_config_error)  # a first start failed as configured: not restarted
         #: ``on_evidence(event, pipeline)``: an event's snapshot and clip are written (the uploader takes them)
         self._on_evidence = on_evidence
-        self._capture_reports = CaptureReports(config.name, emit, on_sample)
+        self._sample_reports = SampleReports(config.name, emit, on_sample)
         self._backoff = Backoff(initial_s=restart_min_s, max_s=restart_max_s, jitter=EQUAL_JITTER)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -360,7 +360,7 @@ class PipelineRunner:
 
     def _follow(self, pipeline: MultiPipeline) -> None:
         """Report its delegate failovers and failbacks (it runs on through them), what its event rules fire (once the
-        evidence is written), its streams' fates (several sources); name its capture samples and pass them on."""
+        evidence is written), its streams' fates (several sources); name its samples and pass them on."""
         self.degraded, self.delegate_wanted = False, None
         pipeline.add_delegate_listener(self._on_delegate_event)
         if self.config.events:
@@ -368,7 +368,7 @@ class PipelineRunner:
         if self.config.sources:
             pipeline.add_stream_listener(self._on_stream_event)
         pipeline.samples.describe(self.name, self.config.version)
-        pipeline.samples.add_listener(self._capture_reports)
+        pipeline.samples.add_listener(self._sample_reports)
 
     def _first_result(self, _result: Any) -> None:
         """An observer until a run's first result: the agent's cold start (the first run's, counted from

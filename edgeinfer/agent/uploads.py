@@ -1,8 +1,8 @@
-"""What a device sends the fleet manager on its own: each event's evidence and each capture sample, PUT with the
+"""What a device sends the fleet manager on its own: each event's evidence and each sample, PUT with the
 device's credential.
 
 :class:`DeviceUploader` runs thread ``edgeinfer-device-upload``. The pipelines hand it what they wrote (an event's
-folder, :meth:`~DeviceUploader.enqueue`; a capture sample's, :meth:`~DeviceUploader.enqueue_sample`); it sends each
+folder, :meth:`~DeviceUploader.enqueue`; a sample's, :meth:`~DeviceUploader.enqueue_sample`); it sends each
 as its :class:`Kind` says — an event's ``snapshot.jpg`` then its clip to
 ``<manager_url>/api/devices/<device>/events/<event id>/<file>``, a sample as one JSON document (``forms/samples.py``) to
 ``<manager_url>/api/devices/<device>/samples/<sample id>`` — with HTTP Basic (the device's MQTT user name and
@@ -68,7 +68,7 @@ class Kind:
 
 
 class DeviceUploader:
-    """Sends each event's evidence and each capture sample to the fleet manager, in order, surviving cuts and
+    """Sends each event's evidence and each sample to the fleet manager, in order, surviving cuts and
     restarts."""
 
     def __init__(self, manager_url: str, device_id: str, *, credentials: tuple[str, str] | None,
@@ -95,7 +95,7 @@ class DeviceUploader:
             self._add(pipeline, Path(clip).parent, EVIDENCE)
 
     def enqueue_sample(self, sample: dict, pipeline: str | None = None) -> None:
-        """A capture sample a pipeline wrote (a sampler's listener's ``info``: its ``folder``); ignored else."""
+        """A sample a pipeline wrote (a sampler's listener's ``info``: its ``folder``); ignored else."""
         folder = sample.get("folder")
         if folder:
             self._add(pipeline, Path(folder), SAMPLES)
@@ -213,7 +213,7 @@ class DeviceUploader:
         return True
 
     def upload_sample(self, folder: Path) -> bool:
-        """PUT a capture sample as one JSON document. False when the folder is gone (the store's bound)."""
+        """PUT a sample as one JSON document. False when the folder is gone (the store's bound)."""
         try:
             meta = json.loads((folder / SAMPLE_META_NAME).read_bytes())
             jpeg = (folder / SAMPLE_FRAME_NAME).read_bytes()
@@ -243,9 +243,9 @@ class DeviceUploader:
             raise UploadRefused(exc.code, detail) from None
 
 
-#: an event's evidence (pipeline/evidence.py), a capture sample (pipeline/sampling.py)
+#: an event's evidence (pipeline/evidence.py), a sample (pipeline/sampling.py)
 EVIDENCE = Kind("evidence of event", META_NAME, DeviceUploader.upload, EventKind.EVIDENCE_UPLOAD_FAILED, "event_id")
-SAMPLES = Kind("capture sample", SAMPLE_META_NAME, DeviceUploader.upload_sample, EventKind.SAMPLE_UPLOAD_FAILED,
+SAMPLES = Kind("sample", SAMPLE_META_NAME, DeviceUploader.upload_sample, EventKind.SAMPLE_UPLOAD_FAILED,
                "sample_id")
 
 
@@ -287,7 +287,7 @@ def start_uploader(config: Any, emit: EmitFn | None) -> DeviceUploader | None:
     """The agent's uploader (an ``AgentConfig`` with ``manager_url`` and a pipeline with event rules or capture
     rules), started, with what an earlier run left unsent queued; None when there is nothing to upload."""
     events = [(p.name, Path(p.evidence_dir)) for p in config.pipelines if p.events and p.evidence_dir]
-    samples = [(p.name, Path(p.capture_dir)) for p in config.pipelines if p.capture and p.capture_dir]
+    samples = [(p.name, Path(p.samples_dir)) for p in config.pipelines if p.sample and p.samples_dir]
     if config.manager_url is None or not (events or samples):
         return None
     mqtt = config.mqtt  # the device's credential and CA also open the fleet manager, as for artifacts

@@ -90,9 +90,9 @@ for _command in (db, dataset, simulate, token, enroll, enrollments, revoke, audi
 @click.option("--evidence-clip-max-mb", default=64.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Refuse (413) a clip.mjpeg upload larger than this.")
 @click.option("--samples-max-mb", default=4096.0, show_default=True, type=click.FloatRange(min=1),
-              help="Keep at most this much of captured samples (datasets); the oldest unreviewed go first.")
+              help="Keep at most this much of samples (datasets); the oldest unreviewed go first.")
 @click.option("--samples-days", default=90.0, show_default=True, type=click.FloatRange(min=0.01),
-              help="Delete captured samples older than this.")
+              help="Delete samples older than this.")
 @handle_errors
 def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_broker_url: str | None, tls: bool,
                 tls_hosts: tuple[str, ...], ca: str | None, cert: str | None, key: str | None,

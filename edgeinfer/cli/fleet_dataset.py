@@ -1,4 +1,4 @@
-"""``edgeinfer fleet dataset export|import``: captured samples as a labelling tool's dataset, and the corrected
+"""``edgeinfer fleet dataset export|import``: samples as a labelling tool's dataset, and the corrected
 labels back (docs/datasets.md)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _filter_options(func: Any) -> Any:
 
 @click.group("dataset")
 def dataset() -> None:
-    """Captured samples as datasets for labelling tools (COCO, YOLO, Label Studio), and corrected labels back."""
+    """Samples as datasets for labelling tools (COCO, YOLO, Label Studio), and corrected labels back."""
 
 
 @dataset.command("export")
@@ -68,16 +68,16 @@ def dataset_export(client: Any, fmt: str, output: Path, limit: int, reviewed: bo
               help="Seconds to wait at most.")
 @click.option("--json", "as_json", is_flag=True, help="Print the command's record (--no-wait: what was sent).")
 @client_options
-def dataset_capture(client: Any, device_id: str, pipeline: str, frames: int, stream: str, wait: bool,
+def dataset_sample(client: Any, device_id: str, pipeline: str, frames: int, stream: str, wait: bool,
                     timeout: float, as_json: bool) -> None:
-    """Ask DEVICE_ID to keep its pipeline's next frames as samples, whatever its capture rules say (operator; the
-    pipeline must have capture rules, `request` alone will do), and say what came of it: "5 frames captured: 2
+    """Ask DEVICE_ID to keep its pipeline's next frames as samples, whatever its sampling rules say (operator; the
+    pipeline must have sampling rules, `request` alone will do), and say what came of it: "5 frames sampled: 2
     stored, 3 near-duplicates of stored samples", or the device's refusal. Exit 1 when the device refused, the
     command expired, or the frames did not all arrive within --timeout."""
     from ..fleet.client import wait_for_command  # the fleet's client loads on use (the agent's CLI must not)
 
-    sent = client.capture(device_id, pipeline, frames, stream)
-    line = f"capture of {frames} frame(s) of {pipeline} sent to {device_id} (command {sent['command_id']})"
+    sent = client.sample(device_id, pipeline, frames, stream)
+    line = f"sampling of {frames} frame(s) of {pipeline} sent to {device_id} (command {sent['command_id']})"
     if not wait:
         print_json(sent) if as_json else click.echo(line)
         return

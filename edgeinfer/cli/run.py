@@ -16,11 +16,11 @@ from ..pipeline.preprocess import RESIZE_MODES
 from ..pipeline.tasks import TASK_NAMES
 from ..pipeline.zones import TRIGGERS
 from .output import handle_errors, parse_values
-from .run_events import event_printer, print_capture_counts, print_event_counts
+from .run_events import event_printer, print_event_counts, print_sample_counts
 
 #: where ``--event`` keeps its evidence unless ``--evidence-dir`` says
 DEFAULT_EVIDENCE_DIR = "edgeinfer-events"
-DEFAULT_CAPTURE_DIR = "edgeinfer-samples"
+DEFAULT_SAMPLES_DIR = "edgeinfer-samples"
 #: how often the status line is redrawn (TTY) or printed (pipe), seconds
 STATUS_PERIOD_S = 0.25
 PIPE_STATUS_PERIOD_S = 5.0
@@ -126,14 +126,14 @@ def _brief(result: object) -> str:
 @click.option("--record-source", metavar="SOURCE", default=None,
               help="Take --event's snapshots and clips from this source (the camera's main stream; a file is read "
                    "in step, frame n with frame n) while detection reads --source (its sub-stream).")
-@click.option("--capture", "capture", multiple=True, metavar="RULE",
+@click.option("--sample", "capture", multiple=True, metavar="RULE",
               help="Keep frames worth labelling with the model's output when RULE fires: "
                    "uncertain:LOW-HIGH[/LABEL,...], drift:DISTANCE[@FRAMES], event:RULE or random:RATE "
                    "(repeatable; docs/datasets.md).")
-@click.option("--capture-dir", type=click.Path(file_okay=False), default=None,
-              help="Where --capture keeps its samples (default: ./edgeinfer-samples).")
-@click.option("--capture-per-minute", type=click.IntRange(min=1), default=None,
-              help="Samples each --capture rule keeps a minute at most (default 6).")
+@click.option("--samples-dir", type=click.Path(file_okay=False), default=None,
+              help="Where --sample keeps its samples (default: ./edgeinfer-samples).")
+@click.option("--samples-per-minute", type=click.IntRange(min=1), default=None,
+              help="Samples each --sample rule keeps a minute at most (default 6).")
 @click.option("--motion-gate", is_flag=True, help="Skip inference on frames that did not change (reuse the result).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
 @click.option("--preview", metavar="[HOST:]PORT", default=None,
@@ -146,8 +146,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
         fourcc: str | None, full_decode: bool, lines: tuple[str, ...], zones: tuple[str, ...], track: bool,
         line_hold_s: float | None, line_trigger: str | None, events: tuple[str, ...], evidence_dir: str | None,
-        record_source: str | None, capture: tuple[str, ...], capture_dir: str | None,
-        capture_per_minute: int | None, motion_gate: bool, as_json: bool, preview: str | None) -> None:
+        record_source: str | None, capture: tuple[str, ...], samples_dir: str | None,
+        samples_per_minute: int | None, motion_gate: bool, as_json: bool, preview: str | None) -> None:
     """Run MODEL over frames from --source and print results (or a live status line)."""
     from ..capture import open_source
     from ..pipeline.core import Pipeline
@@ -166,8 +166,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
     if record_source is not None:
         analysis["record_source"] = record_source
     if capture:
-        analysis.update(capture=capture, capture_dir=capture_dir or DEFAULT_CAPTURE_DIR,
-                        **({"capture_per_minute": capture_per_minute} if capture_per_minute else {}))
+        analysis.update(capture=capture, samples_dir=samples_dir or DEFAULT_SAMPLES_DIR,
+                        **({"samples_per_minute": samples_per_minute} if samples_per_minute else {}))
     # given only: the options' own defaults otherwise
     analysis.update({k: v for k, v in (("line_hold_s", line_hold_s), ("line_trigger", line_trigger)) if v is not None})
     if len(sources) > 1 or batch:
@@ -237,7 +237,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
             if pipeline.events is not None:
                 print_event_counts(pipeline.events.counts(), analysis["evidence_dir"])
             if sampler is not None:
-                print_capture_counts(sampler.counts(), analysis["capture_dir"])
+                print_sample_counts(sampler.counts(), analysis["samples_dir"])
     if interrupted:
         sys.exit(130)
 

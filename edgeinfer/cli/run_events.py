@@ -37,8 +37,8 @@ def print_event_counts(counts: dict, folder: str | None) -> None:
                + (f", {counts['failed']} not written" if counts["failed"] else ""))
 
 
-def print_capture_counts(counts: dict, folder: str) -> None:
-    """What the capture rules kept (``StreamSampler.counts()``), at the end of a run."""
+def print_sample_counts(counts: dict, folder: str) -> None:
+    """What the sampling rules kept (``StreamSampler.counts()``), at the end of a run."""
     held = counts["rate_limited"] + counts["dropped"]
     click.echo(f"capture: {counts['written']} sample(s) kept in {folder}"
                + (f", {held} held back (rate limit / a busy disk)" if held else "")

@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..forms.samples import total_variation  # the one drift measure (the capture rule uses it too)
+from ..forms.samples import total_variation  # the one drift measure (the sampling rule uses it too)
 
 DEFAULT_MAX_LATENCY_REGRESSION = 50.0  # percent
 DEFAULT_MAX_FPS_DROP = 25.0  # percent

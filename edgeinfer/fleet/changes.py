@@ -5,7 +5,7 @@ the database, not this process's ingest, because with several managers the devic
 be stored by another one — and sends each listener what changed: ``overview``, ``devices`` (the
 changed rows), ``deployments`` (changed summaries), ``deployment`` (a running deployment with its
 devices, when it moved), ``events`` (new ones) and ``commands`` (commands whose record changed: a device's
-verdict, a capture's frames counted, an expiry passed — ``verdicts.record`` each). Device rows are compared by
+verdict, a sample command's frames counted, an expiry passed — ``verdicts.record`` each). Device rows are compared by
 a few cheap columns first, and only the changed ones are read whole, so a thousand quiet devices cost one small
 query.
 

@@ -119,12 +119,12 @@ class FleetClient:
         return self._post(f"/api/devices/{_quote(device_id)}/restart", {"pipeline": pipeline})
 
     def capture(self, device_id: str, pipeline: str, frames: int, stream: str = "") -> dict:
-        """Ask a device to keep the next ``frames`` frames of a pipeline as capture samples."""
+        """Ask a device to keep the next ``frames`` frames of a pipeline as samples."""
         body = {"pipeline": pipeline, "frames": frames, **({"stream": stream} if stream else {})}
-        return self._post(f"/api/devices/{_quote(device_id)}/capture", body)
+        return self._post(f"/api/devices/{_quote(device_id)}/sample", body)
 
     def command(self, command_id: str) -> dict | None:
-        """A command's record: where it stands (sent, applied, refused, expired), the device's words, a capture's
+        """A command's record: where it stands (sent, applied, refused, expired), the device's words, a sample command's
         outcome, the verdict in words (``text``); None when the manager knows no such command."""
         return self._request("GET", f"/api/commands/{_quote(command_id)}")
 
@@ -173,7 +173,7 @@ class FleetClient:
         return self._request("GET", f"/api/audit?limit={int(limit)}")
 
     def samples(self, **filters: Any) -> list[dict]:
-        """Captured samples: filters device, pipeline, stream, model_version, rule, label, reviewed, limit."""
+        """Samples: filters device, pipeline, stream, model_version, rule, label, reviewed, limit."""
         return self._request("GET", f"/api/samples?{_query(filters)}")
 
     def export_samples(self, fmt: str, **filters: Any) -> bytes:

@@ -71,7 +71,7 @@ class CommandService:
 
     # ------------------------------------------------------------------------------------- reads
     def get(self, command_id: str) -> dict | None:
-        """A command's record (``verdicts.record``: its state now, a capture's outcome, the verdict in words)."""
+        """A command's record (``verdicts.record``: its state now, a sample command's outcome, the verdict in words)."""
         row = self.db.commands.get(command_id)
         return record(row, time.time()) if row is not None else None
 

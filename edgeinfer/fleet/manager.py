@@ -95,7 +95,7 @@ class FleetSettings:
     evidence_snapshot_max_bytes: int = 4 << 20
     evidence_clip_max_bytes: int = 64 << 20
     evidence_max_bytes: int = 2048 << 20
-    #: captured samples (samples.py): one sample's JPEG; all samples together (the oldest unreviewed go); their age
+    #: samples (samples.py): one sample's JPEG; all samples together (the oldest unreviewed go); their age
     sample_max_bytes: int = 4 << 20
     samples_max_bytes: int = 4096 << 20
     samples_retention_days: float = 90.0
@@ -126,7 +126,7 @@ class FleetManager:
         self.access: FleetAccess | None = None  # tokens, enrolment, the broker's accounts, the audit log
         self.broker: ManagedMosquitto | None = None  # the managed Mosquitto, if we started one
         self.evidence: EvidenceStore | None = None  # events' snapshots and clips
-        self.samples: SampleStore | None = None  # captured samples for datasets
+        self.samples: SampleStore | None = None  # samples for datasets
         self.changes: ChangeFeed | None = None  # the dashboard's change-feed updates
         self.live_view: LiveView | None = None  # devices' live frames and their viewers
         self.diagnosis: DiagnosisService | None = None  # devices' logs and doctor reports, on request

@@ -1,4 +1,4 @@
-"""Captured samples, the fleet's side: devices upload a frame and what the model said about it
+"""Samples, the fleet's side: devices upload a frame and what the model said about it
 (``forms/samples.py``), the manager keeps it in the fleet database once — by id (a retry is answered as stored)
 and by scene (a frame whose device-computed perceptual hash is within ``DUPLICATE_BITS`` of one of the
 scene's recent samples is not stored again) — within a byte quota and an age (docs/datasets.md).

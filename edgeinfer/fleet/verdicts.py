@@ -153,11 +153,11 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def capture_outcome(row: Mapping[str, Any]) -> dict[str, int] | None:
-    """A capture's outcome: the frames the device took it on to keep (``requested``: frames × its streams), and of
+def sample_outcome(row: Mapping[str, Any]) -> dict[str, int] | None:
+    """A sample command's outcome: the frames the device took it on to keep (``requested``: frames × its streams), and of
     those uploaded the ones the manager ``stored`` and the ``duplicates`` it dropped as near-duplicates of stored
     samples. None for another command."""
-    if row.get("cmd") != Command.CAPTURE:
+    if row.get("cmd") != Command.SAMPLE:
         return None
     summary, result = row.get("summary") or {}, row.get("result")
     frames = result.get("frames") if isinstance(result, Mapping) else None
@@ -169,14 +169,14 @@ def capture_outcome(row: Mapping[str, Any]) -> dict[str, int] | None:
             "duplicates": int(row.get("samples_duplicates") or 0)}
 
 
-def capture_text(samples: Mapping[str, int]) -> str:
-    """``5 frames captured: 0 stored, 5 near-duplicates of stored samples`` (so far, while frames are missing)."""
+def sample_text(samples: Mapping[str, int]) -> str:
+    """``5 frames sampled: 0 stored, 5 near-duplicates of stored samples`` (so far, while frames are missing)."""
     requested, stored, duplicates = samples["requested"], samples["stored"], samples["duplicates"]
     received = stored + duplicates
     counts = f"{stored} stored, {_plural(duplicates, 'near-duplicate')} of stored samples"
     if received >= requested:
-        return f"{_plural(received, 'frame')} captured: {counts}"
-    return f"{received} of {_plural(requested, 'frame')} captured so far: {counts}"
+        return f"{_plural(received, 'frame')} sampled: {counts}"
+    return f"{received} of {_plural(requested, 'frame')} sampled so far: {counts}"
 
 
 def settled(state: CommandState, samples: Mapping[str, int] | None) -> bool:
@@ -191,7 +191,7 @@ def settled(state: CommandState, samples: Mapping[str, int] | None) -> bool:
 def verdict_text(state: CommandState, row: Mapping[str, Any], samples: Mapping[str, int] | None) -> str:
     """The record in words, the same in the CLI and the dashboard: ``waiting for the device``, ``applied (revision
     3)``, ``applied: failed (sha256_mismatch)`` (what a deploy came to), ``refused by the device: outside_frame —
-    …``, ``expired …``, a capture's counts."""
+    …``, ``expired …``, a sample command's counts."""
     if state == CommandState.SENT:
         return "waiting for the device"
     if state == CommandState.EXPIRED:
@@ -199,7 +199,7 @@ def verdict_text(state: CommandState, row: Mapping[str, Any], samples: Mapping[s
     if state == CommandState.REFUSED:
         return f"refused by the device: {reason_with_words(row.get('reason'), row.get('message'))}"
     if samples is not None:
-        return capture_text(samples)
+        return sample_text(samples)
     result, revision = row.get("result"), (row.get("summary") or {}).get("revision")
     if isinstance(result, Mapping) and isinstance(result.get("state"), str):  # a deploy's or rollback's outcome
         reason = result.get("reason")
@@ -208,10 +208,10 @@ def verdict_text(state: CommandState, row: Mapping[str, Any], samples: Mapping[s
 
 
 def record(row: Mapping[str, Any], now: float) -> dict[str, Any]:
-    """A stored command as the API answers it: its row, its state now, a capture's outcome, the verdict in words,
+    """A stored command as the API answers it: its row, its state now, a sample command's outcome, the verdict in words,
     and whether it has settled."""
     state = state_of(row, now)
-    samples = capture_outcome(row)
+    samples = sample_outcome(row)
     found = {key: value for key, value in row.items() if key not in ("samples_stored", "samples_duplicates")}
     return {**found, "state": state.value, "samples": samples, "text": verdict_text(state, row, samples),
             "settled": settled(state, samples)}

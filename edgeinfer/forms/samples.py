@@ -1,6 +1,6 @@
-"""The form of a captured sample, defined once for the device that keeps and uploads it (``pipeline/sampling.py``,
+"""The form of a sample, defined once for the device that keeps and uploads it (``pipeline/sampling.py``,
 ``agent/sample_upload.py``) and the fleet manager that stores and exports it (``fleet/samples.py``,
-``fleet/datasets.py``; docs/datasets.md), and the output drift measure the capture rule and the canary analysis
+``fleet/datasets.py``; docs/datasets.md), and the output drift measure the sampling rule and the canary analysis
 share.
 
 On the device a sample is a folder named like an event id (``forms.evidence.new_event_id``: sorts by time, never
@@ -15,7 +15,7 @@ folder without it is partial)::
      "frame_id": 812, "source_time": 27.07, "output": <the result's to_dict(): keypoints, masks...>,
      "command_id": "9f1c..."}
 
-``command_id`` (a frame a ``capture`` command asked for — rule ``request`` — only) names that command: the fleet
+``command_id`` (a frame a ``sample`` command asked for — rule ``request`` — only) names that command: the fleet
 manager counts, per command, the frames it stored and those it dropped as near-duplicates (``fleet/verdicts.py``).
 
 It is uploaded as one JSON document to ``PUT /api/devices/<device>/samples/<sample id>``: the
@@ -45,7 +45,7 @@ SAMPLE_FRAME_NAME = "frame.jpg"
 SAMPLE_META_NAME = "sample.json"
 #: the version of ``sample.json``'s fields
 SAMPLE_VERSION = 1
-#: the rule a request from the dashboard keeps frames under ("capture the next N frames")
+#: the rule a request from the dashboard keeps frames under ("sample the next N frames")
 REQUEST_RULE = "request"
 #: the fields of ``sample.json`` an upload carries (with ``jpeg``); the rest stays on the device
 UPLOAD_FIELDS = ("phash", "width", "height", "captured_at", "pipeline", "stream", "rule", "model", "detections",
@@ -120,7 +120,7 @@ def visibility(v: float, *, labelled: bool) -> int:
 
 def total_variation(first: Counter, second: Counter) -> float | None:
     """Output drift: half the L1 distance between two label histograms, each normalised (0 = the same,
-    1 = nothing in common; None when either is empty). The canary analysis and the capture rule both use it."""
+    1 = nothing in common; None when either is empty). The canary analysis and the sampling rule both use it."""
     a, b = sum(first.values()), sum(second.values())
     if not a or not b:
         return None

@@ -38,7 +38,7 @@ MAX_DOCUMENT_NESTING = 16
 MAX_PIPELINES = 32
 #: the longest text a key takes (a GStreamer pipeline, an RTSP URL with its options)
 MAX_TEXT_CHARS = 4096
-#: items of a list key at most (lines, zones, event and capture rules)
+#: items of a list key at most (lines, zones, event and sampling rules)
 MAX_LIST_ITEMS = 64
 #: the keys the fleet sets: the schema's (a document holds any of them; agent.yaml's others are the bootstrap)
 FLEET_KEYS = tuple(CONFIG_SCHEMA["properties"])

@@ -164,16 +164,16 @@ CONFIG_SCHEMA: dict[str, Any] = json.loads(r"""
      "evidence_fps": {"type": "number", "exclusiveMinimum": 0, "default": 5.0},
      "evidence_width": {"type": "integer", "minimum": 16, "default": 640},
      "record_source": {"type": "string", "minLength": 1, "maxLength": 4096},
-     "capture": {
+     "sample": {
       "type": "array",
       "maxItems": 64,
       "items": {"type": "string", "minLength": 1, "maxLength": 4096},
       "errorMessage": "must be a list of at most 64 strings (or one string)",
       "default": []
      },
-     "capture_dir": {"type": "string", "minLength": 1, "maxLength": 4096},
-     "capture_max_mb": {"type": "number", "exclusiveMinimum": 0, "default": 100.0},
-     "capture_per_minute": {"type": "integer", "minimum": 1, "default": 6},
+     "samples_dir": {"type": "string", "minLength": 1, "maxLength": 4096},
+     "samples_max_mb": {"type": "number", "exclusiveMinimum": 0, "default": 100.0},
+     "samples_per_minute": {"type": "integer", "minimum": 1, "default": 6},
      "motion_gate": {"type": "boolean", "default": false},
      "motion_threshold": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 255, "default": 20.0},
      "motion_min_area": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.002},

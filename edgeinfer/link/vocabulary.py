@@ -49,7 +49,7 @@ class Command(Word):
     #: ``args.revision``
     SET_ANALYTICS = "set_analytics"
     #: keep the next ``args.frames`` frames of one pipeline (``args.pipeline``; ``args.stream``: one stream, else
-    #: each) as capture samples, whatever the rules say — the dashboard's "capture the next N frames"
+    #: each) as samples, whatever the rules say — the dashboard's "sample the next N frames"
     CAPTURE = "capture"
     #: send the agent's recent log lines (redacted, from its in-memory ring) after ``args.after`` of boot
     #: ``args.boot_id`` to ``args.url``; with ``args.until`` (a unix time) go on sending new lines until then
@@ -79,11 +79,11 @@ class EventKind(Word):
     #: a pipeline's lines and zones were replaced (``data.pipeline``, ``data.revision``, ``data.lines``, ``data.zones``)
     ANALYTICS_CHANGED = "analytics_changed"
     EVIDENCE_UPLOAD_FAILED = "evidence_upload_failed"
-    #: the fleet manager refused a capture sample for good (``data.sample_id``, ``data.status``, ``data.error``)
+    #: the fleet manager refused a sample for good (``data.sample_id``, ``data.status``, ``data.error``)
     SAMPLE_UPLOAD_FAILED = "sample_upload_failed"
-    #: a capture sample could not be written on the device (a full disk): ``data.error``, ``data.stream``,
+    #: a sample could not be written on the device (a full disk): ``data.error``, ``data.stream``,
     #: ``data.rule`` (at most one a minute per pipeline; the samples stored stay)
-    CAPTURE_FAILED = "capture_failed"
+    CAPTURE_FAILED = "sample_failed"
     MQTT_RECONNECTED = "mqtt_reconnected"
     CMD_RESULT = "cmd_result"
     CMD_REJECTED = "cmd_rejected"

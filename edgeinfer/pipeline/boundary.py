@@ -1,6 +1,6 @@
 """Changes an engine's thread makes between two batches: :class:`BatchBoundary`.
 
-What a frame's answer reads — the decoders, the event and capture rules, the lines and zones — belongs to the engine's
+What a frame's answer reads — the decoders, the event and sampling rules, the lines and zones — belongs to the engine's
 thread while it answers a batch. A change of the run's options (pipeline/live_options.py) is handed to that thread,
 which makes it before it takes its next batch: no frame is answered half with the old parts and half with the new.
 """

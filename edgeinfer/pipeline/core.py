@@ -144,7 +144,7 @@ class Pipeline:
 
     @property
     def sampler(self) -> StreamSampler | None:
-        """The capture rules (options ``capture`` with a ``capture_dir``): ``request(n)``, ``counts()``."""
+        """The sampling rules (options ``sample`` with a ``samples_dir``): ``request(n)``, ``counts()``."""
         return self._stream.sampler
 
     @property

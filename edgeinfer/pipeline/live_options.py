@@ -1,4 +1,4 @@
-"""Options a run takes while it runs: a threshold, ``max_fps``, lines and zones, event rules, capture rules.
+"""Options a run takes while it runs: a threshold, ``max_fps``, lines and zones, event rules, sampling rules.
 
 :meth:`MultiPipeline.reconfigure <edgeinfer.pipeline.multi.MultiPipeline.reconfigure>` (the agent's configuration
 revisions, agent/configuration.py) changes these without stopping a stream: the capture threads go on reading, the
@@ -13,7 +13,7 @@ post-roll it has).
 - ``lines``, ``zones`` (and ``track``, ``line_band``, ``line_hold_s``, ``line_trigger``): the stream's analytics
   replace their geometry (``StreamAnalytics.replace_geometry``: the tracks go on, a line keeping its name keeps its
   counts), or are made, or dropped;
-- ``events`` and the evidence's settings, ``capture`` and the sample store's: new rules, a new store; a source that
+- ``events`` and the evidence's settings, ``sample`` and the sample store's: new rules, a new store; a source that
   decodes frames reduced (MJPEG, JPEG folders) decodes them whole from the next frame on when evidence or samples
   need them (and reduced again when they no longer do; ``reduced_decode`` too).
 
@@ -44,11 +44,11 @@ GEOMETRY_OPTIONS = ("track", "lines", "zones", "line_band", "line_hold_s", "line
 #: the event rules and their evidence
 EVENT_OPTIONS = ("events", "event_cooldown_s", "events_per_minute", "evidence_dir", "evidence_max_mb",
                  "evidence_pre_s", "evidence_post_s", "evidence_fps", "evidence_width")
-#: the capture rules and their store
-CAPTURE_OPTIONS = ("capture", "capture_dir", "capture_max_mb", "capture_per_minute")
+#: the sampling rules and their store
+SAMPLING_OPTIONS = ("sample", "samples_dir", "samples_max_mb", "samples_per_minute")
 #: every option a running run takes (:func:`restart_needed` says which others changed)
 LIVE_OPTIONS = frozenset((*DECODER_OPTIONS, "max_fps", "reduced_decode", *GEOMETRY_OPTIONS, *EVENT_OPTIONS,
-                          *CAPTURE_OPTIONS))
+                          *SAMPLING_OPTIONS))
 
 
 def changed_options(old: PipelineOptions, new: PipelineOptions) -> set[str]:
@@ -88,8 +88,8 @@ def plan(old: PipelineOptions, new: PipelineOptions, streams: list[Stream]) -> t
     if refusal:  # the words every place that takes lines and zones says (forms.regions)
         raise ValueError(refusal)
     names = changed_options(old, new)
-    geometry, events, capture = (bool(names & set(group)) for group in (GEOMETRY_OPTIONS, EVENT_OPTIONS,
-                                                                         CAPTURE_OPTIONS))
+    geometry, events, sampling = (bool(names & set(group)) for group in (GEOMETRY_OPTIONS, EVENT_OPTIONS,
+                                                                         SAMPLING_OPTIONS))
     changes = []
     for stream in streams:
         change = _StreamChange(stream, _KEEP, _KEEP, _KEEP)
@@ -97,7 +97,7 @@ def plan(old: PipelineOptions, new: PipelineOptions, streams: list[Stream]) -> t
             change.analytics = analytics_part(stream.source, new)
         if events:
             change.events = events_part(stream.name, new)
-        if capture:
+        if sampling:
             change.sampler = sampler_part(stream.name, new)
         changes.append(change)
     return names, changes
@@ -133,7 +133,7 @@ def install(changes: list[_StreamChange], *, event_listeners: tuple[Callable[[di
 
 
 def close_replaced(parts: list[Any]) -> None:
-    """Finish the replaced event and capture rules (the recordings in progress with the post-roll they have)."""
+    """Finish the replaced event and sampling rules (the recordings in progress with the post-roll they have)."""
     for part in parts:
         if part is not None:
             part.close()

@@ -87,7 +87,7 @@ class MultiPipeline:
         self.error: BaseException | None = None
         self.reading: ModelReading | None = None  # how the model is read: its task, output layout, preprocessing
         self._event_listeners: tuple[Callable[[dict], Any], ...] = ()
-        self.samples = PipelineSamples(name, lambda: self._streams.open_streams())  # the capture rules' samples
+        self.samples = PipelineSamples(name, lambda: self._streams.open_streams())  # the sampling rules' samples
         #: results delivered so far, every stream's (max_frames; the agent's health gate: agent/config_apply.py)
         self.delivered = 0
         self._opencv = OpenCVThreads(options.opencv_threads)

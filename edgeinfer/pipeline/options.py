@@ -133,16 +133,16 @@ class PipelineOptions:
     #: detect / record split: a camera's main stream; files are read in step, frame n with frame n); used only
     #: with events and an evidence_dir
     record_source: str | None = None
-    # capture rules (edgeinfer.pipeline.sampling; docs/datasets.md): frames kept with the model's output; off by default
+    # sampling rules (edgeinfer.pipeline.sampling; docs/datasets.md): frames kept with the model's output; off by default
     #: rules: ``uncertain:LOW-HIGH[/LABEL,...]``, ``drift:DISTANCE[@FRAMES]``, ``event:RULE``, ``random:RATE``,
     #: ``request`` (only the frames asked for)
-    capture: tuple[str, ...] = ()
-    #: where the samples go (capture is off without it)
-    capture_dir: str | os.PathLike | None = None
+    sample: tuple[str, ...] = ()
+    #: where the samples go (sampling is off without it)
+    samples_dir: str | os.PathLike | None = None
     #: the store's bound; the oldest samples go first
-    capture_max_mb: float = field(default=100.0, metadata=bounds(exclusiveMinimum=0))
+    samples_max_mb: float = field(default=100.0, metadata=bounds(exclusiveMinimum=0))
     #: samples each rule keeps a minute at most, per stream
-    capture_per_minute: int = field(default=6, metadata=bounds(minimum=1))
+    samples_per_minute: int = field(default=6, metadata=bounds(minimum=1))
     # motion gating (edgeinfer.pipeline.motion): unchanged frames reuse the last result, marked reused
     motion_gate: bool = False
     #: gray levels a pixel of the small comparison copy must change by
@@ -175,11 +175,11 @@ class PipelineOptions:
             from .events import rules_from_options
 
             rules_from_options(self)
-        if self.capture:
-            from .sampling import CaptureRule
+        if self.sample:
+            from .sampling import SamplingRule
 
-            for text in self.capture:
-                CaptureRule.parse(text)
+            for text in self.sample:
+                SamplingRule.parse(text)
 
     @classmethod
     @functools.cache
@@ -201,7 +201,7 @@ class PipelineOptions:
         """Whether a source may decode frames smaller than its own size (never when frames are kept, nor
         when events keep evidence: a snapshot at the model's 1/4 scale shows too little)."""
         return (self.reduced_decode and not self.keep_frames and not (self.events and self.evidence_dir)
-                and not (self.capture and self.capture_dir))  # a capture sample is the full-size frame
+                and not (self.sample and self.samples_dir))  # a sample is the full-size frame
 
     @property
     def tracking(self) -> bool:

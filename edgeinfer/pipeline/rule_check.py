@@ -1,6 +1,6 @@
 """The pipeline's rules checked against the model it reads: the labels they name and the scores they watch.
 
-An event rule (``detection:0.8/person``, ``line_crossed:door/car``; pipeline/events.py) or a capture rule
+An event rule (``detection:0.8/person``, ``line_crossed:door/car``; pipeline/events.py) or a sampling rule
 (``uncertain:0.3-0.6/person``, ``event:detection:0.9/dog``; pipeline/sampling.py) is parsed and checked on its own
 when the options are made; what it means for *this* model is known only once the model is read
 (:func:`~.tasks.read_run_model`, which calls :func:`check_rules`): so ``Pipeline(...)``, ``edgeinfer run``, the
@@ -31,7 +31,7 @@ _LISTED = 40
 
 
 def named_labels(options: Any) -> list[tuple[str, str]]:
-    """(rule as written, label) for every label an event or capture rule of ``options`` names, in order.
+    """(rule as written, label) for every label an event or sampling rule of ``options`` names, in order.
     The rules' modules are imported only when there are rules (a pipeline without them loads neither)."""
     named: list[tuple[str, str]] = []
     if options.events:
@@ -39,13 +39,13 @@ def named_labels(options: Any) -> list[tuple[str, str]]:
 
         for text in options.events:
             named += [(f"event rule {text.strip()!r}", label) for label in sorted(EventRule.parse(text).labels)]
-    if options.capture:
-        from .sampling import CaptureRule
+    if options.sample:
+        from .sampling import SamplingRule
 
-        for text in options.capture:
-            rule = CaptureRule.parse(text)
+        for text in options.sample:
+            rule = SamplingRule.parse(text)
             labels = rule.event.labels if rule.event is not None else rule.labels
-            named += [(f"capture rule {rule.text!r}", label) for label in sorted(labels)]
+            named += [(f"sampling rule {rule.text!r}", label) for label in sorted(labels)]
     return named
 
 
@@ -64,19 +64,19 @@ def check_rules(options: Any, labels: Labels | None, model: str | Path, *, thres
                                 "(labels: FILE / --labels)")
         elif label not in known:
             raise ValueError(f"{rule}: {name} has no label {label!r}{suggestion(label, known, limit=_LISTED)}")
-    if options.capture and thresholded_boxes:
+    if options.sample and thresholded_boxes:
         _check_bands(options, float(options.score_threshold))
     return tuple(warnings)
 
 
 def _check_bands(options: Any, threshold: float) -> None:
-    from .sampling import CaptureRule
+    from .sampling import SamplingRule
 
-    for text in options.capture:
-        rule = CaptureRule.parse(text)
+    for text in options.sample:
+        rule = SamplingRule.parse(text)
         if rule.kind == "uncertain" and rule.low < threshold:
             raise ValueError(
-                f"capture rule {rule.text!r}: the band starts below score_threshold {threshold:g} — the decoder "
+                f"sampling rule {rule.text!r}: the band starts below score_threshold {threshold:g} — the decoder "
                 f"drops every box scored under {threshold:g} before any rule sees it, so boxes in "
                 f"[{rule.low:g}, {min(threshold, rule.high):g}) would never be kept; set score_threshold to "
                 f"{rule.low:g} (results and events then keep those boxes too) or start the band at {threshold:g}")

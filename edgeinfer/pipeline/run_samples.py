@@ -1,6 +1,6 @@
 """The capture side of a run of several streams (``MultiPipeline.samples``): what its samples say of the pipeline
-and its model, who hears of them, and frames asked for. Apart from ``sampling.py`` so that a run with capture off
-loads none of the capture rules' modules (nor the event rules' they use)."""
+and its model, who hears of them, and frames asked for. Apart from ``sampling.py`` so that a run with sampling off
+loads none of the sampling rules' modules (nor the event rules' they use)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class PipelineSamples:
         return [(s.name, s.sampler) for s in self._open_streams() if not stream or s.name == stream]
 
     def attach(self, sampler: StreamSampler | None, model_of: Callable[[], Any]) -> None:
-        """A new stream's sampler (None: the stream does not capture): told the pipeline's names and listeners, and
+        """A new stream's sampler (None: the stream does not sample): told the pipeline's names and listeners, and
         how to read the model serving it."""
         if sampler is None:
             return
@@ -57,7 +57,7 @@ class PipelineSamples:
         if not samplers:
             raise ValueError(f"no open stream {stream!r}" if stream else "no stream is open")
         if any(sampler is None for _, sampler in samplers):
-            raise ValueError("this pipeline does not capture (options capture and capture_dir)")
+            raise ValueError("this pipeline does not sample (options sample and samples_dir)")
         for _, sampler in samplers:
             sampler.request(frames, command_id)  # type: ignore[union-attr]
         return [name for name, _ in samplers]

@@ -1,7 +1,7 @@
-"""Capture rules: frames worth labelling kept on the device with the model's own output (docs/datasets.md).
+"""Sampling rules: frames worth labelling kept on the device with the model's own output (docs/datasets.md).
 
-A rule is a short text, the same in ``Pipeline(capture=[...])``, ``edgeinfer run --capture`` and an agent.yaml
-pipeline's ``capture:`` list::
+A rule is a short text, the same in ``Pipeline(sample=[...])``, ``edgeinfer run --sample`` and an agent.yaml
+pipeline's ``sample:`` list::
 
     uncertain:LOW-HIGH[/LABEL,...]   the top score (a classifier) or any box's score (a detector) in [LOW, HIGH)
     drift:DISTANCE[@FRAMES]          the last FRAMES frames' labels drift from the first FRAMES' by more than
@@ -11,15 +11,15 @@ pipeline's ``capture:`` list::
     random:RATE                      a share RATE (0..1) of the frames, at random
     request                          none by itself: only the frames asked for
 
-and :meth:`StreamSampler.request` keeps the next N frames (the dashboard's "capture the next N frames", the
-agent's ``capture`` command), whatever the rules.
+and :meth:`StreamSampler.request` keeps the next N frames (the dashboard's "sample the next N frames", the
+agent's ``sample`` command), whatever the rules.
 
 A kept sample is a folder of the store (``forms/samples.py``: ``frame.jpg`` and ``sample.json``, written last, with the
 model's boxes in the frame's pixels and the frame's perceptual hash) that the agent uploads to the fleet manager.
 
 The inference thread calls :meth:`StreamSampler.check` with each result while the frame's buffer is held
 (as the evidence does): a few comparisons, and a copy of the frame only when a rule keeps it. The JPEG
-encoding and the writes happen on the ``edgeinfer-capture-store`` thread, fed by a bounded queue (a slow
+encoding and the writes happen on the ``edgeinfer-sample-store`` thread, fed by a bounded queue (a slow
 disk drops samples, counted). Each rule keeps at most ``per_minute`` samples a minute; the store is bounded
 (the oldest dropped first); a sample the disk refuses is a logged, counted error and the store keeps what
 it has.
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CAPTURE_KINDS = ("uncertain", "drift", "event", "random")
+SAMPLING_KINDS = ("uncertain", "drift", "event", "random")
 #: samples waiting for the store's thread at most (a slow disk drops the rest, counted)
 QUEUE_SAMPLES = 4
 #: frames in the drift rule's baseline and window when the rule does not say
@@ -70,8 +70,8 @@ _BAND = re.compile(r"\A(?P<low>[0-9.]+)-(?P<high>[0-9.]+)(?:/(?P<labels>[^/]+))?
 
 
 @dataclass(frozen=True)
-class CaptureRule:
-    """One parsed capture rule (``text`` as written)."""
+class SamplingRule:
+    """One parsed sampling rule (``text`` as written)."""
 
     text: str
     kind: str
@@ -82,19 +82,19 @@ class CaptureRule:
     event: EventRule | None = None
 
     @classmethod
-    def parse(cls, text: str) -> CaptureRule:
+    def parse(cls, text: str) -> SamplingRule:
         """A rule from its text; ValueError saying what is wrong with it."""
         if isinstance(text, str) and text.strip() == REQUEST_RULE:
             return cls(REQUEST_RULE, REQUEST_RULE)
         match = _RULE.match(text.strip()) if isinstance(text, str) else None
-        if match is None or match["kind"] not in CAPTURE_KINDS:
-            raise ValueError(f"capture rule {text!r}: not one of uncertain:LOW-HIGH[/LABEL,...], "
+        if match is None or match["kind"] not in SAMPLING_KINDS:
+            raise ValueError(f"sampling rule {text!r}: not one of uncertain:LOW-HIGH[/LABEL,...], "
                              f"drift:DISTANCE[@FRAMES], event:RULE, random:RATE, request")
         kind, arg = match["kind"], match["arg"].strip()
         try:
             return _parsers[kind](text.strip(), arg)
         except ValueError as exc:
-            raise ValueError(f"capture rule {text!r}: {exc}") from None
+            raise ValueError(f"sampling rule {text!r}: {exc}") from None
 
     def band_hit(self, result: Any) -> bool:
         """Any scored item of ``result`` (a detection, a classifier's top-1) in [low, high)."""
@@ -103,7 +103,7 @@ class CaptureRule:
                    for item in scored_items(result))
 
 
-def _uncertain(text: str, arg: str) -> CaptureRule:
+def _uncertain(text: str, arg: str) -> SamplingRule:
     band = _BAND.match(arg)
     if band is None:
         raise ValueError("the band is LOW-HIGH, scores within 0..1 (uncertain:0.3-0.6)")
@@ -111,26 +111,26 @@ def _uncertain(text: str, arg: str) -> CaptureRule:
     if not 0.0 <= low < high <= 1.0:
         raise ValueError(f"the band must be 0 <= LOW < HIGH <= 1, not {low}-{high}")
     labels = frozenset(p.strip() for p in (band["labels"] or "").split(",") if p.strip())
-    return CaptureRule(text, "uncertain", low, high, labels)
+    return SamplingRule(text, "uncertain", low, high, labels)
 
 
-def _drift(text: str, arg: str) -> CaptureRule:
+def _drift(text: str, arg: str) -> SamplingRule:
     distance, _, frames = arg.partition("@")
     value, count = float(distance), int(frames) if frames else DRIFT_FRAMES
     if not 0.0 < value < 1.0 or count < 10:
         raise ValueError("DISTANCE must be within (0, 1) and FRAMES >= 10")
-    return CaptureRule(text, "drift", low=value, frames=count)
+    return SamplingRule(text, "drift", low=value, frames=count)
 
 
-def _event(text: str, arg: str) -> CaptureRule:
-    return CaptureRule(text, "event", event=EventRule.parse(arg))
+def _event(text: str, arg: str) -> SamplingRule:
+    return SamplingRule(text, "event", event=EventRule.parse(arg))
 
 
-def _random(text: str, arg: str) -> CaptureRule:
+def _random(text: str, arg: str) -> SamplingRule:
     rate = float(arg)
     if not 0.0 < rate <= 1.0:
         raise ValueError(f"RATE is a share of the frames within (0, 1], not {rate}")
-    return CaptureRule(text, "random", low=rate)
+    return SamplingRule(text, "random", low=rate)
 
 
 _parsers = {"uncertain": _uncertain, "drift": _drift, "event": _event, "random": _random}
@@ -150,7 +150,7 @@ class SampleStore:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise OutputError(f"cannot create the capture folder {self.root}: {exc}") from exc
+            raise OutputError(f"cannot create the samples folder {self.root}: {exc}") from exc
         self._load()
 
     @property
@@ -172,7 +172,7 @@ class SampleStore:
         text = json.dumps(meta, indent=1).encode("utf-8")
         size = len(jpeg) + len(text)
         if size > self.max_bytes:
-            raise OutputError(f"capture sample {sample_id} ({size} bytes) is larger than the store's bound "
+            raise OutputError(f"sample {sample_id} ({size} bytes) is larger than the store's bound "
                               f"({self.max_bytes} bytes) in {self.root}")
         folder = self.root / sample_id
         try:
@@ -181,7 +181,7 @@ class SampleStore:
             atomic_write_bytes(folder / SAMPLE_META_NAME, text)
         except OSError as exc:
             remove_record(folder, SAMPLE_META_NAME)
-            raise OutputError(f"cannot write capture sample {sample_id} in {self.root}: {exc}") from exc
+            raise OutputError(f"cannot write sample {sample_id} in {self.root}: {exc}") from exc
         with self._lock:
             self._samples.append((folder, size))
             self._bytes += size
@@ -203,7 +203,7 @@ class SampleStore:
                 json.loads(meta.read_bytes())
                 size = meta.stat().st_size + (entry / SAMPLE_FRAME_NAME).stat().st_size
             except (OSError, ValueError):
-                log.warning("capture store %s: removing %s (partial)", self.root, entry.name)
+                log.warning("sample store %s: removing %s (partial)", self.root, entry.name)
                 remove_record(entry, SAMPLE_META_NAME)
                 continue
             self._samples.append((entry, size))
@@ -217,9 +217,9 @@ class _Kept:
 
 
 class StreamSampler:
-    """The capture rules of one stream: which frames to keep, their rate limits, the store's thread."""
+    """The sampling rules of one stream: which frames to keep, their rate limits, the store's thread."""
 
-    def __init__(self, rules: tuple[CaptureRule, ...], store: SampleStore, *, stream: str = "",
+    def __init__(self, rules: tuple[SamplingRule, ...], store: SampleStore, *, stream: str = "",
                  per_minute: int = 6, quality: int = 90, seed: int | None = None) -> None:
         if per_minute < 1:
             raise ValueError(f"per_minute must be >= 1, not {per_minute!r}")
@@ -301,7 +301,7 @@ class StreamSampler:
                 return rule.text
         return None
 
-    def _fires(self, rule: CaptureRule, result: Any, fired: list[AnalyticsEvent]) -> bool:
+    def _fires(self, rule: SamplingRule, result: Any, fired: list[AnalyticsEvent]) -> bool:
         if rule.kind == "uncertain":
             return rule.band_hit(result)
         if rule.kind == "random":
@@ -317,7 +317,7 @@ class StreamSampler:
                        for i in scored_items(result))
         return any(event.matches(e) for e in fired)
 
-    def _drifted(self, rule: CaptureRule, result: Any) -> bool:
+    def _drifted(self, rule: SamplingRule, result: Any) -> bool:
         """The first ``frames`` frames' labels are the baseline; the last ``frames`` frames' are compared to it."""
         baseline, window = self._drift.setdefault(rule.text, (Counter(), deque()))
         # a frame without a scored item counts as "" (nothing seen): an empty scene is an output too
@@ -358,7 +358,7 @@ class StreamSampler:
     def _ensure_thread(self) -> None:
         with self._lock:
             if self._thread is None and not self._closed:
-                name = f"edgeinfer-capture-store-{self.stream or 'main'}"
+                name = f"edgeinfer-sample-store-{self.stream or 'main'}"
                 self._thread = threading.Thread(target=self._run, name=name, daemon=True)
                 self._thread.start()
 
@@ -396,7 +396,7 @@ class StreamSampler:
             try:
                 listener(info)
             except Exception:  # a listener's fault is its own: the store goes on
-                log.exception("capture listener failed")
+                log.exception("sample listener failed")
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, then stop the store's thread; idempotent."""
@@ -462,11 +462,11 @@ def _output_dict(result: Any) -> Any:
 
 
 def sampler_from_options(options: Any, stream: str = "", folder: Any = None) -> StreamSampler | None:
-    """The stream's :class:`StreamSampler` from ``capture``, ``capture_dir``, ``capture_max_mb`` and
-    ``capture_per_minute`` (None when capture is off: no rules, or no folder)."""
-    folder = folder if folder is not None else options.capture_dir
-    if not options.capture or folder is None:
+    """The stream's :class:`StreamSampler` from ``sample``, ``samples_dir``, ``samples_max_mb`` and
+    ``samples_per_minute`` (None when sampling is off: no rules, or no folder)."""
+    folder = folder if folder is not None else options.samples_dir
+    if not options.sample or folder is None:
         return None
-    rules = tuple(CaptureRule.parse(text) for text in options.capture)
-    store = SampleStore(folder, int(options.capture_max_mb * 1024 * 1024))
-    return StreamSampler(rules, store, stream=stream, per_minute=options.capture_per_minute)
+    rules = tuple(SamplingRule.parse(text) for text in options.sample)
+    store = SampleStore(folder, int(options.samples_max_mb * 1024 * 1024))
+    return StreamSampler(rules, store, stream=stream, per_minute=options.samples_per_minute)

@@ -80,7 +80,7 @@ class Stream:
         self.gate: MotionGate | None = None
         self.analytics: StreamAnalytics | None = None
         self.events: StreamEvents | None = None
-        #: the capture rules (options.capture with a capture_dir): frames kept with the model's output
+        #: the sampling rules (options.sample with a samples_dir): frames kept with the model's output
         self.sampler: StreamSampler | None = None
         #: where the evidence's frames come from when not this stream's source (options.record_source)
         self.record: RecordSource | None = None
@@ -112,7 +112,7 @@ class Stream:
             raise
 
     def _add_parts(self, options: PipelineOptions) -> None:
-        """Motion gating, tracking, events, capture rules: imported only when asked for (pipeline/stream_parts.py)."""
+        """Motion gating, tracking, events, sampling rules: imported only when asked for (pipeline/stream_parts.py)."""
         if options.motion_gate:
             from .motion import motion_gate_from_options
 

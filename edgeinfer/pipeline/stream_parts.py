@@ -37,18 +37,18 @@ def events_part(stream: str, options: PipelineOptions) -> StreamEvents | None:
 
 
 def sampler_part(stream: str, options: PipelineOptions) -> StreamSampler | None:
-    """The capture rules (None without rules or a capture_dir); a named stream keeps its samples apart."""
-    if not options.capture or options.capture_dir is None:
+    """The sampling rules (None without rules or a samples_dir); a named stream keeps its samples apart."""
+    if not options.sample or options.samples_dir is None:
         return None
     from .events import stream_folder
     from .sampling import sampler_from_options
 
-    folder = stream_folder(options.capture_dir, stream) if stream else options.capture_dir
+    folder = stream_folder(options.samples_dir, stream) if stream else options.samples_dir
     return sampler_from_options(options, stream=stream, folder=folder)
 
 
 def wire(analytics: StreamAnalytics | None, events: StreamEvents | None, sampler: StreamSampler | None) -> None:
-    """The crossings and entries of ``analytics`` reach the event and capture rules; the events draw its lines and
+    """The crossings and entries of ``analytics`` reach the event and sampling rules; the events draw its lines and
     zones on their snapshots."""
     if analytics is None:
         return

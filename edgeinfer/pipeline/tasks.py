@@ -128,7 +128,7 @@ def read_run_model(engine: Engine, options: Any, labels: Labels | None) -> tuple
     """How a run reads its first engine (a batch row of it) for ``options`` (its PipelineOptions), and its
     labels: the caller's, else the labels file packed in the model (classifiers), else the class names its
     metadata states. LayoutMismatch when no layout fits; ValueError when tracking is asked of boxless results, or
-    when an event or capture rule cannot work with this model (a label it does not have, an ``uncertain`` band
+    when an event or sampling rule cannot work with this model (a label it does not have, an ``uncertain`` band
     under the score threshold: pipeline/rule_check.py); what could not be checked is logged and in ``notes``."""
     from .decoders import model_labels
     from .labels import Labels

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from ..fleet.manager import FleetManager
 
 TELEMETRY_SECONDS = 4.0
-#: the demo agent's capture rule: a tenth of the frames, at random (docs/datasets.md)
-CAPTURE_RULE = "random:0.1"
+#: the demo agent's sampling rule: a tenth of the frames, at random (docs/datasets.md)
+SAMPLING_RULE = "random:0.1"
 DEVICE = "demo-cam"
 
 
@@ -88,7 +88,7 @@ def run_fleet_demo(clip: Path, model_v1: Path, model_v2: Path, workdir: Path,
             "manager_url": fleet.http.url,  # where its samples go
             "pipelines": [{"name": "main", "model": str(model_v1), "source": str(clip), "loop": True,
                            "max_fps": 15, "version": "1",  # and frames worth labelling kept and uploaded
-                           "capture": [CAPTURE_RULE], "capture_per_minute": 30}],
+                           "sample": [SAMPLING_RULE], "samples_per_minute": 30}],
         }, sort_keys=False).encode(), mode=0o600)
         echo(f"   $ edgeinfer agent --config {config}")
         with open(workdir / "agent.log", "wb") as log:
@@ -129,7 +129,7 @@ def _watch_and_deploy(fleet: FleetManager, agent: subprocess.Popen, model_v2: Pa
     telemetry = db.device_telemetry(DEVICE, 1000)
     _wait(lambda: db.samples.select(Filters(device_id=DEVICE), limit=1), 20, agent)  # the upload is a thread's
     samples = db.samples.select(Filters(device_id=DEVICE), limit=1000)
-    echo(f"   samples    {len(samples)} frame(s) the capture rule {CAPTURE_RULE} kept, at the manager "
+    echo(f"   samples    {len(samples)} frame(s) the sampling rule {SAMPLING_RULE} kept, at the manager "
          "(the dashboard's Samples page; edgeinfer fleet dataset export --format coco -o DIR)")
     echo("== 4. a signed rollout: the bird model as version 2 to the running agent")
     # one device, and a model with other classes: no canary analysis (docs/fleet.md, Canary analysis)

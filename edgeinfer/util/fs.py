@@ -103,7 +103,7 @@ def sha256_file(path: str | os.PathLike, *extra: str | os.PathLike) -> str:
 
 
 def remove_record(folder: str | os.PathLike, marker: str) -> None:
-    """Delete a record's folder (an event's evidence, a capture sample) whose ``marker`` file, written last,
+    """Delete a record's folder (an event's evidence, a sample) whose ``marker`` file, written last,
     makes it whole: the marker goes first, so a crash midway leaves a partial folder, never a listed one."""
     import shutil
 

@@ -332,8 +332,8 @@ def test_malformed_commands_get_error_events_and_change_nothing(tmp_path, broker
         # signed by the fleet (a state-changing command must be), and still wrong
         signed_command("c-args", "restart_pipeline", {"pipeline": "main", "now": True}),
         signed_command("c-nopipe", "restart_pipeline", {"pipeline": "nope"}),
-        signed_command("c-nocapture", "capture", {"pipeline": "main", "frames": 3}),  # it has no pipeline
-        signed_command("c-frames", "capture", {"pipeline": "main", "frames": 0}),
+        signed_command("c-nocapture", "sample", {"pipeline": "main", "frames": 3}),  # it has no pipeline
+        signed_command("c-frames", "sample", {"pipeline": "main", "frames": 0}),
         json.dumps({"v": 1, "type": "cmd", "id": "c-old", "cmd": "ping", "expires": 1000.0}).encode(),
         json.dumps({"v": 1, "type": "cmd", "id": "c-extra", "cmd": "ping", "admin": True}).encode(),
     ]

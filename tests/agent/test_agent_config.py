@@ -141,7 +141,7 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
         "events": ["line_crossed:door/person", "detection:0.8"], "event_cooldown_s": 5, "events_per_minute": 10,
         "evidence_dir": "evidence", "evidence_max_mb": 50, "evidence_pre_s": 1.5, "evidence_post_s": 2,
         "evidence_fps": 4, "evidence_width": 480, "record_source": "rtsp://door-cam/main",
-        "capture": ["uncertain:0.3-0.6"], "capture_dir": "samples", "capture_max_mb": 50, "capture_per_minute": 3,
+        "sample": ["uncertain:0.3-0.6"], "samples_dir": "samples", "samples_max_mb": 50, "samples_per_minute": 3,
         "loop": True, "size": "1280x720", "fps": 15,
         "fourcc": "MJPG", "backoff": {"initial_s": 1, "max_s": 30, "give_up_s": 600}, "policy": "latest",
         "max_fps": 5, "max_frames": 100, "queue_size": 4, "resize": "letterbox", "mean": 127.5,

@@ -57,7 +57,7 @@ def test_check_refuses_a_model_that_is_not_there_or_is_cut(tmp_path):
 
 def test_check_reads_the_model_as_the_run_does_without_opening_the_source(tmp_path):
     result = _check(tmp_path, _door(source="/dev/video99", events=["detection:0.8/person"],
-                                    capture=["uncertain:0.5-0.7/person,kite"]))
+                                    sample=["uncertain:0.5-0.7/person,kite"]))
     assert result.returncode == 0, result.stderr
     [model] = json.loads(result.stdout)["models"]
     assert (model["pipeline"], model["task"], model["layout"]) == ("door", "detect", "tflite-ssd")
@@ -72,14 +72,14 @@ def test_check_refuses_a_rule_naming_a_label_the_model_does_not_have(tmp_path):
     result = _check(tmp_path, _door(events=["detection:0.8/persn"]))
     assert result.returncode == EX_CONFIG, result.stderr
     assert _error(result) == f"edgeinfer: error: {tmp_path / 'agent.yaml'}: pipelines[0].events: {DID_YOU_MEAN}"
-    capture = _check(tmp_path, _door(capture=["event:detection:0.9/dgo"]))
+    capture = _check(tmp_path, _door(sample=["event:detection:0.9/dgo"]))
     assert capture.returncode == EX_CONFIG
-    assert "pipelines[0].capture: capture rule 'event:detection:0.9/dgo'" in _error(capture)
+    assert "pipelines[0].sample: sampling rule 'event:detection:0.9/dgo'" in _error(capture)
     assert "has no label 'dgo' — did you mean 'dog'?" in _error(capture)
     # an uncertain band the score threshold hides is refused, saying so; lowered, it is accepted
-    band = _check(tmp_path, _door(capture=["uncertain:0.3-0.6"]))
+    band = _check(tmp_path, _door(sample=["uncertain:0.3-0.6"]))
     assert band.returncode == EX_CONFIG and "the band starts below score_threshold 0.5" in _error(band)
-    assert _check(tmp_path, _door(capture=["uncertain:0.3-0.6"], score_threshold=0.3)).returncode == 0
+    assert _check(tmp_path, _door(sample=["uncertain:0.3-0.6"], score_threshold=0.3)).returncode == 0
 
 
 def test_a_model_without_labels_cannot_have_its_rules_checked_a_warning(tmp_path):

@@ -1,6 +1,6 @@
 """Configuration revisions on a real agent process: a real fleet manager (its artifact store serves the document, its
 fleet key signs the ``deploy`` command of kind ``config``, its database records the device's events and state) and a
-real Mosquitto; real models, real clips. Only what a revision changes changes: a rule, a line or a capture rule without
+real Mosquitto; real models, real clips. Only what a revision changes changes: a rule, a line or a sampling rule without
 a restart, a source by reopening its stream, a pipeline added or removed beside the others; a revision the device cannot
 run is refused with its reason, one that fails once running is rolled back, and a device killed in the middle of one
 comes up on one whole revision."""
@@ -125,11 +125,11 @@ def test_a_capture_rule_and_a_new_line_reach_a_running_pipeline_without_a_restar
         assert wait(lambda: site.running() == {"door"} and frames(site, "door") >= 20, 90), agent.output()
         read_before = frames(site, "door")  # each result is a frame read: the frame ids had passed this
         samples = tmp_path / "data" / "samples" / "door"
-        document = {"pipelines": [faces("door", clip, lines=[LINE], capture=["random:1"], capture_per_minute=30)]}
+        document = {"pipelines": [faces("door", clip, lines=[LINE], sample=["random:1"], samples_per_minute=30)]}
         result = site.outcome(site.send(document, 1))
         assert result["data"]["state"] == "active", result
         assert result["data"]["changes"]["pipelines"] == [
-            {"pipeline": "door", "change": "live", "keys": ["lines", "capture", "capture_dir", "capture_per_minute"]}]
+            {"pipeline": "door", "change": "live", "keys": ["lines", "sample", "samples_dir", "samples_per_minute"]}]
         assert wait(lambda: list(samples.glob("*/sample.json")), 30), agent.output()
         first = min(json.loads(p.read_text())["frame_id"] for p in samples.glob("*/sample.json"))
         assert first >= read_before  # the run went on: its frame ids did not start again
@@ -148,7 +148,7 @@ def test_a_source_change_reopens_that_stream_only(tmp_path, site, clip):
     """Two streams capture every frame they can (with their frame ids): after b's source changes, a's ids go on
     where they were, b's start again from the new source's first frame; the pipeline never restarts."""
     people = scenes.make_people_clip(tmp_path / "people.avi")
-    capture = {"capture": ["random:1"], "capture_per_minute": 240}
+    capture = {"sample": ["random:1"], "samples_per_minute": 240}
     lobby = {**faces("lobby", clip, **capture), "source": None,
              "sources": [{"name": "a", "source": str(clip)}, {"name": "b", "source": str(clip)}]}
     del lobby["source"]
@@ -180,7 +180,7 @@ def frames(site: Site, pipeline: str) -> int:
 
 
 def ids(folder: Path) -> list[tuple[float, int]]:
-    """(captured_at, frame_id) of every sample in a stream's capture folder."""
+    """(captured_at, frame_id) of every sample in a stream's samples folder."""
     out = []
     for meta in folder.glob("*/sample.json"):
         try:

@@ -37,7 +37,7 @@ from edgeinfer.forms.samples import (
     hamming,
 )
 from edgeinfer.pipeline.postprocess import Detection, Detections
-from edgeinfer.pipeline.sampling import CaptureRule, SampleStore, StreamSampler, perceptual_hash
+from edgeinfer.pipeline.sampling import SampleStore, SamplingRule, StreamSampler, perceptual_hash
 from edgeinfer.util.backoff import Backoff
 
 W, H = 320, 240
@@ -51,7 +51,7 @@ def scene(seed: int) -> np.ndarray:
 
 def keep(folder, frames: list[np.ndarray]) -> list:
     """Samples of ``frames`` kept by a real sampler (rule random:1), each with one box scored 0.4."""
-    sampler = StreamSampler((CaptureRule.parse("random:1"),), SampleStore(folder, 10 << 20), per_minute=1000)
+    sampler = StreamSampler((SamplingRule.parse("random:1"),), SampleStore(folder, 10 << 20), per_minute=1000)
     sampler.pipeline, sampler.model_version = "door", "3"
     result = Detections((Detection((10.0, 20.0, 110.0, 400.0), 0.4, 0, "person"),))  # reaches past the frame
     for n, frame in enumerate(frames):
@@ -138,7 +138,7 @@ def test_a_pose_samples_keypoints_go_from_the_device_to_the_exports_and_correcte
     for name in ("squat.bmp", "grace_hopper.bmp"):
         (photos / name).symlink_to(IMAGES / name)
     root = tmp_path / "samples" / "gym"
-    with Pipeline(YOLO_POSE, str(photos), capture=["random:1"], capture_dir=root, capture_per_minute=100) as run:
+    with Pipeline(YOLO_POSE, str(photos), sample=["random:1"], samples_dir=root, samples_per_minute=100) as run:
         results = {r.frame_id: r.result for r in run}
     folders = SampleStore(root, 10 << 20).list()
     assert len(folders) == 2

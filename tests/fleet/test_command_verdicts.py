@@ -129,10 +129,10 @@ def test_a_command_the_device_runs_reads_applied_and_one_it_refuses_reads_refuse
         assert found["message"] == "no pipeline named 'nope' (have: main)"  # the device's words, without its prefix
         assert found["text"] == "refused by the device: failed — no pipeline named 'nope' (have: main)"
         assert found["result"] is None and found["settled"]
-        status, capture = _call(url, f"/api/devices/{DEVICE}/capture", operator, {"pipeline": "main", "frames": 2})
+        status, capture = _call(url, f"/api/devices/{DEVICE}/sample", operator, {"pipeline": "main", "frames": 2})
         found = _settled(url, viewer, capture["command_id"])
-        assert (found["state"], found["reason"]) == ("refused", "no_capture"), found
-        assert "does not capture" in found["message"] and found["samples"] == {"requested": 2, "stored": 0,
+        assert (found["state"], found["reason"]) == ("refused", "no_sampling"), found
+        assert "does not sample" in found["message"] and found["samples"] == {"requested": 2, "stored": 0,
                                                                               "duplicates": 0}
         assert wait_until(lambda: "refused" in [r["state"] for r in stream.records(capture["command_id"])], 15, 0.1)
     finally:

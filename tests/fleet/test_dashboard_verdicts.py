@@ -3,7 +3,7 @@ enrolled credential, the manager's Mosquitto) runs the COCO SSD on a still photo
 manager's dashboard.
 
 - Capture: the scene is stored once, so every frame of a later capture is a near-duplicate — ``edgeinfer fleet
-  dataset capture`` says "5 frames captured: 0 stored, 5 near-duplicates of stored samples", the Capture card the
+  dataset sample`` says "5 frames sampled: 0 stored, 5 near-duplicates of stored samples", the Sampling card the
   same of its own.
 - The lines-and-zones editor: a line the device applies reads "applied (revision 1)"; a save the device refuses
   (the agent restarted pinning another fleet key) reads "refused by the device: bad_signature — …" in the device's
@@ -56,7 +56,7 @@ class Field:
             username=self.device["username"], password=self.device["password"], data_dir=str(self.folder / "data"),
             telemetry_interval_s=0.5, manager_url=self.manager.http.url, update_public_key=key, profile="none",
             pipelines=[{"name": "door", "model": str(self.model), "source": str(PHOTO), "loop": True, "max_fps": 4,
-                        "threads": 1, "version": "1", "capture": ["request"]}])
+                        "threads": 1, "version": "1", "sample": ["request"]}])
         self.agent = AgentProcess(config, self.folder / "agent.log").start()
 
         def running() -> bool:
@@ -94,7 +94,7 @@ def field(tmp_path_factory):
 
 
 def _capture_cli(url: str, token: str, frames: int, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(edgeinfer_cmd("fleet", "dataset", "capture", DEVICE, "--pipeline", "door", "--frames",
+    return subprocess.run(edgeinfer_cmd("fleet", "dataset", "sample", DEVICE, "--pipeline", "door", "--frames",
                                         str(frames), "--timeout", "60", *extra),
                           capture_output=True, text=True, timeout=120,
                           env=env_with_repo(EDGEINFER_FLEET_URL=url, EDGEINFER_FLEET_TOKEN=token))
@@ -143,19 +143,19 @@ def test_a_capture_of_near_duplicates_says_so_in_the_cli_and_on_the_capture_card
     assert (record["state"], record["samples"]) == ("applied", {"requested": 2, "stored": 1, "duplicates": 1})
     again = _capture_cli(url, operator, 5)
     assert again.returncode == 0, again.stderr
-    assert again.stdout.strip() == "5 frames captured: 0 stored, 5 near-duplicates of stored samples"
+    assert again.stdout.strip() == "5 frames sampled: 0 stored, 5 near-duplicates of stored samples"
     assert len(FleetClient(url, token=operator).samples(device=DEVICE)) == 1  # the scene, once
     with Browser(DESKTOP) as browser:
         sign_in(browser, dashboard, "operator")
         go(browser, dashboard, f"#/devices/{DEVICE}")
-        box = wait_for(browser, '[data-testid=capture-form][data-pipeline="door"] [data-testid=capture-frames]', 20)
+        box = wait_for(browser, '[data-testid=sampling-form][data-pipeline="door"] [data-testid=sampling-frames]', 20)
         wait_js(browser, "return arguments[0].value === '10'", 10, box)  # the API's default has arrived
         box.clear()
         box.send_keys("3")
-        wait_for(browser, '[data-testid=capture-form][data-pipeline="door"] [data-testid=capture-submit]').click()
-        text = wait_text(browser, "[data-testid=capture-verdict]", lambda t: "captured:" in t, 60)
-        assert text == "3 frames captured: 0 stored, 3 near-duplicates of stored samples"
-        assert wait_for(browser, "[data-testid=capture-verdict]").get_attribute("data-state") == "applied"
+        wait_for(browser, '[data-testid=sampling-form][data-pipeline="door"] [data-testid=sampling-submit]').click()
+        text = wait_text(browser, "[data-testid=sampling-verdict]", lambda t: "sampled:" in t, 60)
+        assert text == "3 frames sampled: 0 stored, 3 near-duplicates of stored samples"
+        assert wait_for(browser, "[data-testid=sampling-verdict]").get_attribute("data-state") == "applied"
         assert not browser.errors(), browser.errors()
 
 

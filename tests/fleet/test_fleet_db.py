@@ -285,7 +285,7 @@ def test_commands_take_their_devices_first_answer_once_and_count_a_captures_samp
 
     now = time.time()
     db.record_state("f", "cam-1", {"online": True, "groups": []})
-    sent = {"device_id": "cam-1", "cmd": "capture", "pipeline": "door", "summary": {"frames": 2}, "sent_by": "ops",
+    sent = {"device_id": "cam-1", "cmd": "sample", "pipeline": "door", "summary": {"frames": 2}, "sent_by": "ops",
             "expires_at": now + 60}
     assert db.commands.record({"command_id": "c1", **sent}) and not db.commands.record({"command_id": "c1", **sent})
     db.commands.record({"command_id": "c2", **sent, "cmd": "ping", "pipeline": None})
@@ -302,7 +302,7 @@ def test_commands_take_their_devices_first_answer_once_and_count_a_captures_samp
         db.commands.count_sample("cam-1", "s2", "c1", "duplicate")
     found = db.commands.get("c1")
     assert (found["samples_stored"], found["samples_duplicates"]) == (1, 1)
-    assert [c["command_id"] for c in db.commands.of_device("cam-1", cmd="capture", pipeline="door")] == ["c1"]
+    assert [c["command_id"] for c in db.commands.of_device("cam-1", cmd="sample", pipeline="door")] == ["c1"]
     assert {c["command_id"] for c in db.commands.changed(now - 5, time.time() + 1)} == {"c1", "c2"}
     assert db.commands.changed(time.time() + 5, time.time() + 6) == []
     assert db.prune(now=now + 100 * 86_400.0)["commands"] == 2 and db.commands.get("c1") is None

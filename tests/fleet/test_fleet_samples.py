@@ -1,4 +1,4 @@
-"""Captured samples at a real fleet manager (its managed Mosquitto, a real PostgreSQL, HTTP on a real socket)
+"""Samples at a real fleet manager (its managed Mosquitto, a real PostgreSQL, HTTP on a real socket)
 and real JPEGs: devices upload samples with their own credential, idempotent by id, a static scene's near-identical
 frame kept once, the quota; listing, review, delete; the COCO export opens in pycocotools with the right boxes and
 categories, YOLO labels normalised, Label Studio tasks with predictions; corrected labels imported back; hostile

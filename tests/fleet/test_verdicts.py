@@ -11,7 +11,7 @@ def _event(kind: str, data: dict, message: str = "", cmd_id: str | None = "c1") 
 
 
 def test_each_answer_the_agent_sends_reads_as_its_verdict():
-    applied = answer_of(_event("cmd_result", {"cmd": "capture", "ok": True, "result": {"frames": 3}}))
+    applied = answer_of(_event("cmd_result", {"cmd": "sample", "ok": True, "result": {"frames": 3}}))
     assert (applied.state, applied.result, applied.reason) == (CommandState.APPLIED, {"frames": 3}, None)
     # refused by the router before it ran: the words are in the message, after the command's id
     refused = answer_of(_event("cmd_rejected", {"cmd": "deploy", "reason": "bad_signature"},
@@ -57,12 +57,12 @@ def test_a_record_says_its_verdict_in_words():
     deploy = {**row, "cmd": "deploy", "summary": {}, "state": "applied",
               "result": {"state": "failed", "reason": "sha256_mismatch"}}
     assert record(deploy, 50.0)["text"] == "applied: failed (sha256_mismatch)"
-    capture = {**row, "cmd": "capture", "summary": {"frames": 5}, "state": "applied",
+    capture = {**row, "cmd": "sample", "summary": {"frames": 5}, "state": "applied",
                "result": {"pipeline": "yard", "streams": ["north", "south"], "frames": 5},
                "samples_stored": 1, "samples_duplicates": 2}
     found = record(capture, 50.0)
     assert found["samples"] == {"requested": 10, "stored": 1, "duplicates": 2} and not found["settled"]
-    assert found["text"] == "3 of 10 frames captured so far: 1 stored, 2 near-duplicates of stored samples"
+    assert found["text"] == "3 of 10 frames sampled so far: 1 stored, 2 near-duplicates of stored samples"
     done = record({**capture, "samples_stored": 0, "samples_duplicates": 10}, 50.0)
-    assert done["text"] == "10 frames captured: 0 stored, 10 near-duplicates of stored samples" and done["settled"]
+    assert done["text"] == "10 frames sampled: 0 stored, 10 near-duplicates of stored samples" and done["settled"]
     assert "samples_stored" not in done

@@ -1,4 +1,4 @@
-"""A running run takes new thresholds, max_fps, lines, event and capture rules without a new stream: the capture
+"""A running run takes new thresholds, max_fps, lines, event and sampling rules without a new stream: the capture
 threads and the frame ids go on (pipeline/live_options.py), on a real detector reading the scene clip."""
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ def test_new_lines_rules_capture_threshold_and_pace_reach_a_running_run_without_
         before = {name: run.get_stream(name) for name in run.streams}
         assert all(stream.analytics is None and stream.sampler is None for stream in before.values())
         options = dataclasses.replace(run.options, lines=(LINE,), events=("line_crossed:door",),
-                                      evidence_dir=str(tmp_path / "evidence"), capture=("random:1",),
-                                      capture_dir=str(tmp_path / "samples"), score_threshold=0.7, max_fps=40.0)
+                                      evidence_dir=str(tmp_path / "evidence"), sample=("random:1",),
+                                      samples_dir=str(tmp_path / "samples"), score_threshold=0.7, max_fps=40.0)
         fired: list[dict] = []
         changed = run.reconfigure(options)
         run.add_event_listener(fired.append)  # event rules the run did not have now take listeners
         results.mark = time.time()
-        assert changed == {"lines", "events", "evidence_dir", "capture", "capture_dir", "score_threshold", "max_fps"}
+        assert changed == {"lines", "events", "evidence_dir", "sample", "samples_dir", "score_threshold", "max_fps"}
         assert {name: run.get_stream(name) for name in run.streams} == before  # the same streams, still reading
         counted = {name: results.count(name) for name in before}
         assert wait_until(lambda: all(results.count(n) >= counted[n] + 40 for n in before), 90)
@@ -76,8 +76,8 @@ def test_new_lines_rules_capture_threshold_and_pace_reach_a_running_run_without_
 
         # and back: no lines, no rules, no capture; the analytics dropped, the rules' parts closed
         events = before["a"].events
-        assert run.reconfigure(dataclasses.replace(options, lines=(), events=(), capture=())) == {
-            "lines", "events", "capture"}
+        assert run.reconfigure(dataclasses.replace(options, lines=(), events=(), sample=())) == {
+            "lines", "events", "sample"}
         assert all(s.analytics is None and s.events is None and s.sampler is None for s in before.values())
         assert events._closed
         counted = {name: results.count(name) for name in before}

@@ -27,15 +27,15 @@ NO_CAMERA = "/dev/video99"  # never opened: the rules are refused when the model
                                           "mean 'person'?"),
     ({"events": ["line_crossed:door/person,bycicle"], "lines": ["door=0,0,10,10"]},
      "event rule 'line_crossed:door/person,bycicle': {model} has no label 'bycicle' — did you mean 'bicycle'?"),
-    ({"capture": ["uncertain:0.5-0.7/kyte"]}, "capture rule 'uncertain:0.5-0.7/kyte': {model} has no label 'kyte' — "
+    ({"sample": ["uncertain:0.5-0.7/kyte"]}, "sampling rule 'uncertain:0.5-0.7/kyte': {model} has no label 'kyte' — "
                                               "did you mean 'kite'?"),
-    ({"capture": ["event:detection:0.9/dgo"]}, "capture rule 'event:detection:0.9/dgo': {model} has no label 'dgo' — "
+    ({"sample": ["event:detection:0.9/dgo"]}, "sampling rule 'event:detection:0.9/dgo': {model} has no label 'dgo' — "
                                                "did you mean 'dog'?"),
     ({"events": ["detection/xyzzy"]}, "has no label 'xyzzy' (known: person, bicycle, car"),
 ], ids=["detection", "line_crossed", "uncertain", "capture-event", "nothing-close"])
 def test_a_rule_naming_a_label_the_model_lacks_is_refused_with_the_closest(tmp_path, options, words):
-    if "capture" in options:
-        options = {**options, "capture_dir": tmp_path / "c"}
+    if "sample" in options:
+        options = {**options, "samples_dir": tmp_path / "c"}
     expected = words.format(model=SSD.name)
     with pytest.raises(ValueError) as info:
         Pipeline(SSD, NO_CAMERA, labels=COCO, **options)
@@ -66,17 +66,17 @@ def kites(tmp_path_factory):
 
 def test_an_uncertain_band_below_the_score_threshold_is_refused_and_lowered_it_sees_those_boxes(kites, tmp_path):
     with pytest.raises(ValueError) as info:
-        Pipeline(SSD, kites, labels=COCO, capture=["uncertain:0.3-0.6"], capture_dir=tmp_path / "c")
+        Pipeline(SSD, kites, labels=COCO, sample=["uncertain:0.3-0.6"], samples_dir=tmp_path / "c")
     assert str(info.value) == (
-        "capture rule 'uncertain:0.3-0.6': the band starts below score_threshold 0.5 — the decoder drops every box "
+        "sampling rule 'uncertain:0.3-0.6': the band starts below score_threshold 0.5 — the decoder drops every box "
         "scored under 0.5 before any rule sees it, so boxes in [0.3, 0.5) would never be kept; set score_threshold "
         "to 0.3 (results and events then keep those boxes too) or start the band at 0.5")
     with pytest.raises(ValueError, match=r"boxes in \[0.1, 0.2\) would never be kept"):  # wholly below it too
-        Pipeline(SSD, kites, labels=COCO, capture=["uncertain:0.1-0.2"], capture_dir=tmp_path / "c",
+        Pipeline(SSD, kites, labels=COCO, sample=["uncertain:0.1-0.2"], samples_dir=tmp_path / "c",
                  score_threshold=0.25)
     # what the docs say to do: the threshold at the band's low end; the band then keeps boxes scored under 0.5
-    with Pipeline(SSD, kites, labels=COCO, capture=["uncertain:0.3-0.6"], capture_dir=tmp_path / "c",
-                  score_threshold=0.3, capture_per_minute=1000) as pipeline:
+    with Pipeline(SSD, kites, labels=COCO, sample=["uncertain:0.3-0.6"], samples_dir=tmp_path / "c",
+                  score_threshold=0.3, samples_per_minute=1000) as pipeline:
         results = list(pipeline)
     assert results and all(d.score > 0.3 for r in results for d in r.result)  # results at the pipeline's threshold
     kept = [json.loads(meta.read_text()) for meta in (tmp_path / "c").glob(f"*/{SAMPLE_META_NAME}")]
@@ -84,9 +84,9 @@ def test_an_uncertain_band_below_the_score_threshold_is_refused_and_lowered_it_s
     under = sorted({round(d["score"], 3) for sample in kept for d in sample["detections"] if d["score"] < 0.5})
     assert under and min(under) >= 0.3, under  # boxes the default threshold would have hidden: kept, and stored
     # a classifier's top-1 and MoveNet's one person are kept whatever they score: there a band sees every score
-    with Pipeline(MOBILENET_TINY, IMAGES, labels=IMAGENET_LABELS, capture=["uncertain:0.0-0.3"], max_frames=1,
-                  capture_dir=tmp_path / "a") as pipeline:
+    with Pipeline(MOBILENET_TINY, IMAGES, labels=IMAGENET_LABELS, sample=["uncertain:0.0-0.3"], max_frames=1,
+                  samples_dir=tmp_path / "a") as pipeline:
         assert pipeline.reading.task == "classify" and len(list(pipeline)) == 1
-    with Pipeline(MOVENET, IMAGES, capture=["uncertain:0.0-0.3"], capture_dir=tmp_path / "b",
+    with Pipeline(MOVENET, IMAGES, sample=["uncertain:0.0-0.3"], samples_dir=tmp_path / "b",
                   max_frames=1) as pipeline:
         assert pipeline.reading.layout.name == "movenet" and len(list(pipeline)) == 1

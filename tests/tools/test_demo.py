@@ -26,7 +26,7 @@ def test_demo_runs_end_to_end(tmp_path):
     fleet = summary["fleet"]  # the agent's telemetry reached the fleet manager, then v2 was deployed to it
     assert fleet["telemetry"] >= 3 and fleet["fps"] > 0 and fleet["delegate"]
     assert fleet["seqs"] == list(range(1, len(fleet["seqs"]) + 1))
-    assert fleet["samples"] >= 1  # frames its capture rule kept reached the manager
+    assert fleet["samples"] >= 1  # frames its sampling rule kept reached the manager
     assert fleet["deploy_exit_code"] == 0 and fleet["version_after"] == 2
     assert fleet["update_states"][-1] == "active" and fleet["agent_exit_code"] == 0
     # the agent was enrolled (the managed Mosquitto admits no anonymous client) and the deploy used a token

@@ -1,4 +1,4 @@
-"""The answers that say what a device did with a command (``fleet/verdicts.py``): a command's record, a capture's
+"""The answers that say what a device did with a command (``fleet/verdicts.py``): a command's record, a sample command's
 outcome, and a pipeline's lines and zones as last sent, as the device applied them, and its last refusal. Beside
 the routers that answer them (``api/commands.py``, ``api/live_view.py``); like every answer of ``schemas.py``, a model
 names the fields a client can rely on."""
@@ -13,7 +13,7 @@ from ..verdicts import CommandState
 from .schemas import JsonObject, Row
 
 
-class CaptureSamples(BaseModel):
+class SampleOutcome(BaseModel):
     """What came of a capture: the frames the device took on to keep (frames × streams), and of those uploaded,
     how many the manager stored and how many it dropped as near-duplicates of stored samples."""
 
@@ -42,9 +42,9 @@ class CommandRecord(Row):
     result: Any = Field(None, description="what the device answered when it ran the command")
     answered_at: float | None = None
     updated_at: float
-    samples: CaptureSamples | None = Field(None, description="a capture's outcome (null for other commands)")
+    samples: SampleOutcome | None = Field(None, description="a sample command's outcome (null for other commands)")
     text: str = Field(description="the verdict in words, as the CLI prints it and the dashboard shows it")
-    settled: bool = Field(description="nothing more is to come: refused, expired, or applied (a capture: with "
+    settled: bool = Field(description="nothing more is to come: refused, expired, or applied (a sample command: with "
                                       "every frame uploaded)")
 
 

@@ -24,7 +24,7 @@ DeviceId = Annotated[str, Path(pattern=ID_PATTERN, description="a device id")]
 
 @router.get("/api/commands/{command_id}", response_model=CommandRecord, responses=errors(400, 401, 404),
             summary="A command and what the device did with it: sent, applied, refused (the device's reason and "
-                    "words) or expired; a capture's frames stored and dropped as near-duplicates")
+                    "words) or expired; a sample command's frames stored and dropped as near-duplicates")
 def get_command(command_id: CommandId, _who: Viewer, fleet: Services) -> Any:
     found = fleet.commands.get(command_id)
     if found is None:

@@ -10,7 +10,7 @@ from ...link.protocol import ID_PATTERN
 from ...link.vocabulary import Command
 from .deps import Operator, Services, Viewer
 from .responses import errors
-from .schemas import CaptureArgs, CommandSent, Device, DeviceDetail, JsonObject, PipelineArgs, RestartArgs
+from .schemas import CommandSent, Device, DeviceDetail, JsonObject, PipelineArgs, RestartArgs, SampleArgs
 
 MAX_TELEMETRY_LIMIT = 10_000
 
@@ -65,11 +65,11 @@ def restart(device_id: DeviceId, body: RestartArgs, who: Operator, fleet: Servic
     return _send(fleet, who, device_id, Command.RESTART_PIPELINE, {"pipeline": body.pipeline})
 
 
-@router.post("/{device_id}/capture", response_model=CommandSent, responses=errors(400, 401, 403, 404),
-             summary="Capture the next frames of a pipeline as samples (operator)",
+@router.post("/{device_id}/sample", response_model=CommandSent, responses=errors(400, 401, 403, 404),
+             summary="Sample the next frames of a pipeline as samples (operator)",
              description="Body: {\"pipeline\": NAME, \"frames\": N (1-1000), \"stream\": \"\" (every stream)}. "
-                         "Sends a signed capture command: the device keeps the next N frames with the model's "
-                         "output whatever its capture rules say, and uploads them as samples (docs/datasets.md).")
-def capture(device_id: DeviceId, body: CaptureArgs, who: Operator, fleet: Services) -> Any:
+                         "Sends a signed sample command: the device keeps the next N frames with the model's "
+                         "output whatever its sampling rules say, and uploads them as samples (docs/datasets.md).")
+def capture(device_id: DeviceId, body: SampleArgs, who: Operator, fleet: Services) -> Any:
     args = {"pipeline": body.pipeline, "frames": body.frames, **({"stream": body.stream} if body.stream else {})}
-    return _send(fleet, who, device_id, Command.CAPTURE, args)
+    return _send(fleet, who, device_id, Command.SAMPLE, args)

@@ -1,4 +1,4 @@
-"""The models of the samples routes (``samples.py``; docs/datasets.md): a captured sample's upload and answers, a
+"""The models of the samples routes (``samples.py``; docs/datasets.md): a sample's upload and answers, a
 person's change, and ``Detection``, a sample's box with its keypoints — the one judge of a box wherever it comes
 from (an upload, a PATCH, an import). Requests are strict, every bound a constraint, as in ``fleet/api/schemas.py``."""
 
@@ -52,7 +52,7 @@ class ModelInfo(Strict):
 
 
 class SampleUpload(Strict):
-    """A captured sample (``forms/samples.py``): the frame as the camera gave it and what the model said."""
+    """A sample (``forms/samples.py``): the frame as the camera gave it and what the model said."""
 
     jpeg: Annotated[str, StringConstraints(min_length=4, max_length=MAX_SAMPLE_B64), Field(json_schema_extra={
         "format": JPEG_BASE64}, description="the frame: a whole JPEG (FF D8 ... FF D9), base64")]
@@ -65,7 +65,7 @@ class SampleUpload(Strict):
     rule: ShortText = ""
     model: ModelInfo = ModelInfo()
     detections: Annotated[list[Detection], Field(max_length=MAX_DETECTIONS)] = []  # noqa: RUF012 - pydantic copies it
-    #: the capture command that asked for this frame (rule "request"): the manager counts its frames per command
+    #: the sample command that asked for this frame (rule "request"): the manager counts its frames per command
     command_id: Annotated[str, StringConstraints(pattern=or_empty(COMMAND_ID_PATTERN))] = ""
 
 

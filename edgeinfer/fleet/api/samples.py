@@ -1,4 +1,4 @@
-"""Captured samples and the datasets made of them (``samples.py``, ``datasets.py``; docs/datasets.md).
+"""Samples and the datasets made of them (``samples.py``, ``datasets.py``; docs/datasets.md).
 
 ``PUT /api/devices/{device}/samples/{sample id}``: a device uploads a sample with its own MQTT credential
 (HTTP Basic, its own device id only) or an operator's token. Listing, reading and exporting need a viewer
@@ -65,7 +65,7 @@ async def _body(request: Request, limit: int) -> bytes:
     return body
 
 
-@router.put(SAMPLE, status_code=201, response_model=SampleStored, summary="Upload a captured sample (the device "
+@router.put(SAMPLE, status_code=201, response_model=SampleStored, summary="Upload a sample (the device "
             "itself, or operator)", responses={200: {"model": SampleStored, "description": "Stored already (a "
             "retry), or a near-identical frame of the scene is (duplicate_of): not stored again"},
             **errors(400, 401, 403, 409, 411, 413)},

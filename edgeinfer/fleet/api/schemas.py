@@ -241,8 +241,8 @@ class RestartArgs(Strict):
     pipeline: PipelineName
 
 
-class CaptureArgs(Strict):
-    """Keep the next ``frames`` frames of a pipeline (one stream, or each) as capture samples."""
+class SampleArgs(Strict):
+    """Keep the next ``frames`` frames of a pipeline (one stream, or each) as samples."""
 
     pipeline: PipelineName
     frames: Annotated[int, Field(ge=1, le=1000), BeforeValidator(_integral)] = 10

@@ -66,7 +66,7 @@ class FleetDB:
                 self.engine.dispose()
                 raise
         self.t = tables(self._sa)
-        #: captured samples for datasets (samples.py)
+        #: samples for datasets (samples.py)
         self.samples = SampleRows(self._sa, self.engine, self.t)
         #: the commands sent to devices and their verdicts (verdicts.py)
         self.commands = CommandRows(self._sa, self.engine, self.t)

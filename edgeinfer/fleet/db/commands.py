@@ -1,6 +1,6 @@
 """Commands in the fleet database (``fleet/verdicts.py``): one ``commands`` row per command the manager sent, moved
 forward by the device's answers as ingest stores them (in the events' own transaction), and ``command_samples``:
-what the manager did with each sample a capture command produced, once per sample.
+what the manager did with each sample a sample command produced, once per sample.
 
 Every write is one conditional statement, safe with several managers at once: a command re-sent under its id
 (a rollout taken over) keeps its row; an answer moves only a command still ``sent``; a sample counts once.

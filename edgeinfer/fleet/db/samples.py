@@ -1,4 +1,4 @@
-"""Captured samples in the fleet database: one ``samples`` row each, its JPEG in the row (a sample is one
+"""Samples in the fleet database: one ``samples`` row each, its JPEG in the row (a sample is one
 frame, a few hundred KiB: no chunking as for clips), listed by filters without the JPEG, changed by a reviewer
 or an import, bounded by total bytes and by age (``fleet/samples.py``).
 """

@@ -197,7 +197,7 @@ def tables(sa: Any) -> Tables:
         sa.Column("applied_zones", sa.JSON),
         sa.Column("applied_at", sa.Float),
     )
-    samples = sa.Table(  # a captured sample for datasets (fleet/samples.py; migration 0008)
+    samples = sa.Table(  # a sample for datasets (fleet/samples.py; migration 0008)
         "samples", metadata,
         sa.Column("device_id", sa.String(128), primary_key=True),
         sa.Column("sample_id", sa.String(64), primary_key=True),

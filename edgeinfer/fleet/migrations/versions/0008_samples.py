@@ -1,4 +1,4 @@
-"""Captured samples for datasets: one row per sample a device uploaded — its JPEG, what the model said
+"""Samples for datasets: one row per sample a device uploaded — its JPEG, what the model said
 (``detections``), the labels a person corrected (``labels``), whether it was reviewed, and the device's
 perceptual hash that keeps a static scene's near-identical frames out (fleet/samples.py).
 

@@ -2,7 +2,7 @@
 
 ``commands`` keeps one row per command id: its device, its word, a summary of its arguments (no secret), who
 sent it, when, its expiry, and the device's verdict once it answers (``applied`` with its result, or ``refused``
-with its reason and words). ``command_samples`` keeps what the manager did with each sample a capture command
+with its reason and words). ``command_samples`` keeps what the manager did with each sample a sample command
 produced (stored, or dropped as a near-duplicate of a stored one), once per sample. ``analytics`` gains the
 command that sent its lines and zones and what the device said it applied (revision, lines, zones, when).
 

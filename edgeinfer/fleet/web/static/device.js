@@ -6,7 +6,7 @@ import { lineChart, join } from "./charts.js";
 import { eventItem, eventKey } from "./overview.js";
 import { evidenceList } from "./events.js";
 import { liveCard } from "./live_view.js";
-import { captureCard } from "./capture.js";
+import { samplingCard } from "./sampling.js";
 import { logsCard } from "./logs.js";
 
 const TELEMETRY_LIMIT = 300;
@@ -99,7 +99,7 @@ async function shownDevicePage(root, ctx, id, dev, telemetry) {
   const detections = evidenceList({ device: id, limit: 20 });
   const actions = canOperate(ctx.me.role) ? actionsCard(id, () => d) : null;
   const live = liveCard(id, () => d, canOperate(ctx.me.role));
-  const capture = canOperate(ctx.me.role) ? captureCard(id, () => d) : null;
+  const sampling = canOperate(ctx.me.role) ? samplingCard(id, () => d) : null;
   const logs = canOperate(ctx.me.role) ? logsCard(id) : null; // operators only (docs/security.md)
 
   root.replaceChildren(h("div", { "data-testid": "device", dataset: { deviceId: id } },
@@ -112,7 +112,7 @@ async function shownDevicePage(root, ctx, id, dev, telemetry) {
       h("section", { class: "card" }, h("h2", {}, "Delegate plan"), plan),
       h("section", { class: "card" }, h("h2", {}, "Model"), slots),
       actions,
-      capture && capture.el),
+      sampling && sampling.el),
     h("section", { class: "card", "data-testid": "device-detections" }, h("h2", {}, "Detections"), detections.el),
     h("section", { class: "card" }, h("h2", {}, "Events"), events),
     logs && logs.el));
@@ -251,13 +251,13 @@ async function shownDevicePage(root, ctx, id, dev, telemetry) {
   return {
     onEvent(name, payload) {
       live.onEvent(name, payload); // the verdicts of what was asked here (verdict.js)
-      if (capture) capture.onEvent(name, payload);
+      if (sampling) sampling.onEvent(name, payload);
       if (name === "devices" && Array.isArray(payload)) {
         const upd = payload.find((x) => x && x.device_id === id);
         if (!upd) return;
         d = { ...d, ...upd };
         renderInfo();
-        if (capture) capture.refresh();
+        if (sampling) sampling.refresh();
         // Extend the charts with the new telemetry sample (if it is newer than the last one).
         const t = upd.last_telemetry;
         const ts = t && (t.ts ?? t.timestamp);

@@ -1,4 +1,4 @@
-// What a device did with a command, shown where it was asked for (the live view's editor, the Capture card).
+// What a device did with a command, shown where it was asked for (the live view's editor, the Sampling card).
 // A command's record (GET api/commands/<id>, fleet/verdicts.py) says where it stands — sent, applied, refused,
 // expired — and says it in words (`text`: the same sentence the CLI prints). The change feed's "commands" events
 // carry each change; a slow poll stands in while the stream is down. The page adds one thing the record cannot

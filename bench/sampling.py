@@ -1,23 +1,23 @@
 #!/usr/bin/env python3
-"""What do capture rules cost the inference thread? Inference fps with capture on and off, in one run.
+"""What do sampling rules cost the inference thread? Inference fps with sampling on and off, in one run.
 
 A real detector (default: Coral's COCO SSD MobileNet v2, LiteRT, one thread) runs through the real
 ``Pipeline`` over a generated MJPEG clip (default 1280x720, ``--size``) of six shared photos, ten frames
 each, cycled (``policy=every``: read as fast as the pipeline goes). Variants, each a fresh Pipeline, rotating order
 over ``--rounds`` rounds:
 
-    off          no capture (full-size decode, as capture forces: only the sampler differs)
+    off          no sampling (full-size decode, as sampling forces: only the sampler differs)
     idle         ``uncertain:0.999-1.0`` (a band no score falls in: the quantised SSD's scores stop at 0.996;
                  a band under the score threshold is refused, pipeline/rule_check.py) and
                  ``drift:0.99@120`` (its baseline and window each two whole cycles of the clip: the
                  distance stays ~0): every rule evaluated on every frame, none fires
     sometimes    ``random:0.025``: about one frame a second kept (at ~40 fps), spread over the run
-    keeping      ``random:1.0`` with ``capture_per_minute`` 1e6: every frame kept, so a copy in the
+    keeping      ``random:1.0`` with ``samples_per_minute`` 1e6: every frame kept, so a copy in the
                  inference thread, the JPEG encode and the writes in the store's thread (the queue of
                  ``QUEUE_SAMPLES`` drops what the disk cannot take, counted)
-    off_reduced  informational: no capture with the default reduced decode (capture turns it off: a
+    off_reduced  informational: no sampling with the default reduced decode (sampling turns it off: a
                  sample is the full-size frame; 1280x720 MJPEG decodes at 1/2 scale for a 300x300 input,
-                 640x480 would not be reduced), i.e. what turning capture on costs a default pipeline
+                 640x480 would not be reduced), i.e. what turning sampling on costs a default pipeline
 
 Reported, medians over the rounds: fps (first result to last), its ratio to ``off`` (the median of
 each round's own ratio: neighbours in time, so slow drifts of the machine's load cancel), CPU ms a
@@ -27,7 +27,7 @@ frame (the instance's ``check`` wrapped in two ``perf_counter`` calls: the same 
 result; median over all frames, and over the kept ones alone), samples written and dropped, and the
 rest of the machine's load meanwhile (cores, /proc/stat).
 
-    PYTHONPATH=. python bench/capture.py [--rounds 5] [--frames 600] [--model M] [--threads 1]
+    PYTHONPATH=. python bench/sampling.py [--rounds 5] [--frames 600] [--model M] [--threads 1]
                                             [--size 1280x720] [--json [FILE]]
 """
 
@@ -51,12 +51,12 @@ ASSETS = Path(os.environ.get("EDGEINFER_ASSETS", REPO.parent / "shared" / "asset
 PHOTOS = ["kite_and_cold.jpg", "pets.jpg", "grace_hopper.bmp", "cat_720p.jpg", "parrot.jpg", "squat.bmp"]
 FRAMES_PER_PHOTO = 10
 CYCLE = FRAMES_PER_PHOTO * len(PHOTOS)
-#: (capture rules, extra options) of each variant; None: capture off
+#: (sampling rules, extra options) of each variant; None: sampling off
 VARIANTS: dict[str, tuple[list[str] | None, dict[str, Any]]] = {
     "off": (None, {"reduced_decode": False}),
     "idle": (["uncertain:0.999-1.0", f"drift:0.99@{2 * CYCLE}"], {}),
-    "sometimes": (["random:0.025"], {"capture_per_minute": 1_000_000}),
-    "keeping": (["random:1.0"], {"capture_per_minute": 1_000_000}),
+    "sometimes": (["random:0.025"], {"samples_per_minute": 1_000_000}),
+    "keeping": (["random:1.0"], {"samples_per_minute": 1_000_000}),
     "off_reduced": (None, {}),
 }
 _HZ = os.sysconf("SC_CLK_TCK")
@@ -101,8 +101,8 @@ def run_variant(name: str, args: argparse.Namespace, clip: Path, folder: Path) -
 
     rules, extra = VARIANTS[name]
     store = folder / f"samples-{name}-{time.monotonic_ns()}"
-    capture = {"capture": rules, "capture_dir": store} if rules else {}
-    options = {"threads": args.threads, "policy": "every", "max_frames": args.frames, **capture, **extra}
+    sampling = {"sample": rules, "samples_dir": store} if rules else {}
+    options = {"threads": args.threads, "policy": "every", "max_frames": args.frames, **sampling, **extra}
     if args.labels:
         options["labels"] = args.labels
     with Pipeline(args.model, clip, **options) as pipeline:
@@ -181,7 +181,7 @@ def check_alone(args: argparse.Namespace, clip: Path, folder: Path, passes: int 
     import cv2
 
     from edgeinfer import Pipeline
-    from edgeinfer.pipeline.sampling import CaptureRule, SampleStore, StreamSampler
+    from edgeinfer.pipeline.sampling import SampleStore, SamplingRule, StreamSampler
 
     with Pipeline(args.model, clip, threads=args.threads, max_frames=args.frames, labels=args.labels) as pipeline:
         results = [r.result for r in pipeline]
@@ -190,7 +190,7 @@ def check_alone(args: argparse.Namespace, clip: Path, folder: Path, passes: int 
     for rules in (VARIANTS["idle"][0][:1], VARIANTS["idle"][0][1:], VARIANTS["idle"][0]):
         times = []
         for _ in range(passes):  # each pass a fresh sampler: the drift rule's baseline starts again
-            sampler = StreamSampler(tuple(CaptureRule.parse(r) for r in rules), SampleStore(folder / "alone", 1 << 20))
+            sampler = StreamSampler(tuple(SamplingRule.parse(r) for r in rules), SampleStore(folder / "alone", 1 << 20))
             for i, result in enumerate(results):
                 t0 = time.perf_counter()
                 kept = sampler.check(result, frame, i, i / 30)
@@ -223,7 +223,7 @@ def main() -> None:
 
     logging.basicConfig(level=logging.ERROR)
     runs: dict[str, list[dict]] = {name: [] for name in names}
-    with tempfile.TemporaryDirectory(prefix="edgeinfer-bench-capture-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-bench-sampling-") as tmp:
         folder = Path(tmp)
         clip = make_clip(folder, args.frames, args.size)
         run_variant("keeping", argparse.Namespace(**{**vars(args), "frames": 30}), clip, folder)  # warm caches

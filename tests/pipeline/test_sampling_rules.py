@@ -1,5 +1,5 @@
-"""Capture rules (docs/datasets.md) with the real face detector on the generated scene clip, and the COCO SSD
-detector on clips of the shared photos (a scene that changes, a capture folder on a full disk)."""
+"""Sampling rules (docs/datasets.md) with the real face detector on the generated scene clip, and the COCO SSD
+detector on clips of the shared photos (a scene that changes, a samples folder on a full disk)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from edgeinfer.capture import make_test_clip
 from edgeinfer.errors import OutputError
 from edgeinfer.forms.evidence import new_event_id
 from edgeinfer.forms.samples import PHASH, SAMPLE_FRAME_NAME, SAMPLE_ID, SAMPLE_META_NAME
-from edgeinfer.pipeline.sampling import CaptureRule, SampleStore
+from edgeinfer.pipeline.sampling import SampleStore, SamplingRule
 
 COCO_SSD = MODELS / "mobilenet_ssd_v2_coco_quant_postprocess.tflite"
 #: frames of each photo in the COCO clips: kites and people, then two dogs
@@ -31,7 +31,7 @@ def clip(tmp_path_factory):
 
 def _run(clip, folder, rules, **options):
     results = []
-    with Pipeline(ULTRAFACE, clip, task="detect", capture=rules, capture_dir=folder, **options) as pipeline:
+    with Pipeline(ULTRAFACE, clip, task="detect", sample=rules, samples_dir=folder, **options) as pipeline:
         results = list(pipeline)
     return results, pipeline.sampler
 
@@ -48,7 +48,7 @@ def _metas(folder):
 
 def test_the_uncertain_band_keeps_exactly_the_frames_with_a_box_in_it(clip, tmp_path):
     # the detector's own threshold lowered so that it reports boxes it is unsure of
-    results, sampler = _run(clip, tmp_path / "c", ["uncertain:0.05-0.5"], capture_per_minute=1000,
+    results, sampler = _run(clip, tmp_path / "c", ["uncertain:0.05-0.5"], samples_per_minute=1000,
                             score_threshold=0.05)
     expected = {r.frame_id for r in results if any(0.05 <= d.score < 0.5 for d in r.result)}
     metas = _metas(tmp_path / "c")
@@ -72,18 +72,18 @@ def test_a_band_nothing_scores_in_keeps_nothing_and_capture_is_off_by_default(cl
     assert results and _metas(tmp_path / "c") == []
     with Pipeline(ULTRAFACE, clip, task="detect", max_frames=5) as pipeline:
         list(pipeline)
-    assert pipeline.options.capture == () and pipeline.options.capture_dir is None
+    assert pipeline.options.sample == () and pipeline.options.samples_dir is None
 
 
 def test_the_rate_limit_holds_per_rule(clip, tmp_path):
     # the first rule keeps a frame it fires on; the second gets the frames the first's limit leaves
-    _run(clip, tmp_path / "c", ["event:detection:0.5", "random:1.0"], capture_per_minute=3)
+    _run(clip, tmp_path / "c", ["event:detection:0.5", "random:1.0"], samples_per_minute=3)
     rules = [m["rule"] for m in _metas(tmp_path / "c")]
     assert rules.count("event:detection:0.5") == 3 and rules.count("random:1.0") == 3 and len(rules) == 6
 
 
 def test_an_event_rule_keeps_the_frames_it_fires_on(clip, tmp_path):
-    _run(clip, tmp_path / "c", ["event:line_crossed"], capture_per_minute=1000,
+    _run(clip, tmp_path / "c", ["event:line_crossed"], samples_per_minute=1000,
                       lines=["door=" + ",".join(str(int(v)) for v in scenes.LINE)], line_band=scenes.BAND)
     metas = _metas(tmp_path / "c")
     assert len(metas) == scenes.SCENE_TRUTH["in"] + scenes.SCENE_TRUTH["out"]
@@ -91,13 +91,13 @@ def test_an_event_rule_keeps_the_frames_it_fires_on(clip, tmp_path):
 
 
 def test_drift_keeps_nothing_on_a_steady_scene(clip, tmp_path):
-    _run(clip, tmp_path / "steady", ["drift:0.99@20"], capture_per_minute=1000)
+    _run(clip, tmp_path / "steady", ["drift:0.99@20"], samples_per_minute=1000)
     assert _metas(tmp_path / "steady") == []
 
 
 def test_the_store_stays_under_its_bound_dropping_the_oldest(clip, tmp_path):
     bound = 0.2  # MB: a few full-size JPEGs
-    _run(clip, tmp_path / "c", ["random:1.0"], capture_per_minute=1000, capture_max_mb=bound)
+    _run(clip, tmp_path / "c", ["random:1.0"], samples_per_minute=1000, samples_max_mb=bound)
     store = SampleStore(tmp_path / "c", int(bound * 1024 * 1024))
     assert len(store) > 1 and store.total_bytes <= bound * 1024 * 1024
     assert max(m["frame_id"] for m in _metas(tmp_path / "c")) >= scenes.FRAMES - 3  # the newest kept
@@ -105,18 +105,18 @@ def test_the_store_stays_under_its_bound_dropping_the_oldest(clip, tmp_path):
 
 def test_a_full_store_is_a_clear_error_and_keeps_what_is_stored(clip, tmp_path, caplog):
     folder = tmp_path / "c"
-    _run(clip, folder, ["random:1.0"], max_frames=2, capture_per_minute=1000)
+    _run(clip, folder, ["random:1.0"], max_frames=2, samples_per_minute=1000)
     before = {f.name: (f / SAMPLE_FRAME_NAME).read_bytes() for f in folder.iterdir()}
     assert len(before) == 2
-    with Pipeline(ULTRAFACE, clip, task="detect", capture=["random:1.0"], capture_dir=folder,
-                  capture_max_mb=4 / 1024, max_frames=3) as pipeline:  # 4 KB: no full frame fits
+    with Pipeline(ULTRAFACE, clip, task="detect", sample=["random:1.0"], samples_dir=folder,
+                  samples_max_mb=4 / 1024, max_frames=3) as pipeline:  # 4 KB: no full frame fits
         list(pipeline)
     assert "larger than the store's bound" in caplog.text
     assert {f.name: (f / SAMPLE_FRAME_NAME).read_bytes() for f in folder.iterdir()} == before
 
 
 def test_a_request_keeps_the_next_n_frames(clip, tmp_path):
-    with Pipeline(ULTRAFACE, clip, task="detect", capture=["request"], capture_dir=tmp_path / "c",
+    with Pipeline(ULTRAFACE, clip, task="detect", sample=["request"], samples_dir=tmp_path / "c",
                   max_frames=20) as pipeline:
         pipeline.sampler.request(4)
         list(pipeline)
@@ -127,8 +127,8 @@ def test_a_request_keeps_the_next_n_frames(clip, tmp_path):
 @pytest.mark.parametrize("text", ["uncertain:0.9-0.5", "uncertain:x", "drift:2", "random:0", "event:nope",
                                   "sometimes:1"])
 def test_a_bad_rule_is_refused_saying_why(text):
-    with pytest.raises(ValueError, match="capture rule"):
-        CaptureRule.parse(text)
+    with pytest.raises(ValueError, match="sampling rule"):
+        SamplingRule.parse(text)
 
 
 # -------------------------------------------------------------------------- the COCO detector on photo clips
@@ -142,7 +142,7 @@ def photo_clips(tmp_path_factory):
 
 
 def _run_coco(clip, folder, rules, **options):
-    with Pipeline(COCO_SSD, clip, labels=LABELS / "coco_labels.txt", capture=rules, capture_dir=folder,
+    with Pipeline(COCO_SSD, clip, labels=LABELS / "coco_labels.txt", sample=rules, samples_dir=folder,
                   **options) as pipeline:
         results = list(pipeline)
     assert pipeline.error is None
@@ -151,11 +151,11 @@ def _run_coco(clip, folder, rules, **options):
 
 def test_drift_keeps_frames_once_the_scene_changes_and_none_while_it_stays(photo_clips, tmp_path):
     rule = "drift:0.5@10"  # baseline: the first 10 frames' labels; window: the last 10 frames'
-    results, sampler = _run_coco(photo_clips["steady"], tmp_path / "steady", [rule], capture_per_minute=1000)
+    results, sampler = _run_coco(photo_clips["steady"], tmp_path / "steady", [rule], samples_per_minute=1000)
     assert len(results) == 2 * PHOTO_FRAMES and {d.label for d in results[-1].result} == {"kite", "person"}
     assert _metas(tmp_path / "steady") == [] and sampler.counts()["kept"] == 0
 
-    results, sampler = _run_coco(photo_clips["change"], tmp_path / "change", [rule], capture_per_minute=1000)
+    results, sampler = _run_coco(photo_clips["change"], tmp_path / "change", [rule], samples_per_minute=1000)
     assert {d.label for d in results[-1].result} == {"dog"}
     metas = _metas(tmp_path / "change")
     assert metas and sampler.counts()["written"] == len(metas)
@@ -168,7 +168,7 @@ def test_drift_keeps_frames_once_the_scene_changes_and_none_while_it_stays(photo
 def test_the_rate_limit_is_per_rule_and_counted(photo_clips, tmp_path):
     rules = ["event:detection:0.5/kite", "event:detection:0.5/person"]  # both fire on every frame
     frames = 12
-    _, sampler = _run_coco(photo_clips["steady"], tmp_path / "c", rules, capture_per_minute=2, max_frames=frames)
+    _, sampler = _run_coco(photo_clips["steady"], tmp_path / "c", rules, samples_per_minute=2, max_frames=frames)
     # the kite rule keeps frames 0 and 1; its limit reached, the person rule keeps 2 and 3; then neither
     assert [(m["frame_id"], m["rule"]) for m in _metas(tmp_path / "c")] == [
         (0, rules[0]), (1, rules[0]), (2, rules[1]), (3, rules[1])]
@@ -207,7 +207,7 @@ def test_the_bounded_store_deletes_the_oldest_first_and_only_what_it_must(tmp_pa
 
 def test_a_reloaded_store_removes_a_partial_sample_and_keeps_the_whole_ones(photo_clips, tmp_path):
     folder = tmp_path / "c"
-    _run_coco(photo_clips["steady"], folder, ["random:1.0"], capture_per_minute=1000, max_frames=2)
+    _run_coco(photo_clips["steady"], folder, ["random:1.0"], samples_per_minute=1000, max_frames=2)
     whole = {f.name: (f / SAMPLE_FRAME_NAME).read_bytes() for f in folder.iterdir()}
     assert len(whole) == 2
     # a crash between the frame and its sample.json: the frame and the metadata's temporary file, no sample.json
@@ -242,17 +242,17 @@ def test_a_full_disk_counts_failed_samples_the_inference_goes_on_and_the_stored_
                                                                                            small_disk):
     folder = small_disk / "samples"
     frames = 10
-    results, sampler = _run_coco(photo_clips["steady"], folder, ["random:1.0"], capture_per_minute=1000,
+    results, sampler = _run_coco(photo_clips["steady"], folder, ["random:1.0"], samples_per_minute=1000,
                                  max_frames=frames)
     assert [r.frame_id for r in results] == list(range(frames))  # every frame inferred
     counts = sampler.counts()
     assert counts["written"] >= 1 and counts["failed"] >= 1 and counts["kept"] == counts["written"] + counts["failed"]
-    assert "cannot write capture sample" in sampler.last_error and "No space left on device" in sampler.last_error
+    assert "cannot write sample" in sampler.last_error and "No space left on device" in sampler.last_error
     stored = _stored(folder)  # no partial folder left behind by the failed ones
     assert len(stored) == counts["written"]
 
     # the disk still full: a second run keeps nothing new, changes nothing stored, and infers every frame
-    results, sampler = _run_coco(photo_clips["steady"], folder, ["random:1.0"], capture_per_minute=1000,
+    results, sampler = _run_coco(photo_clips["steady"], folder, ["random:1.0"], samples_per_minute=1000,
                                  max_frames=frames)
     assert len(results) == frames and sampler.counts()["written"] == 0 and sampler.counts()["failed"] >= 1
     assert "No space left on device" in sampler.last_error

@@ -1,6 +1,6 @@
 """Capturing frames from the device page in a real headless Chromium against a real manager: a device (an MQTT
 client with its own enrolled credential) reports a pipeline of one camera and one of two streams; an operator asks
-for the next 5 frames of one, and the manager audits ``device.capture`` and sends the device the signed capture
+for the next 5 frames of one, and the manager audits ``device.sample`` and sends the device the signed sample
 command with them; the page says so and links the Samples page filtered to that device and pipeline. A number out
 of bounds (0, 5000) is refused in the page with the API's words, and nothing is audited or sent; a viewer sees no
 Capture control."""
@@ -23,7 +23,7 @@ from edgeinfer.link.vocabulary import Command
 from edgeinfer.updates.signing import VerifyKey
 
 DEVICE = "cam-gate"
-ACTION = f"device.{Command.CAPTURE.value}"
+ACTION = f"device.{Command.SAMPLE.value}"
 #: [pipeline, stream] rows the page offers for the state below: each pipeline, and each stream of a multi-stream one
 ROWS = [["door", ""], ["yard", ""], ["yard", "north"], ["yard", "south"]]
 
@@ -83,18 +83,18 @@ def captures(dashboard) -> list[dict]:
 
 
 def form(pipeline: str, stream: str = "") -> str:
-    return f'[data-testid=capture-form][data-pipeline="{pipeline}"][data-stream="{stream}"]'
+    return f'[data-testid=sampling-form][data-pipeline="{pipeline}"][data-stream="{stream}"]'
 
 
 def capture(browser: Browser, pipeline: str, stream: str, frames: str) -> None:
-    """Type ``frames`` into the row's box and press its Capture button, as a person would."""
+    """Type ``frames`` into the row's box and press its Sample button, as a person would."""
     from selenium.webdriver.common.keys import Keys
 
-    box = wait_for(browser, f"{form(pipeline, stream)} [data-testid=capture-frames]")
+    box = wait_for(browser, f"{form(pipeline, stream)} [data-testid=sampling-frames]")
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys(Keys.DELETE)
     box.send_keys(frames)
-    wait_for(browser, f"{form(pipeline, stream)} [data-testid=capture-submit]").click()
+    wait_for(browser, f"{form(pipeline, stream)} [data-testid=sampling-submit]").click()
 
 
 def open_device(browser: Browser, dashboard, role: str) -> None:
@@ -110,28 +110,28 @@ def test_an_operator_captures_the_next_frames_of_a_pipeline_and_of_one_stream(da
     with Browser(DESKTOP) as browser:
         open_device(browser, dashboard, "operator")
         shown = browser.driver.execute_script(
-            "return Array.from(document.querySelectorAll('[data-testid=capture-form]'))"
+            "return Array.from(document.querySelectorAll('[data-testid=sampling-form]'))"
             ".map(f => [f.dataset.pipeline, f.dataset.stream])")
         assert shown == ROWS
-        # the default and bounds are the API's own (CaptureArgs in its OpenAPI document)
-        wait_js(browser, "return Array.from(document.querySelectorAll('[data-testid=capture-frames]'))"
+        # the default and bounds are the API's own (SampleArgs in its OpenAPI document)
+        wait_js(browser, "return Array.from(document.querySelectorAll('[data-testid=sampling-frames]'))"
                          ".every(i => i.value === '10' && i.min === '1' && i.max === '1000')", 10)
 
         capture(browser, "door", "", "5")
-        text = wait_text(browser, "[data-testid=capture-result]", lambda t: "sent" in t or "failed" in t)
-        assert text.startswith("Capture of 5 frames of door sent (command "), text
-        assert "ok" in wait_for(browser, "[data-testid=capture-result]").get_attribute("class")
+        text = wait_text(browser, "[data-testid=sampling-result]", lambda t: "sent" in t or "failed" in t)
+        assert text.startswith("Sampling of 5 frames of door sent (command "), text
+        assert "ok" in wait_for(browser, "[data-testid=sampling-result]").get_attribute("class")
         command_id = text.split("(command ", 1)[1].split(")", 1)[0]
-        link = wait_for(browser, "[data-testid=capture-samples]").get_attribute("href")
+        link = wait_for(browser, "[data-testid=sampling-samples]").get_attribute("href")
         assert link.endswith(f"#/samples?device={DEVICE}&pipeline=door"), link
 
         capture(browser, "yard", "south", "3")
-        text = wait_text(browser, "[data-testid=capture-result]", lambda t: "yard / south" in t)
-        assert text.startswith("Capture of 3 frames of yard / south sent (command "), text
+        text = wait_text(browser, "[data-testid=sampling-result]", lambda t: "yard / south" in t)
+        assert text.startswith("Sampling of 3 frames of yard / south sent (command "), text
         stream_command = text.split("(command ", 1)[1].split(")", 1)[0]
 
         # the link opens the Samples page filtered to that device and pipeline
-        wait_for(browser, "[data-testid=capture-samples]").click()
+        wait_for(browser, "[data-testid=sampling-samples]").click()
         wait_js(browser, "return location.hash === arguments[0]", 10, f"#/samples?device={DEVICE}&pipeline=yard")
         wait_js(browser, "const d = document.querySelector('[data-testid=samples-filter-device]'),"
                          " p = document.querySelector('[data-testid=samples-filter-pipeline]');"
@@ -147,7 +147,7 @@ def test_an_operator_captures_the_next_frames_of_a_pipeline_and_of_one_stream(da
     sent = {c["id"]: c for c in device.commands}
     for command in (sent[command_id], sent[stream_command]):
         pinned.verify_command(command, device_id=DEVICE)
-        assert command["cmd"] == Command.CAPTURE.value
+        assert command["cmd"] == Command.SAMPLE.value
     assert sent[command_id]["args"] == {"pipeline": "door", "frames": 5}
     assert sent[stream_command]["args"] == {"pipeline": "yard", "frames": 3, "stream": "south"}
 
@@ -161,24 +161,24 @@ def test_a_number_out_of_bounds_is_refused_in_the_page(dash, frames, words):
         open_device(browser, dashboard, "operator")
         with browser.expecting(r"\b400\b"):  # the refused request is a console error, on purpose
             capture(browser, "door", "", frames)
-            text = wait_text(browser, "[data-testid=capture-result]", lambda t: "sent" in t or "failed" in t)
-        assert text == f"Capture of door failed: {words}", text
-        assert "error" in wait_for(browser, "[data-testid=capture-result]").get_attribute("class")
-        assert not browser.driver.find_elements("css selector", "[data-testid=capture-samples]")
+            text = wait_text(browser, "[data-testid=sampling-result]", lambda t: "sent" in t or "failed" in t)
+        assert text == f"Sampling of door failed: {words}", text
+        assert "error" in wait_for(browser, "[data-testid=sampling-result]").get_attribute("class")
+        assert not browser.driver.find_elements("css selector", "[data-testid=sampling-samples]")
         # the page goes on: the button is back, for a number that is fine
         wait_js(browser, "return !document.querySelector(arguments[0]).disabled", 5,
-                f"{form('door')} [data-testid=capture-submit]")
+                f"{form('door')} [data-testid=sampling-submit]")
         assert not browser.errors(), browser.errors()
     settle(1.0)  # whatever was sent would have reached the device by now
     assert captures(dashboard) == before
     assert len(device.commands) == told
 
 
-def test_a_viewer_sees_no_capture_control(dash):
+def test_a_viewer_sees_no_sampling_control(dash):
     dashboard, _device = dash
     with Browser(DESKTOP) as browser:
         open_device(browser, dashboard, "viewer")
         settle(0.5)
-        for testid in ("capture-card", "capture-form", "capture-frames", "capture-submit"):
+        for testid in ("sampling-card", "sampling-form", "sampling-frames", "sampling-submit"):
             assert not browser.driver.find_elements("css selector", f"[data-testid={testid}]"), testid
         assert not browser.errors(), browser.errors()

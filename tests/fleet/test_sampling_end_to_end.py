@@ -64,7 +64,7 @@ def test_uncertain_frames_reach_the_manager_once_per_scene_and_corrected_labels_
             telemetry_interval_s=0.5, manager_url=url, update_public_key=manager.key.public_key_b64(),
             pipelines=[{"name": "door", "model": str(ssd), "version": "7",
                         "source": str(photos), "loop": True, "max_fps": 10, "score_threshold": 0.3,
-                        "capture": [RULE, "request"], "capture_per_minute": 600}])
+                        "sample": [RULE, "request"], "samples_per_minute": 600}])
         store = tmp_path / "data" / "samples" / "door"  # the agent's default: <data_dir>/samples/<pipeline>
         with AgentProcess(config, tmp_path / "agent.log") as agent:
             # the photos loop: each unsure one is kept and sent again and again, and stored once
@@ -76,7 +76,7 @@ def test_uncertain_frames_reach_the_manager_once_per_scene_and_corrected_labels_
                     "door", RULE, ssd.name, "7")
                 assert any(0.3 <= d["score"] < 0.6 for d in sample["detections"])
             # an operator asks for the next frames: the scenes not stored yet arrive under the rule "request"
-            asked = FleetClient(url, token=operator).capture("cam-field", "door", frames=len(UNSURE + SURE))
+            asked = FleetClient(url, token=operator).sample("cam-field", "door", frames=len(UNSURE + SURE))
             assert asked["args"] == {"pipeline": "door", "frames": len(UNSURE + SURE)}
             assert wait_until(lambda: len(admin.samples(device="cam-field", rule="request")) >= len(SURE), 60,
                               0.5), agent.output()
@@ -172,9 +172,9 @@ def test_a_full_capture_disk_is_reported_once_and_neither_the_pipeline_nor_the_s
             telemetry_interval_s=0.5, manager_url=url, update_public_key=manager.key.public_key_b64(),
             pipelines=[{"name": "door", "model": str(ssd_with_coco_names(tmp_path / "models")),
                         "source": str(photo), "loop": True, "max_fps": 10,
-                        "capture": ["random:1"], "capture_per_minute": 600, "capture_dir": str(card)}])
+                        "sample": ["random:1"], "samples_per_minute": 600, "samples_dir": str(card)}])
         with AgentProcess(config, tmp_path / "agent.log") as agent:
-            assert wait_until(lambda: _events(url, token, "capture_failed"), 60, 0.5), agent.output()
+            assert wait_until(lambda: _events(url, token, "sample_failed"), 60, 0.5), agent.output()
             stored = [meta.parent for meta in card.glob(f"*/{SAMPLE_META_NAME}")]
             assert stored and all(json.loads((f / SAMPLE_META_NAME).read_text())["rule"] == "random:1"
                                   for f in stored)
@@ -182,7 +182,7 @@ def test_a_full_capture_disk_is_reported_once_and_neither_the_pipeline_nor_the_s
             assert wait_until(lambda: _uploaded(card) == len(stored), 60, 0.5), agent.output()
             assert len(FleetClient(url, token=token).samples(device="cam-full")) == 1
             assert wait_until(lambda: _window_frames(url, token) > 0, 30, 0.5), agent.output()  # it runs on
-        [failed] = _events(url, token, "capture_failed")  # once, though every kept frame failed since
+        [failed] = _events(url, token, "sample_failed")  # once, though every kept frame failed since
         assert failed["level"] == "warning" and "No space left on device" in failed["data"]["error"]
         assert failed["data"]["rule"] == "random:1"
 

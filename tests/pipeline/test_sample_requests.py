@@ -1,6 +1,6 @@
-"""Frames asked for (the dashboard's "capture the next N frames", the agent's ``capture`` command): exactly the next
+"""Frames asked for (the dashboard's "sample the next N frames", the agent's ``sample`` command): exactly the next
 N frames kept under the rule ``request``, on a pipeline whose only rule is ``request`` or beside other rules; a
-pipeline that does not capture, or a stream it does not have, refused by name."""
+pipeline that does not sample, or a stream it does not have, refused by name."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def _rules(folder):
 
 
 def test_a_request_keeps_exactly_the_next_frames_and_the_request_rule_alone_keeps_nothing_else(clip, tmp_path):
-    with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect", policy="every", capture=[REQUEST_RULE],
-                       capture_dir=tmp_path, capture_per_minute=1, name="lobby") as pipeline:
+    with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect", policy="every", sample=[REQUEST_RULE],
+                       samples_dir=tmp_path, samples_per_minute=1, name="lobby") as pipeline:
         pipeline.samples.describe("lobby", "4")
         assert pipeline.samples.request(3) == ["door"]
         results = list(pipeline)
@@ -37,9 +37,9 @@ def test_a_request_keeps_exactly_the_next_frames_and_the_request_rule_alone_keep
 
 def test_a_pipeline_without_capture_or_without_the_stream_refuses_a_request(clip, tmp_path):
     with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect") as pipeline, \
-            pytest.raises(ValueError, match="does not capture"):
+            pytest.raises(ValueError, match="does not sample"):
         pipeline.samples.request(3)
-    with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect", capture=["request"],
-                       capture_dir=tmp_path) as pipeline, \
+    with MultiPipeline(ULTRAFACE, {"door": clip}, task="detect", sample=["request"],
+                       samples_dir=tmp_path) as pipeline, \
             pytest.raises(ValueError, match="no open stream 'yard'"):
         pipeline.samples.request(3, "yard")
