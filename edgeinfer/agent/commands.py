@@ -333,7 +333,7 @@ RESTART_PIPELINE_ARGS_SCHEMA = {
 
 
 def _cmd_sample(args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
-    """``capture``: keep the next frames of a pipeline as samples (the dashboard's request)."""
+    """``sample``: keep the next frames of a pipeline as samples (the dashboard's request)."""
     runner = ctx.agent.runner(args["pipeline"])
     pipeline = runner.pipeline
     if pipeline is None:
@@ -355,9 +355,11 @@ SAMPLE_ARGS_SCHEMA = {
 
 def register_builtin_commands(router: CommandRouter) -> None:
     """The commands every agent answers: ``ping`` (unsigned: it changes nothing), ``restart_pipeline`` and
-    ``capture``."""
+    ``sample`` (and ``capture``, its old name, which a manager of an older version sends)."""
     router.register(Command.PING, _cmd_ping, description="answer with the boot id and uptime", signed=False)
     router.register(Command.RESTART_PIPELINE, _cmd_restart_pipeline, args_schema=RESTART_PIPELINE_ARGS_SCHEMA,
                     description="restart one pipeline now")
     router.register(Command.SAMPLE, _cmd_sample, args_schema=SAMPLE_ARGS_SCHEMA,
                     description="keep the next N frames of a pipeline as samples")
+    old_name = Command.CAPTURE  # sample's old name, an alias: a manager of an older version sends it
+    router.register(old_name, _cmd_sample, args_schema=SAMPLE_ARGS_SCHEMA, description="sample's old name")

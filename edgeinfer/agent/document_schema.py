@@ -24,6 +24,7 @@ from typing import Any
 from ..link.config_document import MAX_LIST_ITEMS, MAX_PIPELINES, MAX_TEXT_CHARS, SOURCE_FORMS
 from ..link.protocol import ID_PATTERN, MAX_STREAMS
 from ..pipeline.labels import Labels
+from ..pipeline.options import RENAMED_OPTIONS
 from ..util.config import BOUND_WORDS
 from .config import MAX_TELEMETRY_INTERVAL_S, MIN_TELEMETRY_INTERVAL_S, TOP_KEYS
 from .pipeline_config import PipelineConfig, members_of
@@ -158,6 +159,7 @@ def schema_module() -> str:
     """The text of ``edgeinfer/link/config_schema.py``: the schema as JSON text (read once at import)."""
     schema = _compact(document_schema())
     keys = ",\n    ".join(repr(key) for key in bootstrap_keys())
+    renamed = json.dumps(RENAMED_OPTIONS)
     return f'''# ruff: noqa: E501
 """The JSON Schema of a device's configuration document (docs/agent.md, *Configuration from the fleet*).
 
@@ -179,6 +181,10 @@ CONFIG_SCHEMA: dict[str, Any] = json.loads(r"""
 BOOTSTRAP_KEYS: tuple[str, ...] = (
     {keys},
 )
+
+#: a pipeline's keys under their old names (old name → name: ``PipelineOptions``' ``RENAMED_OPTIONS``), each read as
+#: its name before the check; the schema and a checked document carry the names only
+RENAMED_KEYS: dict[str, str] = {renamed}
 '''
 
 

@@ -26,7 +26,8 @@ from ..errors import ConfigError
 from ..link.config_document import SOURCE_FORMS, default_pipeline_name, default_stream_name
 from ..pipeline.events import EventRule
 from ..pipeline.labels import Labels
-from ..pipeline.options import BOX_OPTIONS, PipelineOptions
+from ..pipeline.options import BOX_OPTIONS, RENAMED_OPTIONS, PipelineOptions
+from ..util.config import current_names
 from .config_reader import ConfigReader
 
 #: what the runner does when a pipeline fails (``on-failure``) or its source ends (``always``)
@@ -248,6 +249,9 @@ def read_pipeline(item: Any, index: int, file: str, base: Path) -> PipelineConfi
     """``pipelines[index]`` of the YAML document as a PipelineConfig (ConfigError names the file and key)."""
     if not isinstance(item, Mapping):
         raise ConfigError(f"{file}: pipelines[{index}]: must be a mapping with name, model and source")
+    item, renamed = current_names(item, RENAMED_OPTIONS)  # an option's old name read as its name
+    if renamed:
+        raise ConfigError(f"{file}: pipelines[{index}].{renamed[0]}")
     r = ConfigReader(item, f"pipelines[{index}].", file, base)
     r.check_unknown(set(PIPELINE_KEYS))
     name = r.identifier("name", default_pipeline_name(index))

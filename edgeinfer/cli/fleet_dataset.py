@@ -3,6 +3,7 @@ labels back (docs/datasets.md)."""
 
 from __future__ import annotations
 
+import copy
 import io
 import sys
 import zipfile
@@ -57,7 +58,7 @@ def dataset_export(client: Any, fmt: str, output: Path, limit: int, reviewed: bo
         click.echo(f"{images} sample(s) as {fmt} in {output}")
 
 
-@dataset.command("capture")
+@dataset.command("sample")
 @click.argument("device_id")
 @click.option("--pipeline", required=True, help="The pipeline whose frames to keep.")
 @click.option("--frames", default=10, show_default=True, type=click.IntRange(1, 1000), help="How many frames.")
@@ -92,6 +93,17 @@ def dataset_sample(client: Any, device_id: str, pipeline: str, frames: int, stre
         click.echo(f"edgeinfer: error: not every frame reached the manager within {timeout:g} s", err=True)
     if found["state"] != "applied" or not found["settled"]:
         sys.exit(1)
+
+
+def _old_name(command: click.Command, name: str) -> click.Command:
+    """``command`` under its old ``name``: the same options and behaviour, not listed in --help."""
+    alias = copy.copy(command)
+    alias.name, alias.hidden = name, True
+    alias.help = f"The old name of `{command.name}` (an alias)."
+    return alias
+
+
+dataset.add_command(_old_name(dataset_sample, "capture"))  # sample's old name, an alias
 
 
 @dataset.command("import")

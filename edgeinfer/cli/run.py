@@ -126,7 +126,7 @@ def _brief(result: object) -> str:
 @click.option("--record-source", metavar="SOURCE", default=None,
               help="Take --event's snapshots and clips from this source (the camera's main stream; a file is read "
                    "in step, frame n with frame n) while detection reads --source (its sub-stream).")
-@click.option("--sample", "capture", multiple=True, metavar="RULE",
+@click.option("--sample", "sample", multiple=True, metavar="RULE",
               help="Keep frames worth labelling with the model's output when RULE fires: "
                    "uncertain:LOW-HIGH[/LABEL,...], drift:DISTANCE[@FRAMES], event:RULE or random:RATE "
                    "(repeatable; docs/datasets.md).")
@@ -134,6 +134,12 @@ def _brief(result: object) -> str:
               help="Where --sample keeps its samples (default: ./edgeinfer-samples).")
 @click.option("--samples-per-minute", type=click.IntRange(min=1), default=None,
               help="Samples each --sample rule keeps a minute at most (default 6).")
+# the old names of --sample, --samples-dir and --samples-per-minute (aliases, not in --help)
+@click.option("--capture", "old_sample", multiple=True, hidden=True)  # old name
+@click.option("--capture-dir", "old_samples_dir", type=click.Path(file_okay=False), default=None,
+              hidden=True)  # old name
+@click.option("--capture-per-minute", "old_samples_per_minute", type=click.IntRange(min=1), default=None,
+              hidden=True)  # old name
 @click.option("--motion-gate", is_flag=True, help="Skip inference on frames that did not change (reuse the result).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
 @click.option("--preview", metavar="[HOST:]PORT", default=None,
@@ -146,8 +152,9 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
         fourcc: str | None, full_decode: bool, lines: tuple[str, ...], zones: tuple[str, ...], track: bool,
         line_hold_s: float | None, line_trigger: str | None, events: tuple[str, ...], evidence_dir: str | None,
-        record_source: str | None, capture: tuple[str, ...], samples_dir: str | None,
-        samples_per_minute: int | None, motion_gate: bool, as_json: bool, preview: str | None) -> None:
+        record_source: str | None, sample: tuple[str, ...], samples_dir: str | None,
+        samples_per_minute: int | None, old_sample: tuple[str, ...], old_samples_dir: str | None,
+        old_samples_per_minute: int | None, motion_gate: bool, as_json: bool, preview: str | None) -> None:
     """Run MODEL over frames from --source and print results (or a live status line)."""
     from ..capture import open_source
     from ..pipeline.core import Pipeline
@@ -165,8 +172,10 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
                 "decoder": decoder, "mean": mean, "std": std}
     if record_source is not None:
         analysis["record_source"] = record_source
-    if capture:
-        analysis.update(capture=capture, samples_dir=samples_dir or DEFAULT_SAMPLES_DIR,
+    sample, samples_dir = sample + old_sample, samples_dir or old_samples_dir
+    samples_per_minute = samples_per_minute or old_samples_per_minute
+    if sample:
+        analysis.update(sample=sample, samples_dir=samples_dir or DEFAULT_SAMPLES_DIR,
                         **({"samples_per_minute": samples_per_minute} if samples_per_minute else {}))
     # given only: the options' own defaults otherwise
     analysis.update({k: v for k, v in (("line_hold_s", line_hold_s), ("line_trigger", line_trigger)) if v is not None})
@@ -218,8 +227,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         if sampler is not None:
             sampler.close()  # the samples kept are on disk before the summary counts them
         if as_json:
-            captured = {"capture": sampler.counts()} if sampler is not None else {}
-            sys.stdout.write(json.dumps({"type": "summary", **stats.to_dict(), **captured}) + "\n")
+            kept = {"samples": sampler.counts()} if sampler is not None else {}
+            sys.stdout.write(json.dumps({"type": "summary", **stats.to_dict(), **kept}) + "\n")
             sys.stdout.flush()
         else:
             if tty:

@@ -153,11 +153,15 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+#: the words of a sample command (records sent before the rename carry its old name)
+SAMPLE_COMMANDS = (Command.SAMPLE, Command.CAPTURE)  # the name, the old name
+
+
 def sample_outcome(row: Mapping[str, Any]) -> dict[str, int] | None:
-    """A sample command's outcome: the frames the device took it on to keep (``requested``: frames × its streams), and of
-    those uploaded the ones the manager ``stored`` and the ``duplicates`` it dropped as near-duplicates of stored
-    samples. None for another command."""
-    if row.get("cmd") != Command.SAMPLE:
+    """A sample command's outcome: the frames the device took it on to keep (``requested``: frames × its streams),
+    and of those uploaded the ones the manager ``stored`` and the ``duplicates`` it dropped as near-duplicates of
+    stored samples. None for another command."""
+    if row.get("cmd") not in SAMPLE_COMMANDS:
         return None
     summary, result = row.get("summary") or {}, row.get("result")
     frames = result.get("frames") if isinstance(result, Mapping) else None

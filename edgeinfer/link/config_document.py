@@ -27,7 +27,8 @@ from typing import Any
 
 from ..errors import ConfigError, ConfigTooLarge
 from ..forms.regions import parse_regions, task_problem
-from .config_schema import BOOTSTRAP_KEYS, CONFIG_SCHEMA
+from ..util.config import current_names
+from .config_schema import BOOTSTRAP_KEYS, CONFIG_SCHEMA, RENAMED_KEYS
 from .schema_check import nesting, schema_errors
 
 #: a document larger than this is refused before it is parsed (the fleet manager: 413)
@@ -95,6 +96,22 @@ def normalised(value: Any, schema: Mapping[str, Any] = CONFIG_SCHEMA) -> Any:
 
 # ---------------------------------------------------------------------------------- the check
 
+def current_keys(document: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``document`` with each pipeline's keys under their names (an old name, :data:`RENAMED_KEYS`, read as its
+    name), and the problems (a key given under both names), each naming its key."""
+    pipelines = document.get("pipelines")
+    if not isinstance(pipelines, list):
+        return dict(document), []
+    problems: list[str] = []
+    current = []
+    for index, pipeline in enumerate(pipelines):
+        if isinstance(pipeline, Mapping):
+            pipeline, found = current_names(pipeline, RENAMED_KEYS)
+            problems += [f"pipelines[{index}].{problem}" for problem in found]
+        current.append(pipeline)
+    return {**document, "pipelines": current}, problems
+
+
 def _where(path: str) -> str:
     """A schema_check path as the config's key: ``$.pipelines[0].max_fps`` → ``pipelines[0].max_fps``."""
     return path[2:] if path.startswith("$.") else "(top level)" + path[1:]
@@ -156,6 +173,9 @@ def document_problems(document: Any) -> list[str]:
                  for key in document if key in BOOTSTRAP_KEYS]
     if bootstrap:
         return bootstrap
+    document, renamed = current_keys(document)
+    if renamed:
+        return renamed
     document = normalised(document)
     problems = []
     for problem in schema_errors(document, CONFIG_SCHEMA):
@@ -173,7 +193,7 @@ def check_document(document: Any) -> dict[str, Any]:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ConfigError(f"{problems[0]}{more}")
-    return normalised(document)
+    return normalised(current_keys(document)[0])
 
 
 def parse_document(payload: bytes | str) -> dict[str, Any]:
@@ -202,5 +222,6 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-__all__ = ["FLEET_KEYS", "MAX_DOCUMENT_BYTES", "check_document", "default_pipeline_name", "default_stream_name",
+__all__ = ["FLEET_KEYS", "MAX_DOCUMENT_BYTES", "check_document", "current_keys", "default_pipeline_name",
+           "default_stream_name",
            "document_problems", "encode_document", "fleet_part", "normalised", "parse_document"]

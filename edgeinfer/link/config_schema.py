@@ -267,3 +267,7 @@ BOOTSTRAP_KEYS: tuple[str, ...] = (
     'update_validate_timeout_s',
     'username',
 )
+
+#: a pipeline's keys under their old names (old name → name: ``PipelineOptions``' ``RENAMED_OPTIONS``), each read as
+#: its name before the check; the schema and a checked document carry the names only
+RENAMED_KEYS: dict[str, str] = {"capture": "sample", "capture_dir": "samples_dir", "capture_max_mb": "samples_max_mb", "capture_per_minute": "samples_per_minute"}

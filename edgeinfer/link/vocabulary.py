@@ -50,7 +50,9 @@ class Command(Word):
     SET_ANALYTICS = "set_analytics"
     #: keep the next ``args.frames`` frames of one pipeline (``args.pipeline``; ``args.stream``: one stream, else
     #: each) as samples, whatever the rules say — the dashboard's "sample the next N frames"
-    CAPTURE = "capture"
+    SAMPLE = "sample"
+    #: the old name of ``sample``: an agent still takes it (a manager of an older version sends it)
+    CAPTURE = "capture"  # the old name
     #: send the agent's recent log lines (redacted, from its in-memory ring) after ``args.after`` of boot
     #: ``args.boot_id`` to ``args.url``; with ``args.until`` (a unix time) go on sending new lines until then
     LOGS = "logs"
@@ -83,7 +85,9 @@ class EventKind(Word):
     SAMPLE_UPLOAD_FAILED = "sample_upload_failed"
     #: a sample could not be written on the device (a full disk): ``data.error``, ``data.stream``,
     #: ``data.rule`` (at most one a minute per pipeline; the samples stored stay)
-    CAPTURE_FAILED = "sample_failed"
+    SAMPLE_FAILED = "sample_failed"
+    #: the old name of ``sample_failed`` (an agent of an older version sends it): the manager still takes it
+    CAPTURE_FAILED = "capture_failed"  # the old name
     MQTT_RECONNECTED = "mqtt_reconnected"
     CMD_RESULT = "cmd_result"
     CMD_REJECTED = "cmd_rejected"

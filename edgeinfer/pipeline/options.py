@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..capture import DEFAULT_BACKOFF
 from ..forms.regions import task_problem, text_rule
 from ..util.backoff import Backoff
-from ..util.config import bounds, out_of_bounds
+from ..util.config import bounds, current_names, out_of_bounds
 from .decoders import (
     DECODER_NAMES,
     DEFAULT_IOU_THRESHOLD,
@@ -49,6 +49,16 @@ MIN_STATS_WINDOW = 16
 
 def _choices(*values: str) -> dict[str, Any]:
     return {"choices": values}
+
+
+#: the options' old names (old name → name), each still read as its name — by agent.yaml's reader, the configuration
+#: document's check (link/config_schema.py carries it, generated) and ``Pipeline(...)`` — and never written
+RENAMED_OPTIONS = {
+    "capture": "sample",  # old names: dataset sampling was "capture", the cameras' word
+    "capture_dir": "samples_dir",  # old name
+    "capture_max_mb": "samples_max_mb",  # old name
+    "capture_per_minute": "samples_per_minute",  # old name
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +143,7 @@ class PipelineOptions:
     #: detect / record split: a camera's main stream; files are read in step, frame n with frame n); used only
     #: with events and an evidence_dir
     record_source: str | None = None
-    # sampling rules (edgeinfer.pipeline.sampling; docs/datasets.md): frames kept with the model's output; off by default
+    # sampling rules (pipeline/sampling.py; docs/datasets.md): frames kept with the model's output; off by default
     #: rules: ``uncertain:LOW-HIGH[/LABEL,...]``, ``drift:DISTANCE[@FRAMES]``, ``event:RULE``, ``random:RATE``,
     #: ``request`` (only the frames asked for)
     sample: tuple[str, ...] = ()
@@ -189,7 +199,11 @@ class PipelineOptions:
 
     @classmethod
     def merged(cls, options: PipelineOptions | None, overrides: Mapping[str, Any]) -> PipelineOptions:
-        """``options`` (or the defaults) with ``overrides`` applied; TypeError names an unknown option."""
+        """``options`` (or the defaults) with ``overrides`` applied (an option's old name read as its name:
+        :data:`RENAMED_OPTIONS`); TypeError names an unknown option."""
+        overrides, problems = current_names(overrides, RENAMED_OPTIONS)
+        if problems:
+            raise TypeError(problems[0])
         unknown = sorted(set(overrides) - set(cls.names()))
         if unknown:
             raise TypeError(f"unknown pipeline option(s) {', '.join(unknown)}; options are: {', '.join(cls.names())}")

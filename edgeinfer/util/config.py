@@ -280,6 +280,23 @@ class KeyedReader:
 
 
 #: the bounds a dataclass field may state in its metadata, under their JSON Schema names (a schema copies them)
+def current_names(data: Mapping[Any, Any], renamed: Mapping[str, str]) -> tuple[dict[Any, Any], list[str]]:
+    """``data`` with each key given under an old name (``renamed``: old name → name) under its name, and the
+    problems: a key given under both names. The one reading of renamed keys: agent.yaml's pipelines, a
+    configuration document's (``link/config_document.py``) and ``Pipeline(...)``'s options."""
+    out: dict[Any, Any] = {}
+    problems = []
+    for key, value in data.items():
+        name = renamed.get(key) if isinstance(key, str) else None
+        if name is None:
+            out[key] = value
+        elif name in data:
+            problems.append(f"{key}: the old name of {name}; give {name} alone")
+        else:
+            out[name] = value
+    return out, problems
+
+
 BOUND_WORDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
 
 

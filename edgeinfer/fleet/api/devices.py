@@ -65,11 +65,20 @@ def restart(device_id: DeviceId, body: RestartArgs, who: Operator, fleet: Servic
     return _send(fleet, who, device_id, Command.RESTART_PIPELINE, {"pipeline": body.pipeline})
 
 
+SAMPLE_DESCRIPTION = ("Body: {\"pipeline\": NAME, \"frames\": N (1-1000), \"stream\": \"\" (every stream)}. Sends a "
+                      "signed sample command: the device keeps the next N frames with the model's output whatever "
+                      "its sampling rules say, and uploads them as samples (docs/datasets.md).")
+
+
 @router.post("/{device_id}/sample", response_model=CommandSent, responses=errors(400, 401, 403, 404),
-             summary="Sample the next frames of a pipeline as samples (operator)",
-             description="Body: {\"pipeline\": NAME, \"frames\": N (1-1000), \"stream\": \"\" (every stream)}. "
-                         "Sends a signed sample command: the device keeps the next N frames with the model's "
-                         "output whatever its sampling rules say, and uploads them as samples (docs/datasets.md).")
-def capture(device_id: DeviceId, body: SampleArgs, who: Operator, fleet: Services) -> Any:
+             summary="Keep the next frames of a pipeline as samples (operator)", description=SAMPLE_DESCRIPTION)
+def sample(device_id: DeviceId, body: SampleArgs, who: Operator, fleet: Services) -> Any:
     args = {"pipeline": body.pipeline, "frames": body.frames, **({"stream": body.stream} if body.stream else {})}
     return _send(fleet, who, device_id, Command.SAMPLE, args)
+
+
+@router.post("/{device_id}/capture", response_model=CommandSent, responses=errors(400, 401, 403, 404),
+             deprecated=True, summary="The old name of POST /api/devices/{device_id}/sample (an alias)",
+             description=SAMPLE_DESCRIPTION)
+def capture(device_id: DeviceId, body: SampleArgs, who: Operator, fleet: Services) -> Any:
+    return sample(device_id, body, who, fleet)
