@@ -334,6 +334,7 @@ def test_malformed_commands_get_error_events_and_change_nothing(tmp_path, broker
         signed_command("c-nopipe", "restart_pipeline", {"pipeline": "nope"}),
         signed_command("c-nocapture", "sample", {"pipeline": "main", "frames": 3}),  # it has no pipeline
         signed_command("c-frames", "sample", {"pipeline": "main", "frames": 0}),
+        signed_command("c-oldname", "capture", {"pipeline": "main", "frames": 3}),  # sample's old name, an alias
         json.dumps({"v": 1, "type": "cmd", "id": "c-old", "cmd": "ping", "expires": 1000.0}).encode(),
         json.dumps({"v": 1, "type": "cmd", "id": "c-extra", "cmd": "ping", "admin": True}).encode(),
     ]
@@ -350,12 +351,13 @@ def test_malformed_commands_get_error_events_and_change_nothing(tmp_path, broker
         assert sorted((e["cmd_id"] or "", e["data"]["reason"]) for e in rejected) == [
             ("", "invalid"), ("", "invalid"), ("", "invalid"), ("c-args", "invalid_args"), ("c-extra", "invalid"),
             ("c-frames", "invalid_args"), ("c-nocapture", "failed"), ("c-nopipe", "failed"), ("c-old", "expired"),
-            ("c-unknown", "unknown_command")]
+            ("c-oldname", "failed"), ("c-unknown", "unknown_command")]
         assert all(e["level"] == "error" for e in rejected)
         by_id = {e["cmd_id"]: e for e in rejected}
         assert f"known: {', '.join(sorted(command.value for command in Command))})" in by_id["c-unknown"]["message"]
         assert "no pipeline named 'nope'" in by_id["c-nopipe"]["message"]
         assert "no pipeline named 'main'" in by_id["c-nocapture"]["message"]
+        assert "no pipeline named 'main'" in by_id["c-oldname"]["message"]  # the old name runs the same handler
         assert ".admin: unknown key" in by_id["c-extra"]["message"]
 
         # a good command works, and a repeated id is not run twice

@@ -365,11 +365,15 @@ def test_the_change_feed_keeps_its_contract(contract, path):
         connection.close()
 
 
-def test_the_change_feeds_old_name_is_a_deprecated_alias(contract):
-    """GET /api/stream (its old name, an alias) is declared deprecated and answers as GET /api/changes does."""
+def test_old_route_names_are_deprecated_aliases(contract):
+    """GET /api/stream (the change feed's old name, an alias) and POST .../capture (sample's) are declared
+    deprecated and answer as their new names do."""
     paths = contract.document["paths"]
     assert paths[OLD_STREAM]["get"].get("deprecated") is True and not paths[STREAM]["get"].get("deprecated")
     assert paths[OLD_STREAM]["get"]["responses"] == paths[STREAM]["get"]["responses"]
+    old, new = paths["/api/devices/{device_id}/capture"]["post"], paths["/api/devices/{device_id}/sample"]["post"]
+    assert old.get("deprecated") is True and not new.get("deprecated")  # sample's old name, an alias
+    assert (old["requestBody"], old["responses"]) == (new["requestBody"], new["responses"])
 
 
 def test_the_live_view_keeps_its_contract(contract):
