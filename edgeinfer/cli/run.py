@@ -136,10 +136,10 @@ def _brief(result: object) -> str:
               help="Samples each --sample rule keeps a minute at most (default 6).")
 # the old names of --sample, --samples-dir and --samples-per-minute (aliases, not in --help)
 @click.option("--capture", "old_sample", multiple=True, hidden=True)  # old name
-@click.option("--capture-dir", "old_samples_dir", type=click.Path(file_okay=False), default=None,
-              hidden=True)  # old name
-@click.option("--capture-per-minute", "old_samples_per_minute", type=click.IntRange(min=1), default=None,
-              hidden=True)  # old name
+@click.option("--capture-dir", "old_samples_dir",  # old name
+              type=click.Path(file_okay=False), default=None, hidden=True)
+@click.option("--capture-per-minute", "old_samples_per_minute",  # old name
+              type=click.IntRange(min=1), default=None, hidden=True)
 @click.option("--motion-gate", is_flag=True, help="Skip inference on frames that did not change (reuse the result).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per result, then a summary line.")
 @click.option("--preview", metavar="[HOST:]PORT", default=None,

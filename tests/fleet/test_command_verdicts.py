@@ -136,7 +136,8 @@ def test_a_command_the_device_runs_reads_applied_and_one_it_refuses_reads_refuse
                                                                               "duplicates": 0}
         assert wait_until(lambda: "refused" in [r["state"] for r in stream.records(capture["command_id"])], 15, 0.1)
         # the route's old name, a deprecated alias, sends the same signed command under its name
-        status, old = _call(url, f"/api/devices/{DEVICE}/capture", operator, {"pipeline": "main", "frames": 1})
+        old_route = f"/api/devices/{DEVICE}/capture"  # sample's old name
+        status, old = _call(url, old_route, operator, {"pipeline": "main", "frames": 1})
         assert status == 200 and old["cmd"] == "sample", old
         found = _settled(url, viewer, old["command_id"])
         assert (found["state"], found["reason"], found["samples"]["requested"]) == ("refused", "no_sampling", 1)

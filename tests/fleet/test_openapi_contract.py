@@ -371,7 +371,8 @@ def test_old_route_names_are_deprecated_aliases(contract):
     paths = contract.document["paths"]
     assert paths[OLD_STREAM]["get"].get("deprecated") is True and not paths[STREAM]["get"].get("deprecated")
     assert paths[OLD_STREAM]["get"]["responses"] == paths[STREAM]["get"]["responses"]
-    old, new = paths["/api/devices/{device_id}/capture"]["post"], paths["/api/devices/{device_id}/sample"]["post"]
+    old = paths["/api/devices/{device_id}/capture"]["post"]  # sample's old name
+    new = paths["/api/devices/{device_id}/sample"]["post"]
     assert old.get("deprecated") is True and not new.get("deprecated")  # sample's old name, an alias
     assert (old["requestBody"], old["responses"]) == (new["requestBody"], new["responses"])
 

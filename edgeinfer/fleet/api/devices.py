@@ -77,7 +77,7 @@ def sample(device_id: DeviceId, body: SampleArgs, who: Operator, fleet: Services
     return _send(fleet, who, device_id, Command.SAMPLE, args)
 
 
-@router.post("/{device_id}/capture", response_model=CommandSent, responses=errors(400, 401, 403, 404),
+@router.post("/{device_id}/capture", response_model=CommandSent, responses=errors(400, 401, 403, 404),  # old name
              deprecated=True, summary="The old name of POST /api/devices/{device_id}/sample (an alias)",
              description=SAMPLE_DESCRIPTION)
 def capture(device_id: DeviceId, body: SampleArgs, who: Operator, fleet: Services) -> Any:
