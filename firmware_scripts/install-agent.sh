@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # install-agent.sh: install the edgeinfer agent as a hardened systemd service running as the system
 # user "edgeinfer", with its config in /etc/edgeinfer/agent.yaml (never overwritten) and its data in
-# /var/lib/edgeinfer. Run a setup-*.sh script first (it makes the venv). See docs/provisioning.md.
+# /var/lib/edgeinfer. The service runs the agent's launcher, which starts the agent from one of two
+# environment slots and goes back to the other when an agent update fails (the provisioned venv is the
+# first slot). Run a setup-*.sh script first (it makes the venv). See docs/provisioning.md.
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -14,6 +16,12 @@ UNIT_TEMPLATE=$HERE/edgeinfer-agent.service
 DEFAULT_CONFIG_TEMPLATE=$HERE/agent.yaml
 CONFIG=/etc/edgeinfer/agent.yaml
 DATA_DIR=/var/lib/edgeinfer
+# The agent's environment slots and their state (written by the agent: under its state directory) and the
+# launcher that reads them (where the service cannot write: ProtectSystem=strict keeps /opt read-only to it,
+# so no agent version can replace what brings the previous one back).
+SLOTS_DIR=$DATA_DIR/agent
+LAUNCHER=/opt/edgeinfer/launcher.py
+LAUNCHER_SOURCE=$HERE/../edgeinfer/updates/launcher.py
 SYSUSERS_CONF=/etc/sysusers.d/edgeinfer.conf
 SERVICE_USER=edgeinfer
 
@@ -24,10 +32,13 @@ Usage: $EI_SCRIPT [options]
 Install the edgeinfer agent as the systemd service $UNIT_NAME:
   * the system user and group "$SERVICE_USER" (declared in $SYSUSERS_CONF, created by
     systemd-sysusers; useradd where that is missing), home $DATA_DIR, no login shell
-  * $DATA_DIR (0750, $SERVICE_USER) for the spool, command log and model slots
+  * $DATA_DIR (0750, $SERVICE_USER) for the spool, command log and model slots, and
+    $SLOTS_DIR for the agent's own environment slots (agent updates)
+  * $LAUNCHER (0644, root): the agent's launcher, from the venv's edgeinfer (or this checkout's)
   * $CONFIG (0640, root:$SERVICE_USER): installed only if absent, from --config FILE or a
     default that talks to a broker on localhost; an existing file is never touched
-  * $UNIT_PATH from the template edgeinfer-agent.service: Type=notify with WatchdogSec,
+  * $UNIT_PATH from the template edgeinfer-agent.service: the launcher runs the agent from the
+    venv at first, Type=notify with WatchdogSec,
     Restart=on-failure (not after exit 78, a bad config), ProtectSystem=strict with
     ReadWritePaths=$DATA_DIR, NoNewPrivileges, PrivateTmp, ProtectHome, ProtectKernel*,
     RestrictAddressFamilies, an empty capability set, and SupplementaryGroups for the device nodes
@@ -40,6 +51,8 @@ Options:
   --config FILE       initial configuration to install when $CONFIG does not exist yet
   --groups LIST       supplementary groups, comma-separated (default: from the detected device)
   --watchdog SEC      WatchdogSec (default 30); 0 turns the watchdog off and uses Type=exec
+  --agent-trial SEC   seconds an updated agent has to report healthy before the launcher goes back
+                      to the previous one (default 300)
   --no-systemctl      write the files only: no daemon-reload / enable / start
   --no-start          enable the service but do not start or restart it
 EOF
@@ -50,6 +63,7 @@ VENV=$EI_DEFAULT_VENV
 CONFIG_SOURCE=""
 GROUPS_OPT=""
 WATCHDOG=30
+AGENT_TRIAL=300
 SYSTEMCTL=1
 START=1
 
@@ -61,6 +75,10 @@ while [[ $# -gt 0 ]]; do
         --watchdog)
             WATCHDOG=$(ei_optarg "$@")
             [[ "$WATCHDOG" =~ ^[0-9]+$ ]] || ei_usage_error "--watchdog takes a number of seconds"
+            shift 2 ;;
+        --agent-trial)
+            AGENT_TRIAL=$(ei_optarg "$@")
+            [[ "$AGENT_TRIAL" =~ ^[1-9][0-9]*$ ]] || ei_usage_error "--agent-trial takes a number of seconds above 0"
             shift 2 ;;
         --no-systemctl) SYSTEMCTL=0; shift ;;
         --no-start) START=0; shift ;;
@@ -117,6 +135,7 @@ else
 fi
 
 ei_mkdir "$DATA_DIR" 0750 "$SERVICE_USER:$SERVICE_USER"
+ei_mkdir "$SLOTS_DIR" 0750 "$SERVICE_USER:$SERVICE_USER"
 # The config may name credentials (password_file, client keys): readable by root and the agent only.
 ei_mkdir /etc/edgeinfer 0750 "root:$SERVICE_USER"
 if [[ -n "$CONFIG_SOURCE" ]]; then
@@ -126,11 +145,23 @@ else
 fi
 ei_write_file_if_absent "$CONFIG" 0640 "root:$SERVICE_USER" <"$config_from"
 
+# --------------------------------------------------------------------------------------- launcher
+
+# The launcher of the edgeinfer in the venv (its state is theirs to share); this checkout's before one is installed.
+launcher_from=""
+for candidate in "$(ei_path "$VENV")"/lib/python3*/site-packages/edgeinfer/updates/launcher.py "$LAUNCHER_SOURCE"; do
+    if [[ -f "$candidate" ]]; then launcher_from=$candidate; break; fi
+done
+[[ -n "$launcher_from" ]] || ei_die "no edgeinfer/updates/launcher.py in $VENV or beside this script"
+ei_mkdir "$(dirname "$LAUNCHER")" 0755 root:root
+ei_copy_file "$launcher_from" "$LAUNCHER" 0644 root:root
+
 # ------------------------------------------------------------------------------------------- unit
 
 if ((WATCHDOG > 0)); then service_type="notify"; else service_type="exec"; fi
 unit_text=$(sed -e "s|@VENV@|$VENV|g" -e "s|@CONFIG@|$CONFIG|g" -e "s|@SERVICE_TYPE@|$service_type|g" \
-    -e "s|@WATCHDOG_SEC@|$WATCHDOG|g" -e "s|@SUPPLEMENTARY_GROUPS@|${groups[*]:-}|g" "$UNIT_TEMPLATE")
+    -e "s|@WATCHDOG_SEC@|$WATCHDOG|g" -e "s|@SUPPLEMENTARY_GROUPS@|${groups[*]:-}|g" \
+    -e "s|@LAUNCHER@|$LAUNCHER|g" -e "s|@SLOTS@|$SLOTS_DIR|g" -e "s|@AGENT_TRIAL@|$AGENT_TRIAL|g" "$UNIT_TEMPLATE")
 if ((${#groups[@]} == 0)); then unit_text=$(printf '%s\n' "$unit_text" | grep -v '^SupplementaryGroups=$'); fi
 if ((WATCHDOG == 0)); then unit_text=$(printf '%s\n' "$unit_text" | grep -v '^NotifyAccess='); fi
 if printf '%s\n' "$unit_text" | grep -Eq '@[A-Z_]+@'; then

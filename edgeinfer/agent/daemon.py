@@ -154,12 +154,18 @@ class Agent:
         self._lock_file: Any = None
         self._last_tick: float | None = None
         self._spool_write_errors = 0
+        self.exit_status = 0  # what the process exits with after run(): request_exit()
 
     # -- what plug-ins see (AgentServices) -------------------------------------------------
     def stop(self) -> None:
         """Ask run() to finish (safe from a signal handler or another thread)."""
         self._stop.set()
         self._wake.set()
+
+    def request_exit(self, status: int) -> None:
+        """Stop, and have the process end with ``status`` (an agent update: its launcher starts the new slot)."""
+        self.exit_status = status
+        self.stop()
 
     def runner(self, name: str) -> PipelineRunner:
         """The runner of pipeline ``name``; ValueError lists the names."""
@@ -261,6 +267,7 @@ class Agent:
         for runner in self._runners:
             runner.start()
         self.commands.start()
+        self.updates.start(self)  # the agent kind: what its launcher decided, and a trial's judgement
         sd_notify("READY=1")
 
     def close(self) -> None:
@@ -397,8 +404,7 @@ class Agent:
         if online or reason == "shutdown":
             message.update({"versions": self._versions, "delegates": self._delegates,
                             "pipelines": [runner.describe() for runner in self._runners]})
-            if self.updates is not None and self.config.pipelines:
-                message["slots"] = self.updates.describe(self.config.pipelines[0].name)
+            message.update(self.updates.state_sections(self.config.pipelines) if self.updates is not None else {})
         return message
 
     def _on_connected(self, offline_s: float | None) -> None:

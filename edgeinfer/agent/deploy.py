@@ -1,9 +1,14 @@
-"""The agent's ``deploy`` and ``rollback`` commands: signed model updates applied live, with rollback.
+"""The agent's ``deploy`` and ``rollback`` commands: signed updates of every deployment kind, applied with rollback.
 
-    check (signature, expiry, replay, downgrade) ─► download into the inactive slot (resume, sha256)
-    ─► validate in a subprocess ─► trial: swap the engine into the running pipeline (capture keeps
-    going) ─► health gate on live frames (finite results, latency within a factor of the old model)
-    ─► commit  |  swap the old engine back and discard the trial
+:class:`UpdateService` takes the command, checks what every kind shares — the manifest's signature and expiry,
+its kind (``unknown_kind`` for one this agent cannot install), replay and downgrade (against what runs of that
+kind: :func:`~edgeinfer.updates.updater.admit`) — and hands it to the kind's :class:`KindHandler`
+(:meth:`UpdateService.register_kind`). Built in: ``model`` (:class:`ModelUpdates`, below) and ``agent``
+(:class:`~.deploy_agent.AgentUpdates`). A model update::
+
+    download into the inactive slot (resume, sha256) ─► validate in a subprocess ─► trial: swap the engine into
+    the running pipeline (capture keeps going) ─► health gate on live frames (finite results, latency within a
+    factor of the old model) ─► commit  |  swap the old engine back and discard the trial
 
 Every step is reported as an ``update`` event carrying the deployment id and the state
 (``downloading``, ``validating``, ``active``, ``failed``, ``rolled_back``); a refusal before the
@@ -16,19 +21,20 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import EdgeInferError, UpdateRejected
-from ..link.vocabulary import Command, EventKind, TargetState
+from ..link.vocabulary import Command, DeploymentKind, EventKind, TargetState
 from ..runtime.model import inspect_model
 from ..updates.health import HealthGate, result_is_finite
-from ..updates.signing import VerifyKey
+from ..updates.signing import Manifest, VerifyKey
 from ..updates.slots import InstalledModel, ModelSlots
-from ..updates.updater import Updater
+from ..updates.updater import Updater, admit
 from .commands import CommandContext, CommandRouter
 from .config import AgentConfig
+from .deploy_kinds import KindHandler, UpdateReport, download_settings
 from .runner import PipelineRunner
 from .services import AgentServices
 
@@ -43,7 +49,9 @@ DEPLOY_ARGS_SCHEMA = {
 }
 ROLLBACK_ARGS_SCHEMA = {
     "type": "object", "additionalProperties": False,
-    "properties": {"pipeline": {"type": "string", "minLength": 1, "maxLength": 64}},
+    "properties": {"pipeline": {"type": "string", "minLength": 1, "maxLength": 64},
+                   # what to go back on: a model (the default) or the agent itself
+                   "kind": {"enum": [kind.value for kind in DeploymentKind]}},
 }
 #: seconds the health gate waits for its frames before it calls the new model unhealthy
 HEALTH_GATE_TIMEOUT_S = 60.0
@@ -54,12 +62,84 @@ def _version_number(text: str | None) -> int:
 
 
 class UpdateService:
-    """Owns the model slots of the agent's updatable pipeline (the first, unless a command names another)."""
+    """The ``deploy`` and ``rollback`` commands for every kind; the model kind's slots (of the agent's updatable
+    pipeline: the first, unless a command names another)."""
 
     def __init__(self, config: AgentConfig) -> None:
+        from .deploy_agent import AgentUpdates
+
         self.config = config
-        self.slots = ModelSlots(config.data_dir)
+        self.slots = ModelSlots(config.data_dir)  # also the record of every deployment id handled (replays)
         self.key = VerifyKey.from_config_value(config.update_public_key) if config.update_public_key else None
+        self._lock = threading.Lock()
+        self.model = ModelUpdates(self)
+        self.agent = AgentUpdates(config)
+        self._kinds: dict[DeploymentKind, KindHandler] = {DeploymentKind.MODEL: self.model,
+                                                          DeploymentKind.AGENT: self.agent}
+
+    def register_kind(self, kind: DeploymentKind, handler: KindHandler) -> None:
+        """Install deployments of ``kind`` with ``handler`` (a kind without one is refused: ``unknown_kind``)."""
+        self._kinds[DeploymentKind(kind)] = handler
+
+    def handler(self, word: str | None) -> KindHandler:
+        """The handler of a manifest's kind; UpdateRejected('unknown_kind') when this agent has none."""
+        try:
+            kind = DeploymentKind.of(word)
+        except ValueError:
+            raise UpdateRejected("unknown_kind", f"this agent does not know deployments of kind {word!r}") from None
+        found = self._kinds.get(kind)
+        if found is None:
+            raise UpdateRejected("unknown_kind", f"this agent cannot install a deployment of kind {kind.value!r}")
+        return found
+
+    def start(self, agent: AgentServices) -> None:
+        """After the agent opened: the agent kind reports what its launcher decided, and judges a trial."""
+        self.agent.start(agent)
+
+    def register(self, router: CommandRouter) -> None:
+        """Add the ``deploy`` and ``rollback`` commands to the agent's router."""
+        router.register(Command.DEPLOY, self.handle_deploy, args_schema=DEPLOY_ARGS_SCHEMA,
+                        description="install a signed update of any deployment kind (a model: download, validate, "
+                                    "swap, health gate)")
+        router.register(Command.ROLLBACK, self.handle_rollback, args_schema=ROLLBACK_ARGS_SCHEMA,
+                        description="go back to the previous model (or agent)")
+
+    def handle_deploy(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
+        """``deploy``: the checks every kind shares, then the kind's handler; the state it ended in."""
+        if self.key is None:
+            raise UpdateRejected("updates_disabled", "this agent pins no update_public_key")
+        with self._lock:
+            manifest = self.key.verify(dict(args["manifest"]), str(args["signature"]))
+            handler = self.handler(manifest.kind)
+            admit(manifest, seen=self.slots.seen(manifest.deployment_id), running_version=handler.running_version(args))
+            self.slots.remember(manifest.deployment_id)  # a replay is refused from here on
+            return handler.deploy(manifest, args, ctx)
+
+    def handle_rollback(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
+        """``rollback``: back to what ran before, of the kind the command names (a model by default)."""
+        return self.handler(args.get("kind")).rollback(args, ctx)
+
+    # the model kind's parts the agent uses at start and in its state
+    def installed_config(self, config: AgentConfig) -> AgentConfig:
+        return self.model.installed_config(config)
+
+    def describe(self, pipeline: str | None) -> dict[str, Any]:
+        return self.model.describe(pipeline)
+
+    def state_sections(self, pipelines: Sequence[Any]) -> dict[str, Any]:
+        """The ``state`` message's ``slots`` (the first pipeline's models) and ``agent`` (under a launcher)."""
+        sections: dict[str, Any] = {"slots": self.describe(pipelines[0].name)} if pipelines else {}
+        agent = self.agent.describe()
+        return sections | ({"agent": agent} if agent is not None else {})
+
+
+class ModelUpdates:
+    """The ``model`` kind: the model slots of the agent's updatable pipeline."""
+
+    def __init__(self, service: UpdateService) -> None:
+        self.config = service.config
+        self.slots = service.slots
+        self.key = service.key
         self._lock = threading.Lock()
 
     # -- start-up ------------------------------------------------------------------------------
@@ -92,35 +172,18 @@ class UpdateService:
 
         return {"pipeline": pipeline, "active": model(self.slots.active), "previous": model(self.slots.previous)}
 
-    def register(self, router: CommandRouter) -> None:
-        """Add the ``deploy`` and ``rollback`` commands to the agent's router."""
-        router.register(Command.DEPLOY, self.handle_deploy, args_schema=DEPLOY_ARGS_SCHEMA,
-                        description="install a signed model update (download, validate, swap, health gate)")
-        router.register(Command.ROLLBACK, self.handle_rollback, args_schema=ROLLBACK_ARGS_SCHEMA,
-                        description="go back to the previous model")
-
     # -- commands ------------------------------------------------------------------------------
-    def handle_deploy(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
-        """``deploy``: check, download, validate and trial a signed update; the state it ended in."""
-        if self.key is None:
-            raise UpdateRejected("updates_disabled", "this agent pins no update_public_key")
+    def running_version(self, args: Mapping[str, Any]) -> int | None:
+        active = self.slots.active
+        return active.version if active is not None else None
+
+    def deploy(self, manifest: Manifest, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
+        """Download, validate and trial a signed model; the state it ended in."""
         agent = ctx.agent
         runner = self._runner(agent, args.get("pipeline"))
-        mqtt = self.config.mqtt  # the device's credential and CA also open the fleet manager's artifacts
-        updater = Updater(self.slots, self.key, delegate=runner.config.delegate,
-                          validate_timeout_s=self.config.update_validate_timeout_s,
-                          credentials=(mqtt.username, mqtt.password or "") if mqtt.username else None,
-                          cafile=mqtt.ca, grant=args.get("grant"))
+        updater = updater_for(self.config, self.slots, self.key, args, delegate=runner.config.delegate)
         with self._lock:
-            manifest = updater.check(dict(args["manifest"]), str(args["signature"]))
-            self.slots.remember(manifest.deployment_id)  # a replay is refused from here on
-
-            def report(state: TargetState, level: str = "info", reason: str | None = None, **extra: Any) -> None:
-                data = {"deployment_id": manifest.deployment_id, "state": state.value, "version": manifest.version,
-                        **({"reason": reason} if reason else {}), **extra}
-                message = f"update to v{manifest.version}: {state.value}" + (f" ({reason})" if reason else "")
-                agent.emit(EventKind.UPDATE, level, message, pipeline=runner.name, cmd_id=ctx.command_id, data=data)
-
+            report = UpdateReport.of(agent, manifest, ctx.command_id, runner.name)
             report(TargetState.DOWNLOADING)
             try:
                 staged = updater.download(manifest)
@@ -139,7 +202,7 @@ class UpdateService:
             report(TargetState.ROLLED_BACK, "error", reason)
             return {"state": TargetState.ROLLED_BACK.value, "reason": reason}
 
-    def handle_rollback(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
+    def rollback(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
         """``rollback``: swap the previous model back into the running pipeline and commit it."""
         runner = self._runner(ctx.agent, args.get("pipeline"))
         with self._lock:
@@ -233,3 +296,11 @@ class UpdateService:
         if not runners:
             raise UpdateRejected("no_pipeline", "this agent runs no pipeline to update")
         return runners[0]
+
+
+def updater_for(config: AgentConfig, slots: ModelSlots, key: VerifyKey | None, args: Mapping[str, Any], *,
+                delegate: str | None = None) -> Updater:
+    """A model update's steps up to the trial, with the command's downloads."""
+    assert key is not None  # UpdateService refuses a deploy without one
+    return Updater(slots, key, delegate=delegate, validate_timeout_s=config.update_validate_timeout_s,
+                   **download_settings(config, args))

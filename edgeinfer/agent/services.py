@@ -73,3 +73,6 @@ class AgentServices(Protocol):
 
     def state_changed(self) -> None:
         """Publish the retained ``state`` again soon: something it reports (the model slots) changed."""
+
+    def request_exit(self, status: int) -> None:
+        """Stop as :meth:`stop` would, and end the process with ``status`` (the launcher reads it: an agent update)."""

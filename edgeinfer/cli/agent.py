@@ -6,11 +6,13 @@ import sys
 
 import click
 
+from ..updates.launcher import CONFIG_EXIT_STATUS
 from .output import handle_errors, print_json
 
 #: exit status for a configuration error (sysexits EX_CONFIG). The systemd unit lists it in
-#: RestartPreventExitStatus= so a broken config does not become a crash loop.
-EXIT_CONFIG = 78
+#: RestartPreventExitStatus= so a broken config does not become a crash loop; the agent's launcher gives up a
+#: new version that exits with it at once (edgeinfer/updates/launcher.py defines it for both).
+EXIT_CONFIG = CONFIG_EXIT_STATUS
 
 
 @click.command()
@@ -56,3 +58,5 @@ def agent(config_path: str, check: bool) -> None:
     except ConfigError as exc:  # found at start (data_dir not writable, ...)
         click.echo(f"edgeinfer: error: {' '.join(str(exc).split())}", err=True)
         sys.exit(EXIT_CONFIG)
+    if daemon.exit_status:  # an agent update: the launcher starts the slot its state names now
+        sys.exit(daemon.exit_status)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -192,9 +193,9 @@ def fleet_deployments(client: Any, as_json: bool) -> None:
     if as_json:
         print_json(deployments)
         return
-    rows = [[d["deployment_id"][:12], d["model_name"], str(d["version"]), d["status"],
+    rows = [[d["deployment_id"][:12], d.get("kind") or "model", d["model_name"], str(d["version"]), d["status"],
              " ".join(f"{k}={v}" for k, v in sorted(d["counts"].items())), canary_column(d)] for d in deployments]
-    table(rows, ["DEPLOYMENT", "MODEL", "VERSION", "STATUS", "DEVICES", "CANARY"])
+    table(rows, ["DEPLOYMENT", "KIND", "NAME", "VERSION", "STATUS", "DEVICES", "CANARY"])
 
 
 @fleet.command("deployment")
@@ -242,8 +243,14 @@ def analysis_lines(analysis: Any) -> list[str]:
 
 
 @click.command()
-@click.argument("model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--version", "version", required=True, type=click.IntRange(min=0), help="The new version number.")
+@click.argument("model", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--agent", "agent_wheel", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Instead of a model: edgeinfer's own wheel, to update the agents themselves (docs/fleet.md, "
+                   "Agent updates). Its version is the wheel's.")
+@click.option("--wheels", "wheels_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="With --agent: a folder of the wheels it needs on the devices (its dependencies, pip), sent with "
+                   "it so that a device with no package index can install.")
+@click.option("--version", "version", type=click.IntRange(min=0), help="The model's new version number.")
 @click.option("--device", "devices", multiple=True, help="A target device id (repeatable).")
 @click.option("--group", help="Every device in this group.")
 @click.option("--all", "all_devices", is_flag=True, help="Every known device.")
@@ -286,14 +293,16 @@ def analysis_lines(analysis: Any) -> list[str]:
 @dataset_options
 @click.option("--json", "as_json", is_flag=True)
 @client_options
-def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], group: str | None, all_devices: bool,
+def deploy(client: Any, model: Path | None, agent_wheel: Path | None, wheels_dir: Path | None, version: int | None,
+           devices: tuple[str, ...], group: str | None, all_devices: bool,
            canary_pct: float, wave_size: int | None, abort_failure_rate: float, device_timeout: float,
            rollback: bool, pipeline: str | None, canary_window: float, max_latency_regression: float,
            max_fps_drop: float, max_output_drift: float, max_error_rate: float, no_canary_analysis: bool,
            no_wait: bool, require_eval: bool, eval_dataset: str | None, baseline: str | None, eval_tolerance: float,
            dataset_format: str | None, labels: str | None, ignore_unknown: bool, eval_delegate: str | None,
            as_json: bool) -> None:
-    """Roll MODEL out as VERSION: signed, in waves, canary first; exit 0 only if every target is active.
+    """Roll MODEL out as VERSION (or, with --agent, a new edgeinfer): signed, in waves, canary first; exit 0 only
+    if every target is active.
 
     The canary wave is judged on its live telemetry against devices still on the old version (or,
     with no later wave, against its own telemetry before the update): p95 infer latency, fps,
@@ -314,15 +323,28 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
 
     if sum(bool(x) for x in (devices, group, all_devices)) != 1:
         raise click.UsageError("give exactly one of --device, --group or --all")
-    inspect_model(model)  # refuse a file that is not a model before anything is sent
-    if require_eval or eval_dataset:
-        targets = None if baseline else target_devices(client, devices, group)  # whose current model
-        require_eval_gate(client, model, folder=eval_dataset, baseline=baseline, pipeline=pipeline,
-                          devices=targets, tolerance=eval_tolerance,
-                          options=eval_options(dataset_format, labels, ignore_unknown, eval_delegate), quiet=as_json)
-    artifact = client.upload(model)
+    if (model is None) == (agent_wheel is None):
+        raise click.UsageError("give a MODEL file or --agent WHEEL (edgeinfer's own wheel), one of them")
+    if agent_wheel is not None:
+        if version is not None or require_eval or eval_dataset:
+            raise click.UsageError("--agent takes its version from the wheel, and has no --require-eval")
+        bundle, artifact = upload_agent(client, agent_wheel, wheels_dir, quiet=as_json)
+        kind, name, version = "agent", bundle.name, bundle.number
+    else:
+        assert model is not None
+        if version is None or wheels_dir is not None:
+            raise click.UsageError("a model needs --version, and --wheels goes with --agent")
+        inspect_model(model)  # refuse a file that is not a model before anything is sent
+        if require_eval or eval_dataset:
+            targets = None if baseline else target_devices(client, devices, group)  # whose current model
+            require_eval_gate(client, model, folder=eval_dataset, baseline=baseline, pipeline=pipeline,
+                              devices=targets, tolerance=eval_tolerance,
+                              options=eval_options(dataset_format, labels, ignore_unknown, eval_delegate),
+                              quiet=as_json)
+        artifact = client.upload(model)
+        kind, name = "model", model.name
     try:
-        spec = schemas.DeploymentSpec(sha256=artifact["sha256"], model_name=model.name, version=version,
+        spec = schemas.DeploymentSpec(sha256=artifact["sha256"], kind=kind, model_name=name, version=version,
                               canary_pct=canary_pct, wave_size=wave_size, abort_failure_pct=abort_failure_rate,
                               device_timeout_s=device_timeout, rollback=rollback, pipeline=pipeline,
                               devices=list(devices) or None, group=group, all=all_devices,
@@ -334,7 +356,7 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
     created = client.create_deployment(spec)
     deployment_id = created["deployment_id"]
     if not as_json:
-        click.echo(f"deployment {deployment_id}: {model.name} v{version} → {len(created['devices'])} device(s) "
+        click.echo(f"deployment {deployment_id}: {name} v{version} → {len(created['devices'])} device(s) "
                    f"in {1 + max(d['wave'] for d in created['devices'])} wave(s)", err=True)
     if no_wait:
         print_json(created) if as_json else click.echo(deployment_id)
@@ -360,6 +382,21 @@ def deploy(client: Any, model: Path, version: int, devices: tuple[str, ...], gro
                                                                        else ""))
     all_active = final["devices"] and all(t["state"] == TargetState.ACTIVE for t in final["devices"])
     sys.exit(0 if all_active else 1)
+
+
+def upload_agent(client: Any, wheel: Path, wheels_dir: Path | None, *, quiet: bool) -> tuple[Any, dict]:
+    """edgeinfer's WHEEL and the wheels of WHEELS_DIR packed into one agent bundle and uploaded: (bundle, artifact)."""
+    from ..updates.bundle import pack
+
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-agent-") as folder:
+        path = Path(folder) / "agent-bundle.tar"
+        bundle = pack(wheel, path, wheels_dir=wheels_dir)  # ValueError: not an edgeinfer wheel, a bad version
+        if not quiet:
+            click.echo(f"agent bundle: edgeinfer {bundle.version} (version {bundle.number}), {len(bundle.wheels)} "
+                       f"wheel(s), {path.stat().st_size:,} bytes", err=True)
+            if bundle.pip_wheel() is None:
+                click.echo("  no pip wheel in it: each device installs with the pip of the agent it runs", err=True)
+        return bundle, client.upload(path)
 
 
 @fleet.command("abort")

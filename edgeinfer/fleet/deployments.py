@@ -1,13 +1,18 @@
 """Deployments: a :class:`~.schemas.DeploymentSpec` becomes a signed manifest, waves of targets in the
 database and deploy commands; devices' ``update`` events (and their states) become forward-only target
-states. :class:`DeploymentService` does it; its :class:`~.rollout.RolloutDriver` drives the waves."""
+states. :class:`DeploymentService` does it; its :class:`~.rollout.RolloutDriver` drives the waves.
+
+Every kind of deployment (link/vocabulary.py ``DeploymentKind``: a model, an agent bundle) goes through the
+same code: the manifest names its kind (a model's leaves it out), the rollout, the canary and the audit do not
+look at it; what differs is what a device's ``state`` shows it runs (:func:`running_artifacts`) and what the
+canary's rollback names (:func:`rollback_args`)."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from ..link.vocabulary import Command, EventKind, TargetState
+from ..link.vocabulary import Command, DeploymentKind, EventKind, TargetState
 from ..updates.signing import SigningKey, new_manifest
 from .artifacts import ArtifactStore
 from .commands import CommandService
@@ -65,10 +70,27 @@ def deploy_args(deployment: dict) -> dict:
     return args
 
 
+def kind_of(deployment: dict) -> DeploymentKind:
+    """A stored deployment's kind (a row from before kinds is a model's)."""
+    return DeploymentKind(deployment.get("kind") or DeploymentKind.MODEL)
+
+
 def rollback_args(deployment: dict) -> dict:
-    """The arguments of the rollback a failed canary analysis sends: the deployment's pipeline, if it named one."""
+    """The arguments of the rollback a failed canary analysis sends: for a model, the deployment's pipeline if it
+    named one; for another kind, the kind (an agent goes back to its other environment)."""
+    if kind_of(deployment) != DeploymentKind.MODEL:
+        return {"kind": kind_of(deployment).value}
     pipeline = (deployment.get("options") or {}).get("pipeline")
     return {"pipeline": pipeline} if pipeline else {}
+
+
+def running_artifacts(state: dict) -> dict[DeploymentKind, set[str]]:
+    """What a device's ``state`` says it runs, by kind: its pipelines' models and, once out of its trial, the agent
+    bundle it was installed from (sha256s)."""
+    models = {str((p.get("model") or {}).get("sha256") or "") for p in state.get("pipelines") or []}
+    agent = state.get("agent") if isinstance(state.get("agent"), dict) else {}
+    bundle = {str(agent["sha256"])} if agent.get("sha256") and not agent.get("trial") else set()
+    return {DeploymentKind.MODEL: models, DeploymentKind.AGENT: bundle}
 
 
 def progress_of(event: dict) -> tuple[str, TargetState, str | None] | None:
@@ -105,16 +127,16 @@ def follow_update(db: FleetDB, device: str, event: dict) -> bool:
 
 
 def follow_state(db: FleetDB, running: list[dict], device: str, state: dict) -> bool:
-    """A device whose state reports a running deployment's model has it active, whatever became of its
-    events (another manager's share of them may wait for that manager to come back)."""
+    """A device whose state reports a running deployment's artifact (of its kind) has it active, whatever became
+    of its events (another manager's share of them may wait for that manager to come back)."""
     if not state.get("online"):
         return False
-    models = {str((p.get("model") or {}).get("sha256") or "") for p in state.get("pipelines") or []}
+    runs = running_artifacts(state)
     changed = False
     for deployment in running:
-        if deployment.get("sha256") in models:
+        if deployment.get("sha256") in runs.get(kind_of(deployment), ()):
             changed |= bool(db.advance_target(deployment["deployment_id"], device, TargetState.ACTIVE,
-                                              "its state reports the new model", now=time.time()))
+                                              "its state reports it runs the deployment", now=time.time()))
     return changed
 
 
@@ -151,9 +173,11 @@ class DeploymentService:
             raise LookupError(f"no artifact {spec.sha256!r} — upload it first")
         devices = resolve_targets(self.db, spec)
         waves = plan_waves(devices, canary_pct=spec.canary_pct, wave_size=spec.wave_size)
+        kind = DeploymentKind(spec.kind)
         manifest = new_manifest(model_name=spec.model_name or spec.sha256, version=spec.version, sha256=spec.sha256,
                                 size=path.stat().st_size, url=f"{self.public_url}/artifacts/{spec.sha256}",
-                                target=target_label(spec, devices), rollback=spec.rollback)
+                                target=target_label(spec, devices), rollback=spec.rollback,
+                                kind=None if kind == DeploymentKind.MODEL else kind.value)
         options = {"canary_pct": spec.canary_pct, "wave_size": spec.wave_size,
                    "abort_failure_rate": spec.abort_fraction(), "device_timeout_s": spec.device_timeout_s,
                    "pipeline": spec.pipeline, "canary_analysis": spec.thresholds().to_options()}

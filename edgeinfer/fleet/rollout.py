@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ..link.vocabulary import FAILED_STATES, FINISHED_STATES, WAITING_STATES, TargetState, Word
+from ..link.vocabulary import FAILED_STATES, FINISHED_STATES, WAITING_STATES, DeploymentKind, TargetState, Word
 from . import canary as canary_analysis
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,10 @@ DEFAULT_TICK_S = 0.25
 DEFAULT_CANARY_PCT = 10.0
 #: seconds a device may take to answer a deploy command, unless told
 DEFAULT_DEVICE_TIMEOUT_S = 600.0
+#: the kinds of deployment the manager makes (link/vocabulary.py's words; the config kind joins with its artifact),
+#: and the type of the API's ``kind``
+DEPLOYABLE_KINDS = (DeploymentKind.MODEL, DeploymentKind.AGENT)
+DeployableKind = Literal[tuple(kind.value for kind in DEPLOYABLE_KINDS)]  # type: ignore[valid-type]
 
 
 class DeploymentStatus(Word):

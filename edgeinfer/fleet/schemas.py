@@ -29,7 +29,7 @@ from pydantic import (
 from .._evidence import EVENT_ID_FORM, EVENT_ID_PATTERN
 from .._samples import PHASH_PATTERN
 from ..link.protocol import COMMAND_NAME_PATTERN, ID_PATTERN
-from ..link.vocabulary import DEFAULT_FLEET, TargetState
+from ..link.vocabulary import DEFAULT_FLEET, DeploymentKind, TargetState
 from .auth import NAME_PATTERN, TOKEN_ID_PATTERN, Role
 from .canary import (
     DEFAULT_MAX_ERROR_RATE,
@@ -40,7 +40,7 @@ from .canary import (
     DEFAULT_WINDOW_S,
     Thresholds,
 )
-from .rollout import DEFAULT_CANARY_PCT, DEFAULT_DEVICE_TIMEOUT_S, DeploymentStatus
+from .rollout import DEFAULT_CANARY_PCT, DEFAULT_DEVICE_TIMEOUT_S, DeployableKind, DeploymentStatus
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 #: a name a person gives (a model, a group, a pipeline): no control characters (PostgreSQL keeps no NUL)
@@ -137,9 +137,10 @@ class DeploymentSpec(Strict):
     matches no device), in waves with a canary first."""
 
     sha256: Sha256 = Field(description="an artifact uploaded with PUT /api/artifacts")
+    kind: DeployableKind = Field("model", description="what it is: a model, or an agent bundle (docs/fleet.md)")
     version: Version = Field(description="the new version number (devices refuse a downgrade unless rollback)")
     model_name: str | None = Field(None, max_length=256, pattern=PRINTABLE_PATTERN,
-                                   description="shown with the version (default: the sha256)")
+                                   description="the artifact's name, shown with the version (default: the sha256)")
     devices: list[DeviceId] | None = Field(None, max_length=MAX_DEVICES, description="target devices by id")
     group: str | None = Field(None, min_length=1, max_length=128, pattern=PRINTABLE_PATTERN,
                               description="every device in this group")
@@ -150,8 +151,7 @@ class DeploymentSpec(Strict):
                                                                            "finished devices failed")
     abort_failure_rate: float | None = Field(None, ge=0, le=1, description="the same as a fraction (0-1); "
                                                                           "abort_failure_pct wins")
-    device_timeout_s: float = Field(DEFAULT_DEVICE_TIMEOUT_S, gt=0, le=MAX_WAIT_S,
-                                    description="seconds a device may take")
+    device_timeout_s: float = Field(DEFAULT_DEVICE_TIMEOUT_S, gt=0, le=MAX_WAIT_S, description="seconds a device has")
     rollback: bool = Field(False, description="allow going back to an older version")
     pipeline: PipelineName | None = Field(None, description="which of the agent's pipelines (default: its first)")
     canary_analysis: bool = Field(True, description="judge the canary on its telemetry (docs/fleet.md, Canary "
@@ -201,6 +201,7 @@ class Deployment(Row):
     """A deployment with its device count per state (``counts``) and the canary verdict (``analysis``)."""
 
     deployment_id: str
+    kind: DeploymentKind = DeploymentKind.MODEL
     model_name: str
     version: int
     sha256: str

@@ -272,6 +272,13 @@ STATE_SCHEMA: dict[str, Any] = {
         "slots": {"type": ["object", "null"],
                   "description": "the updatable pipeline's model slots: pipeline, and active / previous as "
                                  "{name, version, sha256} or null"},
+        "agent": {"type": ["object", "null"],
+                  "description": "the agent's environment slot, when its launcher runs it: slot (a or b), version, "
+                                 "sha256 of the agent bundle it was installed from (null: provisioned), trial (true "
+                                 "until it has reported healthy)",
+                  "properties": {"slot": {"enum": ["a", "b"]}, "version": {"type": "string"},
+                                 "sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"},
+                                 "trial": {"type": "boolean"}}},
     },
 }
 

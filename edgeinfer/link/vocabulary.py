@@ -1,5 +1,6 @@
 """The words both ends of the link use, defined once: the commands a fleet sends, the kinds of event a
-device reports, the states a device passes through in a deployment, and the fleet a device is in by default.
+device reports, the kinds of deployment and the states a device passes through in one, and the fleet a device
+is in by default.
 
 The agent and the fleet manager import these; ``docs/protocol.md`` (generated from ``protocol.py``) and
 the fleet's OpenAPI document derive their lists from them. Each is a ``str`` enum whose value is the word
@@ -89,6 +90,26 @@ class EventKind(Word):
 #: the kinds the ``events`` schema's description lists (docs/protocol.md is generated from it and does not
 #: change: ``update`` is described with the deploy command in docs/fleet.md)
 SCHEMA_EVENT_KINDS = tuple(kind for kind in EventKind if kind is not EventKind.UPDATE)
+
+
+class DeploymentKind(Word):
+    """What a deployment installs on a device: the kind of its artifact. The signed manifest names it (``kind``);
+    a model's manifest leaves it out, so an agent older than kinds still takes a model and refuses every other kind
+    as a bad manifest (an unknown field) instead of installing it as a model. Versions are per kind (a downgrade is
+    judged against what the device runs of that kind); waves, the abort rate, the device timeout, the canary, the
+    audit and rollback are the same for every kind. docs/fleet.md, *Deployment kinds*."""
+
+    #: a model for one pipeline (the manifest has no ``kind``): downloaded, validated, swapped in, health-gated
+    MODEL = "model"
+    #: the agent's configuration
+    CONFIG = "config"
+    #: edgeinfer itself: a bundle of wheels installed into the agent's other environment slot (the launcher's)
+    AGENT = "agent"
+
+    @classmethod
+    def of(cls, word: str | None) -> DeploymentKind:
+        """The kind a manifest's ``kind`` names (absent: a model); ValueError for a word this version does not know."""
+        return cls.MODEL if word is None else cls(word)
 
 
 class TargetState(Word):

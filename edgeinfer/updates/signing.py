@@ -16,6 +16,7 @@ import base64
 import importlib.util
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -44,9 +45,19 @@ def canonical_json(data: dict) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+#: how a deployment kind's word looks (which words there are is link/vocabulary.py's DeploymentKind)
+KIND_FORM = re.compile(r"[a-z][a-z_]{0,31}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
-    """What a deploy promises: this artifact (sha256, size) is version V for these targets until expiry."""
+    """What a deploy promises: this artifact (sha256, size) is version V for these targets until expiry.
+
+    ``kind`` is the deployment's kind (link/vocabulary.py ``DeploymentKind``); None is a model, and a model's
+    manifest leaves the field out (:meth:`to_dict`), so agents older than kinds, whose manifest has no such field,
+    keep taking models and refuse every other kind (``bad_manifest``: an unexpected field). ``model_name`` is the
+    artifact's name, whatever its kind.
+    """
 
     deployment_id: str
     model_name: str
@@ -60,9 +71,14 @@ class Manifest:
     rollback: bool = False
     manifest_version: int = MANIFEST_VERSION
     extra: dict = field(default_factory=dict)
+    kind: str | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as signed and sent; ``kind`` only when it is not a model's."""
+        data = asdict(self)
+        if data["kind"] is None:
+            del data["kind"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> Manifest:
@@ -86,6 +102,8 @@ class Manifest:
             problems.append("version must be a non-negative integer")
         if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
             problems.append("url must be http(s)")
+        if self.kind is not None and not (isinstance(self.kind, str) and KIND_FORM.fullmatch(self.kind)):
+            problems.append("kind must be a word of a-z and _")
         if self.manifest_version != MANIFEST_VERSION:
             problems.append(f"manifest_version {self.manifest_version} is not supported")
         if problems:
@@ -94,13 +112,13 @@ class Manifest:
 
 def new_manifest(*, model_name: str, version: int, sha256: str, size: int, url: str, target: str,
                  deployment_id: str | None = None, ttl_s: float = DEFAULT_MANIFEST_TTL_S,
-                 rollback: bool = False, now: float | None = None) -> Manifest:
-    """A fresh manifest with a new deployment id and an expiry ``ttl_s`` from now."""
+                 rollback: bool = False, now: float | None = None, kind: str | None = None) -> Manifest:
+    """A fresh manifest with a new deployment id and an expiry ``ttl_s`` from now (``kind``: None for a model)."""
     issued = time.time() if now is None else now
     return Manifest(
         deployment_id=deployment_id or uuid.uuid4().hex, model_name=model_name, version=version,
         sha256=sha256, size=size, url=url, target=target, issued_at=issued, expires_at=issued + ttl_s,
-        rollback=rollback,
+        rollback=rollback, kind=kind,
     )
 
 

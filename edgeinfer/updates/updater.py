@@ -22,6 +22,37 @@ from .validate import DEFAULT_VALIDATE_TIMEOUT_S, validate_in_subprocess
 log = logging.getLogger(__name__)
 
 
+def admit(manifest: Manifest, *, seen: bool, running_version: int | None) -> None:
+    """The replay and downgrade rules, the same for every kind of deployment: a deployment id handled before is
+    refused (``replay``); a version not newer than the one running of the manifest's kind (None: nothing of it
+    runs) is refused (``downgrade``) unless the manifest is a rollback."""
+    if seen:
+        raise UpdateRejected("replay", f"deployment {manifest.deployment_id} was already handled")
+    if running_version is not None and not manifest.rollback and manifest.version <= running_version:
+        raise UpdateRejected("downgrade", f"version {manifest.version} is not newer than the running "
+                                          f"{running_version} (send a rollback to go back)")
+
+
+class Downloads:
+    """How a device downloads a deployment's artifact, whatever its kind: with its credential (the device's MQTT
+    user name and password, shown to the fleet manager as HTTP Basic), the fleet's CA (an https manager) and the
+    command's download grant (``?grant=``)."""
+
+    def __init__(self, *, credentials: tuple[str, str] | None = None, cafile: str | None = None,
+                 grant: str | None = None) -> None:
+        self.headers = basic_auth(*credentials) if credentials else {}
+        self.context = https_context(cafile) if cafile else None
+        self.grant = grant
+
+    def fetch(self, manifest: Manifest, target: Path, progress: Callable[[int], None] | None = None) -> Path:
+        """Download the manifest's artifact to ``target`` (resuming ``target.part``), its size and sha256 verified."""
+        url = manifest.url
+        if self.grant:
+            url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"grant": self.grant})
+        return download(url, target, sha256=manifest.sha256, size=manifest.size, progress=progress,
+                        headers=self.headers, context=self.context)
+
+
 class Updater:
     """The agent's update steps up to the trial; the agent swaps the engine and runs the gate."""
 
@@ -36,19 +67,14 @@ class Updater:
         self.verify_key = verify_key
         self.delegate = delegate
         self.validate_timeout_s = validate_timeout_s
-        self.headers = basic_auth(*credentials) if credentials else {}
-        self.context = https_context(cafile) if cafile else None
-        self.grant = grant
+        self.downloads = Downloads(credentials=credentials, cafile=cafile, grant=grant)
 
     def check(self, manifest_data: dict, signature: str) -> Manifest:
         """Signature, expiry, replay and downgrade checks; raises UpdateRejected with its reason."""
         manifest = self.verify_key.verify(manifest_data, signature)
-        if self.slots.seen(manifest.deployment_id):
-            raise UpdateRejected("replay", f"deployment {manifest.deployment_id} was already handled")
         active = self.slots.active
-        if active is not None and not manifest.rollback and manifest.version <= active.version:
-            raise UpdateRejected("downgrade", f"version {manifest.version} is not newer than the running "
-                                              f"{active.version} (send a rollback to go back)")
+        admit(manifest, seen=self.slots.seen(manifest.deployment_id),
+              running_version=active.version if active is not None else None)
         return manifest
 
     def stage(self, manifest: Manifest, progress: Callable[[int], None] | None = None) -> InstalledModel:
@@ -72,13 +98,11 @@ class Updater:
         for stale in folder.iterdir():  # the inactive slot holds only the model being staged
             if stale != partial:
                 stale.unlink()
-        url = manifest.url
-        if self.grant:
-            url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"grant": self.grant})
-        download(url, target, sha256=manifest.sha256, size=manifest.size, progress=progress,
-                 headers=self.headers, context=self.context)
+        self.downloads.fetch(manifest, target, progress)
         return InstalledModel(slot, str(target), manifest.model_name, manifest.version, manifest.sha256,
                               manifest.deployment_id)
+
+
 
 
 def _file_name(manifest: Manifest) -> str:

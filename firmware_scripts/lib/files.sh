@@ -82,7 +82,7 @@ ei_write_file() {
     else
         ei_note_change write "$path (mode $mode${owner:+, owner $owner})"
     fi
-    _ei_show_content "$tmp"
+    ((${EI_HIDE_CONTENT:-0})) || _ei_show_content "$tmp"
     if ((EI_DRY_RUN)); then
         rm -f "$tmp"
         return 0
@@ -108,6 +108,14 @@ _ei_replace_file() {
         chown "$ids" "$staged"
     fi
     mv -f "$staged" "$dest"
+}
+
+# ei_copy_file SOURCE PATH MODE [OWNER[:GROUP]]: ei_write_file with SOURCE's content, not shown (a program,
+# not a setting to read).
+ei_copy_file() {
+    local source=$1
+    shift
+    EI_HIDE_CONTENT=1 ei_write_file "$@" <"$source"
 }
 
 # ei_write_file_if_absent PATH MODE [OWNER[:GROUP]] < content: never touches an existing file

@@ -56,7 +56,9 @@ def test_install_agent_writes_user_dirs_config_and_hardened_unit(tmp_path):
     assert config.read_text() == (SCRIPTS / "agent.yaml").read_text()
     assert (config.stat().st_uid, config.stat().st_gid, config.stat().st_mode & 0o777) == (0, gid, 0o640)
     s = unit_settings(root)
-    assert s["ExecStart"] == ["/opt/edgeinfer/venv/bin/edgeinfer agent --config /etc/edgeinfer/agent.yaml"]
+    assert s["ExecStart"] == ["/opt/edgeinfer/venv/bin/python3 -I -S /opt/edgeinfer/launcher.py --root "
+                              "/var/lib/edgeinfer/agent --initial-slot /opt/edgeinfer/venv --trial-s 300 -- agent "
+                              "--config /etc/edgeinfer/agent.yaml"]
     assert s["Type"] == ["notify"] and s["WatchdogSec"] == ["30"] and s["NotifyAccess"] == ["main"]
     assert s["Restart"] == ["on-failure"] and s["RestartPreventExitStatus"] == ["78"]
     assert s["User"] == ["edgeinfer"] and s["SupplementaryGroups"] == ["video plugdev"]
@@ -70,6 +72,30 @@ def test_install_agent_writes_user_dirs_config_and_hardened_unit(tmp_path):
     assert not re.search(r"@[A-Z_]+@", (root / UNIT.lstrip("/")).read_text())
     assert "/opt/edgeinfer/venv/bin/edgeinfer does not exist yet" in result.stderr
     assert "[skip] systemctl (--no-systemctl)" in result.stdout
+
+
+def test_install_agent_installs_the_launcher_where_the_agent_cannot_write_and_the_slots_where_it_can(tmp_path):
+    root = build_root(tmp_path, "pi5-coral-usb")
+    result = install(root, "--no-systemctl", "--agent-trial", "120")
+    launcher = root / "opt/edgeinfer/launcher.py"
+    assert launcher.read_bytes() == (REPO / "edgeinfer/updates/launcher.py").read_bytes()  # no venv yet: this tree's
+    assert (launcher.stat().st_uid, launcher.stat().st_mode & 0o777) == (0, 0o644)
+    assert (root / "opt/edgeinfer").stat().st_uid == 0
+    uid = int(next(line for line in (root / "etc/passwd").read_text().splitlines()
+                   if line.startswith("edgeinfer:")).split(":")[2])
+    slots = (root / "var/lib/edgeinfer/agent").stat()
+    assert (slots.st_uid, slots.st_mode & 0o777) == (uid, 0o750)
+    assert "[change] write: /opt/edgeinfer/launcher.py (mode 0644, owner root:root)" in result.stdout
+    assert "import fcntl" not in result.stdout  # a program is installed, not printed
+    assert " --trial-s 120 -- agent " in unit_settings(root)["ExecStart"][0]
+    # the launcher of the edgeinfer in the venv wins: its state is the one that edgeinfer's agents share
+    site = root / "opt/edgeinfer/venv/lib/python3.11/site-packages/edgeinfer/updates"
+    site.mkdir(parents=True)
+    (site / "launcher.py").write_text("# the venv's launcher\n")
+    again = install(root, "--no-systemctl", "--agent-trial", "120")
+    assert launcher.read_text() == "# the venv's launcher\n"
+    assert "replaces different content" in again.stdout
+    assert install(root, "--no-systemctl", "--agent-trial", "0", expect=2).stderr.count("--agent-trial") == 1
 
 
 def test_install_agent_second_run_changes_nothing_and_keeps_an_edited_config(tmp_path):
@@ -168,8 +194,9 @@ def _rendered_unit(tmp_path: Path) -> Path:
     (verify checks that it exists)."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    (venv / "bin/edgeinfer").write_text("#!/bin/sh\nexit 0\n")
-    (venv / "bin/edgeinfer").chmod(0o755)
+    for name in ("edgeinfer", "python3"):
+        (venv / "bin" / name).write_text("#!/bin/sh\nexit 0\n")
+        (venv / "bin" / name).chmod(0o755)
     root = build_root(tmp_path, "pi5-coral-usb")
     install(root, "--no-systemctl", "--venv", venv)
     return root / UNIT.lstrip("/")

@@ -6,6 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path
 
+from ...link.vocabulary import DeploymentKind
+from ..auth import Role
 from ..schemas import DEPLOYMENT_ID_PATTERN, Deployment, DeploymentDetail, DeploymentSpec
 from .deps import Operator, Services, Viewer
 from .responses import errors
@@ -22,15 +24,19 @@ def list_deployments(_who: Viewer, fleet: Services) -> Any:
 
 @router.post("", status_code=201, response_model=DeploymentDetail, responses=errors(400, 401, 403, 404),
              summary="Start a rollout (operator)",
-             description="The artifact (uploaded first), its version and the targets; waves, a canary first, "
-                         "judged on its telemetry (docs/fleet.md, Canary analysis). 404 when the artifact or a "
-                         "named device is unknown, or no device matches the target.")
+             description="The artifact (uploaded first), its kind (a model, or an agent bundle: that needs an "
+                         "admin, 403 otherwise), its version and the targets; waves, a canary first, judged on its "
+                         "telemetry (docs/fleet.md, Canary analysis). 404 when the artifact or a named device is "
+                         "unknown, or no device matches the target.")
 def create_deployment(spec: DeploymentSpec, who: Operator, fleet: Services) -> Any:
+    if spec.kind == DeploymentKind.AGENT and not who.principal.may(Role.ADMIN):  # it replaces the devices' code
+        raise HTTPException(403, f"the token {who.principal.name!r} is a {who.principal.role.value}; updating the "
+                                 "agent needs admin")
     try:
         created = fleet.deployments.create(spec)
     except LookupError as exc:
         raise HTTPException(404, str(exc.args[0])) from None
-    who.audit("deployment.create", created["deployment_id"], model_name=created["model_name"],
+    who.audit("deployment.create", created["deployment_id"], kind=created["kind"], model_name=created["model_name"],
               version=created["version"], sha256=created["sha256"], devices=len(created["devices"]))
     return created
 

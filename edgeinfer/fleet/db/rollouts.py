@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ...link.vocabulary import FAILED_STATES, PROGRESS_STATES, WAITING_STATES, TargetState
+from ...link.vocabulary import FAILED_STATES, PROGRESS_STATES, WAITING_STATES, DeploymentKind, TargetState
 from ..rollout import DeploymentStatus
 from .schema import Tables
 
@@ -38,7 +38,8 @@ def create(engine: Any, t: Tables, manifest: dict, signature: str, options: dict
     now = time.time()
     with engine.begin() as conn:
         conn.execute(t.deployments.insert().values(
-            deployment_id=manifest["deployment_id"], model_name=manifest["model_name"],
+            deployment_id=manifest["deployment_id"], kind=manifest.get("kind") or DeploymentKind.MODEL.value,
+            model_name=manifest["model_name"],
             version=manifest["version"], sha256=manifest["sha256"], size=manifest["size"],
             target=manifest["target"], options=options, status=RUNNING, manifest=manifest,
             signature=signature, created_at=now, updated_at=now))

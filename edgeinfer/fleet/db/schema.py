@@ -84,6 +84,8 @@ def tables(sa: Any) -> Tables:
     deployments = sa.Table(
         "deployments", metadata,
         sa.Column("deployment_id", sa.String(64), primary_key=True),
+        # link/vocabulary.py DeploymentKind (migration 0011; rows from before are models)
+        sa.Column("kind", sa.String(16), nullable=False, server_default="model"),
         sa.Column("model_name", sa.String(256), nullable=False),
         sa.Column("version", sa.Integer, nullable=False),
         sa.Column("sha256", sa.String(64), nullable=False),

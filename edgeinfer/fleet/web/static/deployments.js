@@ -29,6 +29,7 @@ export async function deploymentsPage(root, ctx) {
     r.tr.dataset.status = dep.status;
     setText(r.cells.status, dep.status || DASH);
     r.cells.status.className = `status-${dep.status}`;
+    setText(r.cells.kind, dep.kind || "model");
     r.cells.model.replaceChildren(shortId(dep.model_name || DASH));
     setText(r.cells.version, dep.version ?? DASH);
     r.cells.counts.replaceChildren(countChips(dep.counts));
@@ -43,7 +44,7 @@ export async function deploymentsPage(root, ctx) {
       const td = (k, cls) => (cells[k] = h("td", { dataset: { col: k }, class: cls || "" }));
       const tr = h("tr", { dataset: { deploymentId: dep.deployment_id } },
         h("td", { dataset: { col: "id" } }, h("a", { href: `#/deployments/${encodeURIComponent(dep.deployment_id)}` }, shortId(dep.deployment_id))),
-        td("status"), td("model"), td("version"), td("counts"), td("created"), td("detail", "muted"));
+        td("status"), td("kind"), td("model"), td("version"), td("counts"), td("created"), td("detail", "muted"));
       r = { tr, cells };
       rows.set(String(dep.deployment_id), r);
       if (top) tbody.prepend(tr); else tbody.append(tr);
@@ -58,7 +59,7 @@ export async function deploymentsPage(root, ctx) {
     h("section", { class: "card" },
       h("h2", {}, "All deployments"),
       h("div", { class: "table-wrap" }, h("table", { class: "data" },
-        h("thead", {}, h("tr", {}, ["ID", "Status", "Model", "Version", "Devices by state", "Created", "Detail"]
+        h("thead", {}, h("tr", {}, ["ID", "Status", "Kind", "Artifact", "Version", "Devices by state", "Created", "Detail"]
           .map((t) => h("th", { scope: "col" }, t)))),
         tbody)),
       empty)));
@@ -268,7 +269,8 @@ export async function deploymentPage(root, ctx, id) {
     const opt = dep.options || {};
     clear(summary).append(...[
       fact("ID", h("code", { class: "wrap" }, String(dep.deployment_id ?? id))),
-      fact("Model", [shortId(dep.model_name || "?"), ` v${dep.version ?? "?"}`]),
+      fact("Kind", dep.kind || "model"),
+      fact(dep.kind === "agent" ? "Agent" : "Model", [shortId(dep.model_name || "?"), ` v${dep.version ?? "?"}`]),
       fact("Created", fmtTime(dep.created_at)),
       dep.detail ? fact("Detail", dep.detail) : null,
       ...Object.entries(opt).filter(([, v]) => v !== null && v !== undefined)
