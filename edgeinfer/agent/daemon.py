@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from .._redact import redact, redact_values
 from .._version import __version__
 from ..capture.hwdecode import use_board_decoders
 from ..errors import ConfigError
@@ -34,8 +35,10 @@ from ..link.spool import PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
 from ..link.vocabulary import EventKind
 from .commands import CommandRouter, register_builtin_commands
 from .config import AgentConfig, resolve_profile
+from .diagnosis import add_diagnosis_commands
 from .inventory import delegate_report, software_versions
 from .live_view import add_view_commands
+from .log_ring import LogRing
 from .metrics import start_metrics
 from .runner import PipelineFactory, PipelineRunner, default_pipeline_factory
 from .services import TelemetryFigures
@@ -147,6 +150,8 @@ class Agent:
         self._metrics: Any = None
         self.live_views: Any = None  # live_view pushes (edgeinfer.agent.live_view)
         self.uploader: Any = None  # event evidence and capture samples to the fleet manager (agent/uploads.py)
+        self.log_ring = LogRing()  # the recent log lines the fleet may ask for (agent/log_ring.py)
+        self.diagnosis: Any = None  # the logs and doctor commands (agent/diagnosis.py)
         self._runners: list[PipelineRunner] = []
         self._delegates: list[dict[str, Any]] = []
         self._versions: dict[str, str | None] = {}
@@ -201,13 +206,13 @@ class Agent:
 
     def emit(self, event: EventKind | str, level: str, message: str, *, pipeline: str | None = None,
              cmd_id: str | None = None, data: Mapping[str, Any] | None = None) -> None:
-        """Log an event and spool it for the ``events`` topic (ValueError for a kind the vocabulary lacks)."""
+        """Log an event and spool it for the ``events`` topic, its secrets masked (ValueError: an unknown kind)."""
         log.log({"info": logging.INFO, "warning": logging.WARNING}.get(level, logging.ERROR), "event %s: %s",
                 event, message)
         body = {"v": PROTOCOL_VERSION, "type": "event", "fleet": self.topics.fleet, "device": self.topics.device,
                 "ts": round(time.time(), 3), "boot_id": self.boot.boot_id, "seq": self.boot.next("events"),
-                "event": EventKind(event).value, "level": level, "message": message, "pipeline": pipeline,
-                "cmd_id": cmd_id, "data": dict(data or {})}
+                "event": EventKind(event).value, "level": level, "message": redact(message), "pipeline": pipeline,
+                "cmd_id": cmd_id, "data": redact_values(dict(data or {}))}
         self._spool_message(self.topics.events, body, PRIORITY_EVENT)
 
     def run(self) -> None:
@@ -224,6 +229,7 @@ class Agent:
         if self._opened:
             return
         self._opened = True
+        self.log_ring.install()  # first: the start's own lines are in the ring
         self._lock_file = claim_data_dir(self.config)
         from .deploy import UpdateService
 
@@ -252,6 +258,7 @@ class Agent:
         # arrive at once and name a pipeline; commands wait in the router's queue until it starts
         self.uploader = start_uploader(config, self.emit)
         self.live_views, factory = add_view_commands(self, self.commands, config, self._factory)
+        self.diagnosis = add_diagnosis_commands(self, self.commands, config, self.log_ring)
         self._runners = [PipelineRunner(p, emit=self.emit, on_change=self._state_changed, factory=factory,
                                         restart_min_s=config.restart_min_s, restart_max_s=config.restart_max_s,
                                         on_evidence=self.uploader.enqueue if self.uploader else None,
@@ -286,7 +293,7 @@ class Agent:
             self._tick()
         if self.commands is not None:
             self.commands.stop()
-        for service in (self.uploader, self._metrics, self.live_views):  # unsent events stay on disk, unmarked
+        for service in (self.uploader, self._metrics, self.live_views, self.diagnosis):  # unsent events stay on disk
             if service is not None:
                 service.close()
         if self._link is not None:
@@ -297,6 +304,7 @@ class Agent:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+        self.log_ring.uninstall()
 
     def __enter__(self) -> Agent:
         self.open()

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._redact import redact
 from ..errors import CaptureError
 
 SOURCE_HELP = (
@@ -110,13 +111,8 @@ def stream_open_failure(description: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """URL without a password, for logs and errors."""
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest.split("/", 1)[0]:
-        credentials, _, host = rest.partition("@")
-        user = credentials.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
+    """URL without a password, for logs and errors (``_redact.redact``, the one redaction)."""
+    return redact(url)
 
 
 # -------------------------------------------------------------------------------- video files

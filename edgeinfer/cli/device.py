@@ -79,12 +79,22 @@ def doctor(root: str, user: str | None, profile_dirs: tuple[str, ...], as_json: 
     if as_json:
         print_json(report.to_dict())
     else:
-        labels = {"ok": "ok      ", "problem": "PROBLEM ", "warning": "warning ", "info": "        "}
-        for finding in report.findings:
-            click.echo(f"{labels.get(finding.status, finding.status)}{finding.check}: {finding.detail}")
-            if finding.fix and finding.status != "ok":
-                click.echo(f"          fix: {finding.fix}")
-        count = len(report.problems)
-        click.echo(f"{count} problem{'s' if count != 1 else ''} found" if count else "no problems found")
+        for line in report_lines(report.to_dict()):
+            click.echo(line)
     if report.problems:
         sys.exit(1)
+
+
+def report_lines(report: dict) -> list[str]:
+    """The doctor's report (``Report.to_dict()``, here or from a device: ``fleet doctor``) as the lines it prints:
+    a finding a line, with its fix, then the count of problems."""
+    labels = {"ok": "ok      ", "problem": "PROBLEM ", "warning": "warning ", "info": "        "}
+    lines = []
+    for finding in report.get("findings") or []:
+        status = str(finding.get("status"))
+        lines.append(f"{labels.get(status, status)}{finding.get('check')}: {finding.get('detail')}")
+        if finding.get("fix") and status != "ok":
+            lines.append(f"          fix: {finding['fix']}")
+    count = sum(finding.get("status") == "problem" for finding in report.get("findings") or [])
+    lines.append(f"{count} problem{'s' if count != 1 else ''} found" if count else "no problems found")
+    return lines

@@ -23,26 +23,17 @@ from ..fleet.rollout import DEFAULT_CANARY_PCT, DEFAULT_DEVICE_TIMEOUT_S, Deploy
 from ..link.vocabulary import TargetState
 from .evaluate import dataset_options, eval_options
 from .fleet_access import audit, broker_auth, client_options, enroll, enrollments, revoke, table, token
+from .fleet_access import duration as _duration
 from .fleet_dataset import dataset
 from .fleet_db import db
 from .fleet_eval import require_eval as require_eval_gate
 from .fleet_eval import target_devices
+from .fleet_logs import doctor as fleet_doctor
+from .fleet_logs import logs as fleet_logs
 from .fleet_simulate import simulate
 from .output import handle_errors, print_json
 
 SHARED_GROUP = "edgeinfer-fleet"
-
-
-def _duration(_ctx: Any, param: Any, value: str | float | None) -> float | None:
-    """A click callback: ``30s``, ``5m``, ``1h`` or seconds → seconds, or a usage error that says so."""
-    from ..fleet.client import parse_duration
-
-    if value is None or isinstance(value, float):
-        return value
-    try:
-        return parse_duration(str(value))
-    except ValueError as exc:
-        raise click.BadParameter(f"{exc} (e.g. 30s, 5m, 1h)", param=param) from None
 
 
 @click.group()
@@ -50,7 +41,8 @@ def fleet() -> None:
     """Run the fleet manager, or ask it about devices and deployments."""
 
 
-for _command in (db, dataset, simulate, token, enroll, enrollments, revoke, audit, broker_auth):
+for _command in (db, dataset, simulate, token, enroll, enrollments, revoke, audit, broker_auth, fleet_logs,
+                 fleet_doctor):
     fleet.add_command(_command)
 
 

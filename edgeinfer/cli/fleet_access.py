@@ -36,6 +36,18 @@ def client_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def duration(_ctx: Any, param: Any, value: str | float | None) -> float | None:
+    """A click callback: ``30s``, ``5m``, ``1h`` or seconds → seconds, or a usage error that says so."""
+    from ..fleet.client import parse_duration
+
+    if value is None or isinstance(value, float):
+        return value
+    try:
+        return parse_duration(str(value))
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc} (e.g. 30s, 5m, 1h)", param=param) from None
+
+
 def _when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 

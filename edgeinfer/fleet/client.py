@@ -123,6 +123,22 @@ class FleetClient:
         body = {"pipeline": pipeline, "frames": frames, **({"stream": stream} if stream else {})}
         return self._post(f"/api/devices/{_quote(device_id)}/capture", body)
 
+    def request_logs(self, device_id: str, follow: bool = False) -> dict:
+        """Ask a device for its recent log lines (operator); where the request stands (``sent``, ``online``)."""
+        return self._post(f"/api/devices/{_quote(device_id)}/logs/request", {"follow": follow})
+
+    def logs(self, device_id: str, **query: Any) -> dict | None:
+        """A device's stored lines and where its logs stand: since, after, level, limit, follow (None: no device)."""
+        return self._request("GET", f"/api/devices/{_quote(device_id)}/logs?{_query(query)}")
+
+    def request_doctor(self, device_id: str) -> dict:
+        """Ask a device to run its doctor (operator); where the request stands."""
+        return self._post(f"/api/devices/{_quote(device_id)}/doctor")
+
+    def doctor(self, device_id: str) -> dict | None:
+        """A device's last doctor request and report (None: no device)."""
+        return self._request("GET", f"/api/devices/{_quote(device_id)}/doctor")
+
     def tokens(self) -> list[dict]:
         return self._request("GET", "/api/tokens")
 

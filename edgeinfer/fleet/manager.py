@@ -36,6 +36,7 @@ from .commands import CommandService
 from .db import FleetDB
 from .deployments import DeploymentService
 from .devices import DeviceService
+from .diagnosis import DiagnosisService
 from .evidence import EvidenceLimits, EvidenceStore
 from .http import FleetHTTPServer
 from .ingest import Ingest
@@ -128,6 +129,7 @@ class FleetManager:
         self.samples: SampleStore | None = None  # captured samples for datasets
         self.live: LiveFeed | None = None  # the dashboard's live updates
         self.liveview: LiveView | None = None  # devices' live frames and their viewers
+        self.diagnosis: DiagnosisService | None = None  # devices' logs and doctor reports, on request
         self.http: FleetHTTPServer | None = None
         self.commands: CommandService | None = None
         self.deployments: DeploymentService | None = None
@@ -179,9 +181,10 @@ class FleetManager:
                                                            owner=owner, lease_ttl_s=s.lease_ttl_s)
         self.devices = DeviceService(db, evidence)
         liveview = self.liveview = LiveView(db, commands, lambda: self.public_url).start()
+        self.diagnosis = DiagnosisService(db, commands, lambda: self.public_url)
         services = FleetServices(access=access, artifacts=store, commands=commands, deployments=deployments,
                                  devices=self.devices, evidence=evidence, live=live, liveview=liveview,
-                                 metrics=FleetMetrics(self), samples=self.samples)
+                                 metrics=FleetMetrics(self), samples=self.samples, diagnosis=self.diagnosis)
         self.http.start(build_app(services))
         self.ingest = Ingest(db, on_event=deployments.follow_event, on_state=deployments.follow_device_state,
                              queue_size=s.ingest_queue, batch_size=s.ingest_batch).start()
@@ -293,6 +296,7 @@ class FleetManager:
                 if self.samples is not None:
                     self.samples.prune()
                 self.db.forget_live_frames(time.time() - self.settings.raw_retention_days * DAY_S)
+                self.db.diagnosis.prune(time.time() - self.settings.raw_retention_days * DAY_S)  # devices' log lines
             except Exception as exc:
                 log.warning("retention pass failed: %s", exc)
             self._stop.wait(RETENTION_EVERY_S)

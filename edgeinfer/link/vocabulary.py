@@ -51,6 +51,11 @@ class Command(Word):
     #: keep the next ``args.frames`` frames of one pipeline (``args.pipeline``; ``args.stream``: one stream, else
     #: each) as capture samples, whatever the rules say — the dashboard's "capture the next N frames"
     CAPTURE = "capture"
+    #: send the agent's recent log lines (redacted, from its in-memory ring) after ``args.after`` of boot
+    #: ``args.boot_id`` to ``args.url``; with ``args.until`` (a unix time) go on sending new lines until then
+    LOGS = "logs"
+    #: run ``edgeinfer doctor --json`` in a subprocess and send its report to ``args.url``
+    DOCTOR = "doctor"
 
 
 class EventKind(Word):

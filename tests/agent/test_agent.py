@@ -22,6 +22,7 @@ from support.broker import Broker, Collector, free_port, make_tls_files, seqs
 from support.profiles import fake_root
 
 from edgeinfer.link.protocol import make_command, validate
+from edgeinfer.link.vocabulary import Command
 from edgeinfer.runtime.model import inspect_model
 
 
@@ -352,8 +353,7 @@ def test_malformed_commands_get_error_events_and_change_nothing(tmp_path, broker
             ("c-unknown", "unknown_command")]
         assert all(e["level"] == "error" for e in rejected)
         by_id = {e["cmd_id"]: e for e in rejected}
-        assert "known: capture, deploy, live_view, ping, restart_pipeline, rollback, set_analytics" in \
-            by_id["c-unknown"]["message"]
+        assert f"known: {', '.join(sorted(command.value for command in Command))})" in by_id["c-unknown"]["message"]
         assert "no pipeline named 'nope'" in by_id["c-nopipe"]["message"]
         assert "no pipeline named 'main'" in by_id["c-nocapture"]["message"]
         assert "unknown key 'admin'" in by_id["c-extra"]["message"]

@@ -31,6 +31,7 @@ from support.broker import Collector, running_broker
 from edgeinfer.agent.commands import UNVERIFIED_PREFIX, CommandRouter, register_builtin_commands
 from edgeinfer.agent.config import parse_config
 from edgeinfer.agent.deploy import UpdateService
+from edgeinfer.agent.diagnosis import add_diagnosis_commands
 from edgeinfer.agent.live_view import add_view_commands
 from edgeinfer.agent.telemetry import BootSequence
 from edgeinfer.link.protocol import MAX_PAYLOAD_BYTES, Topics, make_command
@@ -253,6 +254,7 @@ def world(tmp_path_factory):
     register_builtin_commands(router)
     updates.register(router)
     add_view_commands(agent, router, config, lambda pipeline: pipeline)
+    add_diagnosis_commands(agent, router, config)
     assert router.names == sorted(command.value for command in Command)  # every word of the vocabulary, no other
     caught = Exceptions()
     logging.getLogger("edgeinfer").addHandler(caught)

@@ -23,6 +23,7 @@ from edgeinfer.fleet.commands import CommandService
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.deployments import DeploymentService
 from edgeinfer.fleet.devices import DeviceService
+from edgeinfer.fleet.diagnosis import DiagnosisService
 from edgeinfer.fleet.evidence import EvidenceLimits, EvidenceStore
 from edgeinfer.fleet.http import FleetHTTPServer
 from edgeinfer.fleet.live import LiveFeed
@@ -148,7 +149,8 @@ def api_server(db: FleetDB, folder: Path, *, artifacts: ArtifactStore | None = N
                 deployments=DeploymentService(db, key, store, commands, public_url=server.url),
                 devices=DeviceService(db, evidence_store), evidence=evidence_store, live=LiveFeed(db),
                 liveview=LiveView(db, commands, lambda: server.url), metrics=FleetMetrics(None),
-                samples=SampleStore(db), max_upload_bytes=max_upload_bytes)
+                samples=SampleStore(db), diagnosis=DiagnosisService(db, commands, lambda: server.url),
+                max_upload_bytes=max_upload_bytes)
             services.liveview.start()
             server.start(build_app(services))
             try:

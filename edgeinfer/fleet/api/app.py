@@ -24,7 +24,7 @@ from starlette.routing import Match
 
 from ..._version import __version__
 from ..schemas import ErrorBody, describe
-from . import access, artifacts, deployments, devices, events, live, overview, samples
+from . import access, artifacts, deployments, devices, diagnosis, events, live, overview, samples
 from .deps import FleetServices, Viewer
 from .sample_schemas import SampleUpload
 from .web import add_dashboard
@@ -35,7 +35,7 @@ DESCRIPTION = ("Devices, telemetry, deployments, events with their evidence and 
                "the route names (viewer < operator < admin), or, for artifacts and evidence uploads, an enrolled "
                "device's MQTT credential. Every refusal is {\"error\": \"...\"}.")
 ROUTERS = (overview.router, devices.router, live.router, deployments.router, artifacts.router, events.router,
-           samples.router, access.router)
+           samples.router, diagnosis.router, access.router)
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -102,8 +102,9 @@ def document(app: FastAPI) -> dict[str, Any]:
         components.pop(name, None)
     components[ErrorBody.__name__] = ErrorBody.model_json_schema()
     # a body a route reads itself (bounded before it is parsed): its model is the document's all the same
-    upload = SampleUpload.model_json_schema(ref_template="#/components/schemas/{model}")
-    for name, definition in upload.pop("$defs", {}).items():
-        components.setdefault(name, definition)
-    components[SampleUpload.__name__] = upload
+    for model in (SampleUpload, *diagnosis.UPLOADS):
+        upload = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in upload.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components[model.__name__] = upload
     return schema

@@ -28,6 +28,7 @@ from ..auth import Principal, Role
 from ..commands import CommandService
 from ..deployments import DeploymentService
 from ..devices import DeviceService
+from ..diagnosis import DiagnosisService
 from ..evidence import EvidenceStore
 from ..live import LiveFeed
 from ..liveview import LiveView
@@ -52,6 +53,7 @@ class FleetServices:
     liveview: LiveView
     metrics: FleetMetrics
     samples: SampleStore
+    diagnosis: DiagnosisService
     max_upload_bytes: int = MAX_UPLOAD_BYTES
 
 

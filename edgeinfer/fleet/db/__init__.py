@@ -17,6 +17,7 @@ from ...errors import ConfigError
 from ...link.vocabulary import TargetState
 from ..rollout import DeploymentStatus
 from . import evidence, live, rollouts, security, writes
+from .diagnosis import DiagnosisRows
 from .samples import SampleRows
 from .schema import tables
 
@@ -66,6 +67,8 @@ class FleetDB:
         self.t = tables(self._sa)
         #: captured samples for datasets (samples.py)
         self.samples = SampleRows(self._sa, self.engine, self.t)
+        #: devices' log lines and doctor reports, sent on request (diagnosis.py)
+        self.diagnosis = DiagnosisRows(self._sa, self.engine, self.t)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -28,6 +28,8 @@ class Tables:
     live_frames: Any
     analytics: Any
     samples: Any
+    device_logs: Any
+    diagnosis: Any
 
 
 def tables(sa: Any) -> Tables:
@@ -211,5 +213,41 @@ def tables(sa: Any) -> Tables:
         sa.Index("ix_samples_created_at", "created_at"),
         sa.Index("ix_samples_scene", "device_id", "pipeline", "stream", "created_at"),
     )
+    device_logs, diagnosis = diagnosis_tables(sa, metadata)
     return Tables(metadata, devices, telemetry, rollups, events, deployments, targets, tokens, audit, credentials,
-                  evidence, evidence_chunks, live_frames, analytics, samples)
+                  evidence, evidence_chunks, live_frames, analytics, samples, device_logs, diagnosis)
+
+
+def diagnosis_tables(sa: Any, metadata: Any) -> tuple[Any, Any]:
+    """A device's log lines as it sent them on request, and where each device's logs and doctor requests stand
+    (fleet/diagnosis.py; migration 0010)."""
+    device_logs = sa.Table(
+        "device_logs", metadata,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("device_id", sa.String(128), nullable=False),
+        sa.Column("boot_id", sa.String(32), nullable=False),
+        sa.Column("seq", sa.BigInteger, nullable=False),
+        sa.Column("ts", sa.Float, nullable=False),
+        sa.Column("level", sa.SmallInteger, nullable=False),
+        sa.Column("logger", sa.String(128), nullable=False),
+        sa.Column("message", sa.Text, nullable=False),
+        sa.Column("received_at", sa.Float, nullable=False),
+        sa.UniqueConstraint("device_id", "boot_id", "seq", name="device_logs_once"),
+        sa.Index("ix_device_logs_device", "device_id", "id"),
+        sa.Index("ix_device_logs_ts", "ts"),
+    )
+    diagnosis = sa.Table(
+        "diagnosis", metadata,
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("logs_requested_at", sa.Float),
+        sa.Column("logs_command_id", sa.String(64)),
+        sa.Column("follow_until", sa.Float),
+        sa.Column("logs_received_at", sa.Float),
+        sa.Column("logs_complete", sa.Boolean),
+        sa.Column("logs_dropped", sa.BigInteger),
+        sa.Column("doctor_requested_at", sa.Float),
+        sa.Column("doctor_command_id", sa.String(64)),
+        sa.Column("doctor_received_at", sa.Float),
+        sa.Column("doctor_result", sa.Text),  # the device's upload as JSON text: exit code, report, error
+    )
+    return device_logs, diagnosis

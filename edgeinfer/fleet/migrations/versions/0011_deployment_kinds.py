@@ -2,7 +2,7 @@
 docs/fleet.md, *Deployment kinds*). Every deployment made before is a model's.
 
 Revision ID: 0011
-Revises: 0008 (0009 and 0010 are written at the same time on other branches: the merge re-chains them)
+Revises: 0010 (in i36-cfgfleet, which merged i36-logs; 0009 is another branch's: the lead re-chains the line 0008 → 0009 → 0010 → 0011)
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0008"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

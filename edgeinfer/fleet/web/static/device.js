@@ -1,4 +1,4 @@
-// One device: charts over time, delegate plan, model, events, operator actions (capturing frames among them).
+// One device: charts over time, delegate plan, model, events, operator actions (capturing frames among them), its logs.
 import { api, ApiError } from "./api.js";
 import { h, clear, setText, emptyState, fact, fmtNum, fmtAgo, fmtTime, fmtBytes, deviceMetrics, versionOf,
   canOperate, confirmDialog, DASH } from "./dom.js";
@@ -7,6 +7,7 @@ import { eventItem, eventKey } from "./overview.js";
 import { evidenceList } from "./events.js";
 import { liveCard } from "./live.js";
 import { captureCard } from "./capture.js";
+import { logsCard } from "./logs.js";
 
 const TELEMETRY_LIMIT = 300;
 // A page opened before its device registered looks for it this often (ms), this long, besides the live stream's
@@ -99,6 +100,7 @@ async function shownDevicePage(root, ctx, id, dev, telemetry) {
   const actions = canOperate(ctx.me.role) ? actionsCard(id, () => d) : null;
   const live = liveCard(id, () => d, canOperate(ctx.me.role));
   const capture = canOperate(ctx.me.role) ? captureCard(id, () => d) : null;
+  const logs = canOperate(ctx.me.role) ? logsCard(id) : null; // operators only (docs/security.md)
 
   root.replaceChildren(h("div", { "data-testid": "device", dataset: { deviceId: id } },
     h("p", { class: "crumbs" }, h("a", { href: "#/devices" }, "Devices"), " / "),
@@ -112,7 +114,8 @@ async function shownDevicePage(root, ctx, id, dev, telemetry) {
       actions,
       capture && capture.el),
     h("section", { class: "card", "data-testid": "device-detections" }, h("h2", {}, "Detections"), detections.el),
-    h("section", { class: "card" }, h("h2", {}, "Events"), events)));
+    h("section", { class: "card" }, h("h2", {}, "Events"), events),
+    logs && logs.el));
   // Not fatal: the rest of the page is useful without it (a manager without evidence answers 404).
   detections.load().catch((e) => console.warn("detections:", e.message));
 
@@ -276,6 +279,7 @@ async function shownDevicePage(root, ctx, id, dev, telemetry) {
     unmount() {
       clearInterval(ticker);
       live.unmount();
+      if (logs) logs.unmount();
       detections.unmount();
       for (const c of Object.values(charts)) c.destroy();
     },
