@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._redact import MASK, redact, redact_values
-from ..link.config_document import CONFIG_SCHEMA, default_pipeline_name, encode_document, normalised
+from ..link.config_document import CONFIG_SCHEMA, default_pipeline_name, document_problems, encode_document, normalised
+from ..link.config_schema import BOOTSTRAP_KEYS
 from ..link.schema_check import schema_errors
 from ..link.vocabulary import Word
 
@@ -133,6 +134,9 @@ def layer_problems(layer: Any) -> list[str]:
     uses; empty when it is one. Keys a whole document must have (``model``, a source) may be left to other layers."""
     if not isinstance(layer, dict):
         return [f"(top level): must be an object, got {type(layer).__name__}"]
+    bootstrap = {key: value for key, value in layer.items() if key in BOOTSTRAP_KEYS}
+    if bootstrap:  # agent.yaml's alone: said as the document's check says it
+        return document_problems(bootstrap)
     problems: list[str] = []
     checked = dict(layer)
     if isinstance(layer.get("pipelines"), list):
@@ -249,7 +253,9 @@ def _claim(origins: dict[str, str], label: str, top: str, value: Any) -> None:
         return
     if top == "pipelines":
         for name, item in value.items():
-            _claim(origins, label, f"pipelines[{name}]", item)
+            introduced = f"pipelines[{name}].name" in origins  # a pipeline's name is the layer's that made it
+            _claim(origins, label, f"pipelines[{name}]", item if item is None or not introduced else
+                   {key: part for key, part in item.items() if key != "name"})
         return
     if isinstance(value, dict):
         for key, item in value.items():

@@ -30,7 +30,7 @@ from ..link.config_document import check_document, document_problems, encode_doc
 from ..link.vocabulary import FINISHED_STATES, DeploymentKind, TargetState, Word
 from ..updates.signing import Manifest, new_manifest
 from .artifacts import ArtifactStore
-from .config_layers import Effective, LayerKey, layers_of, merge
+from .config_layers import Effective, layers_of, merge
 from .db import FleetDB
 from .deployments import DeploymentService
 from .live import Loop
@@ -124,7 +124,7 @@ def device_status(device: dict, desired: Desired, given: list[dict]) -> dict[str
     return {
         "device_id": device["device_id"], "online": bool(device.get("online")), "status": status.value,
         "desired": {"sha256": desired.sha256, "problem": desired.problem,
-                    "layers": [{"layer": key.label, "revision": revision} for key, revision in desired.effective.layers]},
+                    "layers": [{"layer": key.label, "revision": rev} for key, rev in desired.effective.layers]},
         "applied": {"sha256": sha256, "version": version} if sha256 else None,
         "refused": {"sha256": refused["sha256"], "state": refused["state"], "reason": refused["detail"],
                     "deployment_id": refused["deployment_id"], "version": refused["version"]} if refused else None,
@@ -242,6 +242,11 @@ class ConfigRollouts:
                        if t["state"] not in FINISHED_STATES}
             if waiting <= devices:
                 self.db.abort_deployment(running["deployment_id"], f"superseded by deployment {deployment_id}")
+
+    def holds(self, sha256: str, device_id: str | None = None) -> bool:
+        """Whether ``sha256`` is a configuration document (given to ``device_id``, when named): the artifacts route
+        opens one to the devices it was given to only."""
+        return self.db.configs.holds(sha256, device_id)
 
     # --------------------------------------------------------------------- DeploymentService's PerDevice
     def deploy_args(self, deployment: dict, device: str) -> dict[str, Any]:

@@ -503,6 +503,14 @@ class Fallback(BaseModel):
     reason: str | None
 
 
+class ConfigCounts(BaseModel):
+    """Devices per configuration status, and how many do not run their desired document (docs/fleet.md,
+    Configuration)."""
+
+    counts: dict[str, int]
+    out_of_step: int
+
+
 class Overview(BaseModel):
     """The fleet at a glance (from the device rows and the newest events)."""
 
@@ -515,6 +523,7 @@ class Overview(BaseModel):
     backlogged: list[str]
     silent: list[str]
     events: list[JsonObject]
+    config: ConfigCounts | None = None
 
 
 class WhoAmI(BaseModel):

@@ -20,6 +20,8 @@ from edgeinfer.fleet.auth import ADMIN_TOKEN_FILE
 from edgeinfer.fleet.broker_auth import hash_password
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.commands import CommandService
+from edgeinfer.fleet.config_rollout import ConfigRollouts
+from edgeinfer.fleet.configs import ConfigService
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.deployments import DeploymentService
 from edgeinfer.fleet.devices import DeviceService
@@ -144,12 +146,14 @@ def api_server(db: FleetDB, folder: Path, *, artifacts: ArtifactStore | None = N
     commands = CommandService(db, key, spool)
     try:
         with FleetHTTPServer() as server:
+            deployments = DeploymentService(db, key, store, commands, public_url=server.url)
             services = FleetServices(
                 access=FleetAccess(db, key, folder, tls=False), artifacts=store, commands=commands,
-                deployments=DeploymentService(db, key, store, commands, public_url=server.url),
+                deployments=deployments,
                 devices=DeviceService(db, evidence_store), evidence=evidence_store, live=LiveFeed(db),
                 liveview=LiveView(db, commands, lambda: server.url), metrics=FleetMetrics(None),
                 samples=SampleStore(db), diagnosis=DiagnosisService(db, commands, lambda: server.url),
+                configs=ConfigService(db, ConfigRollouts(db, deployments, store)),
                 max_upload_bytes=max_upload_bytes)
             services.liveview.start()
             server.start(build_app(services))

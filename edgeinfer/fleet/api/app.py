@@ -24,18 +24,18 @@ from starlette.routing import Match
 
 from ..._version import __version__
 from ..schemas import ErrorBody, describe
-from . import access, artifacts, deployments, devices, diagnosis, events, live, overview, samples
+from . import access, artifacts, config, deployments, devices, diagnosis, events, live, overview, samples
 from .deps import FleetServices, Viewer
 from .sample_schemas import SampleUpload
 from .web import add_dashboard
 
 TITLE = "edgeinfer fleet manager"
-DESCRIPTION = ("Devices, telemetry, deployments, events with their evidence and model artifacts of an edgeinfer "
-               "fleet. Every route but /healthz needs a credential: Authorization: Bearer <token> of the role "
-               "the route names (viewer < operator < admin), or, for artifacts and evidence uploads, an enrolled "
+DESCRIPTION = ("Devices, telemetry, deployments, configuration, events with their evidence and model artifacts of an "
+               "edgeinfer fleet. Every route but /healthz needs a credential: Authorization: Bearer <token> of the "
+               "role the route names (viewer < operator < admin), or, for artifacts and evidence uploads, an enrolled "
                "device's MQTT credential. Every refusal is {\"error\": \"...\"}.")
 ROUTERS = (overview.router, devices.router, live.router, deployments.router, artifacts.router, events.router,
-           samples.router, diagnosis.router, access.router)
+           samples.router, diagnosis.router, config.router, access.router)
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -102,7 +102,7 @@ def document(app: FastAPI) -> dict[str, Any]:
         components.pop(name, None)
     components[ErrorBody.__name__] = ErrorBody.model_json_schema()
     # a body a route reads itself (bounded before it is parsed): its model is the document's all the same
-    for model in (SampleUpload, *diagnosis.UPLOADS):
+    for model in (SampleUpload, *diagnosis.UPLOADS, *config.UPLOADS):
         upload = model.model_json_schema(ref_template="#/components/schemas/{model}")
         for name, definition in upload.pop("$defs", {}).items():
             components.setdefault(name, definition)

@@ -26,6 +26,7 @@ from ..access import FleetAccess
 from ..artifacts import ArtifactStore
 from ..auth import Principal, Role
 from ..commands import CommandService
+from ..configs import ConfigService
 from ..deployments import DeploymentService
 from ..devices import DeviceService
 from ..diagnosis import DiagnosisService
@@ -54,6 +55,7 @@ class FleetServices:
     metrics: FleetMetrics
     samples: SampleStore
     diagnosis: DiagnosisService
+    configs: ConfigService
     max_upload_bytes: int = MAX_UPLOAD_BYTES
 
 
@@ -137,7 +139,9 @@ def basic_credentials(header: str) -> tuple[str, str] | None:
 
 def artifact_reader(request: Request, fleet: Services, _token: Annotated[Any, Security(BEARER[Role.VIEWER])],
                     _device: Annotated[Any, Security(DEVICE_LOGIN)], _grant: Annotated[Any, Security(GRANT)]) -> None:
-    """A download grant for this artifact, an enrolled device's MQTT credential (Basic), or a viewer token."""
+    """A download grant for this artifact, an enrolled device's MQTT credential (Basic), or a viewer token. A
+    configuration document (it may hold secrets: a camera's password) opens to its grant and to the credential of a
+    device it was given to only: 403 for any other device and for every token."""
     sha256 = str(request.path_params.get("sha256", ""))
     grant = request.query_params.get("grant")
     if grant is not None:
@@ -147,11 +151,17 @@ def artifact_reader(request: Request, fleet: Services, _token: Annotated[Any, Se
     header = request.headers.get("authorization") or ""
     if header[:6].lower() == "basic ":
         login = basic_credentials(header)
-        if login is not None and fleet.access.tokens.device_login(*login):
-            return
-        raise HTTPException(401, "the device credential is not valid (revoked, or never enrolled)",
-                            headers={"WWW-Authenticate": 'Basic realm="edgeinfer artifacts"'})
+        identity = fleet.access.tokens.device_identity(*login) if login is not None else None
+        if identity is None:
+            raise HTTPException(401, "the device credential is not valid (revoked, or never enrolled)",
+                                headers={"WWW-Authenticate": 'Basic realm="edgeinfer artifacts"'})
+        if fleet.configs.rollouts.holds(sha256) and not fleet.configs.rollouts.holds(sha256, identity):
+            raise HTTPException(403, f"this configuration document is not {identity}'s")
+        return
     caller(request, fleet, Role.VIEWER)
+    if fleet.configs.rollouts.holds(sha256):
+        raise HTTPException(403, "a configuration document may hold secrets: only the device it is for downloads it "
+                                 "(read it masked with GET /api/config/devices/{device_id})")
 
 
 def evidence_uploader(request: Request, fleet: Services, _token: Annotated[Any, Security(BEARER[Role.OPERATOR])],

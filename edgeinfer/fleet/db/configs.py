@@ -86,9 +86,8 @@ class ConfigRows:
         if applied:
             newest = newest.where(c.applied_at.is_not(None))
         newest = newest.group_by(c.scope, c.name).subquery()
-        query = (self.sa.select(self.revisions)
-                 .join(newest, (c.scope == newest.c.scope) & (c.name == newest.c.name) & (c.revision == newest.c.newest))
-                 .order_by(c.scope, c.name))
+        same = (c.scope == newest.c.scope) & (c.name == newest.c.name) & (c.revision == newest.c.newest)
+        query = self.sa.select(self.revisions).join(newest, same).order_by(c.scope, c.name)
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
 
