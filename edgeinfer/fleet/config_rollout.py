@@ -63,10 +63,14 @@ class ConfigStatus(Word):
     INVALID = "invalid"
     #: it runs something else and nothing is under way (it was offline, or joined later): caught up when online
     OUT_OF_STEP = "out_of_step"
+    #: the rollout of a layer revision its document is made of was stopped (aborted) before it reached it: it is not
+    #: caught up with it — roll the layer back, or apply it again
+    HALTED = "halted"
 
 
 #: the statuses that are "out of step" in the overview: the device does not run what its layers say
-NOT_IN_STEP = (ConfigStatus.PENDING, ConfigStatus.REFUSED, ConfigStatus.INVALID, ConfigStatus.OUT_OF_STEP)
+NOT_IN_STEP = (ConfigStatus.PENDING, ConfigStatus.REFUSED, ConfigStatus.INVALID, ConfigStatus.OUT_OF_STEP,
+               ConfigStatus.HALTED)
 
 
 def reported(state: dict | None) -> tuple[str | None, int | None]:
@@ -98,10 +102,11 @@ class Desired:
         return cls(effective, body, hashlib.sha256(body).hexdigest())
 
 
-def device_status(device: dict, desired: Desired, given: list[dict]) -> dict[str, Any]:
-    """Where one device stands (``given``: its configuration targets, newest first): its status, the desired
-    document's sha256 and layers, what it runs (its state's report, else what its last successful target gave it),
-    what it refused (with its own reason) and the newest deployment of its desired document."""
+def device_status(device: dict, desired: Desired, given: list[dict], halted: set[str] = frozenset()) -> dict[str, Any]:
+    """Where one device stands (``given``: its configuration targets, newest first; ``halted``: the layer revisions
+    whose rollout was aborted): its status, the desired document's sha256 and layers, what it runs (its state's
+    report, else what its last successful target gave it), what it refused (with its own reason) and the newest
+    deployment of its desired document."""
     sha256, version = reported(device.get("state"))
     if sha256 is None:
         active = next((t for t in given if t["state"] == TargetState.ACTIVE), None)
@@ -119,6 +124,8 @@ def device_status(device: dict, desired: Desired, given: list[dict]) -> dict[str
         status = ConfigStatus.PENDING
     elif mine is not None and mine["state"] in REFUSED_STATES:
         status = ConfigStatus.REFUSED
+    elif any(f"{key.label} r{revision}" in halted for key, revision in desired.effective.layers):
+        status = ConfigStatus.HALTED
     else:
         status = ConfigStatus.OUT_OF_STEP
     return {
@@ -175,7 +182,8 @@ class ConfigRollouts:
         given: dict[str, list[dict]] = {}
         for target in self.db.configs.given([d["device_id"] for d in devices]):
             given.setdefault(target["device_id"], []).append(target)
-        return [device_status(d, desired[d["device_id"]], given.get(d["device_id"], [])) for d in devices]
+        halted = self.db.configs.halted()
+        return [device_status(d, desired[d["device_id"]], given.get(d["device_id"], []), halted) for d in devices]
 
     # ------------------------------------------------------------------------------------------ deploying
     def deploy(self, devices: list[dict], rollout: RolloutOptions, *, reason: str,

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...link.vocabulary import DeploymentKind
+from ..rollout import DeploymentStatus
 
 #: a layer's row as listed: everything but its document
 LISTED = ("scope", "name", "revision", "sha256", "message", "author", "role", "created_at", "restored_from",
@@ -135,6 +136,20 @@ class ConfigRows:
                 rows += [dict(r) for r in conn.execute(query.where(ct.device_id.in_(wanted[start:start + 500])))
                          .mappings()]
         return sorted(rows, key=lambda r: (-float(r["created_at"]), r["deployment_id"]))
+
+    def halted(self) -> set[str]:
+        """The layer revisions (``group:lobby r5``: a configuration deployment's ``options.config``) whose newest
+        rollout was aborted: devices it did not reach are not caught up with them."""
+        c = self.t.deployments.c
+        query = (self.sa.select(c.options, c.status).where(c.kind == DeploymentKind.CONFIG.value)
+                 .order_by(c.created_at))
+        newest: dict[str, str] = {}
+        with self.engine.connect() as conn:
+            for options, status in conn.execute(query):
+                reason = (options or {}).get("config")
+                if isinstance(reason, str):
+                    newest[reason] = status
+        return {reason for reason, status in newest.items() if status == DeploymentStatus.ABORTED}
 
     def newest_version(self) -> int:
         """The highest version a configuration deployment carried (0: none yet)."""

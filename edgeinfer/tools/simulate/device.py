@@ -102,6 +102,8 @@ class SimDevice:
     counters: DeviceCounters = field(default_factory=DeviceCounters)
     in_flight: dict[int, int] = field(default_factory=dict)  # mid -> telemetry seq
     deployments: dict[str, str] = field(default_factory=dict)  # deployment id -> its last update state
+    #: deployment id -> (when its command came, when the device sent its last answer), time.monotonic()
+    timeline: dict[str, list[float]] = field(default_factory=dict)
     #: artifact sha256 or model name -> how this device runs that model (the simulation's setting)
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
     behaviour: Behaviour = HEALTHY
@@ -182,6 +184,7 @@ class SimDevice:
         if not deployment_id or deployment_id in self.deployments:
             return []  # the agent answers a repeated command from its log, without running it again
         self.deployments[deployment_id] = TargetState.NOTIFIED
+        self.timeline[deployment_id] = [time.monotonic()]
         failing = self.config_refuses if _kind(manifest) == DeploymentKind.CONFIG else self.failing
         states = [*UPDATE_STEPS, TargetState.FAILED if failing else TargetState.ACTIVE]
         due, plan = 0.0, []
@@ -195,6 +198,7 @@ class SimDevice:
         version = int(manifest.get("version") or 0)
         deployment_id = str(manifest.get("deployment_id"))
         self.deployments[deployment_id] = state
+        self.timeline.setdefault(deployment_id, [time.monotonic()])[1:] = [time.monotonic()]
         data: dict[str, Any] = {"deployment_id": deployment_id, "state": state, "version": version}
         level, message = "info", f"update to v{version}: {state}"
         if _kind(manifest) == DeploymentKind.CONFIG:
