@@ -16,6 +16,7 @@ from .._optional import import_optional
 from ..fleet.rollout import DeploymentStatus
 from .evaluate import dataset_options, eval_options
 from .fleet_access import audit, broker_auth, client_options, enroll, enrollments, revoke, table, token
+from .fleet_config import config
 from .fleet_dataset import dataset
 from .fleet_db import db
 from .fleet_eval import require_eval as require_eval_gate
@@ -35,7 +36,7 @@ def fleet() -> None:
 
 
 for _command in (db, dataset, simulate, token, enroll, enrollments, revoke, audit, broker_auth, fleet_logs,
-                 fleet_doctor):
+                 fleet_doctor, config):
     fleet.add_command(_command)
 
 
