@@ -74,14 +74,15 @@ NOT_IN_STEP = (ConfigStatus.PENDING, ConfigStatus.REFUSED, ConfigStatus.INVALID,
 
 
 def reported(state: dict | None) -> tuple[str | None, int | None]:
-    """(sha256, version) of the configuration document a device's ``state`` says it runs (its ``config`` section:
-    docs/protocol.md); (None, None) when it says none."""
+    """(sha256, revision) of the configuration document a device's ``state`` says it runs (its ``config`` section:
+    docs/protocol.md; the revision is the version of the deployment that gave it); (None, None) when it runs its
+    agent.yaml, or says nothing."""
     section = (state or {}).get("config")
     if not isinstance(section, dict):
         return None, None
-    sha256, version = section.get("sha256"), section.get("version")
+    sha256, revision = section.get("sha256"), section.get("revision")
     return (sha256 if isinstance(sha256, str) else None,
-            version if isinstance(version, int) and not isinstance(version, bool) else None)
+            revision if isinstance(revision, int) and not isinstance(revision, bool) else None)
 
 
 @dataclass
@@ -108,7 +109,7 @@ def device_status(device: dict, desired: Desired, given: list[dict], halted: set
     report, else what its last successful target gave it), what it refused (with its own reason) and the newest
     deployment of its desired document."""
     sha256, version = reported(device.get("state"))
-    if sha256 is None:
+    if "config" not in (device.get("state") or {}):  # an agent that does not say: what it last took
         active = next((t for t in given if t["state"] == TargetState.ACTIVE), None)
         sha256 = active["sha256"] if active else None
         version = active["version"] if active else None

@@ -131,8 +131,10 @@ class SimDevice:
                            pipelines=[{"name": "main", "status": "running", "delegate": "xnnpack",
                                        "model": {"path": MODEL_PATH, "version": str(self.version),
                                                  "sha256": self.model_sha256}}])
-            if self.config is not None:  # the configuration it runs, as the agent reports it
-                message["config"] = {"version": self.config[0], "sha256": self.config[1]}
+            # the configuration it runs, as the agent reports it (none: its agent.yaml)
+            version, sha256 = self.config or (None, None)
+            message["config"] = {"revision": version, "sha256": sha256,
+                                 "source": "agent.yaml" if self.config is None else "fleet"}
         else:
             message["reason"] = "connection lost"
         return encode(message)
