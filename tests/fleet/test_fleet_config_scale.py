@@ -38,7 +38,7 @@ def test_a_configuration_goes_to_1000_devices_in_waves_and_their_refusals_trip_t
                          online_timeout=300.0, config_refuse_rate=REFUSE_RATE, seed=7,
                          update_delay_s=(0.01, 0.05)) as fleet:
         admin, simulation = fleet.admin, fleet.simulation
-        refusing = set(simulation.refusing_devices())
+        refusing = {d.device_id for d in simulation.devices if d.config_refuses}
         assert 0.2 * DEVICES < len(refusing) < 0.4 * DEVICES
         waves = plan_waves(fleet.ids, canary_pct=CANARY_PCT, wave_size=WAVE_SIZE)
         assert len(waves) == 1 + math.ceil((DEVICES - len(waves[0])) / WAVE_SIZE)

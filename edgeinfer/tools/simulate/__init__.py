@@ -152,11 +152,10 @@ class Simulation:
         self.settings = settings
         self.broker = parse_broker_url(settings.broker)
         behaviours = {model: Behaviour.parse(spec) for model, spec in settings.behaviours.items()}
-        refusal = settings.config_refuse_rate
         self.devices = [SimDevice(device_id, settings.fleet_of(device_id),
-                                  fails(device_id, settings.seed, settings.fail_rate),
-                                  groups=settings.groups, behaviours=behaviours,
-                                  config_refuses=fails(f"config:{device_id}", settings.seed, refusal))
+                                  fails(device_id, settings.seed, settings.fail_rate), groups=settings.groups,
+                                  behaviours=behaviours, config_refuses=fails(f"config:{device_id}", settings.seed,
+                                                                              settings.config_refuse_rate))
                         for device_id in settings.device_ids()]
         self._rng = random.Random(settings.seed)
         self._backoff = Backoff(initial_s=settings.reconnect_min_s, max_s=settings.reconnect_max_s,
@@ -183,10 +182,6 @@ class Simulation:
 
     def failing_devices(self) -> list[str]:
         return [d.device_id for d in self.devices if d.failing]
-
-    def refusing_devices(self) -> list[str]:
-        """The devices that refuse configuration documents (``config_refuse_rate``)."""
-        return [d.device_id for d in self.devices if d.config_refuses]
 
     @property
     def online(self) -> int:
