@@ -46,7 +46,8 @@ DEVICE = "contract-cam"
 EVENT_ID = new_event_id(1)
 #: what fills a path parameter when a role is checked (the credential is judged before the parameters)
 PATH_VALUES = {"device_id": DEVICE, "deployment_id": "d" * 32, "token_id": "0" * 12, "sha256": "0" * 64,
-               "event_id": EVENT_ID, "pipeline": "main", "sample_id": "s1"}
+               "event_id": EVENT_ID, "pipeline": "main", "sample_id": "s1", "scope": "group", "name": "lobby",
+               "revision": "1"}
 STREAM = "/api/stream"
 LIVE_VIEW = "/api/devices/{device_id}/live/{pipeline}"
 ENDLESS = (STREAM, LIVE_VIEW)
@@ -55,6 +56,9 @@ EXCLUDED = [arg for path in ENDLESS for arg in ("--exclude-path", path)]
 LIVE_FRAMES = "/api/devices/{device_id}/live/{pipeline}/frames"
 SAMPLES_IMPORT = "/api/samples/import"
 SAMPLE = "/api/devices/{device_id}/samples/{sample_id}"
+#: a configuration layer's edits: a document the device's own check judges (400 naming the key), on a revision that
+#: must be the layer's newest (409)
+CONFIG_EDITS = ("PUT /api/config/layers/{scope}/{name}", "POST /api/config/layers/{scope}/{name}/rollback")
 #: the operations that take a list of up to 10,000 device ids: the coverage phase sends the longest lists (each a
 #: second of work for the manager) over and over; the fuzzing phase sends them lists of any length
 LISTS_OF_DEVICES = (("/api/enrollments", "POST"), ("/api/deployments", "POST"))
@@ -166,7 +170,7 @@ def fuzzer_config(contract: Contract) -> str:
               'expected-statuses = ["2xx", "401", "403", "404", "409", "410"]', ""]
     # bodies whose validity no schema states: an import is a COCO document or a zip of YOLO files; a sample's jpeg
     # is base64 of a JPEG (the hooks send a real one where they can)
-    for name in (f"POST {SAMPLES_IMPORT}", f"PUT {SAMPLE}"):
+    for name in (f"POST {SAMPLES_IMPORT}", f"PUT {SAMPLE}", *CONFIG_EDITS):
         lines += ["[[operations]]", f'include-name = "{name}"', "[operations.checks.positive_data_acceptance]",
                   'expected-statuses = ["2xx", "400", "401", "403", "404", "409"]', ""]
     for path, method in LISTS_OF_DEVICES:  # their coverage cases cost more than every other operation's together

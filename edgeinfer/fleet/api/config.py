@@ -24,6 +24,7 @@ from ..configs import Author
 from ..schemas import describe_error, or_empty
 from .config_schemas import (
     MAX_EDIT_BYTES,
+    UPLOADS,
     ConfigApply,
     ConfigDevices,
     ConfigEdit,
@@ -36,6 +37,8 @@ from .config_schemas import (
 from .deps import Caller, Operator, Services, Viewer
 from .responses import errors
 from .samples import _body
+
+__all__ = ["UPLOADS", "router"]
 
 router = APIRouter(prefix="/api/config", tags=["configuration"])
 ScopeParam = Annotated[Scope, Path(description="fleet (a fleet's devices), group or device")]
