@@ -7,7 +7,8 @@ each, cycled (``policy=every``: read as fast as the pipeline goes). Variants, ea
 over ``--rounds`` rounds:
 
     off          no capture (full-size decode, as capture forces: only the sampler differs)
-    idle         ``uncertain:0.0-0.001`` (a band no score falls in: the detector reports >= 0.5) and
+    idle         ``uncertain:0.999-1.0`` (a band no score falls in: the quantised SSD's scores stop at 0.996;
+                 a band under the score threshold is refused, pipeline/rule_check.py) and
                  ``drift:0.99@120`` (its baseline and window each two whole cycles of the clip: the
                  distance stays ~0): every rule evaluated on every frame, none fires
     sometimes    ``random:0.025``: about one frame a second kept (at ~40 fps), spread over the run
@@ -53,7 +54,7 @@ CYCLE = FRAMES_PER_PHOTO * len(PHOTOS)
 #: (capture rules, extra options) of each variant; None: capture off
 VARIANTS: dict[str, tuple[list[str] | None, dict[str, Any]]] = {
     "off": (None, {"reduced_decode": False}),
-    "idle": (["uncertain:0.0-0.001", f"drift:0.99@{2 * CYCLE}"], {}),
+    "idle": (["uncertain:0.999-1.0", f"drift:0.99@{2 * CYCLE}"], {}),
     "sometimes": (["random:0.025"], {"capture_per_minute": 1_000_000}),
     "keeping": (["random:1.0"], {"capture_per_minute": 1_000_000}),
     "off_reduced": (None, {}),

@@ -34,11 +34,16 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def suggestion(name: str, known: Collection[str]) -> str:
-    """`` — did you mean 'x'?`` for the closest of ``known``, else `` (known: a, b)``; a set is listed sorted."""
+def suggestion(name: str, known: Collection[str], *, limit: int | None = None) -> str:
+    """`` — did you mean 'x'?`` for the closest of ``known``, else `` (known: a, b)``; a set is listed sorted.
+    ``limit``: list at most that many of ``known`` (a model's 1000 class names), saying how many there are."""
     names = sorted(known) if isinstance(known, AbstractSet) else list(known)
     close = difflib.get_close_matches(name, names, n=1)
-    return f" — did you mean {close[0]!r}?" if close else f" (known: {', '.join(names)})"
+    if close:
+        return f" — did you mean {close[0]!r}?"
+    if limit is not None and len(names) > limit:
+        return f" (known: {', '.join(names[:limit])}, … {len(names)} in all)"
+    return f" (known: {', '.join(names)})"
 
 
 def keyed_error(error: type[Exception], file: str, key: str, problem: str) -> Exception:

@@ -214,7 +214,18 @@ def install_tls_example(etc: Path, tls) -> Path:
 def test_agent_tls_example_passes_check(tmp_path):
     tls = make_tls_files(tmp_path / "made")
     config = install_tls_example(tmp_path / "etc", tls)
-    assert config.read_bytes() == (EXAMPLES / "agent-tls.yaml").read_bytes()
+    example = (EXAMPLES / "agent-tls.yaml").read_text()
+    assert config.read_text() == example
+    # --check opens the labels and the model the example names: not on this machine, a configuration error
+    missing = subprocess.run(edgeinfer_cmd("agent", "--config", str(config), "--check"), capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 78, missing.stderr
+    assert "pipelines[0].labels: labels file not found: /var/lib/edgeinfer/models/imagenet_labels.txt" in (
+        missing.stderr)
+    # the example with its model and labels where this machine keeps them
+    config.write_text(example.replace("/var/lib/edgeinfer/models/mobilenet_v2_1.0_224_quant.tflite",
+                                      str(MODELS / "mobilenet_v2_1.0_224_quant.tflite"))
+                      .replace("/var/lib/edgeinfer/models/imagenet_labels.txt", str(LABELS / "imagenet_labels.txt")))
     checked = subprocess.run(edgeinfer_cmd("agent", "--config", str(config), "--check"), capture_output=True,
                              text=True, timeout=60)
     assert checked.returncode == 0, checked.stderr
@@ -222,6 +233,7 @@ def test_agent_tls_example_passes_check(tmp_path):
     assert printed["device_id"] == "cam-01" and printed["fleet"] == "warehouse"
     assert printed["broker"].startswith("mqtts://broker.example.com:8883")
     assert printed["pipelines"] == ["main"] and printed["spool_max_bytes"] == 64 * 2**20
+    assert (printed["models"][0]["task"], printed["models"][0]["labels"]) == ("classify", 1001)
     # --check really reads the TLS files: a key of another certificate is refused, naming the key
     shutil.copyfile(tls.other_key, tmp_path / "etc/tls/cam-01.key")
     refused = subprocess.run(edgeinfer_cmd("agent", "--config", str(config), "--check"), capture_output=True,

@@ -36,7 +36,7 @@ import os
 import socket
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,8 @@ class AgentConfig:
     update_max_latency_factor: float = DEFAULT_UPDATE_MAX_LATENCY_FACTOR
     #: the fleet manager's HTTP API (``https://fleet.example:8443``): where event evidence is uploaded
     manager_url: str | None = None
+    #: the mapping it was read from: a fleet revision's keys are laid over it (agent/configuration.py)
+    data: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def topics(self) -> Topics:
@@ -144,7 +146,7 @@ class AgentConfig:
 # --------------------------------------------------------------------------------------- loading
 
 # the YAML's top-level keys: the agent's own, and the MQTT link's settings flat beside them
-TOP_KEYS = frozenset(({f.name for f in fields(AgentConfig)} - {"path", "mqtt"})
+TOP_KEYS = frozenset(({f.name for f in fields(AgentConfig)} - {"path", "mqtt", "data"})
                      | ({f.name for f in fields(LinkSettings)} - {"url", "client_id"}) | {"broker", "password_file"})
 _SENSOR_KEYS = {"root", "thermal_zones", "throttle"}
 
@@ -252,6 +254,7 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
         update_max_latency_factor=float(r.number("update_max_latency_factor", DEFAULT_UPDATE_MAX_LATENCY_FACTOR,
                                                  above=1.0, maximum=1000)),
         manager_url=_manager_url(r),
+        data=dict(data),
     )
 
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import EdgeInferError, UpdateRejected
+from ..errors import EdgeInferError, ModelError, UpdateRejected
 from ..link.vocabulary import Command, DeploymentKind, EventKind, TargetState
 from ..runtime.model import inspect_model
 from ..updates.health import HealthGate, result_is_finite
@@ -148,7 +148,11 @@ class ModelUpdates:
         if not config.pipelines:
             return config
         first = config.pipelines[0]
-        configured = inspect_model(first.model)
+        try:
+            configured = inspect_model(first.model)
+        except ModelError as exc:  # the pipeline's start reports it, and the agent exits 78 (agent/model_check.py)
+            log.error("pipeline %s: %s", first.name, exc)
+            return config
         state = self.slots.configured
         if state is None or state.get("sha256") != configured.sha256:
             # first start, or the operator put another model in the config: that is the baseline now

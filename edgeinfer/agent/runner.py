@@ -26,6 +26,7 @@ from .._backoff import EQUAL_JITTER, Backoff
 from ..errors import EdgeInferError
 from ..link.vocabulary import EventKind
 from ..pipeline.stats import PipelineStats, combine_streams, merge_stats
+from .model_check import FirstStart
 from .pipeline_config import PipelineConfig
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ _UNTIL_TOLD = 1e9
 PipelineFactory = Callable[[PipelineConfig], "MultiPipeline"]
 #: ``emit(event, level, message, *, pipeline=None, cmd_id=None, data=None)``: report an event
 EmitFn = Callable[..., None]
+ErrorFn = Callable[[BaseException], None]
 
 
 def default_pipeline_factory(config: PipelineConfig) -> MultiPipeline:
@@ -114,18 +116,34 @@ class CaptureReports:
                        pipeline=self.pipeline, data=data)
 
 
+def runner_entry(runner: PipelineRunner) -> dict[str, Any]:
+    """A pipeline's entry in the ``state`` message (with several sources: each stream's too)."""
+    config, running = runner.config, runner.pipeline
+    # the task the model was read for; before it loads, the configured one ("auto": from the model)
+    task = running.options.task if running is not None else config.task or "auto"
+    entry = {"name": runner.name, "status": runner.status, "task": task, "source": source_text(config),
+             "delegate": runner.delegate, "fallback_reason": runner.fallback_reason, "error": runner.last_error,
+             "restarts": runner.restarts, "model": dict(runner.model), "degraded": runner.degraded,
+             "delegate_wanted": runner.delegate_wanted}
+    if config.sources:
+        live = {s["name"]: s for s in running.stream_status()} if running is not None else {}
+        entry["streams"] = [live.get(s.name) or {"name": s.name, "source": str(s.source), "status": runner.status,
+                                                 "error": None} for s in config.sources]
+    return entry
+
+
 class PipelineRunner:
     """Runs one pipeline in a named thread; restarts it with backoff when it fails."""
 
     def __init__(self, config: PipelineConfig, *, emit: EmitFn, on_change: Callable[[], None],
                  factory: PipelineFactory = default_pipeline_factory, restart_min_s: float = 1.0,
                  restart_max_s: float = 60.0, on_evidence: Callable[[dict, str], None] | None = None,
-                 on_sample: Callable[[dict, str], None] | None = None) -> None:
+                 on_sample: Callable[[dict, str], None] | None = None, on_config_error: ErrorFn | None = None) -> None:
         self.config = config
         self.name = config.name
         self._emit = emit
         self._on_change = on_change
-        self._factory = factory
+        self._factory = FirstStart(factory, on_config_error)  # a first start failed as configured: not restarted
         #: ``on_evidence(event, pipeline)``: an event's snapshot and clip are written (the uploader takes them)
         self._on_evidence = on_evidence
         self._capture_reports = CaptureReports(config.name, emit, on_sample)
@@ -135,10 +153,12 @@ class PipelineRunner:
         self._restart_requested = threading.Event()
         self._thread: threading.Thread | None = None
         self._pipeline: MultiPipeline | None = None
+        self._events_of: MultiPipeline | None = None  # the run whose rule events are reported
         self._leftover: PipelineStats | None = None
         self.status = "starting"
         self.restarts = 0
         self.last_error: str | None = None
+        self.failed_at = 0.0  # when it last failed (unix time): a configuration's health gate reads it
         self.delegate: str | None = None
         self.fallback_reason: str | None = None
         #: running on a fallback delegate after the wanted one failed at run time (the pipeline goes on)
@@ -227,19 +247,14 @@ class PipelineRunner:
 
     def describe(self) -> dict[str, Any]:
         """This pipeline's entry in the ``state`` message (with several sources: each stream's too)."""
-        sources = self.config.sources
-        running = self.pipeline
-        # the task the model was read for; before it loads, the configured one ("auto": from the model)
-        task = running.options.task if running is not None else self.config.task or "auto"
-        entry = {"name": self.name, "status": self.status, "task": task, "source": source_text(self.config),
-                 "delegate": self.delegate, "fallback_reason": self.fallback_reason, "error": self.last_error,
-                 "restarts": self.restarts, "model": dict(self.model), "degraded": self.degraded,
-                 "delegate_wanted": self.delegate_wanted}
-        if sources:
-            live = {s["name"]: s for s in running.stream_status()} if running is not None else {}
-            entry["streams"] = [live.get(s.name) or {"name": s.name, "source": str(s.source), "status": self.status,
-                                                     "error": None} for s in sources]
-        return entry
+        return runner_entry(self)
+
+    def follow_events(self, pipeline: MultiPipeline) -> None:
+        """Report what the run's event rules fire, once per run (a configuration revision may give a running run
+        its first rules: agent/config_apply.py)."""
+        if pipeline is not self._events_of:
+            self._events_of = pipeline
+            pipeline.add_event_listener(self._on_rule_event)
 
     # -- the thread -----------------------------------------------------------------------
     def _set_status(self, status: str) -> None:
@@ -289,7 +304,7 @@ class PipelineRunner:
                 if time.monotonic() - started >= STABLE_RUN_S:
                     attempt = 0
                 self._report_failed(error)
-                if self.config.restart == "never":
+                if self._factory.hands_over(error) or self.config.restart == "never":
                     self._wait(_UNTIL_TOLD)
                     continue
             attempt += 1
@@ -304,6 +319,7 @@ class PipelineRunner:
 
     def _report_failed(self, error: BaseException) -> None:
         self.last_error = f"{type(error).__name__}: {' '.join(str(error).split())}"
+        self.failed_at = time.time()
         self._set_status("failed")
         self._emit(EventKind.PIPELINE_FAILED, "error", f"pipeline {self.name} failed: {self.last_error}",
                    pipeline=self.name, data={"error": self.last_error, "type": type(error).__name__})
@@ -348,7 +364,7 @@ class PipelineRunner:
         self.degraded, self.delegate_wanted = False, None
         pipeline.add_delegate_listener(self._on_delegate_event)
         if self.config.events:
-            pipeline.add_event_listener(self._on_rule_event)
+            self.follow_events(pipeline)
         if self.config.sources:
             pipeline.add_stream_listener(self._on_stream_event)
         pipeline.samples.describe(self.name, self.config.version)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from ..updates.launcher import CONFIG_EXIT_STATUS
 from .output import handle_errors, print_json
+
+if TYPE_CHECKING:
+    from ..errors import ConfigError
 
 #: exit status for a configuration error (sysexits EX_CONFIG). The systemd unit lists it in
 #: RestartPreventExitStatus= so a broken config does not become a crash loop; the agent's launcher gives up a
@@ -18,7 +22,10 @@ EXIT_CONFIG = CONFIG_EXIT_STATUS
 @click.command()
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=str),
               help="The agent's YAML configuration (see docs/agent.md).")
-@click.option("--check", is_flag=True, help="Validate the configuration (and TLS files), print it, and exit.")
+@click.option("--check", is_flag=True,
+              help="Validate the configuration (TLS files, each pipeline's model read as its run reads it: task, "
+                   "output layout, labels, rules; each source opened), print it with the fleet revision it runs "
+                   "over agent.yaml, and exit. Exit 78 for a configuration error.")
 @handle_errors
 def agent(config_path: str, check: bool) -> None:
     """Run the device agent: pipelines + MQTT telemetry, state, events and commands, until SIGTERM."""
@@ -36,16 +43,23 @@ def agent(config_path: str, check: bool) -> None:
         config = load_config(config_path)
         if check:
             resolve_profile(config, detect_now=False)  # a named profile must exist
+            from ..agent.config_check import check_configuration
+            from ..agent.configuration import preview
+
+            config, precedence = preview(config)  # the fleet's applied revision over agent.yaml (read only)
+            found = check_configuration(config)  # each model read as the run reads it, each source opened
     except ConfigError as exc:
-        click.echo(f"edgeinfer: error: {' '.join(str(exc).split())}", err=True)
-        sys.exit(EXIT_CONFIG)
+        _config_error(exc)
     if check:
+        for problem in found["sources"]:  # a camera the running agent holds, one not plugged in: not the config's
+            click.echo(f"edgeinfer: warning: {problem}", err=True)
         print_json({"device_id": config.device_id, "fleet": config.fleet,
                     "broker": str(config.link_settings().broker),  # without credentials
                     "data_dir": str(config.data_dir), "telemetry_interval_s": config.telemetry_interval_s,
                     "spool_max_bytes": config.spool_max_bytes, "topics": config.topics.root,
-                    "profile": config.profile,
-                    "pipelines": [p.name for p in config.pipelines]})
+                    "profile": config.profile, "configuration": precedence,
+                    "pipelines": [p.name for p in config.pipelines], "models": found["models"],
+                    "source_warnings": found["sources"]})
         return
     from .._native import cap_malloc_arenas
 
@@ -56,7 +70,13 @@ def agent(config_path: str, check: bool) -> None:
     try:
         daemon.run()
     except ConfigError as exc:  # found at start (data_dir not writable, ...)
-        click.echo(f"edgeinfer: error: {' '.join(str(exc).split())}", err=True)
-        sys.exit(EXIT_CONFIG)
+        _config_error(exc)
+    if daemon.config_errors.error is not None:  # a pipeline's first start failed as configured (reported, stopped)
+        _config_error(daemon.config_errors.error)
     if daemon.exit_status:  # an agent update: the launcher starts the slot its state names now
         sys.exit(daemon.exit_status)
+
+
+def _config_error(error: ConfigError) -> NoReturn:
+    click.echo(f"edgeinfer: error: {' '.join(str(error).split())}", err=True)
+    sys.exit(EXIT_CONFIG)

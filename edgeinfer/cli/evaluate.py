@@ -95,7 +95,8 @@ def eval_options(dataset_format: str | None, labels: str | None, ignore_unknown:
 @sample_filter_options
 @click.option("--baseline", type=click.Path(exists=True, dir_okay=False),
               help="The model the fleet runs now: scored on the same frames, the deltas printed (with --fleet, by "
-                   "default the artifact of the newest deployment that succeeded for --device / --pipeline).")
+                   "default the artifact of the newest deployment that succeeded for --device / --pipeline, else "
+                   "the stored artifact of the model those devices report running).")
 @click.option("--tolerance", type=click.FloatRange(0, 1), default=0.01, show_default=True,
               help="With a baseline: how much lower (absolute) the headline figure may be and still not be worse.")
 @dataset_options
@@ -128,7 +129,8 @@ def evaluate(client: Any, model: str, dataset: str | None, from_fleet: bool, lim
         if inputs.baseline is None:
             if from_fleet:
                 click.echo(f"edgeinfer: no deployment succeeded on the fleet at {client.url} for these samples' "
-                           "devices and pipeline: scored without a comparison (--baseline FILE compares)", err=True)
+                           "devices and pipeline, and none of them reports a model: scored without a comparison "
+                           "(--baseline FILE compares)", err=True)
             scores = evaluate_model(model, inputs.dataset, options, say)
             print_json({**scores, **fleet_keys}) if as_json else print_scores(scores)
             return

@@ -1,8 +1,9 @@
 """Evaluations on the fleet's own data: ``evaluate --fleet`` and ``deploy --require-eval`` (docs/datasets.md).
 
 The scoring runs here, where the CLI runs: the fleet manager runs no model. It serves the labelled samples
-(a COCO export) and the model its devices run now (the artifact of the newest deployment that succeeded);
-both are fetched into a temporary folder, removed when the evaluation ends.
+(a COCO export) and the model its devices run now (the artifact of the newest deployment that succeeded, else the
+stored artifact of the model the devices report running: their agent.yaml's); both are fetched into a temporary
+folder, removed when the evaluation ends.
 """
 
 from __future__ import annotations
@@ -110,8 +111,8 @@ def require_eval(client: Any, model: Path, *, folder: str | None, baseline: str 
         if inputs.baseline is None:
             raise EdgeInferError(
                 f"--require-eval: no deployment succeeded on the fleet at {client.url} for these targets"
-                f"{f' and pipeline {pipeline}' if pipeline else ''}: nothing to compare {model.name} with — pass "
-                "--baseline CURRENT_MODEL, the model the devices run now")
+                f"{f' and pipeline {pipeline}' if pipeline else ''}, and none of them reports a model: nothing to "
+                f"compare {model.name} with — pass --baseline CURRENT_MODEL, the model the devices run now")
         if not quiet:
             click.echo(f"evaluating {model.name} on {inputs.dataset.source or inputs.dataset.root} "
                        f"({len(inputs.dataset.samples)} images); {inputs.baseline_line()}", err=True)

@@ -209,6 +209,16 @@ class FleetClient:
             size, _ = self._request("GET", f"/api/samples/export?{_query({'format': fmt, **filters})}", into=out)
         return size
 
+    def has_artifact(self, sha256: str) -> bool:
+        """Whether the manager's artifact store holds ``sha256`` (``HEAD /artifacts/<sha256>``)."""
+        try:
+            self._request("HEAD", f"/artifacts/{_quote(sha256)}", raw=True)
+        except FleetRequestError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     def download_artifact(self, sha256: str, dest: str | os.PathLike) -> Path:
         """A stored model artifact into the file ``dest``, streamed; DownloadError when the manager has none of that
         sha256, or the bytes that came are not it (a file is never used unverified)."""

@@ -63,3 +63,7 @@ class Labels:
 
     def __len__(self) -> int:
         return len(self._names)
+
+    def names(self) -> tuple[str, ...]:
+        """Every class name, by index."""
+        return tuple(self._names[index] for index in sorted(self._names))

@@ -9,6 +9,8 @@ and ``edgeinfer bench`` all take the task names from :data:`TASK_NAMES`.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from ..runtime.engine import Engine
     from .labels import Labels
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Task:
@@ -72,6 +75,8 @@ class ModelReading:
     std: float | tuple[float, ...] | None
     #: where the task came from: "given", "the model's metadata" or "its outputs"
     task_from: str = "given"
+    #: what could not be checked against the model (a rule's label on a model without labels): logged warnings
+    notes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         values = "as the quantised input states" if self.mean is None and self.std is None else \
@@ -117,9 +122,12 @@ def _values(value: Any) -> str:
 def read_run_model(engine: Engine, options: Any, labels: Labels | None) -> tuple[ModelReading, Labels | None]:
     """How a run reads its first engine (a batch row of it) for ``options`` (its PipelineOptions), and its
     labels: the caller's, else the labels file packed in the model (classifiers), else the class names its
-    metadata states. LayoutMismatch when no layout fits; ValueError when tracking is asked of boxless results."""
+    metadata states. LayoutMismatch when no layout fits; ValueError when tracking is asked of boxless results, or
+    when an event or capture rule cannot work with this model (a label it does not have, an ``uncertain`` band
+    under the score threshold: pipeline/rule_check.py); what could not be checked is logged and in ``notes``."""
     from .decoders import model_labels
     from .labels import Labels
+    from .rule_check import check_rules
 
     reading = read_model(engine, task=options.task, decoder=options.decoder, labels=labels,
                          settings=options.decoder_settings())
@@ -132,4 +140,8 @@ def read_run_model(engine: Engine, options: Any, labels: Labels | None) -> tuple
     if options.tracking and not reading.gives_boxes:
         raise ValueError(f"tracking, lines and zones need results with boxes; {engine.model.path} read as "
                          f"{reading.task!r} ({reading.layout.name}) gives none")
-    return reading, labels
+    notes = check_rules(options, labels, engine.model.path,
+                        thresholded_boxes=reading.gives_boxes and reading.layout.thresholded)
+    for note in notes:
+        log.warning("%s", note)
+    return (dataclasses.replace(reading, notes=notes) if notes else reading), labels

@@ -21,9 +21,12 @@ from pathlib import Path
 
 import cv2
 import pytest
+from support.agent import AgentProcess, write_config
 from support.assets import IMAGES, LABELS, MODELS, REFERENCES
 from support.fleet import simulated_fleet
+from support.metadata import ssd_with_coco_names
 from support.optimize import YOLO_POSE, error_line, run_cli
+from support.processes import wait_until
 
 from edgeinfer.fleet.client import FleetClient
 
@@ -58,7 +61,7 @@ def sample_id(name: str) -> str:
     return Path(name).stem.replace("_", "-")
 
 
-def upload(url: str, credential: tuple[str, str], name: str) -> int:
+def upload(url: str, credential: tuple[str, str], name: str, device: str = CAMERA) -> int:
     """PUT one frame as the camera's sample, signed in as the device itself; the answer's status."""
     jpeg, phash, width, height = _frame(name)
     body = {"jpeg": base64.b64encode(jpeg).decode(), "phash": phash, "width": width, "height": height,
@@ -68,19 +71,19 @@ def upload(url: str, credential: tuple[str, str], name: str) -> int:
             "detections": [{"label": d["label"], "score": d["score"], "box": d["box_xyxy_px"]}
                            for d in SSD_SAID[name]]}
     auth = base64.b64encode(":".join(credential).encode()).decode()
-    request = urllib.request.Request(f"{url}/api/devices/{CAMERA}/samples/{sample_id(name)}", method="PUT",
+    request = urllib.request.Request(f"{url}/api/devices/{device}/samples/{sample_id(name)}", method="PUT",
                                      data=json.dumps(body).encode(), headers={
                                          "Authorization": f"Basic {auth}", "Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as answer:
         return answer.status
 
 
-def coco_labels(boxes: dict[str, list[dict]], *, only: str = "person") -> bytes:
+def coco_labels(boxes: dict[str, list[dict]], *, only: str = "person", device: str = CAMERA) -> bytes:
     """A COCO document of corrected labels for the uploaded frames, named as the export names them (a detector's
     box may reach past the frame: a label may not)."""
     images, annotations = [], []
     for image_id, name in enumerate(FRAMES, 1):
-        images.append({"id": image_id, "file_name": f"images/{CAMERA}/{sample_id(name)}.jpg"})
+        images.append({"id": image_id, "file_name": f"images/{device}/{sample_id(name)}.jpg"})
         _, _, width, height = _frame(name)
         for d in boxes.get(name, []):
             if d.get("label", "person") == only:
@@ -96,7 +99,7 @@ class Fleet:
     def __init__(self, simulated, folder: Path) -> None:
         self.manager, self.credentials = simulated.manager, simulated.credentials
         self.url = self.manager.http.url
-        admin = simulated.admin
+        self.admin = admin = simulated.admin
         self.files = {}
         for role in ("viewer", "operator"):
             path = folder / f"{role}.token"
@@ -124,8 +127,8 @@ class Fleet:
         with urllib.request.urlopen(request, timeout=30) as answer:
             assert answer.status == 200
 
-    def import_labels(self, boxes: dict[str, list[dict]]) -> None:
-        assert self.operator.import_labels("coco", coco_labels(boxes)) == {"samples": len(FRAMES)}
+    def import_labels(self, boxes: dict[str, list[dict]], device: str = CAMERA) -> None:
+        assert self.operator.import_labels("coco", coco_labels(boxes, device=device)) == {"samples": len(FRAMES)}
 
 
 @pytest.fixture(scope="module")
@@ -244,12 +247,17 @@ def test_evaluate_on_the_fleet_scores_change_when_the_labels_are_corrected_again
 def test_deploy_require_eval_judges_the_candidate_against_the_model_the_fleet_runs_now(fleet):
     fleet.import_labels(POSE_PEOPLE)
     assert fleet.operator.deployments() == []
-    # nothing deployed yet: evaluate scores alone and says so; the deploy gate refuses to guess
+    # nothing deployed yet: the devices run their agent.yaml's model, which the manager does not hold (the simulated
+    # devices report a sha256 of zeros) — said, with what to do; the deploy gate refuses to guess either
     alone = fleet.evaluate(YOLO_POSE, "--json", "-q")
-    assert alone.returncode == 0 and _json(alone)["baseline_model"] is None
-    assert "no deployment succeeded on the fleet" in alone.stderr and "scored without a comparison" in alone.stderr
+    assert alone.returncode == 1
+    assert error_line(alone) == (
+        f"edgeinfer: error: 2 devices run model.tflite (sha256 {'0' * 64}) in pipeline main, from agent.yaml (no "
+        f"deployment that succeeded put it there), and the fleet manager at {fleet.url} has no artifact of it to "
+        "compare with: pass --baseline FILE, that model's file")
     unknown = fleet.deploy(YOLO_POSE, 2, "--all", "--require-eval", "--json")
-    assert unknown.returncode == 1 and "pass --baseline CURRENT_MODEL" in error_line(unknown)
+    assert unknown.returncode == 1 and "model.tflite (sha256 0000" in error_line(unknown)
+    assert "pass --baseline FILE" in error_line(unknown)
     assert fleet.operator.deployments() == []
 
     # the fleet's first model, without a gate: the SSD
@@ -297,3 +305,51 @@ def test_a_baseline_whose_bytes_are_not_its_sha256_is_never_run(fleet, tmp_path)
     assert not (tmp_path / "bad.tflite").exists()
     with pytest.raises(DownloadError, match="has no artifact"):
         viewer.download_artifact("0" * 64, tmp_path / "none.tflite")
+
+
+def test_evaluate_on_the_fleet_finds_the_model_agent_yaml_names_by_the_sha256_the_device_reports(fleet, tmp_path):
+    """A device that runs the model its agent.yaml names (no deployment sent it): the baseline is that model when the
+    manager's artifact store holds its sha256, else one error naming it and what to do. A real agent reports it."""
+    model = ssd_with_coco_names(tmp_path / "models")  # bytes no other test uploads: the store starts without them
+    sha256 = hashlib.sha256(model.read_bytes()).hexdigest()
+    [device] = fleet.admin.enroll_many(["cam-yaml"], "field")
+    config = write_config(tmp_path / "agent.yaml", device_id="cam-yaml", fleet="field",
+                          broker=fleet.manager.broker_url, username=device["username"], password=device["password"],
+                          data_dir=str(tmp_path / "data"), telemetry_interval_s=0.5, pipelines=[
+                              {"name": PIPELINE, "model": str(model), "version": "7", "source": str(IMAGES),
+                               "loop": True, "max_fps": 2}])
+
+    def reported() -> str | None:
+        pipelines = ((fleet.manager.db.get_device("cam-yaml") or {}).get("state") or {}).get("pipelines") or []
+        return pipelines[0]["model"]["sha256"] if pipelines else None
+
+    with AgentProcess(config, tmp_path / "agent.log") as agent:
+        assert wait_until(lambda: reported() == sha256, 60, 0.2), agent.output()
+        credential = (device["username"], device["password"])
+        assert [upload(fleet.url, credential, name, "cam-yaml") for name in FRAMES] == [201] * len(FRAMES)
+        fleet.import_labels(POSE_PEOPLE, "cam-yaml")
+        deployments = fleet.operator.deployments()
+
+        missing = fleet.evaluate(YOLO_POSE, "--device", "cam-yaml", "-q")
+        assert missing.returncode == 1
+        assert error_line(missing) == (
+            f"edgeinfer: error: cam-yaml runs {model.name} (sha256 {sha256}) in pipeline {PIPELINE}, from agent.yaml "
+            f"(no deployment that succeeded put it there), and the fleet manager at {fleet.url} has no artifact of it "
+            "to compare with: pass --baseline FILE, that model's file")
+        gate = fleet.deploy(YOLO_POSE, 9, "--device", "cam-yaml", "--require-eval")
+        assert gate.returncode == 1 and f"cam-yaml runs {model.name} (sha256 {sha256})" in error_line(gate)
+        assert fleet.operator.deployments() == deployments  # refused before anything was sent
+
+        assert fleet.operator.upload(model)["sha256"] == sha256  # the store holds it now: found by its sha256
+        found = fleet.evaluate(YOLO_POSE, "--device", "cam-yaml", "--pipeline", PIPELINE, "--json", "-q")
+        assert found.returncode == 0, found.stderr
+        result = _json(found)
+        assert result["baseline_model"] == {"source": "devices", "model_name": model.name, "version": "7",
+                                            "sha256": sha256, "devices": ["cam-yaml"]}
+        named = f"{model.name} v7 (reported by cam-yaml, no deployment; sha256 {sha256[:12]})"
+        assert result["baseline"]["model"] == named
+        assert result["candidate"]["images"] == result["baseline"]["images"] == len(FRAMES)
+        assert result["baseline"]["map50_95"] < result["candidate"]["map50_95"] - 0.2  # the SSD, really run
+        printed = fleet.evaluate(YOLO_POSE, "--device", "cam-yaml", "-q")
+        assert printed.returncode == 0 and f"baseline: the fleet's current model {named}" in printed.stdout
+        assert agent.alive()

@@ -68,7 +68,7 @@ def test_the_uncertain_band_keeps_exactly_the_frames_with_a_box_in_it(clip, tmp_
 
 
 def test_a_band_nothing_scores_in_keeps_nothing_and_capture_is_off_by_default(clip, tmp_path):
-    results, _ = _run(clip, tmp_path / "c", ["uncertain:0.0-0.01"])
+    results, _ = _run(clip, tmp_path / "c", ["uncertain:0.0-0.01"], score_threshold=0.0)  # no box scores under 0.01
     assert results and _metas(tmp_path / "c") == []
     with Pipeline(ULTRAFACE, clip, task="detect", max_frames=5) as pipeline:
         list(pipeline)
@@ -116,7 +116,7 @@ def test_a_full_store_is_a_clear_error_and_keeps_what_is_stored(clip, tmp_path, 
 
 
 def test_a_request_keeps_the_next_n_frames(clip, tmp_path):
-    with Pipeline(ULTRAFACE, clip, task="detect", capture=["uncertain:0.0-0.01"], capture_dir=tmp_path / "c",
+    with Pipeline(ULTRAFACE, clip, task="detect", capture=["request"], capture_dir=tmp_path / "c",
                   max_frames=20) as pipeline:
         pipeline.sampler.request(4)
         list(pipeline)

@@ -94,6 +94,8 @@ class Layout:
     guessed: bool = True
     #: further tasks it serves (an end-to-end YOLO export: its metadata says which)
     also: tuple[str, ...] = ()
+    #: its decoder drops what scores at or under ``score_threshold`` (MoveNet's one person is always kept)
+    thresholded: bool = True
 
     @property
     def tasks(self) -> tuple[str, ...]:

@@ -42,4 +42,4 @@ class MoveNetDecoder:
 
 
 MOVENET = Layout("movenet", "pose", "MoveNet single-pose 1x1x17x3 (y, x, score): a list of one person",
-                 MoveNetDecoder)
+                 MoveNetDecoder, thresholded=False)
