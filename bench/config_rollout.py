@@ -6,7 +6,8 @@ simulated devices (docs/benchmarks.md, *Configuration rollouts*).
   live change (``max_fps``) and a source change (the stream reopened), and times until the device's ``state``
   reports the new document (``GET /api/config/devices/cam-01`` in step) — the manager's deployment, the signed
   command, the download, the device's check, the change and its health gate. Reported per kind of change: median,
-  min and max, and the device's own part (the ``apply_s`` of its update event).
+  min and max, and the device's own parts (its ``active`` event's ``apply_s``: the command's arrival to the change in
+  place; ``healthy_s``: then to its health gate passed, 3 results).
 - **fleet**: a manager and its Mosquitto in this process, ``--devices`` simulated devices in one group
   (``edgeinfer.tools.simulate``; each answers in 3 steps of 10-50 ms); a group edit rolled out with a 5 % canary then
   waves of 200 (no canary analysis): seconds from the save to the deployment's end, every device in step.
@@ -41,12 +42,13 @@ def summary(values: list[float]) -> dict[str, float]:
             "max_s": round(max(values), 3), "n": len(values)}
 
 
-def device_part(manager, deployment_id: str) -> float | None:
-    """The device's own seconds for a deployment: its ``apply_s`` (the command's arrival to the change in place)."""
+def device_part(manager, deployment_id: str, key: str) -> float | None:
+    """The device's own seconds for a deployment, as its ``active`` event says them: ``apply_s`` (the command's arrival
+    to the change in place), ``healthy_s`` (then to its health gate passed)."""
     for event in manager.db.device_events(DEVICE, limit=500):
         data = event.get("data") or {}
-        if data.get("deployment_id") == deployment_id and "apply_s" in data:
-            return float(data["apply_s"])
+        if data.get("deployment_id") == deployment_id and key in data:
+            return float(data[key])
     return None
 
 
@@ -61,11 +63,13 @@ def one_device(reps: int, workdir: Path) -> dict:
             assert wait_until(lambda: (manager.db.get_device(DEVICE) or {}).get("online"), 120, 0.1), agent.output()
             client = admin_client(manager)
             times: dict[str, list[float]] = {"live": [], "source": []}
-            device: dict[str, list[float]] = {"live": [], "source": []}
+            device: dict[str, dict[str, list[float]]] = {"live": {}, "source": {}}
+            source = clips[0]
             for rep in range(reps + 1):
                 kind = "live" if rep % 2 else "source"
-                pipeline = {**BASE, "source": str(clips[(rep // 2) % 2] if kind == "source" else clips[0]),
-                            "max_fps": 5 + rep % 2 + rep / 100}
+                if kind == "source" and rep:
+                    source = clips[1] if source == clips[0] else clips[0]
+                pipeline = {**BASE, "source": str(source), "max_fps": 5 + (rep + 1) // 2 / 100}  # odd reps: a new one
                 revision = client.config_layer("device", DEVICE)["revision"]
                 started = time.monotonic()
                 saved = client.save_config("device", DEVICE, {"pipelines": [pipeline]}, revision=revision,
@@ -77,11 +81,14 @@ def one_device(reps: int, workdir: Path) -> dict:
                 if rep == 0:
                     continue  # the first one takes the device off its agent.yaml: a restart, not measured
                 times[kind].append(elapsed)
-                part = device_part(manager, saved["deployment"]["deployment_id"])
-                if part is not None:
-                    device[kind].append(part)
+                deployment_id = saved["deployment"]["deployment_id"]  # its active event may follow its state
+                wait_until(lambda d=deployment_id: device_part(manager, d, "healthy_s") is not None, 10, 0.05)
+                for key in ("apply_s", "healthy_s"):
+                    part = device_part(manager, deployment_id, key)
+                    if part is not None:
+                        device[kind].setdefault(key, []).append(part)
             return {kind: {"save_to_applied": summary(values),
-                           "on_the_device": summary(device[kind]) if device[kind] else None}
+                           **{f"device_{key}": summary(found) for key, found in device[kind].items()}}
                     for kind, values in times.items()}
 
 
