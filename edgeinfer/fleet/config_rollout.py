@@ -165,10 +165,9 @@ class ConfigRollouts:
         self._loop.close()
 
     # ------------------------------------------------------------------------------------------ where devices stand
-    def desired(self, devices: Iterable[dict], *, layers: list[dict] | None = None) -> dict[str, Desired]:
+    def desired(self, devices: Iterable[dict]) -> dict[str, Desired]:
         """Each device's desired document: its layers' newest revisions released to the devices, merged."""
-        stored = {(row["scope"], row["name"]): row for row in (self.db.configs.layers(applied=True)
-                                                                if layers is None else layers)}
+        stored = {(row["scope"], row["name"]): row for row in self.db.configs.layers(applied=True)}
         found = {}
         for device in devices:
             keys = layers_of(device["fleet"], device.get("groups") or [], device["device_id"])
@@ -179,21 +178,26 @@ class ConfigRollouts:
 
     def statuses(self, devices: list[dict]) -> list[dict[str, Any]]:
         """:func:`device_status` of each of ``devices`` (rows of the devices table)."""
+        return self._judged(devices)[0]
+
+    def _judged(self, devices: list[dict]) -> tuple[list[dict[str, Any]], dict[str, Desired]]:
         desired = self.desired(devices)
         given: dict[str, list[dict]] = {}
         for target in self.db.configs.given([d["device_id"] for d in devices]):
             given.setdefault(target["device_id"], []).append(target)
         halted = self.db.configs.halted()
-        return [device_status(d, desired[d["device_id"]], given.get(d["device_id"], []), halted) for d in devices]
+        return [device_status(d, desired[d["device_id"]], given.get(d["device_id"], []), halted)
+                for d in devices], desired
 
     # ------------------------------------------------------------------------------------------ deploying
-    def deploy(self, devices: list[dict], rollout: RolloutOptions, *, reason: str,
-               deployment_id: str | None = None) -> tuple[dict | None, list[dict[str, str]]]:
+    def deploy(self, devices: list[dict], rollout: RolloutOptions, *,
+               reason: str) -> tuple[dict | None, list[dict[str, str]]]:
         """A configuration deployment of their desired documents to those of ``devices`` online that do not run it
-        and are not being given it; (the deployment or None, the devices left out with why)."""
+        and are not being given it; (the deployment or None, the devices left out with why). ``reason``: the layer
+        revision it takes out (``group:lobby r5``), kept in the deployment's options."""
         with self._lock:
-            statuses = {s["device_id"]: s for s in self.statuses(devices)}
-            desired = self.desired(devices)
+            found, desired = self._judged(devices)
+            statuses = {s["device_id"]: s for s in found}
             chosen, skipped = [], []
             for device in devices:
                 status, why = statuses[device["device_id"]], None
@@ -211,10 +215,9 @@ class ConfigRollouts:
                     chosen.append((device["device_id"], desired[device["device_id"]]))
             if not chosen:
                 return None, skipped
-            return self._start(chosen, rollout, reason=reason, deployment_id=deployment_id), skipped
+            return self._start(chosen, rollout, reason=reason), skipped
 
-    def _start(self, chosen: list[tuple[str, Desired]], rollout: RolloutOptions, *, reason: str,
-               deployment_id: str | None) -> dict:
+    def _start(self, chosen: list[tuple[str, Desired]], rollout: RolloutOptions, *, reason: str) -> dict:
         documents = {}
         for device_id, desired in chosen:
             assert desired.body is not None and desired.sha256 is not None
@@ -223,8 +226,7 @@ class ConfigRollouts:
         version = self.next_version()
         manifest = new_manifest(model_name=f"config {reason}"[:256], version=version, sha256=set_sha256(documents),
                                 size=sum(len(d.body or b"") for _, d in chosen), url=self.url_of(set_sha256(documents)),
-                                target=f"config:{reason}"[:1024], deployment_id=deployment_id,
-                                kind=DeploymentKind.CONFIG.value)
+                                target=f"config:{reason}"[:1024], kind=DeploymentKind.CONFIG.value)
         self.db.configs.add_targets({"deployment_id": manifest.deployment_id, "device_id": device_id,
                                      "sha256": desired.sha256, "size": len(desired.body or b""),
                                      "layers": [[key.label, revision] for key, revision in desired.effective.layers]}
