@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import sqlite3
 import threading
@@ -159,7 +160,7 @@ class Agent:
         self.uploader: Any = None  # event evidence and capture samples to the fleet manager (agent/uploads.py)
         self.log_ring = LogRing()  # the recent log lines the fleet may ask for (agent/log_ring.py)
         self.diagnosis: Any = None  # the logs and doctor commands (agent/diagnosis.py)
-        self.pipelines = Runners(self._make_runner)  # built in open(), once the configuration is known
+        self.pipelines = Runners(functools.partial(make_runner, self))  # built in open(), once configured
         self.configuration: Any = None  # the fleet's configuration revisions (agent/configuration.py)
         self._delegates: list[dict[str, Any]] = []
         self._versions: dict[str, str | None] = {}
@@ -234,13 +235,6 @@ class Agent:
         body = event_message(self.topics, self.boot, EventKind(event).value, level, redact(message), pipeline=pipeline,
                              cmd_id=cmd_id, data=redact_values(dict(data or {})))
         self._spool_message(self.topics.events, body, PRIORITY_EVENT)
-
-    def _make_runner(self, config: PipelineConfig, on_config_error: Any) -> PipelineRunner:
-        uploader, settings = self.uploader, self.config
-        return PipelineRunner(config, emit=self.emit, on_change=self._state_changed, factory=self._factory,
-                              restart_min_s=settings.restart_min_s, restart_max_s=settings.restart_max_s,
-                              on_evidence=uploader.enqueue if uploader else None,
-                              on_sample=uploader.enqueue_sample if uploader else None, on_config_error=on_config_error)
 
     def run(self) -> None:
         """Open everything, tick telemetry until stop(), then shut down cleanly."""
@@ -437,3 +431,12 @@ class Agent:
             return
         if self.commands is not None:
             self.commands.submit(topic, payload)
+
+
+def make_runner(agent: Agent, config: PipelineConfig, on_config_error: Any) -> PipelineRunner:
+    """A pipeline's runner, wired to the agent's events, state, pipeline factory and uploader."""
+    uploader, settings = agent.uploader, agent.config
+    return PipelineRunner(config, emit=agent.emit, on_change=agent._state_changed, factory=agent._factory,
+                          restart_min_s=settings.restart_min_s, restart_max_s=settings.restart_max_s,
+                          on_evidence=uploader.enqueue if uploader else None,
+                          on_sample=uploader.enqueue_sample if uploader else None, on_config_error=on_config_error)
