@@ -12,7 +12,11 @@ folder without it is partial)::
      "model": {"name": "yolov8n.onnx", "sha256": "<64 hex>", "version": "3"},
      "detections": [{"label": "person", "score": 0.41, "box": [x1, y1, x2, y2],
                      "keypoints": [[x, y, v], ...]}],
-     "frame_id": 812, "source_time": 27.07, "output": <the result's to_dict(): keypoints, masks...>}
+     "frame_id": 812, "source_time": 27.07, "output": <the result's to_dict(): keypoints, masks...>,
+     "command_id": "9f1c..."}
+
+``command_id`` (a frame a ``capture`` command asked for — rule ``request`` — only) names that command: the fleet
+manager counts, per command, the frames it stored and those it dropped as near-duplicates (``fleet/verdicts.py``).
 
 It is uploaded as one JSON document to ``PUT /api/devices/<device>/samples/<sample id>``: the
 ``UPLOAD_FIELDS`` of ``sample.json`` and ``"jpeg"``, the frame in base64 (:func:`upload_document`). ``box`` is in
@@ -44,7 +48,8 @@ SAMPLE_VERSION = 1
 #: the rule a request from the dashboard keeps frames under ("capture the next N frames")
 REQUEST_RULE = "request"
 #: the fields of ``sample.json`` an upload carries (with ``jpeg``); the rest stays on the device
-UPLOAD_FIELDS = ("phash", "width", "height", "captured_at", "pipeline", "stream", "rule", "model", "detections")
+UPLOAD_FIELDS = ("phash", "width", "height", "captured_at", "pipeline", "stream", "rule", "model", "detections",
+                 "command_id")
 
 #: a sample id: the device names it (a retry sends the same id again)
 SAMPLE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"

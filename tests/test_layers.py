@@ -21,7 +21,7 @@ NAME = r"`([a-z_]+)(?:/|\.py)?`"
 
 #: the base modules: one mechanism (or one word) each, below every folder
 BASE = frozenset({"errors", "_version", "_fs", "_backoff", "_config", "_native", "_optional", "_defer", "_dist",
-                  "_evidence", "_samples", "_redact"})
+                  "_evidence", "_samples", "_regions", "_redact"})
 #: the folders below the agent and the fleet manager, in the order the data flows
 DEVICE_SIDE = frozenset({"device", "runtime", "capture", "pipeline"})
 #: what each box (a folder, or a base module) may import besides itself. Explicit, not a layer order: the fleet

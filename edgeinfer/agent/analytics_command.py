@@ -1,7 +1,8 @@
 """The ``set_analytics`` command: a pipeline's counting lines and zones replaced while it runs, kept across restarts.
 
-The new geometry is checked (a line of nonzero length, a polygon of 3 distinct points enclosing an area, every
-point inside the stream's frame once a frame was seen, each name used once), applied to the running streams
+The new geometry is checked as every line and zone is (``_regions``: the names, a line of nonzero length, a polygon
+of 3 distinct points enclosing an area, each name used once; the pipeline's task one with boxes; every point inside
+the stream's frame once a frame was seen), applied to the running streams
 through :meth:`~edgeinfer.pipeline.analytics.StreamAnalytics.replace_geometry` (tracks carry on, a line or zone
 keeping its name keeps its counts), written to ``<data_dir>/analytics/<pipeline>.json`` and applied again to
 every later run of the pipeline (the agent's restarts included), overriding agent.yaml's ``lines`` / ``zones``
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._fs import atomic_write_text
+from .._regions import check_regions, task_problem
 from ..errors import CommandRejected, EdgeInferError
 from ..link.vocabulary import Command, EventKind
 
@@ -30,22 +32,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_NUMBER = {"type": "number", "minimum": -1e6, "maximum": 1e6}
+# the message's form; what a line and a zone are (their names, bounds and shapes) is _regions' to say, in its words
 SET_ANALYTICS_ARGS_SCHEMA = {
     "type": "object", "required": ["pipeline", "lines", "zones", "revision"], "additionalProperties": False,
     "properties": {
         "pipeline": {"type": "string", "minLength": 1, "maxLength": 64},
         "stream": {"type": "string", "maxLength": 64},
-        "lines": {"type": "object", "additionalProperties": {"type": "array", "minItems": 4, "maxItems": 4,
-                                                             "items": _NUMBER}},
+        "lines": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "number"}}},
         "zones": {"type": "object", "additionalProperties": {
-            "type": "array", "minItems": 3, "maxItems": 64,
-            "items": {"type": "array", "minItems": 2, "maxItems": 2, "items": _NUMBER}}},
+            "type": "array", "items": {"type": "array", "items": {"type": "number"}}}},
         "revision": {"type": "integer", "minimum": 0},
     },
 }
-#: at most this many lines and zones together on one stream
-MAX_SHAPES = 64
+#: the refusal of lines and zones for a pipeline whose results are not boxes
+NO_BOXES = "task_without_boxes"
 
 
 class AnalyticsSettings:
@@ -109,8 +109,12 @@ class AnalyticsSettings:
             raise CommandRejected("unknown_stream", f"pipeline {name} has no stream {stream!r}")
         with self._lock:
             pipeline = runner.pipeline
+            # running: the task its model was read for; else the configured one (None: the model's, unknown yet)
+            refusal = task_problem(runner.config.task) if pipeline is None else boxes_refusal(pipeline)
+            if refusal:
+                raise CommandRejected(NO_BOXES, refusal)
             try:
-                check_shapes(lines, zones)
+                check_regions(lines, zones)  # names, bounds, shapes: every line and zone's (_regions)
                 if pipeline is not None:
                     apply_geometry(pipeline, _targets(pipeline, stream), lines, zones, check=True)
             except (ValueError, KeyError) as exc:
@@ -140,26 +144,6 @@ def forget_geometry(data_dir: Path, pipeline: str) -> None:
     geometry_path(data_dir, pipeline).unlink(missing_ok=True)
 
 
-def check_shapes(lines: Mapping[str, Any], zones: Mapping[str, Any]) -> None:
-    """ValueError naming the first shape that cannot count: names, lengths, distinct points."""
-    import math
-    import re
-
-    for name in (*lines, *zones):
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
-            raise ValueError(f"{name!r} is not a name (letters, digits, _ . -, at most 64)")
-    if len(lines) + len(zones) > MAX_SHAPES:
-        raise ValueError(f"at most {MAX_SHAPES} lines and zones")
-    for name in set(lines) & set(zones):
-        raise ValueError(f"the name {name!r} is both a line and a zone: names must be unique")
-    for name, (x1, y1, x2, y2) in lines.items():
-        if math.dist((x1, y1), (x2, y2)) < 1.0:
-            raise ValueError(f"line {name!r} has no length")
-    for name, points in zones.items():
-        if len({tuple(point) for point in points}) < 3:
-            raise ValueError(f"zone {name!r} needs 3 distinct points")
-
-
 def apply_geometry(pipeline: MultiPipeline, streams: list[str], lines: Mapping[str, Any],
                    zones: Mapping[str, Any], *, check: bool) -> None:
     """Give each of ``streams`` these lines and zones (``check``: every point inside its frame); none is changed
@@ -167,8 +151,9 @@ def apply_geometry(pipeline: MultiPipeline, streams: list[str], lines: Mapping[s
     from ..pipeline.analytics import analytics_for
 
     options = pipeline.options
-    if options.task != "detect":
-        raise CommandRejected("not_detect", f"lines and zones need task detect, not {options.task}")
+    refusal = boxes_refusal(pipeline)
+    if refusal:
+        raise CommandRejected(NO_BOXES, refusal)
     planned = []
     for name in streams:
         stream = pipeline.get_stream(name)
@@ -183,6 +168,17 @@ def apply_geometry(pipeline: MultiPipeline, streams: list[str], lines: Mapping[s
             stream.analytics = fresh  # read once per frame by the inference thread: the swap is whole
         else:
             current.replace_geometry(fresh.lines, fresh.zones)
+
+
+def boxes_refusal(pipeline: MultiPipeline) -> str | None:
+    """Why this run takes no lines and zones: its task gives no boxes (``_regions.BOX_TASKS``), or its model is
+    read as classes per pixel (a semantic segmenter); None when it takes them."""
+    reading = pipeline.reading
+    refusal = task_problem(pipeline.options.task)
+    if refusal is None and reading is not None and not reading.gives_boxes:
+        refusal = (f"lines and zones need results with boxes; task {reading.task!r} read as {reading.layout.name} "
+                   "gives none")
+    return refusal
 
 
 def _targets(pipeline: MultiPipeline, stream: str) -> list[str]:

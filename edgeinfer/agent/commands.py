@@ -339,7 +339,7 @@ def _cmd_capture(args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]
     if pipeline is None:
         raise CommandRejected("not_running", f"pipeline {runner.name} is not running ({runner.status})")
     try:
-        streams = pipeline.samples.request(int(args["frames"]), args.get("stream", ""))
+        streams = pipeline.samples.request(int(args["frames"]), args.get("stream", ""), ctx.command_id)
     except ValueError as exc:
         raise CommandRejected("no_capture", f"pipeline {runner.name}: {exc}") from None
     return {"pipeline": runner.name, "streams": streams, "frames": int(args["frames"])}

@@ -16,6 +16,7 @@ import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._redact import redact
 from .model_check import check_model, is_config_failure, pipeline_config_error
 
 if TYPE_CHECKING:
@@ -74,9 +75,9 @@ def source_problems(config: AgentConfig, indexes: Iterable[int], *, skip: Collec
         if thread.is_alive():  # left to finish on its own (a device read cannot be cut short safely)
             if found.get("source") is not None:
                 found["source"].interrupt()
-            problems.append(f"{key}: {source} did not open within {timeout:g} s")
-        elif found["problem"] is not None:
-            problems.append(f"{key}: {source} did not open: {found['problem']}")
+            problems.append(redact(f"{key}: {source} did not open within {timeout:g} s"))
+        elif found["problem"] is not None:  # the words go to the fleet (an update event, the state): no password
+            problems.append(redact(f"{key}: {source} did not open: {found['problem']}"))
     return problems
 
 

@@ -133,6 +133,16 @@ def watchdog_interval() -> float | None:
         return None
 
 
+def report_reconnect(agent: Agent, offline_s: float | None) -> None:
+    """The link's ``on_connected``: after a reconnect (not the first connect), say how long the device was cut off."""
+    if offline_s is None:
+        return
+    link, spool = agent.link, agent.spool
+    agent.emit(EventKind.MQTT_RECONNECTED, "warning", f"reconnected to the broker after {offline_s:.1f} s offline",
+               data={"offline_s": round(offline_s, 3), "session_present": link.status.session_present if link
+                     else None, "pending": spool.pending if spool else None})
+
+
 class Agent:
     """The device agent. ``run()`` blocks until ``stop()`` (e.g. from a SIGTERM handler).
 
@@ -160,7 +170,7 @@ class Agent:
         self.uploader: Any = None  # event evidence and capture samples to the fleet manager (agent/uploads.py)
         self.log_ring = LogRing()  # the recent log lines the fleet may ask for (agent/log_ring.py)
         self.diagnosis: Any = None  # the logs and doctor commands (agent/diagnosis.py)
-        self.pipelines = Runners(functools.partial(make_runner, self))  # built in open(), once configured
+        self.pipelines = Runners(self._make_runner)  # built in open(), once the configuration is known
         self.configuration: Any = None  # the fleet's configuration revisions (agent/configuration.py)
         self._delegates: list[dict[str, Any]] = []
         self._versions: dict[str, str | None] = {}
@@ -232,9 +242,16 @@ class Agent:
         """Log an event and spool it for the ``events`` topic, its secrets masked (ValueError: an unknown kind)."""
         log.log({"info": logging.INFO, "warning": logging.WARNING}.get(level, logging.ERROR), "event %s: %s",
                 event, message)
-        body = event_message(self.topics, self.boot, EventKind(event).value, level, redact(message), pipeline=pipeline,
-                             cmd_id=cmd_id, data=redact_values(dict(data or {})))
+        body = event_message(self.topics, self.boot, EventKind(event).value, level, redact(message),
+                             pipeline=pipeline, cmd_id=cmd_id, data=redact_values(dict(data or {})))
         self._spool_message(self.topics.events, body, PRIORITY_EVENT)
+
+    def _make_runner(self, config: PipelineConfig, on_config_error: Any) -> PipelineRunner:
+        uploader, settings = self.uploader, self.config
+        return PipelineRunner(config, emit=self.emit, on_change=self._state_changed, factory=self._factory,
+                              restart_min_s=settings.restart_min_s, restart_max_s=settings.restart_max_s,
+                              on_evidence=uploader.enqueue if uploader else None,
+                              on_sample=uploader.enqueue_sample if uploader else None, on_config_error=on_config_error)
 
     def run(self) -> None:
         """Open everything, tick telemetry until stop(), then shut down cleanly."""
@@ -277,7 +294,7 @@ class Agent:
         offline = encode(self._state_message(online=False, reason="connection lost"))
         self._link = MqttLink(config.link_settings(), spool=self._spool, will=(self.topics.state, offline),
                               subscriptions=[self.topics.cmd], on_message=self._on_message,
-                              on_connected=self._on_connected)
+                              on_connected=functools.partial(report_reconnect, self))
         # runners exist before the link connects: a command queued in the persistent session may
         # arrive at once and name a pipeline; commands wait in the router's queue until it starts
         self.uploader = start_uploader(config, self.emit)
@@ -416,27 +433,9 @@ class Agent:
                 message["config"] = self.configuration.describe()
         return message
 
-    def _on_connected(self, offline_s: float | None) -> None:
-        """After a reconnect (not the first connect): say how long the device was cut off."""
-        if offline_s is None:
-            return
-        link = self._link
-        self.emit(EventKind.MQTT_RECONNECTED, "warning", f"reconnected to the broker after {offline_s:.1f} s offline",
-                  data={"offline_s": round(offline_s, 3), "session_present": link.status.session_present if link
-                        else None, "pending": self._spool.pending if self._spool else None})
-
     def _on_message(self, topic: str, payload: bytes) -> None:
         if topic != self.topics.cmd:
             log.warning("ignoring a message on unexpected topic %s", topic)
             return
         if self.commands is not None:
             self.commands.submit(topic, payload)
-
-
-def make_runner(agent: Agent, config: PipelineConfig, on_config_error: Any) -> PipelineRunner:
-    """A pipeline's runner, wired to the agent's events, state, pipeline factory and uploader."""
-    uploader, settings = agent.uploader, agent.config
-    return PipelineRunner(config, emit=agent.emit, on_change=agent._state_changed, factory=agent._factory,
-                          restart_min_s=settings.restart_min_s, restart_max_s=settings.restart_max_s,
-                          on_evidence=uploader.enqueue if uploader else None,
-                          on_sample=uploader.enqueue_sample if uploader else None, on_config_error=on_config_error)

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from .._config import BOUND_WORDS
@@ -68,6 +69,18 @@ def _bounds(option: dataclasses.Field) -> dict[str, Any]:
     return {word: option.metadata[word] for word in BOUND_WORDS if word in option.metadata}
 
 
+def _texts_schema(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A list of texts; its field's metadata may state the most items, an item's ``pattern`` and its ``form`` in
+    words (``lines`` / ``zones``: ``_regions.text_rule``)."""
+    most = metadata.get("maxItems", MAX_LIST_ITEMS)
+    item = dict(_TEXT)
+    if "pattern" in metadata:
+        item.update(pattern=metadata["pattern"], errorMessage=f"must be {metadata['form']}")
+    return {"type": "array", "maxItems": most, "items": item,
+            "errorMessage": f"must be a list of at most {most} {metadata.get('item', 'string')}s (or one "
+                            f"{metadata.get('item', 'string')})"}
+
+
 def field_schema(option: dataclasses.Field, hint: Any) -> dict[str, Any]:
     """The schema of one field, from its type (the forms agent/pipeline_config.py reads), choices and bounds."""
     members, nullable = members_of(hint)
@@ -85,8 +98,7 @@ def field_schema(option: dataclasses.Field, hint: Any) -> dict[str, Any]:
                   "items": {"type": "integer", "minimum": 1},
                   "errorMessage": "must be WIDTHxHEIGHT such as 640x480, or [640, 480]"}
     elif members == (tuple[str, ...],):
-        schema = {"type": "array", "maxItems": MAX_LIST_ITEMS, "items": dict(_TEXT),
-                  "errorMessage": f"must be a list of at most {MAX_LIST_ITEMS} strings (or one string)"}
+        schema = _texts_schema(option.metadata)
     elif members == (float, tuple[float, ...]):
         schema = {"type": ["number", "array"], "minItems": 1, "maxItems": 4, "items": {"type": "number"},
                   "errorMessage": "must be a number or a list of numbers (one per channel)"}

@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..link.config_document import SOURCE_FORMS, default_pipeline_name, default_stream_name
 from ..pipeline.events import EventRule
 from ..pipeline.labels import Labels
-from ..pipeline.options import DETECT_ONLY, PipelineOptions
+from ..pipeline.options import BOX_OPTIONS, PipelineOptions
 from .config_reader import ConfigReader
 
 #: what the runner does when a pipeline fails (``on-failure``) or its source ends (``always``)
@@ -191,7 +191,7 @@ def _read_option(r: ConfigReader, form: _OptionForm) -> Any:
     key = form.option.name
     value = None if r.is_null(key) else form.read(r, key)
     if key in PipelineOptions.names():
-        alone = {key: value, "task": "detect"} if key in DETECT_ONLY else {key: value}  # checked alone
+        alone = {key: value, "task": "detect"} if key in BOX_OPTIONS else {key: value}  # checked alone
         if key == "events":  # each rule's text alone; its line or zone is checked with the whole entry
             alone = {}
             try:

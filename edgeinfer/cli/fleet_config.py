@@ -4,7 +4,8 @@ for a fleet, a group or a device, in revisions, rolled out like a model (docs/fl
 Exit codes: 0 done (saved, and every device it went to took it — or none needed it; ``status``: every device shown
 runs its desired document); 1 an error, or a device did not take it (refused, rolled back, timed out) or the rollout
 stopped (``status``: a device is out of step); 2 a usage error; 3 the layer was saved by someone else since it was
-read (409): read it again.
+read (409, and the layer has moved on): read it again. A document a device would refuse is a 409 too (the key named
+in ``agent --check``'s words): exit 1.
 """
 
 from __future__ import annotations
@@ -141,12 +142,15 @@ def diff_lines(diff: list[dict]) -> list[str]:
     return lines
 
 
-def _changed(client: Any, call: Callable[[], dict], *, as_json: bool, no_wait: bool, rollout: dict) -> None:
-    """Make the change, show its diff and what it deployed, follow the rollout; exit as the module says."""
+def _changed(client: Any, call: Callable[[], dict], *, as_json: bool, no_wait: bool, rollout: dict,
+             layer: tuple[str, str] | None = None, revision: int | None = None) -> None:
+    """Make the change (on ``layer``'s ``revision``), show its diff and what it deployed, follow the rollout; exit as
+    the module says."""
     try:
         result = call()
     except FleetRequestError as exc:
-        if exc.status != 409:
+        # 409: the layer moved on since it was read (exit 3), or the device's check refused the document (an error)
+        if exc.status != 409 or layer is None or int(client.config_layer(*layer)["revision"]) == revision:
             raise
         click.echo(f"edgeinfer: error: {exc}", err=True)
         sys.exit(STALE)
@@ -184,9 +188,10 @@ def config_set(client: Any, file: str, layer: tuple[str, str], message: str, bas
                no_wait: bool, as_json: bool, **rollout: Any) -> None:
     """Save FILE (YAML: the keys the layer sets; - for stdin) as the layer's next revision and roll it out."""
     document, fields = _read(file), rollout_fields(**rollout)
-    _changed(client, lambda: client.save_config(*layer, document, revision=_base(client, layer, base),
-                                                message=message, apply=not no_apply, rollout=fields),
-             as_json=as_json, no_wait=no_wait, rollout=fields)
+    revision = _base(client, layer, base)
+    _changed(client, lambda: client.save_config(*layer, document, revision=revision, message=message,
+                                                apply=not no_apply, rollout=fields),
+             as_json=as_json, no_wait=no_wait, rollout=fields, layer=layer, revision=revision)
 
 
 @config.command("edit")
@@ -208,7 +213,7 @@ def config_edit(client: Any, layer: tuple[str, str], message: str, base: int | N
     revision = current["revision"] if base is None else base
     _changed(client, lambda: client.save_config(*layer, document, revision=revision, message=message,
                                                 apply=not no_apply, rollout=fields),
-             as_json=as_json, no_wait=no_wait, rollout=fields)
+             as_json=as_json, no_wait=no_wait, rollout=fields, layer=layer, revision=revision)
 
 
 @config.command("rollback")
@@ -219,10 +224,10 @@ def config_edit(client: Any, layer: tuple[str, str], message: str, base: int | N
 def config_rollback(client: Any, to_revision: int, layer: tuple[str, str], message: str, base: int | None,
                     no_apply: bool, no_wait: bool, as_json: bool, **rollout: Any) -> None:
     """Make the layer's next revision equal to TO_REVISION, and roll it out."""
-    fields = rollout_fields(**rollout)
-    _changed(client, lambda: client.rollback_config(*layer, to_revision, revision=_base(client, layer, base),
-                                                    message=message, apply=not no_apply, rollout=fields),
-             as_json=as_json, no_wait=no_wait, rollout=fields)
+    fields, revision = rollout_fields(**rollout), _base(client, layer, base)
+    _changed(client, lambda: client.rollback_config(*layer, to_revision, revision=revision, message=message,
+                                                    apply=not no_apply, rollout=fields),
+             as_json=as_json, no_wait=no_wait, rollout=fields, layer=layer, revision=revision)
 
 
 @config.command("apply")

@@ -4,6 +4,7 @@ labels back (docs/datasets.md)."""
 from __future__ import annotations
 
 import io
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -61,14 +62,36 @@ def dataset_export(client: Any, fmt: str, output: Path, limit: int, reviewed: bo
 @click.option("--pipeline", required=True, help="The pipeline whose frames to keep.")
 @click.option("--frames", default=10, show_default=True, type=click.IntRange(1, 1000), help="How many frames.")
 @click.option("--stream", default="", help="One stream of a multi-stream pipeline (default: each).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait for the device's answer and for what the manager did with each frame.")
+@click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to wait at most.")
+@click.option("--json", "as_json", is_flag=True, help="Print the command's record (--no-wait: what was sent).")
 @client_options
-def dataset_capture(client: Any, device_id: str, pipeline: str, frames: int, stream: str, as_json: bool) -> None:
+def dataset_capture(client: Any, device_id: str, pipeline: str, frames: int, stream: str, wait: bool,
+                    timeout: float, as_json: bool) -> None:
     """Ask DEVICE_ID to keep its pipeline's next frames as samples, whatever its capture rules say (operator; the
-    pipeline must have capture rules, `request` alone will do)."""
-    result = client.capture(device_id, pipeline, frames, stream)
-    print_json(result) if as_json else click.echo(f"capture of {frames} frame(s) of {pipeline} sent to {device_id} "
-                                                  f"(command {result['command_id']})")
+    pipeline must have capture rules, `request` alone will do), and say what came of it: "5 frames captured: 2
+    stored, 3 near-duplicates of stored samples", or the device's refusal. Exit 1 when the device refused, the
+    command expired, or the frames did not all arrive within --timeout."""
+    from ..fleet.client import wait_for_command  # the fleet's client loads on use (the agent's CLI must not)
+
+    sent = client.capture(device_id, pipeline, frames, stream)
+    line = f"capture of {frames} frame(s) of {pipeline} sent to {device_id} (command {sent['command_id']})"
+    if not wait:
+        print_json(sent) if as_json else click.echo(line)
+        return
+    if not as_json:
+        click.echo(f"{line}; waiting for the device…", err=True)
+    found = wait_for_command(client.command, sent["command_id"], timeout_s=timeout)
+    print_json(found) if as_json else click.echo(found["text"])
+    if found["state"] == "sent":
+        click.echo(f"edgeinfer: error: no answer from {device_id} within {timeout:g} s: the command stays queued "
+                   "for it (it runs it when it reconnects, until the command expires)", err=True)
+    elif not found["settled"]:
+        click.echo(f"edgeinfer: error: not every frame reached the manager within {timeout:g} s", err=True)
+    if found["state"] != "applied" or not found["settled"]:
+        sys.exit(1)
 
 
 @dataset.command("import")

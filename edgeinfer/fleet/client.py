@@ -123,6 +123,15 @@ class FleetClient:
         body = {"pipeline": pipeline, "frames": frames, **({"stream": stream} if stream else {})}
         return self._post(f"/api/devices/{_quote(device_id)}/capture", body)
 
+    def command(self, command_id: str) -> dict | None:
+        """A command's record: where it stands (sent, applied, refused, expired), the device's words, a capture's
+        outcome, the verdict in words (``text``); None when the manager knows no such command."""
+        return self._request("GET", f"/api/commands/{_quote(command_id)}")
+
+    def device_commands(self, device_id: str, **filters: Any) -> list[dict]:
+        """A device's command records, newest first: filters cmd, pipeline, limit."""
+        return self._request("GET", f"/api/devices/{_quote(device_id)}/commands?{_query(filters)}")
+
     def request_logs(self, device_id: str, follow: bool = False) -> dict:
         """Ask a device for its recent log lines (operator); where the request stands (``sent``, ``online``)."""
         return self._post(f"/api/devices/{_quote(device_id)}/logs/request", {"follow": follow})
@@ -281,6 +290,20 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise ValueError("a duration must be positive")
     return seconds
+
+
+def wait_for_command(fetch: Callable[[str], dict | None], command_id: str, *, timeout_s: float,
+                     poll_s: float = 0.5) -> dict:
+    """Poll ``fetch(command_id)`` until the command's record has settled (its verdict, and for a capture every
+    frame's outcome) or ``timeout_s`` has passed; the last record."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = fetch(command_id)
+        if current is None:
+            raise EdgeInferError(f"the fleet manager knows no command {command_id}")
+        if current.get("settled") or time.monotonic() >= deadline:
+            return current
+        time.sleep(poll_s)
 
 
 def wait_for_deployment(fetch: Callable[[str], dict | None], deployment_id: str, *, timeout_s: float,

@@ -119,14 +119,17 @@ class ConfigService:
     def save(self, key: LayerKey, document: Any, *, base: int, message: str, author: Author, apply: bool = True,
              rollout: RolloutOptions | None = None, restored_from: int | None = None) -> dict:
         """Store ``document`` as the layer's next revision if ``base`` is its newest, and (``apply``) deploy what
-        it changes to the devices it reaches. ConfigError naming the key for a document a device would refuse
-        (400), or a masked secret that masks nothing stored; RevisionConflict when another save came first (409).
-        What was saved (masked), the diff, the deployment (or None) and the devices left out with why."""
+        it changes to the devices it reaches. RevisionConflict when another save came first (judged first, and
+        again as it is stored); ConfigError naming the key for a document a device would refuse, or a masked
+        secret that masks nothing stored (the API answers both 409). What was saved (masked), the diff, the
+        deployment (or None) and the devices left out with why."""
+        current = self.db.configs.current(key.scope.value, key.name)
+        if (current or {}).get("revision", 0) != base:
+            raise self._stale(key, base)
         problems = layer_problems(document)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ConfigError(f"{problems[0]}{more}")
-        current = self.db.configs.current(key.scope.value, key.name)
         if restored_from is None:
             try:
                 document = restore_secrets(document, (current or {}).get("document") or {})
@@ -136,16 +139,19 @@ class ConfigService:
                                         sha256=layer_sha256(document), message=message, author=author.name,
                                         role=author.role, applied=apply, restored_from=restored_from)
         if revision is None:
-            newest = self.db.configs.current(key.scope.value, key.name)
-            at = (newest or {}).get("revision", 0)
-            raise RevisionConflict(f"{key.label} is at revision {at}, not {base}: someone saved it since it was read "
-                                   "— read it again and make the change on that revision")
+            raise self._stale(key, base)
         saved = self.db.configs.revision(key.scope.value, key.name, revision)
         answer = {"layer": layer_view(key, saved, previous=current, with_diff=True), "deployment": None,
                   "skipped": []}
         if apply:
             answer.update(self._deploy(key, revision, rollout))
         return answer
+
+    def _stale(self, key: LayerKey, base: int) -> RevisionConflict:
+        newest = self.db.configs.current(key.scope.value, key.name)
+        at = (newest or {}).get("revision", 0)
+        return RevisionConflict(f"{key.label} is at revision {at}, not {base}: someone saved it since it was read "
+                                "— read it again and make the change on that revision")
 
     def roll_back(self, key: LayerKey, to: int, *, base: int, message: str, author: Author, apply: bool = True,
                   rollout: RolloutOptions | None = None) -> dict:

@@ -18,7 +18,8 @@ visibility flag, ``_samples.visibility``):
 
 Import (``POST /api/samples/import``): a COCO ``annotations.json`` or a zip of YOLO ``labels/**.txt`` with
 its ``data.yaml``, matched to the samples by file name, keypoints included; every file is checked before
-anything is stored (``DatasetError`` names the first fault), and all the samples change in one transaction.
+anything is stored (``DatasetError`` names the first fault; a file naming no stored sample is a ``LookupError``),
+and all the samples change in one transaction.
 """
 
 from __future__ import annotations
@@ -219,13 +220,18 @@ def export_zip(samples: Sequence[dict], fmt: str, out: Any, jpeg_of: Callable[[d
 
 
 # -------------------------------------------------------------------------------------------- import
+def sample_file_pattern(suffix: str) -> str:
+    """How an imported file names its sample, ``[./][images/|labels/]<device>/<sample><suffix>`` (``/`` or ``\\``),
+    as a regular expression: what the import reads, and what the OpenAPI document says it reads."""
+    return rf"^(?:\.[/\\])?(?:(?:images|labels)[/\\])?([^/\\]+)[/\\]([^/\\]+){re.escape(suffix)}$"
+
+
 def _key_of(file_name: str, suffix: str) -> tuple[str, str]:
     """(device_id, sample_id) of ``[images/|labels/]<device>/<sample><suffix>``."""
-    name = re.sub(r"^(?:\./)?(?:images/|labels/)?", "", file_name.replace("\\", "/"))
-    parts = name.removesuffix(suffix).split("/")
-    if not name.endswith(suffix) or len(parts) != 2 or not all(parts):
+    match = re.match(sample_file_pattern(suffix), file_name)
+    if match is None:
         raise DatasetError(f"{file_name!r} is not <device>/<sample>{suffix}: exported by edgeinfer?")
-    return parts[0], parts[1]
+    return match.group(1), match.group(2)
 
 
 def _box(label: Any, x: float, y: float, w: float, h: float, where: str) -> dict:
@@ -313,7 +319,7 @@ SizeOf = Callable[[tuple[str, str]], "tuple[int, int] | None"]
 
 def parse_yolo(data: bytes, size_of: SizeOf) -> dict[tuple[str, str], list[dict]]:
     """{(device, sample): labels} of a zip of ``data.yaml`` and ``labels/<device>/<sample>.txt``; ``size_of``:
-    a stored sample's (width, height), to turn normalised boxes into pixels (None: not stored)."""
+    a stored sample's (width, height), to turn normalised boxes into pixels (None: not stored, a LookupError)."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             files = {info.filename: archive.read(info) for info in archive.infolist()
@@ -344,7 +350,7 @@ def _yolo_file(name: str, body: bytes, names: dict[int, str], size: tuple[int, i
                kpt_shape: tuple[int, int] = (0, 0)) -> list[dict]:
     """A label file's boxes in pixels; with ``kpt_shape`` (K, D) each line's K keypoints too."""
     if size is None:
-        raise DatasetError(f"{name}: no such sample is stored")
+        raise LookupError(f"{name}: no such sample is stored")
     width, height = size
     count, dims = kpt_shape
     form = "class cx cy w h" + (f" and {count} keypoints of {'x y v' if dims == 3 else 'x y'}" if count else "")

@@ -20,6 +20,7 @@ from .commands import CommandService
 from .db import FleetDB
 from .rollout import DEFAULT_LEASE_TTL_S, DeploymentStatus, RolloutDriver, plan_waves
 from .schemas import DeploymentSpec, RolloutOptions
+from .verdicts import device_words, reason_with_words, refusal_of
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +72,22 @@ def deploy_args(deployment: dict) -> dict:
     return args
 
 
-def kind_of(deployment: dict) -> DeploymentKind:
-    """A stored deployment's kind (a row from before kinds is a model's)."""
-    return DeploymentKind(deployment.get("kind") or DeploymentKind.MODEL)
+def kind_of(deployment: dict) -> str:
+    """A stored deployment's kind's word (a row from before kinds is a model's; a word this manager does not know,
+    from a newer one sharing its database, is passed on as it is)."""
+    return str(deployment.get("kind") or DeploymentKind.MODEL.value)
 
 
 def rollback_args(deployment: dict) -> dict:
     """The arguments of the rollback a failed canary analysis sends: for a model, the deployment's pipeline if it
     named one; for another kind, the kind (an agent goes back to its other environment)."""
     if kind_of(deployment) != DeploymentKind.MODEL:
-        return {"kind": kind_of(deployment).value}
+        return {"kind": kind_of(deployment)}
     pipeline = (deployment.get("options") or {}).get("pipeline")
     return {"pipeline": pipeline} if pipeline else {}
 
 
-def running_artifacts(state: dict) -> dict[DeploymentKind, set[str]]:
+def running_artifacts(state: dict) -> dict[str, set[str]]:
     """What a device's ``state`` says it runs, by kind: its pipelines' models and, once out of its trial, the agent
     bundle it was installed from (sha256s)."""
     models = {str((p.get("model") or {}).get("sha256") or "") for p in state.get("pipelines") or []}
@@ -104,9 +106,12 @@ def progress_of(event: dict) -> tuple[str, TargetState, str | None] | None:
     if not deployment_id:
         return None
     if name == EventKind.UPDATE:
-        reported, detail = data.get("state"), data.get("reason") or event.get("message")
+        reported = data.get("state")
+        # a failure: its reason code and the device's own words of it; progress: the device's message
+        reason = data.get("reason")
+        detail = reason_with_words(reason, device_words(reason, data.get("detail"))) if reason else event.get("message")
     elif name == EventKind.CMD_REJECTED:
-        reported, detail = TargetState.REJECTED, data.get("reason") or event.get("message")
+        reported, detail = TargetState.REJECTED, reason_with_words(*refusal_of(event))
     else:
         return None
     try:

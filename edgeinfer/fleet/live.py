@@ -4,8 +4,10 @@ One thread (``edgeinfer-fleet-live``) looks at the database once a second while 
 the database, not this process's ingest, because with several managers the device a page shows may
 be stored by another one — and sends each listener what changed: ``overview``, ``devices`` (the
 changed rows), ``deployments`` (changed summaries), ``deployment`` (a running deployment with its
-devices, when it moved) and ``events`` (new ones). Device rows are compared by a few cheap columns
-first, and only the changed ones are read whole, so a thousand quiet devices cost one small query.
+devices, when it moved), ``events`` (new ones) and ``commands`` (commands whose record changed: a device's
+verdict, a capture's frames counted, an expiry passed — ``verdicts.record`` each). Device rows are compared by
+a few cheap columns first, and only the changed ones are read whole, so a thousand quiet devices cost one small
+query.
 
 A listener is an asyncio queue on the HTTP server's event loop, fed through
 ``call_soon_threadsafe``. A listener too slow to take its updates (its queue full) is dropped; the
@@ -18,11 +20,13 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from .db import FleetDB
 from .overview import EVENTS_SHOWN, overview
+from .verdicts import record
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,9 @@ POLL_S = 1.0
 KEEPALIVE_S = 15.0
 QUEUE_SIZE = 256
 EVENTS_PER_POLL = 200
+#: commands are looked at this far back each turn: their times come from whichever manager wrote them (clocks
+#: in sync within this; docs/fleet.md asks for NTP)
+CLOCK_SLACK_S = 10.0
 
 
 def frame(event: str, data: Any) -> bytes:
@@ -82,6 +89,8 @@ class LiveFeed(Loop):
         self._deployments: dict[str, str] = {}
         self._overview: str | None = None
         self._last_event: int | None = None
+        self._commands: dict[str, tuple] = {}  # command id -> (state, updated_at) as last sent
+        self._commands_seen: float | None = None
         #: looks at the database done so far (the first only takes stock: it sends no devices or events)
         self.polls = 0
 
@@ -160,6 +169,7 @@ class LiveFeed(Loop):
                 self._overview = summary
                 frames.append(f"event: overview\ndata: {summary}\n\n".encode())
         frames += self._deployment_frames(quiet=first)
+        frames += self._command_frames(quiet=first)
         self.polls += 1
         return frames
 
@@ -180,6 +190,18 @@ class LiveFeed(Loop):
                 if full is not None:
                     frames.append(frame("deployment", full))
         return frames
+
+
+    def _command_frames(self, *, quiet: bool) -> list[bytes]:
+        """Commands whose record changed since the last turn (``quiet``: only take stock)."""
+        now = time.time()
+        since = (self._commands_seen if self._commands_seen is not None else now) - CLOCK_SLACK_S
+        self._commands_seen = now
+        records = [record(row, now) for row in self.db.commands.changed(since, now)]
+        marks = {r["command_id"]: (r["state"], r["updated_at"]) for r in records}
+        moved = [r for r in records if self._commands.get(r["command_id"]) != marks[r["command_id"]]]
+        self._commands = marks  # what the window holds: a command that left it comes back only when it changes
+        return [frame("commands", moved)] if moved and not quiet else []
 
 
 def _offer(queue: asyncio.Queue, item: bytes | None) -> None:

@@ -171,7 +171,8 @@ class LiveView(Loop):
         watches (True); False when nobody does (the device is told 410 and stops). ValueError: not a JPEG.
         ``source_size``: the source's (width, height), the pixels lines and zones are in (the JPEG may be
         scaled down); the JPEG's own size when not given."""
-        width, height = source_size or jpeg_size(jpeg)
+        own_size = jpeg_size(jpeg)  # ValueError for what is no JPEG, whatever size the device says its source has
+        width, height = source_size or own_size
         row = {"jpeg": jpeg, "width": width, "height": height, "frame_time": frame_time, "frame_id": frame_id}
         seq = self.db.put_live_frame(key, row)
         if seq is None and self._watched_here(key):  # a viewer here whose watch is not in the database yet

@@ -21,6 +21,7 @@ from .._samples import DUPLICATE_BITS, hamming
 from .api.sample_schemas import SampleUpload
 from .artifacts import UploadTooLarge
 from .db import FleetDB
+from .db.commands import DUPLICATE, STORED
 from .db.samples import Filters
 
 log = logging.getLogger(__name__)
@@ -84,10 +85,19 @@ class SampleStore:
 
     def __init__(self, db: FleetDB, limits: SampleLimits = SampleLimits()) -> None:
         self.rows = db.samples
+        self.commands = db.commands
         self.limits = limits
 
     def receive(self, device_id: str, sample_id: str, upload: SampleUpload) -> Received:
-        """Store an upload. ValueError (400) for a JPEG that is not one, UploadTooLarge (413)."""
+        """Store an upload. ValueError (400) for a JPEG that is not one, UploadTooLarge (413). A sample a command
+        asked for (``command_id``) is counted for that command, stored or a near-duplicate, once."""
+        received = self._receive(device_id, sample_id, upload)
+        if upload.command_id and received.status in (200, 201):
+            outcome = DUPLICATE if received.answer.get("duplicate_of") else STORED
+            self.commands.count_sample(device_id, sample_id, upload.command_id, outcome)
+        return received
+
+    def _receive(self, device_id: str, sample_id: str, upload: SampleUpload) -> Received:
         data = decode_jpeg(upload.jpeg, self.limits.jpeg_bytes)
         sha256 = hashlib.sha256(data).hexdigest()
         answer = {"device_id": device_id, "sample_id": sample_id, "size": len(data), "sha256": sha256}

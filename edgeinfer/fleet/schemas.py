@@ -26,9 +26,10 @@ from pydantic import (
     field_validator,
 )
 
+from .. import _regions as regions
 from .._evidence import EVENT_ID_FORM, EVENT_ID_PATTERN
 from .._samples import PHASH_PATTERN
-from ..link.protocol import COMMAND_NAME_PATTERN, ID_PATTERN
+from ..link.protocol import COMMAND_ID_PATTERN, COMMAND_NAME_PATTERN, ID_PATTERN
 from ..link.vocabulary import DEFAULT_FLEET, DeploymentKind, TargetState
 from .auth import NAME_PATTERN, TOKEN_ID_PATTERN, Role
 from .canary import (
@@ -62,9 +63,11 @@ PATTERN_WORDS = {
     TOKEN_ID_PATTERN: "a token id: 12 hex digits",
     NAME_PATTERN: "1-64 characters: letters, digits, space . _ @ - (starting with a letter or digit)",
     COMMAND_NAME_PATTERN: "an event name: 1-32 of a-z 0-9 _, starting with a letter",
+    COMMAND_ID_PATTERN: "a command id: 1-128 of A-Z a-z 0-9 . _ : - (starting with a letter or digit)",
     PRINTABLE_PATTERN: "text without control characters",
     # SAMPLE_ID_PATTERN is ID_PATTERN's form (the same key: its words are ID_PATTERN's)
     PHASH_PATTERN: "a perceptual hash: 16 hex digits, lower case",
+    regions.NAME_PATTERN: regions.NAME_FORM,
 }
 
 def _integral(value: Any) -> Any:
@@ -100,6 +103,8 @@ def describe(errors: Sequence[Any]) -> str:
     context = first.get("ctx") or {}
     pattern = str(context.get("pattern")).removeprefix("^$|")
     if first.get("type") == "string_pattern_mismatch" and pattern in PATTERN_WORDS:
+        if loc[-1:] == ["[key]"]:  # a mapping's key: a line's name
+            return f"{'.'.join(loc[1:-2])}: {first.get('input')!r} is not {PATTERN_WORDS[pattern]}"
         return f"{where} must be {PATTERN_WORDS[pattern]}, not {first.get('input')!r}"
     if first.get("type") == "value_error" and "error" in context:  # a validator's own words
         return f"{where}: {context['error']}" if loc[1:] else str(context["error"])
@@ -259,45 +264,33 @@ class CommandSent(BaseModel):
     args: JsonObject
 
 
-#: a line's or a zone's name (the device counts under it)
-RegionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,31}$")]
-#: a coordinate in the source frame's pixels
-Coordinate = Annotated[float, Field(ge=0, le=16384)]
+#: a line's or a zone's name, a coordinate in the source frame's pixels: _regions' form, as the device checks it
+RegionName = Annotated[str, StringConstraints(pattern=regions.NAME_PATTERN), Field(description=regions.NAME_FORM)]
+Coordinate = Annotated[float, Field(ge=0, le=regions.MAX_COORDINATE, allow_inf_nan=False)]
 Point = Annotated[list[Coordinate], Field(min_length=2, max_length=2)]  # [x, y]
-MAX_REGIONS = 32
-MAX_ZONE_POINTS = 64
+_NAMED = {"additionalProperties": False}  # a key the name pattern refuses is no key at all
 
 
 class AnalyticsSpec(Strict):
-    """A pipeline's counting lines and zones, in source pixels: a line is its two distinct end points, a zone
-    three or more distinct points (closed). A line and a zone may not share a name (409), and every point must
-    lie inside the frame when its size is known from the last live frame (409)."""
+    """A pipeline's counting lines and zones in source pixels: a line is its two end points, a zone three points or
+    more (closed). What the document cannot state is 409 in the device's words (:meth:`problem`, the route)."""
 
     stream: PipelineName | None = Field(default=None, description="the stream of a multi-stream pipeline")
     lines: dict[RegionName, Annotated[list[Point], Field(min_length=2, max_length=2,
                                                          json_schema_extra={"uniqueItems": True})]] = Field(
-        default_factory=dict, max_length=MAX_REGIONS, description="name: [[x1, y1], [x2, y2]]",
-        json_schema_extra={"additionalProperties": False})
-    zones: dict[RegionName, Annotated[list[Point], Field(min_length=3, max_length=MAX_ZONE_POINTS,
-                                                         json_schema_extra={"uniqueItems": True})]] = Field(
-        default_factory=dict, max_length=MAX_REGIONS, description="name: [[x, y], ...], three points or more",
-        json_schema_extra={"additionalProperties": False})
+        default_factory=dict, max_length=regions.MAX_LINES, description="name: [[x1, y1], [x2, y2]]",
+        json_schema_extra=_NAMED)
+    zones: dict[RegionName, Annotated[list[Point], Field(min_length=regions.MIN_ZONE_POINTS,
+                                                         max_length=regions.MAX_ZONE_POINTS)]] = Field(
+        default_factory=dict, max_length=regions.MAX_ZONES, description="name: [[x, y], ...], three points or more",
+        json_schema_extra=_NAMED)
 
-    @field_validator("lines", "zones")
-    @classmethod
-    def _distinct_points(cls, regions: dict[str, list[list[float]]]) -> dict:
-        for name, points in regions.items():
-            if len({(x, y) for x, y in points}) != len(points):
-                raise ValueError(f"{name!r} has the same point twice")
-        return regions
+    def device_lines(self) -> dict[str, list[float]]:  # as the device takes them: [x1, y1, x2, y2]
+        return {name: [*a, *b] for name, (a, b) in self.lines.items()}
 
-
-class Analytics(BaseModel):
-    """What a pipeline was last sent (revision 0 and nothing: never)."""
-
-    revision: int
-    lines: dict[str, list[list[float]]]
-    zones: dict[str, list[list[float]]]
+    def problem(self) -> str | None:
+        """Why the device would refuse these lines and zones (``_regions``, in its words), or None."""
+        return regions.regions_problem(self.device_lines(), self.zones)
 
 
 class AnalyticsSent(BaseModel):

@@ -12,8 +12,9 @@ is stale.
 :func:`document_problems` reads a document as ``agent.yaml``'s reader does (leniently: a null is the key left out, a
 number where text is wanted is its text, one rule where a list is wanted is a list of one — YAML's ways), checks it
 against the schema with :mod:`.schema_check`'s readable errors, then checks what a schema cannot say (one of
-``source`` and ``sources``; names used once). Each problem names its key: ``pipelines[0].max_fps: must be > 0, got
--1``. The fleet manager answers a refused document with these words (400), the agent refuses ``agent.yaml`` with
+``source`` and ``sources``; names used once; the lines' and zones' shapes and coordinates, and a task that takes
+them, by ``_regions`` as the device reads them). Each problem names its key: ``pipelines[0].max_fps: must be > 0, got
+-1``. The fleet manager answers a refused document with these words (409), the agent refuses ``agent.yaml`` with
 them (``agent.yaml: pipelines[0].max_fps: ...``, exit 78), and a device refuses a fleet revision with them.
 """
 
@@ -23,6 +24,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from .._regions import parse_regions, task_problem
 from ..errors import ConfigError, ConfigTooLarge
 from .config_schema import BOOTSTRAP_KEYS, CONFIG_SCHEMA
 from .schema_check import nesting, schema_errors
@@ -98,7 +100,8 @@ def _where(path: str) -> str:
 
 
 def _structure(pipelines: list[Any]) -> list[str]:
-    """What the schema cannot say of the pipelines: one of source and sources, batch with sources, names used once."""
+    """What the schema cannot say of the pipelines: one of source and sources, batch with sources, names used once,
+    lines and zones."""
     problems, names = [], []
     for index, pipeline in enumerate(pipelines):
         if not isinstance(pipeline, dict):
@@ -119,11 +122,27 @@ def _structure(pipelines: list[Any]) -> list[str]:
                 problems.append(f"{where}.sources[{position}]: two streams are named {name!r}; stream names must be "
                                 f"unique")
             streams.append(name)
+        problems += [f"{where}: {problem}" for problem in _regions_problems(pipeline)]
         name = pipeline.get("name", default_pipeline_name(index))
         if name in names:
             problems.append(f"pipelines: two pipelines are named {name!r}; names must be unique")
         names.append(name)
     return problems
+
+
+def _regions_problems(pipeline: Mapping[str, Any]) -> list[str]:
+    """A pipeline's lines and zones as the device reads them (``_regions``: their shapes, bounds and names, said as
+    the device says them), and whether its task takes them."""
+    lines, zones = pipeline.get("lines") or [], pipeline.get("zones") or []
+    refusal = task_problem(pipeline.get("task"), "tracking, lines and zones") if lines or zones or \
+        pipeline.get("track") else None
+    if refusal:
+        return [refusal]
+    try:
+        parse_regions(lines, zones)
+    except ValueError as exc:
+        return [str(exc)]
+    return []
 
 
 def document_problems(document: Any) -> list[str]:

@@ -120,16 +120,28 @@ CONFIG_SCHEMA: dict[str, Any] = json.loads(r"""
      "track": {"type": "boolean", "default": false},
      "lines": {
       "type": "array",
-      "maxItems": 64,
-      "items": {"type": "string", "minLength": 1, "maxLength": 4096},
-      "errorMessage": "must be a list of at most 64 strings (or one string)",
+      "maxItems": 32,
+      "items": {
+       "type": "string",
+       "minLength": 1,
+       "maxLength": 4096,
+       "pattern": "^\\s*(?:[A-Za-z0-9._-](?:[A-Za-z0-9 ._-]{0,62}[A-Za-z0-9._-])?\\s*=)?[\\s,;]*[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?(?:(?:\\s*[,;])+\\s*[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?){3}[\\s,;]*$",
+       "errorMessage": "must be \"NAME=x1,y1,x2,y2\": four numbers, source pixels 0 to 16384; NAME= optional, a name: 1-64 letters A-Z a-z, digits, spaces and . _ - (no space at either end)"
+      },
+      "errorMessage": "must be a list of at most 32 lines (or one line)",
       "default": []
      },
      "zones": {
       "type": "array",
-      "maxItems": 64,
-      "items": {"type": "string", "minLength": 1, "maxLength": 4096},
-      "errorMessage": "must be a list of at most 64 strings (or one string)",
+      "maxItems": 32,
+      "items": {
+       "type": "string",
+       "minLength": 1,
+       "maxLength": 4096,
+       "pattern": "^\\s*(?:[A-Za-z0-9._-](?:[A-Za-z0-9 ._-]{0,62}[A-Za-z0-9._-])?\\s*=)?[\\s,;]*[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?(?:\\s*[,;])+\\s*[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?(?:(?:\\s*[,;])+\\s*[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?(?:\\s*[,;])+\\s*[+-]?(?:[0-9]+(?:\\.[0-9]*)?|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?){2,63}[\\s,;]*$",
+       "errorMessage": "must be \"NAME=x1,y1,x2,y2,x3,y3,...\": 3 to 64 points x,y, source pixels 0 to 16384; NAME= optional, a name: 1-64 letters A-Z a-z, digits, spaces and . _ - (no space at either end)"
+      },
+      "errorMessage": "must be a list of at most 32 zones (or one zone)",
       "default": []
      },
      "track_min_hits": {"type": "integer", "minimum": 1, "default": 3},

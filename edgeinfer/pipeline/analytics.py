@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from .._regions import parse_line, parse_zone
 from .postprocess import Detections
 from .tracking import Tracker
 from .zones import (
@@ -28,7 +29,7 @@ from .zones import (
     AnalyticsEvent,
     LineCounter,
     ZoneCounter,
-    _named,
+    named_regions,
 )
 
 if TYPE_CHECKING:
@@ -69,11 +70,7 @@ class StreamAnalytics:
         self.tracker = tracker if tracker is not None else Tracker()
         self.lines = tuple(lines)
         self.zones = tuple(zones)
-        for kind, items in (("line", self.lines), ("zone", self.zones)):
-            names = [item.name for item in items]
-            duplicates = sorted({n for n in names if names.count(n) > 1})
-            if duplicates:
-                raise ValueError(f"{kind} names must be unique; repeated: {', '.join(duplicates)}")
+        _unique_names(self.lines, self.zones)
         if fps is not None and not fps > 0:
             raise ValueError(f"fps must be > 0, not {fps!r}")
         self.fps = fps
@@ -99,11 +96,11 @@ class StreamAnalytics:
 
     # -- frames --------------------------------------------------------------------------------
     def __call__(self, result: FrameResult) -> None:
-        """The pipeline observer: a ``FrameResult`` of a ``detect`` pipeline."""
+        """The pipeline observer: a ``FrameResult`` of a pipeline whose task gives boxes."""
         if not isinstance(result.result, Detections):
             if not self._warned_task:
                 self._warned_task = True
-                log.warning("stream analytics need detections (task 'detect'); got %s — ignored",
+                log.warning("stream analytics need detections (a task with boxes); got %s — ignored",
                             type(result.result).__name__)
             return
         self.process(result.result, result.frame_id, result.timestamp)
@@ -159,10 +156,7 @@ class StreamAnalytics:
         name and geometry stay is kept as it is (its counts and the tracks' state in it); one whose name stays
         but moved carries its counts over to the new one (a track inside it is judged afresh)."""
         new_lines, new_zones = tuple(lines), tuple(zones)
-        for kind, items in (("line", new_lines), ("zone", new_zones)):
-            names = [item.name for item in items]
-            if len(set(names)) != len(names):
-                raise ValueError(f"{kind} names must be unique")
+        _unique_names(new_lines, new_zones)
         with self._lock:
             old_lines = {line.name: line for line in self.lines}
             old_zones = {zone.name: zone for zone in self.zones}
@@ -183,6 +177,12 @@ class StreamAnalytics:
 def _on_the_wall(event: AnalyticsEvent, wall: float) -> AnalyticsEvent:
     """A counter's event (stamped in the stream's clock) with its frame's wall-clock time as its ``timestamp``."""
     return replace(event, timestamp=wall, source_time=event.timestamp)
+def _unique_names(lines: Sequence[LineCounter], zones: Sequence[ZoneCounter]) -> None:
+    """ValueError when two lines or zones share a name (an event names one by its name alone: _regions)."""
+    names = [item.name for item in (*lines, *zones)]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"line and zone names must be unique; repeated: {', '.join(duplicates)}")
 
 
 def _carried(new: Any, old: Any, shape: tuple[str, ...], totals: tuple[str, ...]) -> Any:
@@ -197,31 +197,8 @@ def _carried(new: Any, old: Any, shape: tuple[str, ...], totals: tuple[str, ...]
 
 
 # ------------------------------------------------------------------------------------------
-# Configuration: what a CLI flag or an agent.yaml entry gives
+# Configuration: what a CLI flag or an agent.yaml entry gives (parsed in zones.py, checked by _regions)
 # ------------------------------------------------------------------------------------------
-
-def _numbers(text: str, what: str) -> list[float]:
-    try:
-        return [float(part) for part in text.replace(";", ",").split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"{what}: {text!r} is not a list of numbers") from None
-
-
-def parse_line(text: str) -> tuple[float, float, float, float]:
-    """``"x1,y1,x2,y2"`` (``--line``) → four numbers."""
-    values = _numbers(text, "a line")
-    if len(values) != 4:
-        raise ValueError(f"a line is x1,y1,x2,y2 (four numbers), not {text!r}")
-    return values[0], values[1], values[2], values[3]
-
-
-def parse_zone(text: str) -> list[tuple[float, float]]:
-    """``"x1,y1,x2,y2,x3,y3,..."`` (``--zone``; ``;`` may separate points) → the polygon's points."""
-    values = _numbers(text, "a zone")
-    if len(values) % 2 or len(values) < 6:
-        raise ValueError(f"a zone is x1,y1,x2,y2,x3,y3[,...] (at least 3 points), not {text!r}")
-    return list(zip(values[0::2], values[1::2]))
-
 
 def build_analytics(*, lines: Mapping[str, Sequence[float]] | Sequence[Sequence[float]] = (),
                     zones: Mapping[str, Sequence[Sequence[float]]] | Sequence[Sequence[Sequence[float]]] = (),
@@ -250,12 +227,8 @@ def analytics_from_options(options: Any, fps: float | None = None) -> StreamAnal
     live source's (None) by their capture time."""
     if not options.tracking:
         return None
-    lines = dict(_named(text, f"line{i + 1}") for i, text in enumerate(options.lines))
-    zones = dict(_named(text, f"zone{i + 1}") for i, text in enumerate(options.zones))
-    if len(lines) != len(options.lines) or len(zones) != len(options.zones):
-        raise ValueError("two lines or two zones have the same name")
-    return analytics_for(options, {name: parse_line(text) for name, text in lines.items()},
-                         {name: parse_zone(text) for name, text in zones.items()}, fps=fps)
+    lines, zones = named_regions(options.lines, options.zones)
+    return analytics_for(options, lines, zones, fps=fps)
 
 
 def analytics_for(options: Any, lines: Mapping[str, Sequence[float]],

@@ -81,16 +81,25 @@ def annotate(frame: np.ndarray, result: Any, *, geometry: Geometry | None = None
     return canvas
 
 
-def _text(canvas: np.ndarray, text: str, origin: tuple[int, int], background: tuple[int, int, int],
-          thickness: int) -> None:
+def _text_size(text: str, thickness: int) -> tuple[int, int, int]:
+    """(width, height, baseline) of ``text`` as :func:`_text` draws it."""
     import cv2
 
-    font_scale = 0.45 * thickness
-    (w, h), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, font_scale, thickness)
+    (w, h), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, 0.45 * thickness, thickness)
+    return w, h, base
+
+
+def _text(canvas: np.ndarray, text: str, origin: tuple[int, int], background: tuple[int, int, int],
+          thickness: int) -> None:
+    """``text`` on its background, its bottom-left corner at ``origin``, moved as little as it takes to lie wholly
+    inside the canvas."""
+    import cv2
+
+    w, h, base = _text_size(text, thickness)
     x = min(max(0, origin[0]), max(0, canvas.shape[1] - w - 2))
-    y = max(h + base + 2, origin[1])
+    y = min(max(h + base + 2, origin[1]), canvas.shape[0])
     cv2.rectangle(canvas, (x, y - h - base - 2), (x + w + 2, y), background, -1)
-    cv2.putText(canvas, text, (x + 1, y - base), cv2.FONT_HERSHEY_SIMPLEX, font_scale, TEXT_COLOUR, thickness,
+    cv2.putText(canvas, text, (x + 1, y - base), cv2.FONT_HERSHEY_SIMPLEX, 0.45 * thickness, TEXT_COLOUR, thickness,
                 cv2.LINE_AA)
 
 
@@ -168,10 +177,36 @@ def _geometry(canvas: np.ndarray, geometry: Geometry, counts: Mapping[str, Any],
         cv2.polylines(canvas, [points], True, ZONE_COLOUR, width, cv2.LINE_AA)
         zone = zone_counts.get(name, {})
         label = f"{name}: {zone.get('inside', 0)} in, {zone.get('entries', 0)} entries" if zone else name
-        _text(canvas, label, tuple(points.min(axis=0)), ZONE_COLOUR, thickness)
+        w, h, base = _text_size(label, thickness)
+        cx, cy = _centroid([(x * scale, y * scale) for x, y in polygon])
+        _text(canvas, label, (round(cx - w / 2), round(cy + (h + base) / 2)), ZONE_COLOUR, thickness)
     for name, (x1, y1, x2, y2) in geometry.lines.items():
         start, end = _pt(x1, y1, scale), _pt(x2, y2, scale)
         cv2.line(canvas, start, end, LINE_COLOUR, thickness * (3 if name == highlight else 2), cv2.LINE_AA)
         line = line_counts.get(name, {})
         label = f"{name}: in {line.get('in', 0)} / out {line.get('out', 0)}" if line else name
-        _text(canvas, label, (min(start[0], end[0]), min(start[1], end[1])), LINE_COLOUR, thickness)
+        _text(canvas, label, _beside(start, end, _text_size(label, thickness), 4 * thickness), LINE_COLOUR, thickness)
+
+
+# Labels sit inside the frame, clear of the ends and corners where the editor's handles are (``_text`` keeps them
+# inside): a zone's at its middle, a line's beside its middle.
+def _centroid(polygon: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The polygon's centre of area (the mean of its points when it has none)."""
+    closed = [*polygon[1:], polygon[0]]
+    cross = [ax * by - bx * ay for (ax, ay), (bx, by) in zip(polygon, closed)]
+    area = sum(cross) / 2
+    if abs(area) < 1e-9:
+        return sum(x for x, _ in polygon) / len(polygon), sum(y for _, y in polygon) / len(polygon)
+    cx = sum((ax + bx) * c for (ax, _), (bx, _), c in zip(polygon, closed, cross)) / (6 * area)
+    cy = sum((ay + by) * c for (_, ay), (_, by), c in zip(polygon, closed, cross)) / (6 * area)
+    return cx, cy
+
+
+def _beside(start: tuple[int, int], end: tuple[int, int], size: tuple[int, int, int], gap: int) -> tuple[int, int]:
+    """Where a line's label goes (its bottom-left corner): above the middle of a line that runs across, right of
+    the middle of one that runs up or down."""
+    w, h, base = size
+    mx, my = (start[0] + end[0]) / 2, (start[1] + end[1]) / 2
+    if abs(end[0] - start[0]) >= abs(end[1] - start[1]):
+        return round(mx - w / 2), round(my - gap)
+    return round(mx + gap), round(my + (h + base) / 2)

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._regions import task_problem
 from .stream_parts import analytics_part, events_part, sampler_part, unwire, wire
-from .tasks import get_task
 
 if TYPE_CHECKING:
     from .engine_worker import EngineWorker
@@ -84,8 +84,9 @@ def plan(old: PipelineOptions, new: PipelineOptions, streams: list[Stream]) -> t
     blocked = restart_needed(old, new)
     if blocked:
         raise ValueError(f"{', '.join(sorted(blocked))} cannot change while the pipeline runs: it needs a restart")
-    if new.tracking and not get_task(new.task or "classify").boxes:
-        raise ValueError(f"tracking, lines and zones need a task with boxes, not {new.task!r}")
+    refusal = task_problem(new.task or "classify", "tracking, lines and zones") if new.tracking else None
+    if refusal:  # the words every place that takes lines and zones says (_regions)
+        raise ValueError(refusal)
     names = changed_options(old, new)
     geometry, events, capture = (bool(names & set(group)) for group in (GEOMETRY_OPTIONS, EVENT_OPTIONS,
                                                                          CAPTURE_OPTIONS))

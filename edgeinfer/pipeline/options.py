@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._backoff import Backoff
 from .._config import bounds, out_of_bounds
+from .._regions import task_problem, text_rule
 from ..capture import DEFAULT_BACKOFF
 from .decoders import (
     DECODER_NAMES,
@@ -26,7 +27,7 @@ from .decoders import (
 )
 from .preprocess import RESIZE_MODES
 from .tasks import TASK_NAMES, get_task
-from .zones import DEFAULT_BAND, DEFAULT_HOLD_S, TRIGGERS
+from .zones import DEFAULT_BAND, DEFAULT_HOLD_S, TRIGGERS, named_regions
 
 if TYPE_CHECKING:
     from .labels import Labels
@@ -35,8 +36,8 @@ if TYPE_CHECKING:
 POLICIES = ("every", "latest")
 #: where preprocessing runs: decided from measured stage times, or pinned to one thread
 PREPROCESS_PLACES = ("auto", "capture", "inference")
-#: options that only a detection pipeline takes (tracking, lines, zones)
-DETECT_ONLY = ("track", "lines", "zones")
+#: options that only a pipeline whose task gives boxes takes (tracking, lines, zones: ``_regions.BOX_TASKS``)
+BOX_OPTIONS = ("track", "lines", "zones")
 DEFAULT_QUEUE_SIZE = 2
 DEFAULT_WATCHDOG_FLOOR_S = 1.0
 DEFAULT_WATCHDOG_FACTOR = 10.0
@@ -96,13 +97,13 @@ class PipelineOptions:
     #: frames kept for the caller stay full size; otherwise sources that can decode less may
     reduced_decode: bool = True
     keep_frames: bool = False
-    # tracking and counting (edgeinfer.pipeline.analytics, tasks with boxes; docs/analytics.md)
+    # tracking and counting (edgeinfer.pipeline.analytics, tasks with boxes: _regions.BOX_TASKS; docs/analytics.md)
     #: give detections track ids (implied by lines or zones)
     track: bool = False
-    #: counting lines, each ``"x1,y1,x2,y2"`` or ``"NAME=x1,y1,x2,y2"`` in source pixels
-    lines: tuple[str, ...] = ()
+    #: counting lines, each ``"x1,y1,x2,y2"`` or ``"NAME=x1,y1,x2,y2"`` in source pixels (names and shapes: _regions)
+    lines: tuple[str, ...] = field(default=(), metadata=text_rule("line"))
     #: zones, each ``"x1,y1,x2,y2,x3,y3[,...]"`` or ``"NAME=..."`` (a polygon in source pixels)
-    zones: tuple[str, ...] = ()
+    zones: tuple[str, ...] = field(default=(), metadata=text_rule("zone"))
     #: frames a track must be matched in before it counts
     track_min_hits: int = field(default=3, metadata=bounds(minimum=1))
     #: the hysteresis band around a line or a zone's edge, a fraction of the box height
@@ -167,8 +168,9 @@ class PipelineOptions:
             if not getattr(self, name) < float("inf"):
                 raise ValueError(f"{name} must be finite and >= 0, not {getattr(self, name)!r}")
         if self.tracking and self.task is not None and not get_task(self.task).boxes:
-            raise ValueError(f"tracking, lines and zones need a task with boxes (detect, pose, segment, obb), "
-                             f"not {self.task!r}")
+            raise ValueError(task_problem(self.task, "tracking, lines and zones"))
+        if self.lines or self.zones:
+            named_regions(self.lines, self.zones)  # the names and shapes every line and zone has (_regions)
         if self.events:
             from .events import rules_from_options
 

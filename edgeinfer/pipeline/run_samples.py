@@ -49,14 +49,15 @@ class PipelineSamples:
             if sampler is not None:
                 sampler.add_listener(listener)
 
-    def request(self, frames: int, stream: str = "") -> list[str]:
-        """Keep the next ``frames`` frames of ``stream`` (of every stream: "") whatever the rules say; the streams
-        asked. ValueError for a stream that is not open or a pipeline without capture."""
+    def request(self, frames: int, stream: str = "", command_id: str = "") -> list[str]:
+        """Keep the next ``frames`` frames of ``stream`` (of every stream: "") whatever the rules say (``command_id``:
+        the command that asks, named in each sample); the streams asked. ValueError for a stream that is not open or
+        a pipeline without capture."""
         samplers = self._samplers(stream)
         if not samplers:
             raise ValueError(f"no open stream {stream!r}" if stream else "no stream is open")
         if any(sampler is None for _, sampler in samplers):
             raise ValueError("this pipeline does not capture (options capture and capture_dir)")
         for _, sampler in samplers:
-            sampler.request(frames)  # type: ignore[union-attr]
+            sampler.request(frames, command_id)  # type: ignore[union-attr]
         return [name for name, _ in samplers]

@@ -233,6 +233,7 @@ class StreamSampler:
         self._random = random.Random(seed)
         self._recent: dict[str, deque[float]] = {}
         self._requested = 0
+        self._request_id = ""  # the command that asked for the frames requested (sample.json's command_id)
         self._drift: dict[str, tuple[Counter, deque[Counter]]] = {}
         self._baseline_frames: dict[str, int] = {}
         self._drift_sums: dict[str, Counter] = {}
@@ -245,11 +246,12 @@ class StreamSampler:
         #: the newest write error, for a status line or an event (None: none yet)
         self.last_error: str | None = None
 
-    def request(self, frames: int) -> None:
-        """Keep the next ``frames`` frames whatever they show (rate limits do not apply: they were asked for)."""
+    def request(self, frames: int, command_id: str = "") -> None:
+        """Keep the next ``frames`` frames whatever they show (rate limits do not apply: they were asked for);
+        ``command_id``: the command that asks, named in each of those samples."""
         if frames < 0:
             raise ValueError(f"frames must be >= 0, not {frames}")
-        self._requested = int(frames)
+        self._requested, self._request_id = int(frames), command_id
 
     def add_listener(self, listener: Callable[[dict], Any]) -> None:
         """Call ``listener(info)`` on the store's thread for each sample written (``{"sample_id", "folder",
@@ -282,12 +284,13 @@ class StreamSampler:
         """``sample.json`` but for the id and the hash (the store's thread adds them)."""
         width, height = int(frame.shape[1]), int(frame.shape[0])
         model = self.model_of() if self.model_of is not None else None
+        asked = {"command_id": self._request_id} if rule == REQUEST_RULE and self._request_id else {}
         return {"version": SAMPLE_VERSION, "width": width, "height": height, "captured_at": round(time.time(), 6),
                 "pipeline": self.pipeline, "stream": self.stream, "rule": rule,
                 "model": {"name": Path(model.path).name if model is not None else "",
                           "sha256": (model.sha256 or "") if model is not None else "", "version": self.model_version},
                 "detections": labelled_boxes(result, width, height), "frame_id": int(frame_id),
-                "source_time": round(float(timestamp), 6), "output": _output_dict(result)}
+                "source_time": round(float(timestamp), 6), "output": _output_dict(result), **asked}
 
     def _which(self, result: Any, frame_id: int) -> str | None:
         fired, self._analytics = self._analytics, []

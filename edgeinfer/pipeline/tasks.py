@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._regions import BOX_TASKS
 from .decoders import DecoderInput, DecoderSettings, Layout, choose_layout
 from .preprocess import input_geometry
 
@@ -33,16 +34,20 @@ class Task:
     resize: str
     #: a model's packed labels file (TFLite metadata) is used when the caller gives none
     embedded_labels: bool
-    #: its results are Detections (boxes to track, count and keep as evidence)
-    boxes: bool
+
+    @property
+    def boxes(self) -> bool:
+        """Its results are Detections (boxes to track, count and keep as evidence): one of ``_regions.BOX_TASKS``,
+        the tasks that take lines and zones, which the fleet manager checks too."""
+        return self.name in BOX_TASKS
 
 
 TASKS: dict[str, Task] = {task.name: task for task in (
-    Task("classify", "top-k classes of the whole frame", "stretch", True, False),
-    Task("detect", "boxes with scores and classes (SSD, YOLO, DETR, MediaPipe ...)", "letterbox", False, True),
-    Task("pose", "people as boxes with keypoints (YOLO pose; MoveNet: a list of one)", "letterbox", False, True),
-    Task("segment", "instances with masks (YOLO seg), or a class per pixel (DeepLab)", "letterbox", False, True),
-    Task("obb", "oriented boxes (YOLO obb)", "letterbox", False, True),
+    Task("classify", "top-k classes of the whole frame", "stretch", True),
+    Task("detect", "boxes with scores and classes (SSD, YOLO, DETR, MediaPipe ...)", "letterbox", False),
+    Task("pose", "people as boxes with keypoints (YOLO pose; MoveNet: a list of one)", "letterbox", False),
+    Task("segment", "instances with masks (YOLO seg), or a class per pixel (DeepLab)", "letterbox", False),
+    Task("obb", "oriented boxes (YOLO obb)", "letterbox", False),
 )}
 #: every task name, in the order help texts list them
 TASK_NAMES = tuple(TASKS)

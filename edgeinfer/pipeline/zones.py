@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._regions import line_problem, name_problem, parse_regions, text_names, zone_problem
+
 #: anchor name → (fraction of the width, fraction of the height) from the box's top-left corner
 ANCHORS: dict[str, tuple[float, float]] = {
     "bottom_center": (0.5, 1.0), "center": (0.5, 0.5), "top_center": (0.5, 0.0),
@@ -109,8 +111,9 @@ def _point(value: Any, what: str) -> tuple[float, float]:
 
 def _check_common(name: str, what: str, anchor: str, band: float, band_px: float, hold_s: float,
                   trigger: str) -> None:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a {what} needs a non-empty name, not {name!r}")
+    problem = name_problem(name, what)
+    if problem:
+        raise ValueError(problem)
     if anchor not in ANCHORS:
         raise ValueError(f"{what} {name!r}: anchor {anchor!r} is not one of {', '.join(ANCHORS)}")
     if trigger not in TRIGGERS:
@@ -180,10 +183,10 @@ class LineCounter:
         self.name = name
         self.start = _point(start, f"line {name!r}: start")
         self.end = _point(end, f"line {name!r}: end")
+        problem = line_problem(name, (*self.start, *self.end))
+        if problem:
+            raise ValueError(problem)
         self.length = math.dist(self.start, self.end)
-        if self.length < 1.0:
-            raise ValueError(f"line {name!r}: start {self.start} and end {self.end} are less than one pixel "
-                             "apart — a line needs two distinct points")
         self.band, self.band_px, self.anchor = float(band), float(band_px), anchor
         self.hold_s, self.trigger = float(hold_s), trigger
         self.crossed_in = 0
@@ -268,11 +271,10 @@ class ZoneCounter:
             points = list(polygon)
         except TypeError:
             raise ValueError(f"zone {name!r}: the polygon must be a list of points, not {polygon!r}") from None
-        if len(points) < 3:
-            raise ValueError(f"zone {name!r}: a polygon needs at least 3 points, not {len(points)}")
-        self.polygon = tuple(_point(p, f"zone {name!r}: point {i}") for i, p in enumerate(points))
-        if abs(_area(self.polygon)) < 1.0:
-            raise ValueError(f"zone {name!r}: the polygon {self.polygon} encloses no area (its points are on a line)")
+        self.polygon = tuple(_point(p, f"zone {name!r}: point {i + 1}") for i, p in enumerate(points))
+        problem = zone_problem(name, self.polygon)
+        if problem:
+            raise ValueError(problem)
         self.band, self.band_px, self.anchor = float(band), float(band_px), anchor
         self.hold_s, self.trigger = float(hold_s), trigger
         self.entries = 0
@@ -347,10 +349,6 @@ class ZoneCounter:
                 "mean_visit_s": round(sum(visits) / len(visits), 3) if visits else None}
 
 
-def _area(polygon: Sequence[tuple[float, float]]) -> float:
-    return 0.5 * sum(x1 * y2 - x2 * y1 for (x1, y1), (x2, y2) in zip(polygon, [*polygon[1:], polygon[0]]))
-
-
 def _inside(point: tuple[float, float], polygon: Sequence[tuple[float, float]]) -> bool:
     x, y = point
     inside = False
@@ -370,10 +368,13 @@ def _segment_distance(p: tuple[float, float], a: tuple[float, float], b: tuple[f
 
 def counter_names(texts: Sequence[str], prefix: str) -> list[str]:
     """The names of ``lines`` / ``zones`` option entries (``prefix`` ``line`` / ``zone`` names the unnamed)."""
-    return [_named(text, f"{prefix}{i + 1}")[0] for i, text in enumerate(texts)]
+    return text_names(texts, prefix)
 
 
-def _named(text: str, default: str) -> tuple[str, str]:
-    """``"NAME=1,2,3,4"`` -> ("NAME", "1,2,3,4"); an unnamed entry gets ``default``."""
-    name, sep, rest = text.partition("=")
-    return (name.strip(), rest) if sep and name.strip() else (default, text)
+def named_regions(lines: Sequence[str], zones: Sequence[str]) -> tuple[dict[str, tuple[float, float, float, float]],
+                                                                       dict[str, list[tuple[float, float]]]]:
+    """The ``lines`` and ``zones`` options (``"[NAME=]x1,y1,x2,y2"``, ``"[NAME=]x1,y1,x2,y2,x3,y3,..."``) by name,
+    read and checked as every line and zone is (``_regions.parse_regions``): ValueError in its words, naming the line
+    or zone."""
+    line_pairs, zone_pairs = parse_regions(lines, zones)
+    return dict(line_pairs), dict(zone_pairs)

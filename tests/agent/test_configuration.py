@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from support.broker import Collector
 from support.flaky_delegate import CONTROL_ENV, install_entry_point
 from support.fleet import running_fleet
 from support.pipeline import ULTRAFACE
+from support.processes import edgeinfer_cmd
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.auth import issue_grant
@@ -194,10 +196,15 @@ def test_a_pipeline_added_and_one_removed_leave_a_third_untouched(site):
     try:
         assert wait(lambda: site.running() == {"keep", "gone"}, 90), agent.output()
         keep_frames = len(site.telemetry("keep"))
-        result = site.outcome(site.send({"pipelines": [classifier("keep"), classifier("new")]}, 1))
+        document = {"pipelines": [classifier("keep"), classifier("new")], "telemetry_interval_s": 0.5}
+        result = site.outcome(site.send(document, 1))
         assert result["data"]["state"] == "active", result
         changes = {c["pipeline"]: c["change"] for c in result["data"]["changes"]["pipelines"]}
         assert changes == {"gone": "removed", "new": "added"}  # keep: not a word about it
+        assert result["data"]["changes"]["agent"] == {"telemetry_interval_s": 0.5}
+        sent = len(site.collector.of_kind("telemetry"))
+        assert wait(lambda: len(site.collector.of_kind("telemetry")) > sent + 4, 30)
+        assert 0.4 < site.collector.of_kind("telemetry")[-1]["interval_s"] < 0.8  # the agent's key, applied too
         assert wait(lambda: site.running() == {"keep", "new"}, 30)
         assert len(site.events("pipeline_started", "keep")) == 1 and not site.events("pipeline_restarting", "keep")
         assert len(site.events("pipeline_started", "new")) == 1
@@ -306,3 +313,13 @@ def test_an_agent_killed_while_applying_comes_up_on_one_whole_revision(tmp_path,
         assert saved["trial"] is None and saved["applied"]["revision"] == 1
     finally:
         agent.terminate()
+    # agent --check shows what runs and where each key comes from: revision 1 over agent.yaml
+    checked = subprocess.run(edgeinfer_cmd("agent", "--config", str(tmp_path / "agent.yaml"), "--check"),
+                             capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    shown = json.loads(checked.stdout)
+    precedence = shown["configuration"]
+    assert (precedence["source"], precedence["revision"], precedence["keys"]) == ("fleet", 1, ["pipelines"])
+    assert {"device_id", "broker", "data_dir", "update_public_key"} <= set(precedence["agent_yaml_keys"])
+    assert "pipelines" not in precedence["agent_yaml_keys"]
+    assert shown["pipelines"] == ["main"] and shown["models"][0]["sha256"]

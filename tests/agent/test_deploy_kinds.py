@@ -15,7 +15,7 @@ from edgeinfer.agent.config import parse_config
 from edgeinfer.agent.deploy import UpdateService
 from edgeinfer.errors import UpdateRejected
 from edgeinfer.link.vocabulary import DeploymentKind
-from edgeinfer.updates.signing import Manifest, new_manifest
+from edgeinfer.updates.signing import KIND_FORM, Manifest, new_manifest
 
 #: the fields of a manifest as agents before kinds define it: their Manifest.from_dict is ``cls(**data)``
 FIELDS_BEFORE_KINDS = {"deployment_id", "model_name", "version", "sha256", "size", "url", "target", "issued_at",
@@ -42,6 +42,7 @@ def test_a_model_manifest_reads_as_before_kinds_and_any_other_kind_does_not():
         Manifest.from_dict({**model, "kind": "Not A Word"})
     assert refused.value.reason == "bad_manifest"
     assert [kind.value for kind in DeploymentKind] == ["model", "config", "agent"]
+    assert all(KIND_FORM.fullmatch(kind.value) for kind in DeploymentKind)  # every word is one a manifest takes
     assert DeploymentKind.of(None) == DeploymentKind.MODEL
 
 

@@ -16,6 +16,7 @@ from support.browser import DESKTOP, Browser, wait_for, wait_js, wait_text
 from support.dashboard import Dashboard, fill, go, settle, sign_in
 from support.processes import edgeinfer_cmd, env_with_repo, wait_until
 
+from edgeinfer.errors import FleetRequestError
 from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
@@ -103,6 +104,11 @@ def test_an_operator_reads_filters_and_follows_a_devices_logs_and_runs_its_docto
 
 def test_a_viewer_gets_no_logs_card(page):
     dashboard, _agent = page
+    viewer = dashboard.clients["viewer"]
+    for read in (viewer.logs, viewer.doctor):  # and the API refuses it the lines and the report
+        with pytest.raises(FleetRequestError) as refused:
+            read(DEVICE)
+        assert refused.value.status == 403
     with Browser(DESKTOP) as browser:
         open_device(browser, dashboard, "viewer")
         settle(1.0)

@@ -1,10 +1,10 @@
-"""The configuration the fleet holds (docs/fleet.md, *Configuration*), against a real manager, its managed Mosquitto
-and simulated devices that answer configuration deployments: a layer the schema refuses is 400 in `agent --check`'s
-words, a stale revision 409, a huge document 413, a viewer 403 on every write; secrets are stored and never shown
-back (answers, history, diffs, the audit log, the artifact to anyone but its device); history and roll back; a group
-edit reaches every device of the group and a device's layer wins; a device offline gets its desired document when it
-comes back; a layer saved without applying reaches nobody until applied; layers that merge into an invalid document
-are not sent; the CLI."""
+"""The configuration the fleet holds (docs/fleet.md, *Configuration*), against a real manager, its managed Mosquitto and
+simulated devices that answer configuration deployments: a layer the schema refuses is 409 in `agent --check`'s words
+(the OpenAPI document cannot state it: GET /api/config/schema does), a stale revision 409, a huge document 413, a
+viewer 403 on every write; secrets are stored and never shown back (answers, history, diffs, the audit log, the
+artifact to anyone but its device); history and roll back; a group edit reaches every device of the group and a
+device's layer wins; a device offline gets its desired document when it comes back; a layer saved without applying
+reaches nobody until applied; layers that merge into an invalid document are not sent; the CLI."""
 
 from __future__ import annotations
 
@@ -88,11 +88,11 @@ def in_step(fleet, *devices: str) -> bool:
     ({"decoder": "yolo-v99"}, "decoder"),
     ({"mdel": "/m/x.tflite"}, "mdel"),
 ])
-def test_a_layer_the_schema_refuses_is_400_naming_the_key_in_the_words_of_agent_check(fleet, tmp_path, pipeline, key):
+def test_a_layer_the_schema_refuses_is_409_naming_the_key_in_the_words_of_agent_check(fleet, tmp_path, pipeline, key):
     before = layer(fleet, "group", GROUP)
     status, answer = call(fleet, "PUT", f"/api/config/layers/group/{GROUP}",
                           {"document": {"pipelines": [{**PIPELINE, **pipeline}]}, "revision": before["revision"]})
-    assert status == 400 and answer["error"].startswith(f"pipelines[0].{key}: "), answer
+    assert status == 409 and answer["error"].startswith(f"pipelines[0].{key}: "), answer
     # the device's own check of a whole document says it so, and so does `agent --check` of an agent.yaml
     assert answer["error"] in document_problems({"pipelines": [{**PIPELINE, **pipeline}]})
     config = tmp_path / "agent.yaml"
@@ -107,7 +107,7 @@ def test_a_layer_the_schema_refuses_is_400_naming_the_key_in_the_words_of_agent_
 def test_a_key_only_agent_yaml_sets_is_refused(fleet):
     status, answer = call(fleet, "PUT", "/api/config/layers/device/sim-00000",
                           {"document": {"broker": "mqtt://evil:1883"}, "revision": 0})
-    assert status == 400 and answer["error"].startswith("broker: set only in the device's agent.yaml"), answer
+    assert status == 409 and answer["error"].startswith("broker: set only in the device's agent.yaml"), answer
 
 
 def test_two_operators_saving_the_same_revision_the_second_gets_409(fleet):
@@ -176,11 +176,11 @@ def test_secrets_are_stored_and_never_shown_back(fleet, caplog):
                                          "after": read["document"]["pipelines"][0]["source"]}]
     assert "n3w-Pa55" not in json.dumps(changed)
     done(fleet, changed["deployment"])
-    # a masked text that masks nothing stored (another host): 400, give the secret itself
+    # a masked text that masks nothing stored (another host): 409, give the secret itself
     status, answer = call(fleet, "PUT", f"/api/config/layers/device/{device}", {
         "document": {"pipelines": [{**PIPELINE, "source": "rtsp://admin:***@cam-9.local/1"}]},
         "revision": changed["layer"]["revision"]})
-    assert status == 400 and answer["error"].startswith("pipelines[0].source: holds a masked secret"), answer
+    assert status == 409 and answer["error"].startswith("pipelines[0].source: holds a masked secret"), answer
 
 
 def test_history_and_roll_back_to_any_revision(fleet):

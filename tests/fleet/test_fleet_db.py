@@ -208,7 +208,8 @@ def test_retention_deletes_by_age(db):
         db.audit_many([{"actor": "ops", "role": "operator", "action": "deployment.create", "target": "x",
                         "remote": "127.0.0.1", "detail": {}}], now=now - age_days * day)
     deleted = db.prune(raw_max_age_s=7 * day, rollup_max_age_s=90 * day, now=now, batch=1)
-    assert deleted == {"telemetry": 2, "telemetry_rollup": 0, "events": 1, "audit_log": 2}  # a year's audit kept
+    assert deleted == {"telemetry": 2, "telemetry_rollup": 0, "events": 1, "audit_log": 2,  # a year's audit kept
+                       "commands": 0}
     assert [m["seq"] for m in db.device_telemetry("cam-1")] == [3, 4]
     assert len(db.device_rollups("cam-1")) == 4  # roll-ups stay longer
     assert db.prune(raw_max_age_s=7 * day, rollup_max_age_s=5 * day, now=now)["telemetry_rollup"] == 2
@@ -275,3 +276,61 @@ main()
     assert done.returncode == 1 and package in done.stderr and "pip install 'edgeinfer[fleet]'" in done.stderr, \
         done.stderr
     assert done.stderr.count("\n") == 1  # one line, no traceback
+
+
+def test_commands_take_their_devices_first_answer_once_and_count_a_captures_samples_once(db):
+    """The verdicts' SQL on both databases (fleet/db/commands.py): a command re-sent keeps its record, a device's
+    answer moves only its own command still sent, a sample counts once, old records go."""
+    import time
+
+    now = time.time()
+    db.record_state("f", "cam-1", {"online": True, "groups": []})
+    sent = {"device_id": "cam-1", "cmd": "capture", "pipeline": "door", "summary": {"frames": 2}, "sent_by": "ops",
+            "expires_at": now + 60}
+    assert db.commands.record({"command_id": "c1", **sent}) and not db.commands.record({"command_id": "c1", **sent})
+    db.commands.record({"command_id": "c2", **sent, "cmd": "ping", "pipeline": None})
+    answer = {"event": "cmd_result", "cmd_id": "c1", "ts": now, "data": {"ok": True, "result": {"frames": 2}}}
+    other = {"event": "cmd_rejected", "cmd_id": "c2", "ts": now, "data": {"reason": "failed"}, "message": "x"}
+    db.store_events([("f", "cam-2", other)])  # another device cannot answer cam-1's command
+    db.store_events([("f", "cam-1", answer), ("f", "cam-1", answer)])
+    db.store_events([("f", "cam-1", {**other, "cmd_id": "c1"})])  # a later contradicting answer changes nothing
+    found = db.commands.get("c1")
+    assert (found["state"], found["result"], found["reason"]) == ("applied", {"frames": 2}, None)
+    assert db.commands.get("c2")["state"] == "sent"
+    for _ in range(2):  # a retried upload counts once
+        db.commands.count_sample("cam-1", "s1", "c1", "stored")
+        db.commands.count_sample("cam-1", "s2", "c1", "duplicate")
+    found = db.commands.get("c1")
+    assert (found["samples_stored"], found["samples_duplicates"]) == (1, 1)
+    assert [c["command_id"] for c in db.commands.of_device("cam-1", cmd="capture", pipeline="door")] == ["c1"]
+    assert {c["command_id"] for c in db.commands.changed(now - 5, time.time() + 1)} == {"c1", "c2"}
+    assert db.commands.changed(time.time() + 5, time.time() + 6) == []
+    assert db.prune(now=now + 100 * 86_400.0)["commands"] == 2 and db.commands.get("c1") is None
+
+
+def test_telemetry_does_not_bring_a_device_its_state_says_is_offline_back_online(db):
+    """An agent that stops sends its last window after its offline state: the state decides."""
+    db.record_telemetry("f", "cam-new", telemetry(1))
+    assert db.get_device("cam-new")["online"]  # first heard of by its telemetry: online
+    db.record_state("f", "cam-1", {"online": True, "groups": []})
+    db.record_state("f", "cam-1", {"online": False, "reason": "shutdown"})
+    db.record_telemetry("f", "cam-1", telemetry(2))
+    device = db.get_device("cam-1")
+    assert not device["online"] and device["last_telemetry"]["seq"] == 2
+
+
+def test_the_lines_and_zones_a_device_applied_only_move_forward(db):
+    key = ("cam-1", "door", "")
+    db.record_state("f", "cam-1", {"online": True, "groups": []})
+    for _ in range(2):
+        db.save_analytics(key, {"a": [0, 0, 5, 5]}, {}, command_id="c-2")
+
+    def changed(revision: int, lines: dict) -> dict:
+        data = {"pipeline": "door", "stream": "", "revision": revision, "lines": lines, "zones": {}}
+        return {"event": "analytics_changed", "ts": 1.0, "data": data}
+
+    db.store_events([("f", "cam-1", changed(2, {"a": [0, 0, 5, 5]})), ("f", "cam-1", changed(1, {"old": [1, 1, 2, 2]})),
+                     ("f", "cam-1", changed(3, {"bad": "not a line"}))])  # an older revision; a malformed one
+    row = db.analytics(key)
+    assert (row["revision"], row["command_id"], row["applied_revision"], row["applied_lines"]) == (
+        2, "c-2", 2, {"a": [0, 0, 5, 5]})

@@ -119,15 +119,21 @@ def test_an_operator_sends_lines_and_zones_as_a_signed_command_with_a_new_revisi
     assert command["id"] == sent["command_id"]
     assert command["args"] == {"pipeline": "main", "lines": {"door": [10.0, 200.0, 300.0, 200.0]},
                                "zones": {"desk": [[0.0, 0.0], [100.0, 0.0], [100.0, 80.0]]}, "revision": 1}
-    assert call(url, "GET", path, tokens["viewer"]) == (200, {"revision": 1, **body})
+    status, shown = call(url, "GET", path, tokens["viewer"])
+    assert status == 200 and shown["sent"] == {"revision": 1, **body, "command_id": sent["command_id"],
+                                               "at": pytest.approx(time.time(), abs=60)}
+    assert shown["state"] == "sent" and shown["refused"] is None  # the device has not answered: nothing applied
+    assert shown["applied"] == {"revision": 0, "lines": {}, "zones": {}, "command_id": None, "at": None}
     [entry] = [e for e in manager.db.list_audit(50) if e["action"] == "device.set_analytics"]
     assert (entry["target"], entry["actor"], entry["detail"]["revision"]) == ("cam-1/main", "t-operator", 1)
     assert call(url, "PUT", path, tokens["operator"], {"lines": {}, "zones": {}})[1]["revision"] == 2
     refused = {
-        400: [{"zones": {"z": [[0, 0], [5, 5]]}}, {"zones": {"z": [[0, 0], [0, 0], [5, 5]]}},
-              {"lines": {"l": [[1, 1], [1, 1.0]]}}, {"lines": {"l": [[1, 1], [-1, 1]]}}, {"lines": {"\n": []}},
-              {"lines": {"l": [[1, 1], [2, 2], [3, 3]]}}, {"zones": []}],
-        409: [{"lines": {"same": [[0, 0], [1, 1]]}, "zones": {"same": [[0, 0], [1, 0], [1, 1]]}}],
+        400: [{"zones": {"z": [[0, 0], [5, 5]]}}, {"lines": {"l": [[1, 1], [-1, 1]]}}, {"lines": {"\n": []}},
+              {"lines": {"a/b": [[1, 1], [9, 9]]}}, {"lines": {"l": [[1, 1], [2, 2], [3, 3]]}}, {"zones": []}],
+        # what the document cannot state, in the device's words (_regions)
+        409: [{"lines": {"same": [[0, 0], [1, 1]]}, "zones": {"same": [[0, 0], [1, 0], [1, 1]]}},
+              {"zones": {"z": [[0, 0], [0, 0], [5, 5]]}}, {"zones": {"z": [[0, 0], [5, 5], [9, 9]]}},
+              {"lines": {"l": [[1, 1], [1.5, 1]]}}, {"lines": {"l": [[1, 1], [1, 1.0]]}}],
     }
     for status, bodies in refused.items():
         for bad in bodies:

@@ -278,12 +278,16 @@ def test_a_malformed_import_changes_nothing(fleet):
         return json.dumps({**good, "annotations": [{"image_id": 1, "category_id": category, "bbox": bbox}]}).encode()
 
     hostile = [b"not json", b"[]", json.dumps({**good, "images": [{"id": 1, "file_name": "../../etc.jpg"}]}).encode(),
-               annotated(77, [0, 0, 1, 1]), annotated(1, [0, 0, -1, 1]), annotated(1, [0, 0, 9999, 1]),
-               annotated(1, [0, 0, "1", 1]), annotated(1, [0, 0, 1]),
-               json.dumps({**good, "images": [{"id": 1, "file_name": "cam-a/nope.jpg"}]}).encode()]
+               annotated(77, [0, 0, 1, 1]), annotated(1, [0, 0, -1, 1]), annotated(1, [0, 0, "1", 1]),
+               annotated(1, [0, 0, 1])]
     for body in hostile:
         status, answer = fleet.call("POST", "/api/samples/import?format=coco", "operator", body)
         assert status == 400 and json.loads(answer)["error"], (body[:60], answer)
+    # well-formed, and not what is stored: a sample that is not there (404), a box outside its sample's frame (409)
+    for body, refused in ((json.dumps({**good, "images": [{"id": 1, "file_name": "cam-a/nope.jpg"}]}).encode(), 404),
+                          (annotated(1, [0, 0, 9999, 1]), 409)):
+        status, answer = fleet.call("POST", "/api/samples/import?format=coco", "operator", body)
+        assert status == refused and json.loads(answer)["error"], (body[:60], answer)
     for body in (b"PK not a zip", _zip({"labels/cam-a/m1.txt": "0 0.5 0.5 0.1 0.1\n"}),
                  _zip({"data.yaml": "names:\n  0: a\n", "labels/cam-a/m1.txt": "0 0.5 0.5 2 0.1\n"}),
                  _zip({"data.yaml": "names:\n  0: a\n", "labels/cam-a/m1.txt": "3 0.5 0.5 0.1 0.1\n"}),

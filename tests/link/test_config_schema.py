@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import yaml
 from support.assets import MODELS, REPO
 from support.processes import edgeinfer_cmd
 
+from edgeinfer import _regions
 from edgeinfer._backoff import Backoff
 from edgeinfer.agent.config import load_config
 from edgeinfer.agent.document_schema import schema_module
@@ -27,6 +29,7 @@ from edgeinfer.link.config_document import (
     parse_document,
 )
 from edgeinfer.link.config_schema import BOOTSTRAP_KEYS, CONFIG_SCHEMA
+from edgeinfer.link.schema_fast import pattern
 from edgeinfer.pipeline.options import PipelineOptions
 
 SCHEMA_FILE = REPO / "edgeinfer" / "link" / "config_schema.py"
@@ -85,6 +88,58 @@ def test_backoff_checks_the_bounds_its_schema_states():
             assert document_problems({"pipelines": [{"model": MODEL, "source": 0, "backoff": values}]})
 
 
+def test_lines_and_zones_are_stated_by_regions_the_one_definition():
+    """The schema's lines and zones are _regions' text form: its pattern (the name rule inside it), its bounds (the
+    most lines and zones, a zone's points) and its words, never a second copy."""
+    for key, kind in (("lines", "line"), ("zones", "zone")):
+        rule = _regions.text_rule(kind)
+        schema = PIPELINE[key]
+        assert schema["maxItems"] == rule["maxItems"] == (_regions.MAX_LINES if kind == "line" else _regions.MAX_ZONES)
+        assert schema["items"]["pattern"] == rule["pattern"] and _regions.NAME_PATTERN[1:-1] in rule["pattern"]
+        assert schema["items"]["errorMessage"] == f"must be {rule['form']}" and _regions.NAME_FORM in rule["form"]
+    assert f"{{{_regions.MIN_ZONE_POINTS - 1},{_regions.MAX_ZONE_POINTS - 1}}}" in _regions.ZONE_TEXT_PATTERN
+
+
+def _reads(kind: str, text: str) -> bool:
+    """What the device reads as a line / zone text, bounds and shapes aside (they are checked once it is read)."""
+    name, rest = _regions.named_text(text, f"{kind}1")
+    try:
+        shape = _regions.parse_line(rest) if kind == "line" else _regions.parse_zone(rest)
+    except ValueError:
+        return False
+    return _regions.name_problem(name, kind) is None and len(shape) <= _regions.MAX_ZONE_POINTS
+
+
+def _texts(seed: int, count: int) -> list[str]:
+    """Line and zone texts, and near misses: one to three characters inserted, dropped or replaced."""
+    rng = random.Random(seed)
+    seeds = ["10,400,300,400", "door=10,400,300,400", " front door = 1.5, 2e1 ; 3 ,4 ", ",1,,2;3,4,", "-1,+2,.5,6.",
+             "0,0,9,0,9,9", "shop=0,0;630,10;630,330;400,330", "a.b_c-d=1,2,3,4,5,6,7,8",
+             ",".join(["1,2"] * 64), ",".join(["1,2"] * 65)]
+    alphabet = "0123456789.,; =-+eE/:a\té"
+    texts = list(seeds)
+    while len(texts) < count:
+        text = list(rng.choice(seeds))
+        for _ in range(rng.randint(1, 3)):
+            where = rng.randrange(len(text) + 1)
+            action = rng.choice(("insert", "drop", "replace"))
+            if action == "insert":
+                text.insert(where, rng.choice(alphabet))
+            elif text and where < len(text):
+                text[where: where + 1] = [] if action == "drop" else [rng.choice(alphabet)]
+        texts.append("".join(text))
+    return texts
+
+
+def test_the_text_patterns_take_exactly_what_the_device_reads():
+    """A document's check (the schema's pattern) and the device's reader (_regions.parse_line / parse_zone) agree
+    on every text: the schema refuses no line the device would read, and passes none it would not."""
+    for kind, rule in (("line", _regions.LINE_TEXT_PATTERN), ("zone", _regions.ZONE_TEXT_PATTERN)):
+        matches = pattern(rule).search
+        disagree = [text for text in _texts(7, 3000) if bool(matches(text)) != _reads(kind, text)]
+        assert not disagree, (kind, disagree[:5])
+
+
 #: (a document, the words it is refused with: the key first)
 REFUSED = [
     ({"pipelines": [{"model": MODEL, "source": 0, "max_fps": -1}]},
@@ -108,7 +163,24 @@ REFUSED = [
     ({"pipelines": [{"model": MODEL, "source": 0, "backoff": {"intial_s": 1}}]},
      "pipelines[0].backoff.intial_s: unknown key — did you mean 'initial_s'?"),
     ({"pipelines": [{"model": MODEL, "source": 0, "lines": [[1, 2]]}]},
-     "pipelines[0].lines[0]: must be a string, got a JSON array"),
+     f"pipelines[0].lines[0]: must be {_regions.LINE_TEXT_FORM}, got a JSON array"),
+    # lines and zones: _regions' form, bounds and shapes, in its words (the device's, the manager's)
+    ({"pipelines": [{"model": MODEL, "source": 0, "lines": "door/1=10,400,300,400"}]},
+     f"pipelines[0].lines[0]: must be {_regions.LINE_TEXT_FORM}, got 'door/1=10,400,300,400'"),
+    ({"pipelines": [{"model": MODEL, "source": 0, "zones": ["shop=0,0,9,0"]}]},
+     f"pipelines[0].zones[0]: must be {_regions.ZONE_TEXT_FORM}, got 'shop=0,0,9,0'"),
+    ({"pipelines": [{"model": MODEL, "source": 0, "lines": [f"l{i}=0,0,9,9" for i in range(33)]}]},
+     "pipelines[0].lines: must be a list of at most 32 lines (or one line)"),
+    ({"pipelines": [{"model": MODEL, "source": 0, "lines": ["door=5,5,5,5"]}]},
+     "pipelines[0]: line 'door' has no length"),
+    ({"pipelines": [{"model": MODEL, "source": 0, "lines": ["door=0,0,16385,5"]}]},
+     "pipelines[0]: line 'door': coordinates are source pixels from 0 to 16384, not 16385.0"),
+    ({"pipelines": [{"model": MODEL, "source": 0, "zones": ["shop=0,0,10,10,20,20"]}]},
+     "pipelines[0]: zone 'shop' encloses no area"),
+    ({"pipelines": [{"model": MODEL, "source": 0, "lines": ["door=0,0,9,9"], "zones": ["door=0,0,9,0,9,9"]}]},
+     "pipelines[0]: the name 'door' is used twice"),
+    ({"pipelines": [{"model": MODEL, "source": 0, "task": "classify", "lines": ["door=0,0,9,9"]}]},
+     "pipelines[0]: tracking, lines and zones need a task with boxes (detect, pose, segment, obb), not 'classify'"),
     ({"pipelines": [{"source": 0}]}, "pipelines[0]: missing required key 'model'"),
     ({"pipelines": [{"model": MODEL}]}, "pipelines[0].source: required"),
     ({"pipelines": [{"model": MODEL, "source": 0, "sources": [1]}]},

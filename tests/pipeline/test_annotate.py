@@ -89,3 +89,26 @@ def test_keypoints_of_another_count_are_points_without_limbs():
     assert not _has(drawn[115:126, 135:146], colour(0)).any()  # the unsure third point
     assert not drawn[110:130, 70:90].any()  # nothing between two points
     assert not any(_has(drawn, limb).any() for limb in set(COCO_LIMB_COLOURS))
+def _label_pixels(drawn: np.ndarray, frame: np.ndarray) -> np.ndarray:
+    """(x, y) of the labels' white text: what changed to white."""
+    ys, xs = np.nonzero(_has(drawn, (255, 255, 255)) & ~_has(frame, (255, 255, 255)))
+    return np.stack([xs, ys], axis=1)
+
+
+def test_labels_lie_inside_the_frame_clear_of_the_corners_where_the_editors_handles_are():
+    """A zone in the frame's top-right corner and a line down its left edge: each label is whole inside the frame,
+    and further from every corner and end than the editor's handles reach (radius: the longer side / 80)."""
+    frame = np.full((360, 640, 3), 90, np.uint8)
+    corner = [(440, 0), (640, 0), (640, 200), (440, 200)]
+    for geometry, ends in ((Geometry({}, {"front door": corner}), corner),
+                           (Geometry({"exit": (0, 10, 0, 350)}, {}), [(0, 10), (0, 350)])):
+        counts = {"lines": {"exit": {"in": 12, "out": 3}}, "zones": {"front door": {"inside": 1, "entries": 40}}}
+        drawn = annotate(frame, None, geometry=geometry, counts=counts)
+        text = _label_pixels(drawn, frame)
+        assert len(text) > 50  # the label was drawn
+        reach = max(frame.shape[:2]) / 80
+        nearest = min(np.hypot(*(text - np.array(end)).T).min() for end in ends)
+        assert nearest > 2 * reach, (geometry, nearest)
+        x1, y1 = text.min(axis=0)
+        x2, y2 = text.max(axis=0)
+        assert 0 < x1 < x2 < frame.shape[1] - 1 and 0 < y1 < y2 < frame.shape[0] - 1  # not cut at an edge

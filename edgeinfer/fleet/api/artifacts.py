@@ -33,12 +33,14 @@ RANGE_REFUSALS = {400: {"description": f"{REASONS[400]}; a malformed Range: plai
 @router.put("/api/artifacts", status_code=201, response_model=ArtifactStored,
             responses=errors(400, 401, 403, 411, 413), openapi_extra=binary_body("application/octet-stream"),
             summary="Upload a model file (operator)",
-            description="The body is the file, with a Content-Length; answers its sha256 and size. Streamed to "
-                        "disk while hashing: a model is never held in memory.")
+            description="The body is the file, with a Content-Length (411 without one; an empty file is a 400); "
+                        "answers its sha256 and size. Streamed to disk while hashing: a model is never held in memory.")
 async def upload(request: Request, who: Operator, fleet: Services) -> Any:
     length = request.headers.get("content-length")
-    if length is None or not length.isdigit() or int(length) <= 0:
+    if length is None or not length.isdigit():
         raise HTTPException(411, "send the file with a Content-Length")
+    if int(length) == 0:  # a length, and nothing to store: the request is wrong, not its framing
+        raise HTTPException(400, "the body is empty: send the model file")
     limit = fleet.max_upload_bytes
     if int(length) > limit:
         raise HTTPException(413, f"the file is larger than the {limit}-byte limit")

@@ -3,8 +3,9 @@ device) in revisions, saved against the revision they were read at, their histor
 the devices, and each device's effective document with desired vs applied vs refused.
 
 Viewers read; operators save, roll back and apply; every change is in the audit log (what changed, never a value:
-documents hold secrets). A body is read here, bounded first (413), then judged by the device's own check (400
-naming the key in ``agent --check``'s words).
+documents hold secrets). A body is read here, bounded first (413), its form judged by its model (400), then its
+document by the device's own check: what the OpenAPI document cannot state is refused as a conflict (409) in the
+device's words, naming the key as ``agent --check`` does — as a pipeline's lines and zones are (``api/live.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from .config_schemas import (
     LayerRevision,
 )
 from .deps import Caller, Operator, Services, Viewer
-from .responses import errors
+from .responses import ERROR_CONTENT, errors
 from .samples import _body
 
 __all__ = ["UPLOADS", "router"]
@@ -45,6 +46,11 @@ ScopeParam = Annotated[Scope, Path(description="fleet (a fleet's devices), group
 Name = Annotated[str, Path(pattern=ID_PATTERN, description="the fleet's, the group's or the device's name")]
 LAYER = "/layers/{scope}/{name}"
 ETAG = {"ETag": {"description": "the revision, quoted: what an edit's `revision` names", "schema": {"type": "string"}}}
+#: an edit's conflicts: with the layer's newest revision, or with the device's check of the document it makes
+CONFLICTS = {409: {"description": "The layer is at another revision than the one the edit names (read it again), or "
+                                  "the document is one a device would refuse: the key named in agent --check's "
+                                  "words (a key out of bounds, unknown or only agent.yaml sets; a masked secret that "
+                                  "masks nothing stored)", "content": ERROR_CONTENT}}
 
 
 def _body_of(model: type) -> dict[str, Any]:
@@ -79,11 +85,12 @@ def _audit(who: Caller, action: str, key: LayerKey, saved: dict, **detail: Any) 
 
 
 def _changed(call: Any, *args: Any, **kwargs: Any) -> dict:
-    """A change, its refusals as answers: 400 (a key, a masked secret), 404, 409 (a stale revision)."""
+    """A change, its refusals as answers: 404, 409 (a stale revision; a key the device's check refuses, a masked
+    secret that masks nothing)."""
     try:
         return call(*args, **kwargs)
     except ConfigError as exc:
-        raise HTTPException(400, str(exc)) from None
+        raise HTTPException(409, str(exc)) from None
     except LookupError as exc:
         raise HTTPException(404, str(exc.args[0])) from None
     except RevisionConflict as exc:
@@ -111,11 +118,12 @@ def get_layer(scope: ScopeParam, name: Name, response: Response, _who: Viewer, f
     return found
 
 
-@router.put(LAYER, response_model=ConfigSaved, responses=errors(400, 401, 403, 409, 411, 413),
+@router.put(LAYER, response_model=ConfigSaved, responses={**errors(400, 401, 403, 411, 413), **CONFLICTS},
             openapi_extra=_body_of(ConfigEdit), summary="Save a layer's next revision and roll it out (operator)",
             description="Body: ConfigEdit — the layer's document, the revision it was read at (another save since: "
-                        "409), why, and the rollout. The document is checked as the device checks its own (400 "
-                        "naming the key, in agent --check's words); over the size bound 413. Saved, it is deployed "
+                        "409), why, and the rollout. The document is checked as the device checks its own (what "
+                        "it refuses is a 409 naming the key, in agent --check's words; GET /api/config/schema's "
+                        "layer states it); over the size bound 413. Saved, it is deployed "
                         "(kind config: each device its merged document, signed for it; waves, canary, abort rate "
                         "as a model) to the devices it reaches that do not run it; offline ones get it when they "
                         "come back.")
@@ -145,7 +153,8 @@ def layer_revision(scope: ScopeParam, name: Name, revision: Annotated[int, Path(
         raise HTTPException(404, str(exc.args[0])) from None
 
 
-@router.post(LAYER + "/rollback", response_model=ConfigSaved, responses=errors(400, 401, 403, 404, 409, 411, 413),
+@router.post(LAYER + "/rollback", response_model=ConfigSaved,
+             responses={**errors(400, 401, 403, 404, 411, 413), **CONFLICTS},
              openapi_extra=_body_of(ConfigRollback),
              summary="Roll a layer back: a new revision equal to an earlier one, rolled out (operator)",
              description="Body: ConfigRollback — the revision to go back to, the layer's newest as read (409 "

@@ -139,16 +139,19 @@ def basic_credentials(header: str) -> tuple[str, str] | None:
 
 def artifact_reader(request: Request, fleet: Services, _token: Annotated[Any, Security(BEARER[Role.VIEWER])],
                     _device: Annotated[Any, Security(DEVICE_LOGIN)], _grant: Annotated[Any, Security(GRANT)]) -> None:
-    """A download grant for this artifact, an enrolled device's MQTT credential (Basic), or a viewer token. A
-    configuration document (it may hold secrets: a camera's password) opens to its grant and to the credential of a
-    device it was given to only: 403 for any other device and for every token."""
+    """A download grant for this artifact, an enrolled device's MQTT credential (Basic), or a viewer token: any one
+    of them opens it, as the document's security says (an empty ``grant=`` is no grant; a grant that does not hold
+    beside an ``Authorization`` header leaves that header to be judged). A configuration document (it may hold
+    secrets: a camera's password) opens to its grant and to the credential of a device it was given to only: 403 for
+    any other device and for every token."""
     sha256 = str(request.path_params.get("sha256", ""))
     grant = request.query_params.get("grant")
-    if grant is not None:
+    header = request.headers.get("authorization") or ""
+    if grant:
         if fleet.access.tokens.grant_allows(grant, sha256):
             return
-        raise HTTPException(401, "the download grant is not valid for this artifact (expired, or forged)")
-    header = request.headers.get("authorization") or ""
+        if not header:
+            raise HTTPException(401, "the download grant is not valid for this artifact (expired, or forged)")
     if header[:6].lower() == "basic ":
         login = basic_credentials(header)
         identity = fleet.access.tokens.device_identity(*login) if login is not None else None

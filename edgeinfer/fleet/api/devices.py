@@ -42,7 +42,7 @@ def device_telemetry(device_id: DeviceId, _who: Viewer, fleet: Services,
 
 def _send(fleet: Services, who: Operator, device_id: str, cmd: Command, args: dict[str, Any]) -> CommandSent:
     try:
-        command_id = fleet.commands.send(device_id, cmd, args)
+        command_id = fleet.commands.send(device_id, cmd, args, sent_by=who.principal.name)
     except LookupError as exc:
         raise HTTPException(404, str(exc.args[0])) from None
     who.audit(f"device.{cmd.value}", device_id, **args)

@@ -8,11 +8,45 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
-from ..schemas import Health, Overview, WhoAmI
+from ..schemas import Deployment, DeploymentDetail, Device, Event, Health, Overview, WhoAmI
+from .command_schemas import CommandRecord
 from .deps import Services, Viewer
 from .responses import EventStream, errors
 
 router = APIRouter(tags=["overview"])
+
+
+def _ref(model: type) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _streamed_event() -> dict[str, Any]:
+    """An event as the stream sends it: an :class:`Event` before its evidence is looked up (it has none)."""
+    schema = Event.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema.pop("$defs", None)
+    schema["properties"].pop("evidence")
+    schema["required"] = [name for name in schema["required"] if name != "evidence"]
+    return {**schema, "title": "StreamedEvent", "description": "A device's events message as it sent it, with its "
+            "device_id; its evidence is GET /api/events's (it comes later)"}
+
+
+def _event(name: str, data: dict[str, Any], what: str) -> dict[str, Any]:
+    """One kind of Server-Sent Event: ``event: NAME``, ``data:`` JSON of ``data``'s schema."""
+    return {"type": "object", "title": f"{name} event", "description": what, "required": ["event", "data"],
+            "properties": {"event": {"const": name}, "data": {"type": "string", "contentMediaType": "application/json",
+                                                               "contentSchema": data}}}
+
+
+#: what GET /api/stream sends: each event as a Server-Sent Events parser gives it ({event, data}: the schema of an
+#: event, as OpenAPI 3.1 reads the schema of text/event-stream), its data JSON; a comment (": keep-alive") is none
+STREAM_EVENTS = {"type": "object", "oneOf": [
+    _event("overview", _ref(Overview), "The fleet at a glance, when it changed (GET /api/overview)"),
+    _event("devices", {"type": "array", "items": _ref(Device)}, "The devices whose rows changed"),
+    _event("deployments", {"type": "array", "items": _ref(Deployment)}, "The deployments that moved"),
+    _event("deployment", _ref(DeploymentDetail), "A deployment that moved, with every target"),
+    _event("events", {"type": "array", "items": _streamed_event()}, "New events, oldest first"),
+    _event("commands", {"type": "array", "items": _ref(CommandRecord)}, "Commands whose record changed: sent, "
+           "applied, refused, expired (GET /api/commands/{command_id})")]}
 
 
 @router.get("/api/overview", response_model=Overview, responses=errors(401),
@@ -24,9 +58,12 @@ def fleet_overview(_who: Viewer, fleet: Services) -> Any:
     return {**fleet.devices.overview(), "config": {"counts": found["counts"], "out_of_step": found["out_of_step"]}}
 
 
-@router.get("/api/stream", response_class=EventStream, responses=errors(401),
-            summary="Live updates (Server-Sent Events): overview, devices, deployments, deployment, events — what "
-                    "changed, about once a second")
+@router.get("/api/stream", response_class=EventStream,
+            responses={200: {"description": "Server-Sent Events until the client goes: `event: NAME` and `data: JSON` "
+                             "(below), a comment line to keep the connection open when nothing changes",
+                             "content": {"text/event-stream": {"schema": STREAM_EVENTS}}}, **errors(401)},
+            summary="Live updates (Server-Sent Events): overview, devices, deployments, deployment, events, "
+                    "commands — what changed, about once a second")
 def stream(_who: Viewer, fleet: Services) -> EventStream:
     return EventStream(fleet.live.stream(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

@@ -9,10 +9,14 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
 
 from ..._samples import MAX_DETECTIONS, MAX_KEYPOINTS, MAX_LABEL, PHASH_PATTERN, keypoint_drawing
+from ...link.protocol import COMMAND_ID_PATTERN
 from ..schemas import PRINTABLE_PATTERN, SHA256_PATTERN, JsonObject, Row, Strict, _integral, or_empty
 
 #: a JPEG of a sample, base64: 4 MiB of JPEG at most (the manager may take less: fleet serve --sample-max-mb)
 MAX_SAMPLE_B64 = (4 << 20) * 4 // 3 + 4
+#: its format in the document: base64 (RFC 4648, padded) of a whole JPEG, FF D8 ... FF D9 (``samples.decode_jpeg``),
+#: what JSON Schema cannot say and the contract test tells its fuzzer about
+JPEG_BASE64 = "jpeg-base64"
 Coordinate = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False, strict=True)]
 Label = Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL, pattern=PRINTABLE_PATTERN)]
 ShortText = Annotated[str, StringConstraints(max_length=128, pattern=PRINTABLE_PATTERN)]
@@ -50,7 +54,8 @@ class ModelInfo(Strict):
 class SampleUpload(Strict):
     """A captured sample (``_samples.py``): the frame as the camera gave it and what the model said."""
 
-    jpeg: Annotated[str, StringConstraints(min_length=4, max_length=MAX_SAMPLE_B64)]
+    jpeg: Annotated[str, StringConstraints(min_length=4, max_length=MAX_SAMPLE_B64), Field(json_schema_extra={
+        "format": JPEG_BASE64}, description="the frame: a whole JPEG (FF D8 ... FF D9), base64")]
     phash: Annotated[str, StringConstraints(pattern=PHASH_PATTERN)]
     width: Annotated[int, Field(ge=1, le=65535), BeforeValidator(_integral)]
     height: Annotated[int, Field(ge=1, le=65535), BeforeValidator(_integral)]
@@ -60,6 +65,8 @@ class SampleUpload(Strict):
     rule: ShortText = ""
     model: ModelInfo = ModelInfo()
     detections: Annotated[list[Detection], Field(max_length=MAX_DETECTIONS)] = []  # noqa: RUF012 - pydantic copies it
+    #: the capture command that asked for this frame (rule "request"): the manager counts its frames per command
+    command_id: Annotated[str, StringConstraints(pattern=or_empty(COMMAND_ID_PATTERN))] = ""
 
 
 class SampleStored(BaseModel):

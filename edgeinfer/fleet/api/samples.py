@@ -13,20 +13,28 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, StringConstraints, ValidationError
 from starlette.requests import ClientDisconnect
 
-from ..._samples import SAMPLE_ID_PATTERN
+from ..._samples import MAX_KEYPOINTS, SAMPLE_ID_PATTERN
 from ...errors import DatasetError
 from ...link.protocol import ID_PATTERN
 from ..artifacts import UploadTooLarge
-from ..datasets import FORMATS, IMPORT_FORMATS, MAX_IMPORT_BYTES, export_zip, parse_coco, parse_yolo
+from ..datasets import (
+    FORMATS,
+    IMPORT_FORMATS,
+    MAX_IMPORT_BYTES,
+    export_zip,
+    parse_coco,
+    parse_yolo,
+    sample_file_pattern,
+)
 from ..db.samples import Filters
 from ..samples import clamped
-from ..schemas import PRINTABLE_PATTERN, describe_error, or_empty
+from ..schemas import PRINTABLE_PATTERN, Strict, _integral, describe_error, or_empty
 from .deps import EvidenceUploader, Operator, Services, Viewer
-from .responses import binary, binary_body, errors
-from .sample_schemas import Detection, Sample, SampleChange, SampleStored, SampleUpload
+from .responses import binary, errors
+from .sample_schemas import Detection, Label, Sample, SampleChange, SampleStored, SampleUpload, ShortText
 
 router = APIRouter(tags=["samples"])
 DeviceId = Annotated[str, Path(pattern=ID_PATTERN, description="a device id")]
@@ -207,33 +215,96 @@ def export_samples(_who: Viewer, fleet: Services,
         "Content-Disposition": f'attachment; filename="samples-{format}.zip"'})
 
 
-@router.post("/api/samples/import", responses=errors(400, 401, 403, 411, 413),
-             openapi_extra=binary_body("application/json", ZIP),
+# ------------------------------------------------------------------------------------------------ import
+CocoId = Annotated[int, BeforeValidator(_integral)]
+
+
+class CocoImage(Strict):
+    """An image of a COCO document: the sample it is, by its file name as exported."""
+
+    id: CocoId
+    file_name: Annotated[str, StringConstraints(pattern=sample_file_pattern(".jpg"))] = Field(
+        description="[images/]<device>/<sample>.jpg")
+
+
+class CocoCategory(Strict):
+    id: CocoId
+    name: Label
+    keypoints: Annotated[list[ShortText], Field(max_length=MAX_KEYPOINTS)] | None = Field(
+        None, description="the names of its keypoints: how many an annotation of it has")
+
+
+#: a number of a COCO box or keypoint: in the frame's pixels (or a keypoint's flag)
+CocoNumber = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class CocoAnnotation(Strict):
+    """A box of an image: ``bbox`` is x, y, width, height in the frame's pixels."""
+
+    image_id: CocoId = Field(description="the id of an image of this document")
+    category_id: CocoId = Field(description="the id of a category of this document")
+    bbox: Annotated[list[CocoNumber], Field(min_length=4, max_length=4)]
+    keypoints: Annotated[list[CocoNumber], Field(max_length=3 * MAX_KEYPOINTS)] | None = Field(None, description=(
+        "x, y, v flat: three numbers a keypoint, v its flag (0 not labelled, 1 hidden, 2 visible), as many keypoints "
+        "as its category names"))
+
+
+class CocoLabels(Strict):
+    """Corrected labels as COCO detection (keypoints too): an ``annotations.json`` as exported, edited. Each annotation
+    names an image and a category of the document itself, and has as many keypoints as its category names (a
+    document where that does not hold is a 400, as JSON Schema cannot say)."""
+
+    images: list[CocoImage]
+    categories: list[CocoCategory]
+    annotations: list[CocoAnnotation]
+
+
+ImportFormat = Annotated[str | None, Query(pattern=f"^({'|'.join(IMPORT_FORMATS)})$", deprecated=True, description=(
+    " | ".join(IMPORT_FORMATS) + ": what the body is when its Content-Type says neither"))]
+#: the bodies this module's routes read themselves (bounded before they are parsed): their models are the document's
+READ_BODIES = (SampleUpload, CocoLabels)
+
+
+@router.post("/api/samples/import", responses=errors(400, 401, 403, 404, 409, 411, 413), openapi_extra={
+             "requestBody": {"required": True, "content": {
+                 "application/json": {"schema": {"$ref": f"#/components/schemas/{CocoLabels.__name__}"}},
+                 ZIP: {"schema": {"type": "string", "format": "binary", "description": "a zip of data.yaml (names) "
+                                  "and labels/<device>/<sample>.txt (class cx cy w h, 0..1)"}}}}},
              summary="Import corrected labels: a COCO annotations.json, or a zip of YOLO labels/ and data.yaml "
-                     "(operator)", description="Files are matched to samples by name (images/<device>/<sample>.jpg, "
-                     "labels/<device>/<sample>.txt, as exported). Everything is checked first: a malformed file, "
-                     "or one naming no stored sample, is a 400 and nothing changes. Each sample named gets the "
-                     "file's boxes as its labels and is marked reviewed.")
+                     "(operator)", description="The body's Content-Type says which: application/json is COCO, "
+                     "application/zip YOLO (format= only for a client that cannot set it). Files are matched to "
+                     "samples by name (images/<device>/<sample>.jpg, labels/<device>/<sample>.txt, as exported). "
+                     "Everything is checked first, and nothing changes unless all is well: a malformed document is "
+                     "a 400, one naming a sample that is not stored a 404, a box outside its sample's frame a 409. "
+                     "Each sample named gets the file's boxes as its labels and is marked reviewed.")
 async def import_labels(request: Request, who: Operator, fleet: Services,
-                        format: Annotated[str, Query(pattern="^(coco|yolo)$",
-                                                     description=" | ".join(IMPORT_FORMATS))]) -> dict[str, int]:
+                        format: ImportFormat = None) -> dict[str, int]:
     body = await _body(request, MAX_IMPORT_BYTES)
+    kind = (request.headers.get("content-type") or "").partition(";")[0].strip().lower()
+    fmt = {"application/json": "coco", ZIP: "yolo"}.get(kind, format or "coco")
     try:
-        changed = await run_in_threadpool(_import, fleet, format, body)
+        changed = await run_in_threadpool(_import, fleet, fmt, body)
+    except ValidationError as exc:
+        raise HTTPException(400, f"not a COCO detection document: {describe_error(exc)}") from None
     except DatasetError as exc:
         raise HTTPException(400, str(exc)) from None
-    await run_in_threadpool(who.audit, "sample.import", None, format=format, samples=changed)
+    except LookupError as exc:
+        raise HTTPException(404, str(exc.args[0])) from None
+    await run_in_threadpool(who.audit, "sample.import", None, format=fmt, samples=changed)
     return {"samples": changed}
 
 
 def _import(fleet: Any, fmt: str, body: bytes) -> int:
+    """Check every file, then store: ValidationError or DatasetError (400), LookupError (404), HTTPException 409."""
     rows = fleet.samples.rows
+    if fmt == "coco":
+        CocoLabels.model_validate_json(body)  # what the document says a COCO document is; then what it says
     found = parse_coco(body) if fmt == "coco" else parse_yolo(body, lambda key: _size(rows, key))
     changes = []
     for (device_id, sample_id), labels in sorted(found.items()):
         row = rows.get(device_id, sample_id)
         if row is None:
-            raise DatasetError(f"{device_id}/{sample_id}: no such sample is stored")
+            raise LookupError(f"{device_id}/{sample_id}: no such sample is stored")
         for label in labels:
             _check_label(label, f"{device_id}/{sample_id}", row["width"], row["height"])
         changes.append((device_id, sample_id, labels))
@@ -241,16 +312,17 @@ def _import(fleet: Any, fmt: str, body: bytes) -> int:
 
 
 def _check_label(label: dict, where: str, width: int, height: int) -> None:
-    """An imported label within its frame and within the bounds an upload's or a PATCH's is (the one model)."""
+    """An imported label within its sample's frame (409: the document is well-formed, the sample is smaller) and
+    within the bounds an upload's or a PATCH's is (the one model; 400)."""
+    if label["box"][2] > width + 0.5 or label["box"][3] > height + 0.5:
+        raise HTTPException(409, f"{where}: box {label['box']} is outside the {width}x{height} frame")
+    for x, y, _ in label.get("keypoints") or ():
+        if x > width + 0.5 or y > height + 0.5:
+            raise HTTPException(409, f"{where}: keypoint ({x}, {y}) is outside the {width}x{height} frame")
     try:
         Detection.model_validate(label)
     except ValidationError as exc:
         raise DatasetError(f"{where}: {describe_error(exc)}") from None
-    if label["box"][2] > width + 0.5 or label["box"][3] > height + 0.5:
-        raise DatasetError(f"{where}: box {label['box']} is outside the {width}x{height} frame")
-    for x, y, _ in label.get("keypoints") or ():
-        if x > width + 0.5 or y > height + 0.5:
-            raise DatasetError(f"{where}: keypoint ({x}, {y}) is outside the {width}x{height} frame")
 
 
 def _size(rows: Any, key: tuple[str, str]) -> tuple[int, int] | None:

@@ -17,6 +17,7 @@ from ...errors import ConfigError
 from ...link.vocabulary import TargetState
 from ..rollout import DeploymentStatus
 from . import evidence, live, rollouts, security, writes
+from .commands import CommandRows
 from .configs import ConfigRows
 from .diagnosis import DiagnosisRows
 from .samples import SampleRows
@@ -68,6 +69,8 @@ class FleetDB:
         self.t = tables(self._sa)
         #: captured samples for datasets (samples.py)
         self.samples = SampleRows(self._sa, self.engine, self.t)
+        #: the commands sent to devices and their verdicts (verdicts.py)
+        self.commands = CommandRows(self._sa, self.engine, self.t)
         #: devices' log lines and doctor reports, sent on request (diagnosis.py)
         self.diagnosis = DiagnosisRows(self._sa, self.engine, self.t)
         #: the fleet's configuration layers and the documents devices were given (configs.py)
@@ -101,12 +104,15 @@ class FleetDB:
               rollup_max_age_s: float = DEFAULT_ROLLUP_RETENTION_S, events_max_age_s: float | None = None,
               audit_max_age_s: float = DEFAULT_AUDIT_RETENTION_S, now: float | None = None,
               batch: int = 10_000) -> dict[str, int]:
-        """Delete raw telemetry, roll-ups, events and audit entries past their age; rows deleted per table."""
+        """Delete raw telemetry, roll-ups, events (and the commands they answer) and audit entries past their age;
+        rows deleted per table."""
         now = time.time() if now is None else now
         events_max_age_s = rollup_max_age_s if events_max_age_s is None else events_max_age_s
-        return writes.prune(self._sa, self.engine, self.t, raw_before=now - raw_max_age_s,
-                            rollup_before=now - rollup_max_age_s, events_before=now - events_max_age_s,
-                            audit_before=now - audit_max_age_s, batch=batch)
+        deleted = writes.prune(self._sa, self.engine, self.t, raw_before=now - raw_max_age_s,
+                               rollup_before=now - rollup_max_age_s, events_before=now - events_max_age_s,
+                               audit_before=now - audit_max_age_s, batch=batch)
+        deleted["commands"] = self.commands.prune(now - events_max_age_s, batch)
+        return deleted
 
     # ------------------------------------------------------------------------------ evidence
     def evidence_file(self, device_id: str, event_id: str, file: str) -> dict | None:
@@ -161,9 +167,9 @@ class FleetDB:
     def forget_live_frames(self, before: float) -> int:
         return live.forget(self._sa, self.engine, self.t, before)
 
-    def save_analytics(self, key: live.Key, lines: dict, zones: dict) -> int:
-        """Store a pipeline's lines and zones; their new revision."""
-        return live.save_analytics(self._sa, self.engine, self.t, key, lines, zones)
+    def save_analytics(self, key: live.Key, lines: dict, zones: dict, command_id: str | None = None) -> int:
+        """Store a pipeline's lines and zones (sent by ``command_id``); their new revision."""
+        return live.save_analytics(self._sa, self.engine, self.t, key, lines, zones, command_id)
 
     def analytics(self, key: live.Key) -> dict | None:
         return live.analytics(self._sa, self.engine, self.t, key)

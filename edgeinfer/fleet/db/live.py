@@ -1,6 +1,6 @@
 """The live view in the fleet database: one ``live_frames`` row per watched (device, pipeline, stream) — until
 when someone watches it and its newest frame, overwritten by the next — and one ``analytics`` row per pipeline
-with the lines and zones last sent and their revision.
+with the lines and zones last sent, their revision and command, and those the device last said it applied.
 
 Rows, not this process's memory, because the device may post its frames to one manager behind a load balancer
 while the viewer reads from another; each manager polls the rows its own viewers watch (``fleet/liveview.py``).
@@ -9,8 +9,10 @@ while the viewer reads from another; each manager polls the rows its own viewers
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ...link.vocabulary import EventKind
 from .schema import Tables
 
 Key = tuple[str, str, str]  # device, pipeline, stream ("" for a single source)
@@ -85,15 +87,18 @@ def frame_size(sa: Any, engine: Any, t: Tables, device_id: str, pipeline: str,
     return (int(row[0]), int(row[1])) if row else None
 
 
-def save_analytics(sa: Any, engine: Any, t: Tables, key: Key, lines: dict, zones: dict) -> int:
-    """Store a pipeline's new lines and zones: their revision, one past the last (1 for the first)."""
+def save_analytics(sa: Any, engine: Any, t: Tables, key: Key, lines: dict, zones: dict,
+                   command_id: str | None = None) -> int:
+    """Store a pipeline's new lines and zones, sent by ``command_id``: their revision, one past the last (1 for
+    the first)."""
     table = t.analytics
     for _ in range(5):  # two managers saving at once: one write wins, the other goes round again
         try:
             with engine.begin() as conn:
                 last = conn.execute(sa.select(table.c.revision).where(_where(table, key))).scalar()
                 revision = (last or 0) + 1
-                values = {"revision": revision, "lines": lines, "zones": zones, "updated_at": time.time()}
+                values = {"revision": revision, "lines": lines, "zones": zones, "updated_at": time.time(),
+                          "command_id": command_id}
                 if last is None:
                     conn.execute(table.insert().values(device_id=key[0], pipeline=key[1], stream=key[2], **values))
                     return revision
@@ -109,6 +114,45 @@ def analytics(sa: Any, engine: Any, t: Tables, key: Key) -> dict | None:
     with engine.connect() as conn:
         row = conn.execute(sa.select(t.analytics).where(_where(t.analytics, key))).mappings().first()
     return dict(row) if row else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _applied(data: Any) -> tuple[Key, int, dict, dict] | None:
+    """(pipeline key but its device, revision, lines, zones) of an ``analytics_changed`` event's data when it has
+    the form the agent sends (lines ``{name: [x1, y1, x2, y2]}``, zones ``{name: [[x, y], ...]}``), else None."""
+    if not isinstance(data, Mapping):
+        return None
+    pipeline, stream, revision = data.get("pipeline"), data.get("stream") or "", data.get("revision")
+    lines, zones = data.get("lines"), data.get("zones")
+    if not (isinstance(pipeline, str) and 0 < len(pipeline) <= 64 and isinstance(stream, str) and len(stream) <= 64
+            and isinstance(revision, int) and not isinstance(revision, bool) and 0 <= revision < 2**62
+            and isinstance(lines, Mapping) and isinstance(zones, Mapping)):
+        return None
+    if not all(isinstance(v, list) and len(v) == 4 and all(map(_number, v)) for v in lines.values()):
+        return None
+    if not all(isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and all(map(_number, p)) for p in v)
+               for v in zones.values()):
+        return None
+    return ("", pipeline, stream), revision, dict(lines), dict(zones)
+
+
+def record_applied(conn: Any, t: Tables, events: Sequence[tuple[str, dict]], now: float) -> int:
+    """The lines and zones devices say they applied (their ``analytics_changed`` events), in ingest's transaction:
+    a pipeline's applied revision only moves forward, so a redelivered or older event changes nothing. Only a
+    pipeline the manager sent lines and zones has a row. How many rows changed."""
+    table, changed = t.analytics, 0
+    for device_id, event in events:
+        found = _applied(event.get("data")) if event.get("event") == EventKind.ANALYTICS_CHANGED else None
+        if found is None:
+            continue
+        (_, pipeline, stream), revision, lines, zones = found
+        older = table.c.applied_revision.is_(None) | (table.c.applied_revision < revision)
+        changed += conn.execute(table.update().where(_where(table, (device_id, pipeline, stream)) & older).values(
+            applied_revision=revision, applied_lines=lines, applied_zones=zones, applied_at=now)).rowcount
+    return changed
 
 
 def forget(sa: Any, engine: Any, t: Tables, before: float) -> int:

@@ -28,6 +28,8 @@ class Tables:
     live_frames: Any
     analytics: Any
     samples: Any
+    commands: Any
+    command_samples: Any
     device_logs: Any
     diagnosis: Any
     config_revisions: Any
@@ -182,7 +184,7 @@ def tables(sa: Any) -> Tables:
         sa.Column("frame_id", sa.String(64)),
         sa.Column("received_at", sa.Float),
     )
-    analytics = sa.Table(  # the lines and zones last sent to a pipeline (set_analytics), with their revision
+    analytics = sa.Table(  # a pipeline's lines and zones: last sent (set_analytics) and as the device applied them
         "analytics", metadata,
         sa.Column("device_id", sa.String(128), primary_key=True),
         sa.Column("pipeline", sa.String(64), primary_key=True),
@@ -191,6 +193,11 @@ def tables(sa: Any) -> Tables:
         sa.Column("lines", sa.JSON, nullable=False),
         sa.Column("zones", sa.JSON, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
+        sa.Column("command_id", sa.String(128)),  # the command that sent them (migration 0009)
+        sa.Column("applied_revision", sa.BigInteger),  # what the device's analytics_changed event said it applied
+        sa.Column("applied_lines", sa.JSON),
+        sa.Column("applied_zones", sa.JSON),
+        sa.Column("applied_at", sa.Float),
     )
     samples = sa.Table(  # a captured sample for datasets (fleet/samples.py; migration 0008)
         "samples", metadata,
@@ -215,10 +222,39 @@ def tables(sa: Any) -> Tables:
         sa.Index("ix_samples_created_at", "created_at"),
         sa.Index("ix_samples_scene", "device_id", "pipeline", "stream", "created_at"),
     )
+    commands = sa.Table(  # each command the manager sent and the device's verdict (fleet/verdicts.py; migration 0009)
+        "commands", metadata,
+        sa.Column("command_id", sa.String(128), primary_key=True),
+        sa.Column("device_id", sa.String(128), nullable=False),
+        sa.Column("cmd", sa.String(32), nullable=False),
+        sa.Column("pipeline", sa.String(64)),
+        sa.Column("summary", sa.JSON, nullable=False),  # its arguments, small and without secrets
+        sa.Column("sent_by", sa.String(128), nullable=False),
+        sa.Column("sent_at", sa.Float, nullable=False),
+        sa.Column("expires_at", sa.Float, nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),  # sent, applied, refused (expired: read from expires_at)
+        sa.Column("reason", sa.String(64)),
+        sa.Column("message", sa.Text),
+        sa.Column("result", sa.JSON),
+        sa.Column("answered_at", sa.Float),
+        sa.Column("updated_at", sa.Float, nullable=False),
+        sa.Index("ix_commands_device", "device_id", "sent_at"),
+        sa.Index("ix_commands_updated_at", "updated_at"),
+        sa.Index("ix_commands_expires_at", "expires_at"),
+    )
+    command_samples = sa.Table(  # what the manager did with each sample a command (capture) produced
+        "command_samples", metadata,
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("sample_id", sa.String(64), primary_key=True),
+        sa.Column("command_id", sa.String(128), nullable=False),
+        sa.Column("outcome", sa.String(16), nullable=False),  # stored, duplicate
+        sa.Column("received_at", sa.Float, nullable=False),
+        sa.Index("ix_command_samples_command", "command_id"),
+    )
     device_logs, diagnosis = diagnosis_tables(sa, metadata)
     return Tables(metadata, devices, telemetry, rollups, events, deployments, targets, tokens, audit, credentials,
-                  evidence, evidence_chunks, live_frames, analytics, samples, device_logs, diagnosis,
-                  *config_tables(sa, metadata))
+                  evidence, evidence_chunks, live_frames, analytics, samples, commands, command_samples, device_logs,
+                  diagnosis, *config_tables(sa, metadata))
 
 
 def diagnosis_tables(sa: Any, metadata: Any) -> tuple[Any, Any]:

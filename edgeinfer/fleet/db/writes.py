@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import staging
+from ..verdicts import answer_of
+from . import commands, live, staging
 from .evidence import event_id_of
 from .schema import Tables
 
@@ -147,6 +148,9 @@ def _device_upsert(engine: Any, t: Tables, columns: tuple[str, ...]) -> Any:
         newer = old.last_telemetry_ts.is_(None) | (new.last_telemetry_ts >= old.last_telemetry_ts)
         for column in ("last_telemetry", "last_telemetry_ts"):
             updates[column] = sa.case((newer, new[column]), else_=old[column])
+        # a known device is online or not by its state (birth, Last Will, shutdown): an agent that stops sends its
+        # last window after its offline state, and telemetry held in a spool arrives late — neither is "online"
+        updates.pop("online", None)
     statement = insert.on_conflict_do_update(index_elements=["device_id"], set_=updates)
     _UPSERTS[key] = statement
     return statement
@@ -170,7 +174,10 @@ def state_values(state: dict) -> dict[str, Any]:
 
 def store_events(engine: Any, t: Tables, batch: Sequence[tuple[str, str, dict]]) -> int:
     """Keep device events (fallbacks, errors, update progress, triggered rules); returns how many. An event
-    whose ``data.event_id`` is an evidence event id keeps it in its own column (its evidence is found by it)."""
+    whose ``data.event_id`` is an evidence event id keeps it in its own column (its evidence is found by it). In
+    the same transaction, a device's answer to a command gives the command its verdict (``verdicts.py``), and the
+    lines and zones a device says it applied are its pipeline's applied ones: ingest acknowledges none of it
+    before it is all stored, and the same event again changes nothing."""
     if not batch:
         return 0
     now = time.time()
@@ -179,9 +186,13 @@ def store_events(engine: Any, t: Tables, batch: Sequence[tuple[str, str, dict]])
              "event_id": event_id_of(event)}
             for _fleet, device_id, event in batch]
     fleets = {device_id: fleet for fleet, device_id, _event in batch}
+    answers = [(device_id, found) for _fleet, device_id, event in batch if (found := answer_of(event)) is not None]
     with engine.begin() as conn:
         conn.execute(t.events.insert(), rows)
         upsert_devices(engine, conn, t, [(fleet, device_id, {}) for device_id, fleet in fleets.items()])
+        if answers:
+            commands.answer(conn, t, answers, now)
+        live.record_applied(conn, t, [(device_id, event) for _fleet, device_id, event in batch], now)
     return len(rows)
 
 

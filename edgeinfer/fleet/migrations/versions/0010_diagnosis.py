@@ -4,7 +4,7 @@ and again on receipt; one row per line, once per (device, boot, seq), bounded pe
 follows them, when its lines last came, and its last doctor request and result (fleet/diagnosis.py).
 
 Revision ID: 0010
-Revises: 0008 (0009 is another branch's: the lead re-chains this one after it)
+Revises: 0009
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0010"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

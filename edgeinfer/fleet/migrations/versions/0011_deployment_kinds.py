@@ -2,8 +2,7 @@
 docs/fleet.md, *Deployment kinds*). Every deployment made before is a model's.
 
 Revision ID: 0011
-Revises: 0010 (in i36-cfgfleet, which merged i36-logs; 0009 is another branch's: the lead re-chains the line
-0008 → 0009 → 0010 → 0011)
+Revises: 0010
 """
 
 from __future__ import annotations

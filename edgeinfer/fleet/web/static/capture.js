@@ -2,10 +2,13 @@
 // for a pipeline of several streams, a row per stream too — each with a number of frames and a Capture button.
 // It POSTs api/devices/<id>/capture (a signed capture command: the device keeps those frames as samples,
 // docs/datasets.md) and says in the page what was sent, with a link to the Samples page filtered to this device
-// and pipeline; the API's refusal (a bad number, no such device) is said there too. The number's bounds and
-// default come from the API's own CaptureArgs schema; the manager judges what is sent.
+// and pipeline, then what came of it (verdict.js): the device's answer, and how many of the frames the manager
+// stored and how many it dropped as near-duplicates of stored samples. The API's refusal (a bad number, no such
+// device) is said there too. The number's bounds and default come from the API's own CaptureArgs schema; the
+// manager judges what is sent.
 import { api, apiSchema } from "./api.js";
 import { h, clear, setText } from "./dom.js";
+import { followCommand, showVerdict } from "./verdict.js";
 
 /** [pipeline, stream] rows for the device's state: "" is every stream of the pipeline. */
 export function captureTargets(device) {
@@ -29,6 +32,7 @@ export function captureCard(id, getDevice) {
   let shown = "";
   let bounds = null; // {min, max, default} of CaptureArgs.frames, once the API's document has said them
   const inputs = new Set();
+  let follow = null; // the last capture's command, followed until it settles
 
   function apply(input) {
     if (!bounds) return;
@@ -67,8 +71,14 @@ export function captureCard(id, getDevice) {
         const q = new URLSearchParams({ device: id, pipeline });
         result.className = "result ok";
         const what = `${n} frame${n === 1 ? "" : "s"} of ${label}`;
-        clear(result).append(`Capture of ${what} sent (command ${sent.command_id}). `,
+        const verdict = h("span", { "data-testid": "capture-verdict", class: "verdict waiting" }, "waiting for the device");
+        clear(result).append(`Capture of ${what} sent (command ${sent.command_id}): `, verdict, ". ",
           h("a", { href: `#/samples?${q}`, "data-testid": "capture-samples" }, "Its samples"));
+        if (follow) follow.stop();
+        follow = followCommand(sent.command_id, (rec) => {
+          showVerdict(verdict, rec, { online: getDevice().online !== false });
+          if (rec.state === "refused" || rec.state === "expired") result.classList.replace("ok", "error");
+        });
       } catch (e) {
         result.className = "result error";
         setText(result, `Capture of ${label} failed: ${e.message}`);
@@ -102,5 +112,6 @@ export function captureCard(id, getDevice) {
       h("p", { class: "muted" }, "Keep a pipeline's next frames as samples for labelling: how many, then Capture."),
       rows, result),
     refresh,
+    onEvent(name, data) { if (follow) follow.onEvent(name, data); },
   };
 }

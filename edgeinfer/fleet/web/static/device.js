@@ -250,6 +250,8 @@ async function shownDevicePage(root, ctx, id, dev, telemetry) {
 
   return {
     onEvent(name, payload) {
+      live.onEvent(name, payload); // the verdicts of what was asked here (verdict.js)
+      if (capture) capture.onEvent(name, payload);
       if (name === "devices" && Array.isArray(payload)) {
         const upd = payload.find((x) => x && x.device_id === id);
         if (!upd) return;

@@ -1,9 +1,11 @@
 // A pipeline's live view and its counting lines and zones, on the device page.
 // The MJPEG stream is read with fetch() (the bearer token in a header, never in a URL) and a multipart parser
 // over its ReadableStream; each JPEG becomes the <img>'s blob URL. Lines and zones are drawn in an SVG over it
-// whose viewBox is the frame's own pixels, so what is drawn is in source pixels, as the device counts.
-import { api, headers, ApiError } from "./api.js";
+// whose viewBox is the frame's own pixels, so what is drawn is in source pixels, as the device counts. The editor
+// shows the lines and zones the device applied; a save says what the device did with it (verdict.js).
+import { api, apiSchema, headers, ApiError } from "./api.js";
 import { h, clear, setText, fmtTime } from "./dom.js";
+import { followCommand, showVerdict } from "./verdict.js";
 
 // A live frame older than this many seconds — by its capture time on the device (X-Frame-Time), against this
 // browser's clock — is marked stale: the device stopped sending (a restart, a stalled camera, a lost network),
@@ -12,6 +14,8 @@ import { h, clear, setText, fmtTime } from "./dom.js";
 export const STALE_FRAME_S = 5;
 // How often the frame's age is shown again while no new frame comes (ms).
 const AGE_TICK_MS = 1000;
+// What a name, a line and a zone must be comes from the API's AnalyticsSpec (/openapi.json: the manager's and the
+// device's one definition, edgeinfer/_regions.py); the editor says it in that document's words, never a pattern.
 
 const SVG = "http://www.w3.org/2000/svg";
 const svg = (tag, attrs = {}) => {
@@ -87,6 +91,37 @@ export function frameStatus(frame, online, now = Date.now() / 1000) {
   return { state: "live", age, text: `live: frame ${frame.id} · ${fmtAge(age)} old` };
 }
 
+/**
+ * The editor's rules from the AnalyticsSpec schema: the name pattern and its words, a zone's fewest and most points,
+ * the most lines and zones. Until the document is read (or if it cannot be) nothing is checked here: the manager's
+ * answer says what is wrong.
+ */
+function shapeRules(spec) {
+  const kind = (key) => {
+    const field = (spec.properties || {})[key] || {};
+    const [pattern, shape] = Object.entries(field.patternProperties || {})[0] || [];
+    return { pattern: pattern ? new RegExp(pattern) : null, words: (field.propertyNames || {}).description || "",
+      most: field.maxProperties, minPoints: (shape || {}).minItems, maxPoints: (shape || {}).maxItems };
+  };
+  return { line: kind("lines"), zone: kind("zones") };
+}
+
+/** The first thing wrong with `shapes` by `rules`, in words (null: nothing the editor can tell). */
+export function shapeProblem(shapes, rules) {
+  const seen = new Set();
+  for (const s of shapes) {
+    const rule = rules[s.kind];
+    if (rule.pattern && !rule.pattern.test(s.name)) return `${s.kind} '${s.name}' is not ${rule.words}`;
+    if (seen.has(s.name)) return `the name '${s.name}' is used twice: each line and zone needs a name of its own`;
+    seen.add(s.name);
+  }
+  for (const kind of ["line", "zone"]) {
+    const count = shapes.filter((s) => s.kind === kind).length;
+    if (rules[kind].most !== undefined && count > rules[kind].most) return `at most ${rules[kind].most} ${kind}s, not ${count}`;
+  }
+  return null;
+}
+
 /** The Live card: a button per pipeline (and stream) the device reports; the viewer and editor below them. */
 export function liveCard(id, getDevice, canEdit) {
   const buttons = h("div", { class: "row" });
@@ -108,17 +143,19 @@ export function liveCard(id, getDevice, canEdit) {
         `Live ${pipeline}${stream ? ` / ${stream}` : ""}`);
       b.addEventListener("click", () => {
         if (open) open.close();
-        open = liveView(view, id, pipeline, stream, canEdit, () => getDevice().online !== false);
+        open = liveView(view, id, pipeline, stream, canEdit, getDevice);
       });
       return b;
     }));
   }
   render();
   return { el: h("section", { class: "card live-card" }, h("h2", {}, "Live view"), buttons, view), refresh: render,
+    onEvent(name, data) { if (open) open.onEvent(name, data); },
     unmount() { if (open) open.close(); } };
 }
 
-function liveView(root, id, pipeline, stream, canEdit, isOnline) {
+function liveView(root, id, pipeline, stream, canEdit, getDevice) {
+  const isOnline = () => getDevice().online !== false;
   const enc = encodeURIComponent(id), pipe = encodeURIComponent(pipeline);
   const q = stream ? `?stream=${encodeURIComponent(stream)}` : "";
   const img = h("img", { class: "live-frame", alt: `${pipeline} live`, "data-testid": "live-frame" });
@@ -129,7 +166,10 @@ function liveView(root, id, pipeline, stream, canEdit, isOnline) {
   const result = h("p", { class: "result", "data-testid": "live-result", role: "status", "aria-live": "polite" });
   const shapes = []; // {kind: "line" | "zone", name, points: [[x, y], ...]}
   let mode = null, draft = null, size = null, frames = 0;
+  let rules = { line: {}, zone: {} };
   const ctl = new AbortController();
+  apiSchema("AnalyticsSpec").then((spec) => { rules = shapeRules(spec); }).catch(() => {});
+  const say = (text, kind) => { result.className = `result ${kind}`; setText(result, text); };
 
   const tool = (label, testid, fn) => {
     const b = h("button", { type: "button", "data-testid": testid }, label);
@@ -196,10 +236,30 @@ function liveView(root, id, pipeline, stream, canEdit, isOnline) {
     }
   })();
 
-  api(`devices/${enc}/pipelines/${pipe}/analytics${q}`, { signal: ctl.signal }).then((a) => {
-    for (const [name, points] of Object.entries(a.lines || {})) shapes.push({ kind: "line", name, points });
-    for (const [name, points] of Object.entries(a.zones || {})) shapes.push({ kind: "zone", name, points });
+  // ---- the device's lines and zones, and what it did with the last ones sent ----
+  let follow = null, revision = 0, verdict = null;
+  function showApplied(a) { // what the device applied: never a revision it refused or has not taken yet
+    shapes.length = 0;
+    for (const [name, points] of Object.entries(a.applied.lines || {})) shapes.push({ kind: "line", name, points });
+    for (const [name, points] of Object.entries(a.applied.zones || {})) shapes.push({ kind: "zone", name, points });
+    root.dataset.applied = String(a.applied.revision);
     paint();
+  }
+  const loadApplied = () => api(`devices/${enc}/pipelines/${pipe}/analytics${q}`, { signal: ctl.signal });
+  function showRecord(rec) {
+    verdict = rec;
+    const prefix = rec.state === "applied" ? "" : `Revision ${revision}: `;
+    showVerdict(result, rec, { online: getDevice().online !== false, prefix });
+    if (rec.settled) loadApplied().then(showApplied).catch(() => {}); // applied, or back to what the device has
+  }
+  function track(commandId, rev) {
+    if (follow) follow.stop();
+    revision = rev;
+    follow = followCommand(commandId, showRecord);
+  }
+  loadApplied().then((a) => {
+    showApplied(a);
+    if (a.sent.command_id && a.sent.revision > a.applied.revision) track(a.sent.command_id, a.sent.revision);
   }).catch(() => {});
 
   // ---- drawing ----
@@ -211,8 +271,16 @@ function liveView(root, id, pipeline, stream, canEdit, isOnline) {
   }
   const unique = (base) => { let i = 1; while (shapes.some((s) => s.name === `${base}-${i}`)) i++; return `${base}-${i}`; };
   function finishZone() {
-    if (draft && draft.kind === "zone" && draft.points.length >= 3) shapes.push(draft);
-    draft = null; mode = null; paint();
+    const drawn = draft && draft.kind === "zone" ? draft.points.length : mode === "zone" ? 0 : null;
+    if (drawn === null) return;
+    const fewest = rules.zone.minPoints || 1; // the AnalyticsSpec's minItems (until it is read: the manager says)
+    if (drawn < fewest) { // kept as drawn: the next clicks add to it
+      const more = fewest - drawn;
+      say(`A zone needs at least ${fewest} points: click ${more} more, then Close zone.`, "error");
+      return;
+    }
+    shapes.push(draft);
+    draft = null; mode = null; setText(result, ""); paint();
   }
   if (canEdit) overlay.addEventListener("pointerdown", (ev) => {
     if (!mode || ev.target.classList.contains("handle")) return;
@@ -220,6 +288,10 @@ function liveView(root, id, pipeline, stream, canEdit, isOnline) {
     if (!p) return;
     if (!draft) draft = { kind: mode, name: unique(mode), points: [] };
     if (draft.points.some(([x, y]) => x === p[0] && y === p[1])) return; // a point twice makes no shape
+    if (mode === "zone" && rules.zone.maxPoints && draft.points.length >= rules.zone.maxPoints) {
+      say(`A zone has at most ${rules.zone.maxPoints} points: Close zone.`, "error");
+      return;
+    }
     draft.points.push(p);
     if (mode === "line" && draft.points.length === 2) { shapes.push(draft); draft = null; mode = null; }
     paint();
@@ -242,11 +314,7 @@ function liveView(root, id, pipeline, stream, canEdit, isOnline) {
       const closed = s.kind === "zone" && s !== draft;
       overlay.append(svg(closed ? "polygon" : "polyline", { points: pts, class: `shape ${s.kind}`,
         "stroke-width": r / 2, "data-name": s.name }));
-      if (s.points.length) {
-        const label = svg("text", { x: s.points[0][0] + r, y: s.points[0][1] - r, "font-size": r * 3, class: "shape-label" });
-        label.textContent = s.name;
-        overlay.append(label);
-      }
+      if (s.points.length) overlay.append(labelOf(s, r));
       if (canEdit) s.points.forEach((p, i) => {
         const c = svg("circle", { cx: p[0], cy: p[1], r, class: "handle" });
         drag(s, i, c);
@@ -258,25 +326,59 @@ function liveView(root, id, pipeline, stream, canEdit, isOnline) {
       h("code", {}, s.points.map((p) => `(${p.join(", ")})`).join(" ")),
       canEdit ? tool("Delete", "delete-shape", () => { shapes.splice(shapes.indexOf(s), 1); paint(); }) : "")));
   }
+  // A shape's name beside its first point, on the side towards the shape and clear of that point's handle, moved
+  // wholly inside the frame (the device's own label is at the zone's middle, beside the line's middle).
+  function labelOf(s, r) {
+    const [px, py] = s.points[0];
+    const cx = s.points.reduce((a, p) => a + p[0], 0) / s.points.length;
+    const cy = s.points.reduce((a, p) => a + p[1], 0) / s.points.length;
+    const right = cx >= px, down = cy > py || (cy === py && py < (size ? size[1] / 2 : 0));
+    const label = svg("text", { x: px + (right ? 2 : -2) * r, y: py + (down ? 2 : -2) * r,
+      "font-size": r * 3, class: "shape-label", "text-anchor": right ? "start" : "end",
+      "dominant-baseline": down ? "hanging" : "auto", "data-name": s.name });
+    label.textContent = s.name;
+    requestAnimationFrame(() => { // measured once drawn; kept inside the viewBox
+      if (!size || !label.isConnected) return;
+      const box = label.getBBox();
+      const dx = Math.max(0, -box.x) - Math.max(0, box.x + box.width - size[0]);
+      const dy = Math.max(0, -box.y) - Math.max(0, box.y + box.height - size[1]);
+      if (dx || dy) label.setAttribute("transform", `translate(${dx} ${dy})`);
+    });
+    return label;
+  }
   function nameInput(s) {
-    const input = h("input", { type: "text", value: s.name, "aria-label": `${s.kind} name`, maxlength: "32",
-      "data-testid": "shape-name" });
-    input.addEventListener("change", () => { s.name = input.value.trim(); paint(); });
+    const input = h("input", { type: "text", value: s.name, "aria-label": `${s.kind} name`, "data-testid": "shape-name" });
+    input.addEventListener("change", () => {
+      s.name = input.value.trim();
+      const problem = shapeProblem(shapes, rules);
+      if (problem) say(problem, "error"); else setText(result, "");
+      paint();
+    });
     return input;
   }
   async function save() {
     const body = { lines: {}, zones: {}, ...(stream ? { stream } : {}) };
+    const problem = shapeProblem(shapes, rules);
+    if (problem) return say(problem, "error");
     for (const s of shapes) (s.kind === "line" ? body.lines : body.zones)[s.name] = s.points;
     result.className = "result";
     setText(result, "saving…");
     try {
       const sent = await api(`devices/${enc}/pipelines/${pipe}/analytics`, { method: "PUT", body });
-      result.className = "result ok";
-      setText(result, `Sent revision ${sent.revision} to the device.`);
+      result.className = "result";
+      setText(result, `Revision ${sent.revision} sent: waiting for the device`);
+      track(sent.command_id, sent.revision);
     } catch (e) {
       result.className = "result error";
       setText(result, `Failed: ${e.message}`);
     }
   }
-  return { close() { clearInterval(ticker); ctl.abort(); if (img.src) URL.revokeObjectURL(img.src); } };
+  return {
+    onEvent(name, data) {
+      if (follow) follow.onEvent(name, data);
+      // online or not: the note follows (after the device page has taken the change in)
+      if (name === "devices" && verdict && !verdict.settled) setTimeout(() => showRecord(verdict), 0);
+    },
+    close() { clearInterval(ticker); ctl.abort(); if (follow) follow.stop(); if (img.src) URL.revokeObjectURL(img.src); },
+  };
 }
