@@ -51,7 +51,8 @@ CATCH_UP_EVERY_S = 1.0
 class ConfigStatus(Word):
     """Where a device stands with its configuration: what its layers released (desired) vs what it runs (applied)."""
 
-    #: no layer sets anything for it and the fleet never gave it a document: it runs its agent.yaml
+    #: no layer sets anything for it and the fleet never gave it a document: the fleet leaves what it runs alone (its
+    #: agent.yaml, or a document the fleet's layers did not make)
     UNMANAGED = "unmanaged"
     #: it runs its desired document
     IN_STEP = "in_step"
@@ -117,7 +118,9 @@ def device_status(device: dict, desired: Desired, given: list[dict], halted: set
     refused = next((t for t in given if t["state"] in REFUSED_STATES), None)
     if desired.problem is not None:
         status = ConfigStatus.INVALID
-    elif desired.effective.empty and sha256 is None:
+    elif desired.effective.empty and (sha256 is None or not given):
+        # what a device runs that the fleet never gave it (a document sent by hand, by another manager) is not the
+        # fleet's to take back: only a device whose layers the fleet emptied since is taken back to its agent.yaml
         status = ConfigStatus.UNMANAGED
     elif sha256 == desired.sha256:
         status = ConfigStatus.IN_STEP

@@ -17,6 +17,7 @@ from edgeinfer.fleet.config_layers import (
     redacted,
     restore_secrets,
 )
+from edgeinfer.fleet.config_rollout import ConfigStatus, Desired, device_status
 from edgeinfer.link.config_document import CONFIG_SCHEMA, document_problems
 
 FLEET, LOBBY, DOOR, CAM = (LayerKey(Scope.FLEET, "yard"), LayerKey(Scope.GROUP, "lobby"),
@@ -129,3 +130,15 @@ def test_secrets_are_masked_and_a_masked_text_sent_back_keeps_the_stored_one():
         restore_secrets({"pipelines": [{"source": "rtsp://admin:***@cam-9/x"}]}, stored)
     assert restore_secrets({"pipelines": [{"source": "rtsp://admin:new@cam-9/x"}]}, stored) == \
         {"pipelines": [{"source": "rtsp://admin:new@cam-9/x"}]}
+
+
+def test_a_device_with_no_layer_is_left_alone_whatever_it_runs_unless_the_fleet_gave_it_a_document():
+    """No layer sets anything for a device: what it runs is the fleet's to take back to its agent.yaml only when the
+    fleet gave it (its layers were emptied since), never a document it got otherwise (by hand, another manager)."""
+    nothing = Desired.of(merge([]))
+    device = {"device_id": "cam-1", "online": True, "state": {"config": {"sha256": "a" * 64, "revision": 3}}}
+    given = [{"deployment_id": "d" * 32, "device_id": "cam-1", "sha256": "a" * 64, "state": "active", "version": 3,
+              "status": "succeeded", "detail": None}]
+    assert device_status(device, nothing, [])["status"] == ConfigStatus.UNMANAGED
+    assert device_status(device, nothing, given)["status"] == ConfigStatus.OUT_OF_STEP
+    assert device_status({**device, "state": {"config": {}}}, nothing, given)["status"] == ConfigStatus.UNMANAGED
