@@ -94,6 +94,19 @@ def running_artifacts(state: dict) -> dict[DeploymentKind, set[str]]:
     return {DeploymentKind.MODEL: models, DeploymentKind.AGENT: bundle}
 
 
+#: the longest detail a target keeps of what its device said
+MAX_TARGET_DETAIL = 2000
+
+
+def _reason(data: dict) -> str | None:
+    """A device's reason for a step: its code, and its own words when it gave them (``model_failed:
+    pipelines[0].model: ... not found``) — what a target's detail, and a refused configuration's reason, show."""
+    reason, words = data.get("reason"), data.get("detail")
+    if reason and isinstance(words, str) and words.strip() and words != reason:
+        return f"{reason}: {words}"[:MAX_TARGET_DETAIL]
+    return reason
+
+
 def progress_of(event: dict) -> tuple[str, TargetState, str | None] | None:
     """(deployment id, target state, detail) that a device event reports, or None."""
     data = event.get("data") or {}
@@ -104,9 +117,9 @@ def progress_of(event: dict) -> tuple[str, TargetState, str | None] | None:
     if not deployment_id:
         return None
     if name == EventKind.UPDATE:
-        reported, detail = data.get("state"), data.get("reason") or event.get("message")
+        reported, detail = data.get("state"), _reason(data) or event.get("message")
     elif name == EventKind.CMD_REJECTED:
-        reported, detail = TargetState.REJECTED, data.get("reason") or event.get("message")
+        reported, detail = TargetState.REJECTED, _reason(data) or event.get("message")
     else:
         return None
     try:
