@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ...link.config_document import MAX_DOCUMENT_BYTES
 from ..config_layers import Scope
@@ -58,6 +58,12 @@ class ConfigApply(Strict):
 class ConfigCheck(Strict):
     """An edit of a layer checked as a save checks it, nothing stored (the dashboard checks as one types): one of
     ``document``, ``text`` and ``to_revision``."""
+
+    # the document states the "one of" the route enforces (400): a body with none, or two, is not a valid one
+    model_config = ConfigDict(**Strict.model_config, json_schema_extra={"oneOf": [
+        {"required": ["document"], "properties": {"document": {"type": "object"}}},
+        {"required": ["text"], "properties": {"text": {"type": "string"}}},
+        {"required": ["to_revision"], "properties": {"to_revision": {"type": "integer"}}}]})
 
     document: JsonObject | None = Field(None, description=LAYER_DOC)
     text: str | None = Field(None, description="the layer as text, YAML or JSON (`format`), read by the manager "
