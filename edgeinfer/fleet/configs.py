@@ -18,6 +18,7 @@ from ..errors import ConfigError, RevisionConflict
 from ..link.config_document import FLEET_KEYS, encode_document
 from .config_layers import LayerKey, Scope, diff, layer_problems, layers_of, redacted, restore_secrets
 from .config_rollout import NOT_IN_STEP, ConfigRollouts, ConfigStatus
+from .config_text import TextFormat, dump_text, parse_text
 from .db import FleetDB
 from .schemas import RolloutOptions
 
@@ -50,6 +51,23 @@ def layer_view(key: LayerKey, row: dict | None, *, previous: dict | None = None,
 
 def layer_sha256(document: dict) -> str:
     return hashlib.sha256(encode_document(document)).hexdigest()
+
+
+def judged(document: Any, stored: dict) -> tuple[Any, list[str]]:
+    """A layer's edit as a save judges it: (the document with the stored secrets its masked texts stand for put
+    back, []) or (None, every problem naming its key in ``agent --check``'s words)."""
+    problems = layer_problems(document)
+    if problems:
+        return None, problems
+    try:
+        return restore_secrets(document, stored), []
+    except ValueError as exc:
+        return None, [str(exc)]
+
+
+def _problem(text: str) -> dict[str, str]:
+    key, _, words = text.partition(": ")
+    return {"key": key, "words": words}
 
 
 class ConfigService:
@@ -126,15 +144,13 @@ class ConfigService:
         current = self.db.configs.current(key.scope.value, key.name)
         if (current or {}).get("revision", 0) != base:
             raise self._stale(key, base)
-        problems = layer_problems(document)
+        if restored_from is None:
+            document, problems = judged(document, (current or {}).get("document") or {})
+        else:
+            problems = layer_problems(document)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ConfigError(f"{problems[0]}{more}")
-        if restored_from is None:
-            try:
-                document = restore_secrets(document, (current or {}).get("document") or {})
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
         revision = self.db.configs.save(key.scope.value, key.name, base=base, document=document,
                                         sha256=layer_sha256(document), message=message, author=author.name,
                                         role=author.role, applied=apply, restored_from=restored_from)
@@ -152,6 +168,34 @@ class ConfigService:
         at = (newest or {}).get("revision", 0)
         return RevisionConflict(f"{key.label} is at revision {at}, not {base}: someone saved it since it was read "
                                 "— read it again and make the change on that revision")
+
+    def check(self, key: LayerKey, document: Any = None, *, text: str | None = None, fmt: TextFormat = "yaml",
+              to_revision: int | None = None) -> dict:
+        """An edit of the layer judged as :meth:`save` judges it, nothing stored: ``document``, or ``text`` (YAML or
+        JSON, read here: :mod:`.config_text`), or revision ``to_revision`` (a roll back's preview; LookupError when
+        there is none). Its problems (``{key, words}``), its diff from the newest revision (masked), the document
+        (as given; a stored revision masked) and it as text in ``fmt``."""
+        current = self.db.configs.current(key.scope.value, key.name)
+        stored = (current or {}).get("document") or {}
+        problems: list[str] = []
+        if to_revision is not None:
+            old = self.db.configs.revision(key.scope.value, key.name, to_revision)
+            if old is None:
+                raise LookupError(f"{key.label} has no revision {to_revision}")
+            restored, problems = old["document"], layer_problems(old["document"])
+            document = redacted(restored)
+        else:
+            if text is not None:
+                document, unread = parse_text(text, fmt)
+                problems = [f"{where}: {words}" for where, words in unread]
+            restored, found = judged(document, stored) if not problems else (None, [])
+            problems += found
+        shown = document if isinstance(document, dict) else None
+        changed = restored if restored is not None else shown
+        return {"layer": key.label, "revision": (current or {}).get("revision", 0),
+                "problems": [_problem(problem) for problem in problems],
+                "diff": diff(stored, changed) if changed is not None else [],
+                "document": shown, "text": dump_text(shown, fmt) if shown is not None else None}
 
     def roll_back(self, key: LayerKey, to: int, *, base: int, message: str, author: Author, apply: bool = True,
                   rollout: RolloutOptions | None = None) -> dict:

@@ -27,6 +27,8 @@ from .config_schemas import (
     MAX_EDIT_BYTES,
     UPLOADS,
     ConfigApply,
+    ConfigCheck,
+    ConfigChecked,
     ConfigDevices,
     ConfigEdit,
     ConfigRollback,
@@ -151,6 +153,25 @@ def layer_revision(scope: ScopeParam, name: Name, revision: Annotated[int, Path(
         return fleet.configs.revision(LayerKey(scope, name), revision)
     except LookupError as exc:
         raise HTTPException(404, str(exc.args[0])) from None
+
+
+@router.post(LAYER + "/check", response_model=ConfigChecked, responses=errors(400, 401, 404, 411, 413),
+             openapi_extra=_body_of(ConfigCheck),
+             summary="Check an edit of a layer without saving it: its problems, its diff, it as text (viewer)",
+             description="Body: ConfigCheck — one of the layer's `document`, its `text` (YAML or JSON, `format`) or "
+                         "`to_revision` (a roll back, previewed). Judged as a save judges it (the device's own check, "
+                         "a masked secret put back): its problems at their keys in agent --check's words, its diff "
+                         "from the newest revision (masked), the document read and it as text. Nothing is stored or "
+                         "sent: what the dashboard shows as one types, and before a save or a roll back.")
+async def check_layer(scope: ScopeParam, name: Name, request: Request, _who: Viewer, fleet: Services) -> Any:
+    edit = await _parse(request, ConfigCheck)
+    if (edit.document is not None) + (edit.text is not None) + (edit.to_revision is not None) != 1:
+        raise HTTPException(400, "give one of document, text and to_revision")
+    if edit.text is not None and len(edit.text.encode("utf-8")) > MAX_DOCUMENT_BYTES:
+        raise HTTPException(413, f"text: {len(edit.text.encode('utf-8'))} bytes; at most {MAX_DOCUMENT_BYTES} are "
+                                 "taken")
+    return await run_in_threadpool(_changed, fleet.configs.check, LayerKey(scope, name), edit.document,
+                                   text=edit.text, fmt=edit.format, to_revision=edit.to_revision)
 
 
 @router.post(LAYER + "/rollback", response_model=ConfigSaved,

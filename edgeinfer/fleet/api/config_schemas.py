@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ...link.config_document import MAX_DOCUMENT_BYTES
 from ..config_layers import Scope
@@ -55,8 +55,27 @@ class ConfigApply(Strict):
     rollout: RolloutOptions | None = Field(None, description="how it is rolled out")
 
 
+class ConfigCheck(Strict):
+    """An edit of a layer checked as a save checks it, nothing stored (the dashboard checks as one types): one of
+    ``document``, ``text`` and ``to_revision``."""
+
+    # the document states the "one of" the route enforces (400): a body with none, or two, is not a valid one
+    model_config = ConfigDict(**Strict.model_config, json_schema_extra={"oneOf": [
+        {"required": ["document"], "properties": {"document": {"type": "object"}}},
+        {"required": ["text"], "properties": {"text": {"type": "string"}}},
+        {"required": ["to_revision"], "properties": {"to_revision": {"type": "integer"}}}]})
+
+    document: JsonObject | None = Field(None, description=LAYER_DOC)
+    text: str | None = Field(None, description="the layer as text, YAML or JSON (`format`), read by the manager "
+                                               "(YAML as `fleet config set` reads a file; anchors and aliases are "
+                                               "refused)")
+    format: Literal["yaml", "json"] = Field("yaml", description="the form of `text`, and of the answer's `text`")
+    to_revision: Annotated[int, Field(ge=1, le=MAX_VERSION), BeforeValidator(_integral)] | None = Field(
+        None, description="a revision of the layer: a roll back to it, previewed (its diff from the newest)")
+
+
 #: the bodies the routes read themselves (bounded first): their models are the document's (app.document)
-UPLOADS = (ConfigEdit, ConfigRollback)
+UPLOADS = (ConfigEdit, ConfigRollback, ConfigCheck)
 
 
 class DiffEntry(BaseModel):
@@ -67,6 +86,27 @@ class DiffEntry(BaseModel):
     before: Any = Field(None, description="its value before (absent for add)")
     after: Any = Field(None, description="its value after (absent for remove)")
     secret: bool = Field(False, description="only a secret in it changed (both sides show masked the same)")
+
+
+class Problem(BaseModel):
+    """What keeps an edit from being saved, at its key, in the words ``agent --check`` uses."""
+
+    key: str = Field(description="the key as agent --check names it (pipelines[0].max_fps); (top level) for the "
+                                 "whole document, (text) for the text's own syntax")
+    words: str = Field(description="what is wrong with it (the schema's errorMessage where it has one)")
+
+
+class ConfigChecked(BaseModel):
+    """An edit of a layer as a save would judge it, nothing stored."""
+
+    layer: str = Field(description="scope:name")
+    revision: int = Field(description="the layer's newest revision: what the diff is from and what a save of this "
+                                      "edit names (0: never saved)")
+    problems: list[Problem] = Field(description="empty: a save of it is taken (unless another came first: 409)")
+    diff: list[DiffEntry] = Field(description="what it changes from the newest revision, key by key (masked)")
+    document: JsonObject | None = Field(description="the layer as read (a revision of it: masked); null when the "
+                                                    "text cannot be read as one")
+    text: str | None = Field(description="the document as text in the format asked for (null with it)")
 
 
 class LayerRevision(BaseModel):
