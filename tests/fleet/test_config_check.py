@@ -18,6 +18,7 @@ from support.fleet import simulated_fleet
 from edgeinfer.fleet.config_layers import layer_problems
 from edgeinfer.fleet.config_text import TEXT_KEY, dump_text, parse_text
 from edgeinfer.fleet.deployments import progress_of
+from edgeinfer.fleet.verdicts import MAX_MESSAGE
 from edgeinfer.link.config_document import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_NESTING
 
 SECRET = "s3cr3t-Pa55"
@@ -83,7 +84,7 @@ def test_an_edit_is_judged_as_a_save_would_judge_it_and_nothing_is_stored(fleet)
     assert [f"{p['key']}: {p['words']}" for p in answer["problems"]] == layer_problems(bad)
     assert {p["key"] for p in answer["problems"]} >= {"pipelines[0].max_fps", "pipelines[0].mdel"}
     status, refused = call(fleet, "PUT", "/api/config/layers/group/judged", {"document": bad, "revision": 0})
-    assert status == 400 and refused["error"].startswith(layer_problems(bad)[0])  # the save's words: the same
+    assert status == 409 and refused["error"].startswith(layer_problems(bad)[0])  # the save's words: the same
     # a good edit: no problem, its diff from revision 0, and it as text in the format asked for
     status, answer = check(fleet, "judged", {"document": {"pipelines": [PIPELINE]}, "format": "json"}, token=viewer)
     assert status == 200 and answer["problems"] == [] and answer["revision"] == 0, answer
@@ -117,7 +118,7 @@ def test_a_text_is_read_by_the_manager_and_a_masked_secret_stands_for_the_stored
     status, answer = check(fleet, "texts", {"text": yaml.safe_dump(moved)})
     assert status == 200 and answer["problems"] and answer["problems"][0]["key"].startswith("pipelines[0]"), answer
     status, refused = call(fleet, "PUT", "/api/config/layers/group/texts", {"document": moved, "revision": 1})
-    assert status == 400 and refused["error"] == f"{answer['problems'][0]['key']}: {answer['problems'][0]['words']}"
+    assert status == 409 and refused["error"] == f"{answer['problems'][0]['key']}: {answer['problems'][0]['words']}"
     # a text that is not YAML: where it breaks, and no document
     status, answer = check(fleet, "texts", {"text": "pipelines: [\n"})
     assert status == 200 and answer["document"] is None and answer["text"] is None and answer["diff"] == []
@@ -161,4 +162,4 @@ def test_a_devices_refusal_keeps_its_own_words_in_the_target():
     rejected = {"event": "cmd_rejected", "cmd_id": "deploy-d-2", "data": {"reason": "bad_signature"}}
     assert progress_of(rejected)[1:] == ("rejected", "bad_signature")  # no words of its own: the code alone
     long = {"event": "update", "data": {"deployment_id": "d-3", "state": "failed", "reason": "x", "detail": "y" * 5000}}
-    assert len(progress_of(long)[2]) == 2000
+    assert len(progress_of(long)[2]) <= len("x — ") + MAX_MESSAGE  # a device's words are bounded (verdicts.py)

@@ -214,7 +214,7 @@ def test_a_value_the_schema_refuses_is_shown_at_its_key_in_agent_checks_words_an
     open_layer(browser, dashboard, "operator", "group", GROUP)
     add_key(browser, "pipelines[0]", "score_threshold")
     type_into(field(browser, "pipelines[0].score_threshold"), "2")
-    [words] = layer_problems({"pipelines": [{"score_threshold": 2}]})  # what a save would answer (400)
+    [words] = layer_problems({"pipelines": [{"score_threshold": 2}]})  # what a save would answer (409)
     assert words.startswith("pipelines[0].score_threshold: ")
     shown = wait_text(browser, '[data-field="pipelines[0].score_threshold"] .field-problem', words, 10)
     assert shown == words
