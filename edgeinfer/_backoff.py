@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 #: exponent cap: past it the delay is max_s anyway, and factor ** n must not overflow
 _MAX_EXPONENT = 64
@@ -20,19 +20,25 @@ _MAX_EXPONENT = 64
 class Backoff:
     """Delays that grow ``factor``-fold from ``initial_s`` to ``max_s``, each shortened by up to ``jitter``."""
 
-    initial_s: float = 0.25
-    max_s: float = 5.0
-    factor: float = 2.0
+    # the bounds are the fields' metadata, under their JSON Schema names (the agent's configuration schema copies them)
+    initial_s: float = field(default=0.25, metadata={"exclusiveMinimum": 0})
+    max_s: float = field(default=5.0, metadata={"exclusiveMinimum": 0})
+    factor: float = field(default=2.0, metadata={"minimum": 1})
     #: each delay is multiplied by a random factor in (1 - jitter, 1]
-    jitter: float = 0.2
+    jitter: float = field(default=0.2, metadata={"minimum": 0, "exclusiveMaximum": 1})
     #: give up after this long without success; None keeps trying for ever (used by capture sources)
-    give_up_s: float | None = None
+    give_up_s: float | None = field(default=None, metadata={"minimum": 0})
 
     def __post_init__(self) -> None:
-        if self.initial_s <= 0 or self.max_s < self.initial_s or self.factor < 1.0 or not 0 <= self.jitter < 1:
+        within = {"minimum": float.__ge__, "exclusiveMinimum": float.__gt__, "exclusiveMaximum": float.__lt__}
+        for option in fields(self):
+            value = getattr(self, option.name)
+            if value is not None and not all(test(float(value), float(bound)) for word, test in within.items()
+                                             if (bound := option.metadata.get(word)) is not None):
+                raise ValueError(f"invalid backoff {self!r}: need 0 < initial_s <= max_s, factor >= 1, "
+                                 f"0 <= jitter < 1, give_up_s >= 0 or None")
+        if self.max_s < self.initial_s:
             raise ValueError(f"invalid backoff {self!r}: need 0 < initial_s <= max_s, factor >= 1, 0 <= jitter < 1")
-        if self.give_up_s is not None and self.give_up_s < 0:
-            raise ValueError("backoff give_up_s must be >= 0 or None")
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """The delay before retry ``attempt`` (1-based)."""

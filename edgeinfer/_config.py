@@ -279,4 +279,29 @@ class KeyedReader:
         return size
 
 
-__all__ = ["KeyedReader", "keyed_error", "read_document", "suggestion"]
+#: the bounds a dataclass field may state in its metadata, under their JSON Schema names (a schema copies them)
+BOUND_WORDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+
+
+def bounds(**given: float) -> dict[str, float]:
+    """A field's metadata stating its bounds: ``field(default=None, metadata=bounds(exclusiveMinimum=0))``."""
+    unknown = set(given) - set(BOUND_WORDS)
+    if unknown:
+        raise TypeError(f"unknown bound(s) {sorted(unknown)}; bounds are {', '.join(BOUND_WORDS)}")
+    return dict(given)
+
+
+def out_of_bounds(name: str, value: Any, metadata: Mapping[str, Any]) -> str | None:
+    """What is wrong with ``value`` of field ``name`` against the bounds in its ``metadata`` (``max_fps must be
+    > 0, not -1``), or None; a None value is not checked, NaN is never within bounds."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    checks = {"minimum": lambda bound: value >= bound, "exclusiveMinimum": lambda bound: value > bound,
+              "maximum": lambda bound: value <= bound, "exclusiveMaximum": lambda bound: value < bound}
+    for word, symbol in BOUND_WORDS.items():
+        if word in metadata and not checks[word](metadata[word]):
+            return f"{name} must be {symbol} {metadata[word]:g}, not {value}"
+    return None
+
+
+__all__ = ["BOUND_WORDS", "KeyedReader", "bounds", "keyed_error", "out_of_bounds", "read_document", "suggestion"]

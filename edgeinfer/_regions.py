@@ -2,7 +2,9 @@
 (docs/analytics.md): ``PipelineOptions`` (agent.yaml's ``lines`` / ``zones``, ``--line`` / ``--zone``), the
 counters themselves (``pipeline/zones.py``), the device's ``set_analytics`` command
 (``agent/analytics_command.py``), the fleet manager's ``AnalyticsSpec`` (``fleet/schemas.py``, so the OpenAPI
-document carries the pattern and the bounds) and the dashboard's editor (which takes them from that document).
+document carries the pattern and the bounds), the dashboard's editor (which takes them from that document) and the
+check of a device's configuration document (``link/config_document.py``, its schema ``link/config_schema.py``),
+which the fleet manager, agent.yaml's reader and a device's configuration revision run.
 
 - **which tasks take them**: :data:`BOX_TASKS`, every task whose results are boxes (``pipeline/tasks.py``'s
   ``Task.boxes`` is derived from it); :func:`task_problem` says so in words.
@@ -16,6 +18,13 @@ document carries the pattern and the bounds) and the dashboard's editor (which t
   polygon written closed), at least 3 of them distinct, enclosing :data:`MIN_ZONE_AREA` square pixel at least.
 - **a stream's set**: at most :data:`MAX_LINES` lines and :data:`MAX_ZONES` zones, every name used once across
   lines and zones (an event names one by its name alone).
+
+- **the text form** (agent.yaml's ``lines`` / ``zones``, ``--line`` / ``--zone``): ``"[NAME=]x1,y1,x2,y2"`` and
+  ``"[NAME=]x1,y1,x2,y2,x3,y3,..."``, numbers separated by ``,`` or ``;``; :func:`parse_regions` reads a list of
+  them (an unnamed one is ``line1``, ``zone2``, ... by its place) and checks them as above.
+  :data:`LINE_TEXT_PATTERN` / :data:`ZONE_TEXT_PATTERN` are that form as patterns, and :func:`text_rule` gives them
+  with the bounds and the words as ``PipelineOptions`` field metadata, from which the configuration document's
+  schema (``link/config_schema.py``) states them.
 
 Whether a point lies inside the frame is not the form's to say: the frame's size is known only to the device
 once it has seen a frame, and to the manager from the last live frame (both check it then).
@@ -51,6 +60,28 @@ MAX_ZONES = 32
 
 #: named shapes: a mapping, or (name, shape) pairs (agent.yaml's list may name one twice)
 Named = Mapping[str, Any] | Iterable[tuple[str, Any]]
+#: a line read from text (x1, y1, x2, y2), a zone's points
+LineCoords = tuple[float, float, float, float]
+ZonePoints = list[tuple[float, float]]
+
+# The text form. Its patterns accept exactly what parse_regions reads (a test holds them to it): each part between
+# "," / ";" one NUMBER (empty parts skipped), an optional NAME= in front; the bounds and shapes are checked after.
+#: a number of the text form (its value's bounds are checked once read)
+NUMBER_PATTERN = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+_NUMBER = re.compile(NUMBER_PATTERN)
+_SEPARATOR = r"(?:\s*[,;])+\s*"
+_TEXT_START = rf"^\s*(?:{NAME_PATTERN[1:-1]}\s*=)?[\s,;]*"
+_POINT = rf"{NUMBER_PATTERN}{_SEPARATOR}{NUMBER_PATTERN}"
+#: a line as text: ``"[NAME=]x1,y1,x2,y2"``
+LINE_TEXT_PATTERN = rf"{_TEXT_START}{NUMBER_PATTERN}(?:{_SEPARATOR}{NUMBER_PATTERN}){{3}}[\s,;]*$"
+#: a zone as text: ``"[NAME=]x1,y1,x2,y2,x3,y3[,...]"``, MIN_ZONE_POINTS to MAX_ZONE_POINTS points
+ZONE_TEXT_PATTERN = (rf"{_TEXT_START}{_POINT}(?:{_SEPARATOR}{_POINT}){{{MIN_ZONE_POINTS - 1},{MAX_ZONE_POINTS - 1}}}"
+                     r"[\s,;]*$")
+_OPTIONAL_NAME = f"NAME= optional, {NAME_FORM}"
+#: the text forms in words (what a document's check says of a text that is not one)
+LINE_TEXT_FORM = f'"NAME=x1,y1,x2,y2": four numbers, source pixels 0 to {MAX_COORDINATE}; {_OPTIONAL_NAME}'
+ZONE_TEXT_FORM = (f'"NAME=x1,y1,x2,y2,x3,y3,...": {MIN_ZONE_POINTS} to {MAX_ZONE_POINTS} points x,y, source pixels '
+                  f"0 to {MAX_COORDINATE}; {_OPTIONAL_NAME}")
 
 
 def task_problem(task: str | None, what: str = "lines and zones") -> str | None:
@@ -151,3 +182,60 @@ def check_regions(lines: Named, zones: Named) -> None:
     problem = regions_problem(lines, zones)
     if problem:
         raise ValueError(problem)
+
+
+# ------------------------------------------------------------------------------------------------ the text form
+
+def text_rule(kind: str) -> dict[str, Any]:
+    """The ``lines`` (``kind`` "line") or ``zones`` ("zone") option's form as field metadata: the most entries, an
+    entry's pattern and the form in words (``PipelineOptions``; the configuration document's schema states them)."""
+    if kind == "line":
+        return {"maxItems": MAX_LINES, "pattern": LINE_TEXT_PATTERN, "form": LINE_TEXT_FORM, "item": "line"}
+    return {"maxItems": MAX_ZONES, "pattern": ZONE_TEXT_PATTERN, "form": ZONE_TEXT_FORM, "item": "zone"}
+
+
+def named_text(text: str, default: str) -> tuple[str, str]:
+    """``"NAME=1,2,3,4"`` -> ("NAME", "1,2,3,4") (the name's spaces at either end dropped); an unnamed entry gets
+    ``default``."""
+    name, sep, rest = text.partition("=")
+    return (name.strip(), rest) if sep and name.strip() else (default, text)
+
+
+def text_names(texts: Sequence[str], prefix: str) -> list[str]:
+    """The names of ``lines`` / ``zones`` entries (``prefix`` ``line`` / ``zone`` names the unnamed by place)."""
+    return [named_text(text, f"{prefix}{i + 1}")[0] for i, text in enumerate(texts)]
+
+
+def _numbers(text: str, what: str) -> list[float]:
+    parts = [part.strip() for part in text.replace(";", ",").split(",")]
+    if not all(_NUMBER.fullmatch(part) for part in parts if part):
+        raise ValueError(f"{what}: {text!r} is not a list of numbers")
+    return [float(part) for part in parts if part]
+
+
+def parse_line(text: str) -> LineCoords:
+    """``"x1,y1,x2,y2"`` (``--line``) -> four numbers."""
+    values = _numbers(text, "a line")
+    if len(values) != 4:
+        raise ValueError(f"a line is x1,y1,x2,y2 (four numbers), not {text!r}")
+    return values[0], values[1], values[2], values[3]
+
+
+def parse_zone(text: str) -> ZonePoints:
+    """``"x1,y1,x2,y2,x3,y3,..."`` (``--zone``; ``;`` may separate points) -> the polygon's points."""
+    values = _numbers(text, "a zone")
+    if len(values) % 2 or len(values) < 2 * MIN_ZONE_POINTS:
+        raise ValueError(f"a zone is x1,y1,x2,y2,x3,y3[,...] (at least {MIN_ZONE_POINTS} points), not {text!r}")
+    return list(zip(values[0::2], values[1::2]))
+
+
+def parse_regions(lines: Sequence[str], zones: Sequence[str]) -> tuple[list[tuple[str, LineCoords]],
+                                                                       list[tuple[str, ZonePoints]]]:
+    """The ``lines`` and ``zones`` options' texts as (name, shape) pairs, checked as every line and zone is
+    (:func:`check_regions`): ValueError in its words, naming the line or zone."""
+    line_pairs = [(name, parse_line(text)) for name, text in
+                  (named_text(t, f"line{i + 1}") for i, t in enumerate(lines))]
+    zone_pairs = [(name, parse_zone(text)) for name, text in
+                  (named_text(t, f"zone{i + 1}") for i, t in enumerate(zones))]
+    check_regions(line_pairs, zone_pairs)
+    return line_pairs, zone_pairs

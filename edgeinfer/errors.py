@@ -28,6 +28,7 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── CaptureError                  a frame source failed to open or died
     │   └── NotMjpeg                  an HTTP stream opened, but is not MJPEG (OpenCV reads it instead)
     ├── ConfigError                   a config file is malformed (names the key)
+    │   └── ConfigTooLarge            a configuration document is larger than the fleet lets a device take
     ├── ProtocolError                 an MQTT message does not match its schema
     ├── DownloadError                 an artifact download kept failing (network, server)
     ├── UpdateRejected                a model update was refused; ``.reason`` says why
@@ -166,6 +167,10 @@ class NotMjpeg(CaptureError):
 
 class ConfigError(EdgeInferError):
     """A configuration file is malformed; the message names the key."""
+
+
+class ConfigTooLarge(ConfigError):
+    """A configuration document is over its size bound (the fleet manager answers 413)."""
 
 
 class ProtocolError(EdgeInferError):

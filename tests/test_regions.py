@@ -1,8 +1,9 @@
-"""One form of a pipeline's lines and zones (edgeinfer/_regions.py), and the three places that take them agree on it
-exactly: agent.yaml's ``lines`` / ``zones`` (PipelineOptions, read by the agent's real config reader), the device's
+"""One form of a pipeline's lines and zones (edgeinfer/_regions.py), and the places that take them agree on it
+exactly: agent.yaml's ``lines`` / ``zones`` (PipelineOptions, read by the agent's real config reader), a
+configuration document's check (link/config_document.py: the fleet manager's, a device revision's), the device's
 ``set_analytics`` command (the real command router: signature, args schema, handler, on a real pipeline runner) and
 the fleet manager's ``PUT .../analytics`` (its real HTTP API, pydantic's AnalyticsSpec and the route). Each case
-is accepted by all three or refused by all three; the tasks that take lines and zones are the same everywhere."""
+is accepted by all of them or refused by all; the tasks that take lines and zones are the same everywhere."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from edgeinfer.agent.runner import PipelineRunner
 from edgeinfer.agent.telemetry import BootSequence
 from edgeinfer.errors import ConfigError
 from edgeinfer.fleet.db import FleetDB
+from edgeinfer.link.config_document import document_problems
 from edgeinfer.link.protocol import Topics
 from edgeinfer.pipeline.options import PipelineOptions
 from edgeinfer.pipeline.tasks import TASK_NAMES, TASKS
@@ -82,18 +84,28 @@ def _numbers(values: list[float]) -> str:
 
 # ------------------------------------------------------------------------------------ the three places
 
-def yaml_accepts(lines: dict, zones: dict, task: str = "detect") -> bool:
-    """agent.yaml's pipeline entry with these ``lines`` / ``zones`` read by the agent's config reader."""
+def yaml_entry(lines: dict, zones: dict, task: str = "detect") -> dict[str, Any]:
+    """agent.yaml's pipeline entry (a configuration document's too) with these ``lines`` / ``zones``."""
     entry: dict[str, Any] = {"name": "main", "model": str(ULTRAFACE), "source": str(IMAGES / "face.jpg"), "task": task}
     if lines:
         entry["lines"] = [f"{name}={_numbers([*a, *b])}" for name, (a, b) in lines.items()]
     if zones:
         entry["zones"] = [f"{name}={_numbers([v for p in points for v in p])}" for name, points in zones.items()]
+    return entry
+
+
+def yaml_accepts(lines: dict, zones: dict, task: str = "detect") -> bool:
+    """agent.yaml's pipeline entry with these ``lines`` / ``zones`` read by the agent's config reader."""
     try:
-        parse_config({"device_id": DEVICE, "fleet": "f", "pipelines": [entry]})
+        parse_config({"device_id": DEVICE, "fleet": "f", "pipelines": [yaml_entry(lines, zones, task)]})
     except ConfigError:
         return False
     return True
+
+
+def document_accepts(lines: dict, zones: dict, task: str = "detect") -> bool:
+    """The configuration document's check (link/config_document.py: the fleet manager's, before a revision is sent)."""
+    return not document_problems({"pipelines": [yaml_entry(lines, zones, task)]})
 
 
 class Device:
@@ -188,6 +200,7 @@ def test_agent_yaml_the_device_and_the_manager_accept_and_refuse_the_same_lines_
     said = {"device": answer["event"] == "cmd_result", "manager": status == 202}
     if in_yaml:
         said["agent.yaml"] = yaml_accepts(lines, zones)
+        said["configuration document"] = document_accepts(lines, zones)
     assert said == dict.fromkeys(said, accepted), (answer, status, body)
     if not accepted:
         assert answer["reason"] == "invalid_geometry" and status in (400, 409), (answer, status, body)
@@ -209,7 +222,8 @@ def test_every_task_with_boxes_takes_lines_and_zones_and_the_others_are_told_whi
     assert TASKS[task].boxes is takes
     answer = device.send({"door": DOOR}, {"shop": SHOP}, pipeline=task)
     status, body = manager.put({"door": DOOR}, {"shop": SHOP}, device=f"cam-{task}")
-    assert (answer["event"] == "cmd_result", status == 202, yaml_accepts({"door": DOOR}, {}, task)) == (takes,) * 3
+    assert (answer["event"] == "cmd_result", status == 202, yaml_accepts({"door": DOOR}, {}, task),
+            document_accepts({"door": DOOR}, {}, task)) == (takes,) * 4
     if not takes:
         words = f"lines and zones need a task with boxes (detect, pose, segment, obb), not {task!r}"
         assert answer["reason"] == "task_without_boxes" and answer["error"].endswith(words)

@@ -77,7 +77,7 @@ class AnalyticsSettings:
 
     # -- the store ----------------------------------------------------------------------------------
     def _path(self, pipeline: str) -> Path:
-        return self._folder / f"{pipeline}.json"
+        return geometry_path(self._folder.parent, pipeline)
 
     def stored(self, pipeline: str) -> dict[str, Any] | None:
         """``{"revision", "streams": {stream ("" = every stream): {"lines", "zones"}}}`` or None."""
@@ -131,6 +131,17 @@ class AnalyticsSettings:
                        f"pipeline {name}: {len(lines)} line(s), {len(zones)} zone(s) (revision {revision})",
                        pipeline=name, cmd_id=ctx.command_id, data=data)
         return {"pipeline": name, "stream": stream, "revision": revision, "applied": pipeline is not None}
+
+
+def geometry_path(data_dir: Path, pipeline: str) -> Path:
+    """Where ``set_analytics`` keeps a pipeline's lines and zones: ``<data_dir>/analytics/<pipeline>.json``."""
+    return Path(data_dir) / "analytics" / f"{pipeline}.json"
+
+
+def forget_geometry(data_dir: Path, pipeline: str) -> None:
+    """Drop what ``set_analytics`` kept for ``pipeline``: a configuration revision that sets its lines or zones (or
+    removes it) is the word from now on (agent/config_apply.py)."""
+    geometry_path(data_dir, pipeline).unlink(missing_ok=True)
 
 
 def apply_geometry(pipeline: MultiPipeline, streams: list[str], lines: Mapping[str, Any],

@@ -36,12 +36,13 @@ import os
 import socket
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from .._config import suggestion
 from ..errors import ConfigError
+from ..link.config_document import document_problems, fleet_part
 from ..link.protocol import Topics
 from ..link.settings import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -68,6 +69,7 @@ DEFAULT_UPDATE_MAX_LATENCY_FACTOR = 3.0
 DEFAULT_DATA_DIR = "/var/lib/edgeinfer"
 DEFAULT_TELEMETRY_INTERVAL_S = 1.0
 MIN_TELEMETRY_INTERVAL_S = 0.01
+MAX_TELEMETRY_INTERVAL_S = 3600.0
 DEFAULT_RESTART_MIN_S = 1.0
 DEFAULT_RESTART_MAX_S = 60.0
 
@@ -112,6 +114,8 @@ class AgentConfig:
     update_max_latency_factor: float = DEFAULT_UPDATE_MAX_LATENCY_FACTOR
     #: the fleet manager's HTTP API (``https://fleet.example:8443``): where event evidence is uploaded
     manager_url: str | None = None
+    #: the mapping it was read from: a fleet revision's keys are laid over it (agent/configuration.py)
+    data: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def topics(self) -> Topics:
@@ -142,8 +146,8 @@ class AgentConfig:
 # --------------------------------------------------------------------------------------- loading
 
 # the YAML's top-level keys: the agent's own, and the MQTT link's settings flat beside them
-_TOP_KEYS = (({f.name for f in fields(AgentConfig)} - {"path", "mqtt"})
-             | ({f.name for f in fields(LinkSettings)} - {"url", "client_id"}) | {"broker", "password_file"})
+TOP_KEYS = frozenset(({f.name for f in fields(AgentConfig)} - {"path", "mqtt", "data"})
+                     | ({f.name for f in fields(LinkSettings)} - {"url", "client_id"}) | {"broker", "password_file"})
 _SENSOR_KEYS = {"root", "thermal_zones", "throttle"}
 
 
@@ -201,7 +205,11 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
     if not isinstance(data, Mapping):
         raise ConfigError(f"{file}: the top level must be a mapping of keys (device_id, broker, pipelines, ...)")
     r = ConfigReader(data, "", file, base)
-    r.check_unknown(_TOP_KEYS)
+    r.check_unknown(TOP_KEYS)
+    # the keys a fleet document may set are checked first as the fleet's are, by the one schema (same words)
+    problems = document_problems(fleet_part(data))
+    if problems:
+        raise ConfigError(f"{file}: {problems[0]}")
 
     device_id = _device_id(r, hostname)
     fleet = r.identifier("fleet", DEFAULT_FLEET)
@@ -230,7 +238,7 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
         device_id=device_id, fleet=fleet, mqtt=mqtt,
         data_dir=data_dir,
         telemetry_interval_s=float(r.number("telemetry_interval_s", DEFAULT_TELEMETRY_INTERVAL_S,
-                                            minimum=MIN_TELEMETRY_INTERVAL_S, maximum=3600)),
+                                            minimum=MIN_TELEMETRY_INTERVAL_S, maximum=MAX_TELEMETRY_INTERVAL_S)),
         spool_max_bytes=r.size("spool_max_bytes", DEFAULT_MAX_BYTES, minimum=MIN_MAX_BYTES),
         restart_min_s=restart_min, restart_max_s=restart_max,
         metrics=_metrics(r.get("metrics"), file),
@@ -246,6 +254,7 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
         update_max_latency_factor=float(r.number("update_max_latency_factor", DEFAULT_UPDATE_MAX_LATENCY_FACTOR,
                                                  above=1.0, maximum=1000)),
         manager_url=_manager_url(r),
+        data=dict(data),
     )
 
 
@@ -305,12 +314,7 @@ def _pipelines(r: ConfigReader) -> tuple[PipelineConfig, ...]:
     raw = r.get("pipelines", [])
     if not isinstance(raw, list):
         raise r.fail("pipelines", "must be a list of pipelines (each with name, model, source)")
-    pipelines = tuple(read_pipeline(item, i, r.file, r.base) for i, item in enumerate(raw))
-    names = [p.name for p in pipelines]
-    for name in names:
-        if names.count(name) > 1:
-            raise r.fail("pipelines", f"two pipelines are named {name!r}; names must be unique")
-    return pipelines
+    return tuple(read_pipeline(item, i, r.file, r.base) for i, item in enumerate(raw))  # names unique: the document
 
 
 def _with_store_dirs(pipelines: tuple[PipelineConfig, ...], data_dir: Path) -> tuple[PipelineConfig, ...]:

@@ -18,12 +18,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import logging
 import sqlite3
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._redact import redact, redact_values
 from .._version import __version__
@@ -32,7 +34,7 @@ from ..errors import ConfigError
 from ..link.mqtt import MqttLink
 from ..link.protocol import PROTOCOL_VERSION, Topics, encode
 from ..link.spool import PRIORITY_EVENT, PRIORITY_TELEMETRY, Spool
-from ..link.vocabulary import EventKind
+from ..link.vocabulary import DeploymentKind, EventKind
 from .commands import CommandRouter, register_builtin_commands
 from .config import AgentConfig, resolve_profile
 from .diagnosis import add_diagnosis_commands
@@ -41,17 +43,22 @@ from .live_view import add_view_commands
 from .log_ring import LogRing
 from .metrics import start_metrics
 from .model_check import ConfigErrors
+from .pipelines import Runners
 from .runner import PipelineFactory, PipelineRunner, default_pipeline_factory
 from .services import TelemetryFigures
 from .telemetry import (
     BootSequence,
     SystemProbe,
     default_throttle_sensors,
+    event_message,
     footprint_section,
-    pipeline_entry,
+    spool_section,
     telemetry_message,
 )
 from .uploads import start_uploader
+
+if TYPE_CHECKING:
+    from .pipeline_config import PipelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -126,26 +133,14 @@ def watchdog_interval() -> float | None:
         return None
 
 
-def pipeline_windows(runners: list[PipelineRunner], totals: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
-    """Each pipeline's telemetry entry for this window; adds its frames and drops to ``totals``."""
-    pipelines = []
-    for runner in runners:
-        entry = pipeline_entry(runner.name, runner.status, runner.take_window(), delegate=runner.delegate,
-                               restarts=runner.restarts, streams=[s.name for s in runner.config.sources])
-        pipelines.append(entry)
-        total = totals.setdefault(runner.name, {"frames": 0, "dropped": 0})
-        total["frames"] += entry["frames"]
-        total["dropped"] += entry["dropped"]
-    return pipelines
-
-
-def spool_figures(spool: Spool | None, write_errors: int) -> dict[str, Any]:
-    """The telemetry's ``spool`` section."""
-    stats = spool.stats() if spool is not None else None
-    if not stats:
-        return {"pending": 0, "dropped": 0}
-    return {"pending": stats.pending, "bytes": stats.bytes, "dropped": stats.dropped,
-            "dropped_events": stats.dropped_events, "rejected": stats.rejected, "write_errors": write_errors}
+def report_reconnect(agent: Agent, offline_s: float | None) -> None:
+    """The link's ``on_connected``: after a reconnect (not the first connect), say how long the device was cut off."""
+    if offline_s is None:
+        return
+    link, spool = agent.link, agent.spool
+    agent.emit(EventKind.MQTT_RECONNECTED, "warning", f"reconnected to the broker after {offline_s:.1f} s offline",
+               data={"offline_s": round(offline_s, 3), "session_present": link.status.session_present if link
+                     else None, "pending": spool.pending if spool else None})
 
 
 class Agent:
@@ -175,15 +170,16 @@ class Agent:
         self.uploader: Any = None  # event evidence and capture samples to the fleet manager (agent/uploads.py)
         self.log_ring = LogRing()  # the recent log lines the fleet may ask for (agent/log_ring.py)
         self.diagnosis: Any = None  # the logs and doctor commands (agent/diagnosis.py)
-        self._runners: list[PipelineRunner] = []
+        self.pipelines = Runners(self._make_runner)  # built in open(), once the configuration is known
+        self.configuration: Any = None  # the fleet's configuration revisions (agent/configuration.py)
         self._delegates: list[dict[str, Any]] = []
         self._versions: dict[str, str | None] = {}
         self._opened = self._closed = False
         self._lock_file: Any = None
         self._last_tick: float | None = None
         self._spool_write_errors = 0
-        self.config_errors = ConfigErrors(self.stop)  # a pipeline's first start failed as configured: exit 78
         self.exit_status = 0  # what the process exits with after run(): request_exit()
+        self.config_errors = ConfigErrors(self.stop)  # a pipeline's first start failed as configured: exit 78
 
     # -- what plug-ins see (AgentServices) -------------------------------------------------
     def stop(self) -> None:
@@ -198,10 +194,23 @@ class Agent:
 
     def runner(self, name: str) -> PipelineRunner:
         """The runner of pipeline ``name``; ValueError lists the names."""
-        for runner in self._runners:
-            if runner.name == name:
-                return runner
-        raise ValueError(f"no pipeline named {name!r} (have: {', '.join(r.name for r in self._runners) or 'none'})")
+        return self.pipelines.get(name)
+
+    def add_pipeline(self, config: PipelineConfig) -> PipelineRunner:
+        """Start a pipeline beside the others (a configuration revision), and say so in the state."""
+        runner = self.pipelines.add(config)
+        self._state_changed()
+        return runner
+
+    def remove_pipeline(self, name: str) -> None:
+        """Stop pipeline ``name`` and drop it; the others go on."""
+        self.pipelines.remove(name)
+        self._state_changed()
+
+    def use_agent_keys(self, config: AgentConfig) -> None:
+        """Take ``config``'s agent keys a fleet revision sets (``telemetry_interval_s``: from the next tick)."""
+        self.config = dataclasses.replace(self.config, telemetry_interval_s=config.telemetry_interval_s)
+        self._wake.set()
 
     @property
     def stopping(self) -> bool:
@@ -211,7 +220,7 @@ class Agent:
     @property
     def runners(self) -> list[PipelineRunner]:
         """The pipelines' runners, in config order (empty before open())."""
-        return list(self._runners)
+        return self.pipelines.all
 
     @property
     def link(self) -> MqttLink | None:
@@ -233,11 +242,16 @@ class Agent:
         """Log an event and spool it for the ``events`` topic, its secrets masked (ValueError: an unknown kind)."""
         log.log({"info": logging.INFO, "warning": logging.WARNING}.get(level, logging.ERROR), "event %s: %s",
                 event, message)
-        body = {"v": PROTOCOL_VERSION, "type": "event", "fleet": self.topics.fleet, "device": self.topics.device,
-                "ts": round(time.time(), 3), "boot_id": self.boot.boot_id, "seq": self.boot.next("events"),
-                "event": EventKind(event).value, "level": level, "message": redact(message), "pipeline": pipeline,
-                "cmd_id": cmd_id, "data": redact_values(dict(data or {}))}
+        body = event_message(self.topics, self.boot, EventKind(event).value, level, redact(message),
+                             pipeline=pipeline, cmd_id=cmd_id, data=redact_values(dict(data or {})))
         self._spool_message(self.topics.events, body, PRIORITY_EVENT)
+
+    def _make_runner(self, config: PipelineConfig, on_config_error: Any) -> PipelineRunner:
+        uploader, settings = self.uploader, self.config
+        return PipelineRunner(config, emit=self.emit, on_change=self._state_changed, factory=self._factory,
+                              restart_min_s=settings.restart_min_s, restart_max_s=settings.restart_max_s,
+                              on_evidence=uploader.enqueue if uploader else None,
+                              on_sample=uploader.enqueue_sample if uploader else None, on_config_error=on_config_error)
 
     def run(self) -> None:
         """Open everything, tick telemetry until stop(), then shut down cleanly."""
@@ -255,10 +269,12 @@ class Agent:
         self._opened = True
         self.log_ring.install()  # first: the start's own lines are in the ring
         self._lock_file = claim_data_dir(self.config)
+        from .configuration import ConfigUpdates
         from .deploy import UpdateService
 
         self.updates = UpdateService(self.config)  # A/B model slots: may replace the configured model
-        self.config = config = self.updates.installed_config(self.config)
+        self.configuration = ConfigUpdates(self.config)  # the fleet's revision over agent.yaml, if one was applied
+        self.config = config = self.updates.installed_config(self.configuration.effective())
         self.profile = resolve_profile(config)
         use_board_decoders(self.profile.decoders() if self.profile is not None else {})  # RTSP: hardware decoding
         if self.probe is None:
@@ -274,21 +290,17 @@ class Agent:
                                       device_id=config.device_id)
         register_builtin_commands(self.commands)
         self.updates.register(self.commands)
+        self.updates.register_kind(DeploymentKind.CONFIG, self.configuration)  # configuration revisions
         offline = encode(self._state_message(online=False, reason="connection lost"))
         self._link = MqttLink(config.link_settings(), spool=self._spool, will=(self.topics.state, offline),
                               subscriptions=[self.topics.cmd], on_message=self._on_message,
-                              on_connected=self._on_connected)
+                              on_connected=functools.partial(report_reconnect, self))
         # runners exist before the link connects: a command queued in the persistent session may
         # arrive at once and name a pipeline; commands wait in the router's queue until it starts
         self.uploader = start_uploader(config, self.emit)
-        self.live_views, factory = add_view_commands(self, self.commands, config, self._factory)
+        self.live_views, self._factory = add_view_commands(self, self.commands, config, self._factory)
         self.diagnosis = add_diagnosis_commands(self, self.commands, config, self.log_ring)
-        self._runners = [PipelineRunner(p, emit=self.emit, on_change=self._state_changed, factory=factory,
-                                        restart_min_s=config.restart_min_s, restart_max_s=config.restart_max_s,
-                                        on_evidence=self.uploader.enqueue if self.uploader else None,
-                                        on_sample=self.uploader.enqueue_sample if self.uploader else None,
-                                        on_config_error=self.config_errors.reporter(config, index))
-                         for index, p in enumerate(config.pipelines)]
+        self.pipelines.build(config, self.config_errors.reporter)
         self._link.set_retained(self.topics.state, encode(self._state_message(online=True)))
         self._link.start()
         if config.metrics is not None:
@@ -296,10 +308,10 @@ class Agent:
         self.emit(EventKind.AGENT_STARTED, "info", f"agent {__version__} started on {config.device_id}",
                   data={"versions": self._versions, "pipelines": [p.name for p in config.pipelines],
                         "broker": str(self._link.broker), "profile": getattr(self.profile, "name", None)})
-        for runner in self._runners:
-            runner.start()
+        self.pipelines.start()
         self.commands.start()
         self.updates.start(self)  # the agent kind: what its launcher decided, and a trial's judgement
+        self.configuration.start(self)  # a revision the agent stopped in the middle of: rolled back, said so
         sd_notify("READY=1")
 
     def close(self) -> None:
@@ -310,10 +322,7 @@ class Agent:
         self._closed = True
         sd_notify("STOPPING=1")
         self.emit(EventKind.AGENT_STOPPING, "info", "agent stopping")
-        for runner in self._runners:  # all at once, then wait for each
-            runner.request_stop()
-        for runner in self._runners:
-            runner.stop()
+        self.pipelines.stop()
         with contextlib.suppress(Exception):
             self._tick()
         if self.commands is not None:
@@ -340,10 +349,9 @@ class Agent:
 
     # -- the main loop ---------------------------------------------------------------------
     def _loop(self) -> None:
-        interval = self.config.telemetry_interval_s
         self._last_tick = time.monotonic()
         self.probe.sample()  # CPU figures are deltas: take the first mark now
-        next_tick = self._last_tick + interval
+        next_tick = self._last_tick + self.config.telemetry_interval_s
         watchdog = watchdog_interval()
         next_watchdog = time.monotonic()
         while not self._stop.is_set():
@@ -351,6 +359,8 @@ class Agent:
             if watchdog is not None and now >= next_watchdog:
                 sd_notify("WATCHDOG=1")  # from the main loop: if it hangs, systemd restarts the agent
                 next_watchdog = now + watchdog
+            interval = self.config.telemetry_interval_s  # a fleet revision may change it
+            next_tick = min(next_tick, now + interval)
             if now >= next_tick:
                 self._safe_tick()
                 next_tick += interval
@@ -378,11 +388,11 @@ class Agent:
         window_s = self.config.telemetry_interval_s if self._last_tick is None else max(1e-3, now - self._last_tick)
         self._last_tick = now
         link_status = self._link.status.to_dict() if self._link is not None else None
+        system = self.probe.sample()
         message = telemetry_message(self.topics, self.boot, interval_s=window_s,
-                                    pipelines=pipeline_windows(self._runners, self.figures.totals),
-                                    system=(system := self.probe.sample()),
-                                    spool=spool_figures(self._spool, self._spool_write_errors),
-                                    mqtt=link_status, footprint=footprint_section(self._runners, system))
+                                    pipelines=self.pipelines.windows(self.figures), system=system,
+                                    spool=spool_section(self._spool, self._spool_write_errors), mqtt=link_status,
+                                    footprint=footprint_section(self.runners, system))
         self.figures.latest = message
         self._spool_message(self.topics.telemetry, message, PRIORITY_TELEMETRY)
 
@@ -417,18 +427,11 @@ class Agent:
             message["reason"] = reason
         if online or reason == "shutdown":
             message.update({"versions": self._versions, "delegates": self._delegates,
-                            "pipelines": [runner.describe() for runner in self._runners]})
+                            "pipelines": [runner.describe() for runner in self.runners]})
             message.update(self.updates.state_sections(self.config.pipelines) if self.updates is not None else {})
+            if self.configuration is not None:  # the revision it runs, the one on trial, the last refused
+                message["config"] = self.configuration.describe()
         return message
-
-    def _on_connected(self, offline_s: float | None) -> None:
-        """After a reconnect (not the first connect): say how long the device was cut off."""
-        if offline_s is None:
-            return
-        link = self._link
-        self.emit(EventKind.MQTT_RECONNECTED, "warning", f"reconnected to the broker after {offline_s:.1f} s offline",
-                  data={"offline_s": round(offline_s, 3), "session_present": link.status.session_present if link
-                        else None, "pending": self._spool.pending if self._spool else None})
 
     def _on_message(self, topic: str, payload: bytes) -> None:
         if topic != self.topics.cmd:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..link.protocol import MAX_STREAMS
+from ..link.config_document import SOURCE_FORMS, default_pipeline_name, default_stream_name
 from ..pipeline.events import EventRule
 from ..pipeline.labels import Labels
 from ..pipeline.options import BOX_OPTIONS, PipelineOptions
@@ -31,8 +31,6 @@ from .config_reader import ConfigReader
 
 #: what the runner does when a pipeline fails (``on-failure``) or its source ends (``always``)
 RESTART_POLICIES = ("on-failure", "always", "never")
-#: the forms of a source, for messages
-_SOURCE_FORMS = "a video file, image folder or glob, camera index, /dev/videoN, rtsp:// URL or GStreamer pipeline"
 
 
 @dataclass(frozen=True)
@@ -93,7 +91,7 @@ Read = Callable[[ConfigReader, str], Any]
 
 # ------------------------------------------------------------------------------- reading by type
 
-def _members(hint: Any) -> tuple[tuple[Any, ...], bool]:
+def members_of(hint: Any) -> tuple[tuple[Any, ...], bool]:
     """The types a hint allows, without None, and whether None is allowed."""
     args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     return tuple(a for a in args if a is not type(None)), type(None) in args
@@ -106,7 +104,7 @@ def _kind(members: tuple[Any, ...]) -> str | None:
 
 def _reader_for(option: dataclasses.Field, hint: Any) -> Read:
     """How to read ``option`` from YAML, from its type; TypeError for a type with no YAML form."""
-    members = _members(hint)[0]
+    members = members_of(hint)[0]
     choices = option.metadata.get("choices")
     if members == (bool,):
         return lambda r, key: r.boolean(key, False)
@@ -120,8 +118,8 @@ def _reader_for(option: dataclasses.Field, hint: Any) -> Read:
         return lambda r, key: r.path(key)
     if members == (tuple[int, int],):
         return lambda r, key: r.pair(key)
-    if members == (tuple[str, ...],):
-        return lambda r, key: r.strings(key)
+    if members == (tuple[str, ...],):  # an empty list is none (the fleet's form for "no rules")
+        return lambda r, key: () if r.get(key) == [] else r.strings(key)
     if members == (float, tuple[float, ...]):
         return lambda r, key: r.numbers(key)
     if len(members) == 1 and dataclasses.is_dataclass(members[0]):
@@ -168,7 +166,7 @@ def _forms() -> dict[str, _OptionForm]:
     out = {}
     for option in dataclasses.fields(PipelineConfig):
         if option.name not in _READ_BY_HAND:
-            members, nullable = _members(hints[option.name])
+            members, nullable = members_of(hints[option.name])
             out[option.name] = _OptionForm(option, _reader_for(option, hints[option.name]), _kind(members), nullable)
     return out
 
@@ -216,7 +214,7 @@ def _resolve_source(reader: ConfigReader, key: str) -> str | int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-        raise reader.fail(key, f"must be a source ({_SOURCE_FORMS}), got {value!r}")
+        raise reader.fail(key, f"must be a source ({SOURCE_FORMS}), got {value!r}")
     source = reader.string(key, required=True)
     assert source is not None
     if source.isdigit():
@@ -229,31 +227,19 @@ def _resolve_source(reader: ConfigReader, key: str) -> str | int:
 
 def _read_sources(r: ConfigReader) -> tuple[StreamSource, ...]:
     """``sources``: a list of sources, or of ``{name, source}``; unnamed streams are stream0, stream1, ...
-    by their place in the list, as ``edgeinfer run -s`` names them."""
-    raw = r.get("sources")
-    if not isinstance(raw, list) or not raw:
-        raise r.fail("sources", f"must be a non-empty list of sources, each a source or {{name: NAME, source: "
-                                f"SOURCE}}, got {raw!r}")
-    if len(raw) > MAX_STREAMS:
-        raise r.fail("sources", f"at most {MAX_STREAMS} streams in one pipeline, got {len(raw)}")
+    by their place in the list, as ``edgeinfer run -s`` names them. Its form (a list of at most MAX_STREAMS, each
+    with a source, names used once) was checked with the document (link/config_document.py)."""
     entries = r.items("sources")
     streams: list[StreamSource] = []
     for index, key in enumerate(entries.data):
-        item = entries.data[key]
-        if isinstance(item, Mapping):
+        if isinstance(entries.data[key], Mapping):
             fields = entries.mapping(key, ("name", "source"))
             assert fields is not None
-            name = fields.identifier("name", f"stream{index}")
-            if not fields.has("source"):
-                raise fields.fail("source", f"required ({_SOURCE_FORMS})")
+            name = fields.identifier("name", default_stream_name(index))
             source = _resolve_source(fields, "source")
-        elif item is None:
-            raise entries.fail(key, f"must be a source ({_SOURCE_FORMS}) or {{name: NAME, source: SOURCE}}, got null")
         else:
-            name, source = f"stream{index}", _resolve_source(entries, key)
+            name, source = default_stream_name(index), _resolve_source(entries, key)
         assert name is not None
-        if any(stream.name == name for stream in streams):
-            raise entries.fail(key, f"two streams are named {name!r}; stream names must be unique")
         streams.append(StreamSource(name, source))
     return tuple(streams)
 
@@ -264,22 +250,17 @@ def read_pipeline(item: Any, index: int, file: str, base: Path) -> PipelineConfi
         raise ConfigError(f"{file}: pipelines[{index}]: must be a mapping with name, model and source")
     r = ConfigReader(item, f"pipelines[{index}].", file, base)
     r.check_unknown(set(PIPELINE_KEYS))
-    name = r.identifier("name", f"pipeline{index}" if index else "main")
+    name = r.identifier("name", default_pipeline_name(index))
     model = r.path("model")
     if model is None:
         raise r.fail("model", "required (path to a .tflite, .onnx or OpenVINO .xml model)")
     values: dict[str, Any] = {"name": name, "model": model}
-    if r.has("source") and r.has("sources"):
-        raise r.fail("sources", "give either source (one stream) or sources (several), not both")
+    # one of source and sources, batch with sources: checked with the document (link/config_document.py)
     if r.has("sources"):
         values["sources"] = _read_sources(r)
         values["batch"] = r.positive_int("batch")
-    elif r.has("source"):
-        values["source"] = _resolve_source(r, "source")
-        if r.has("batch"):
-            raise r.fail("batch", "only a pipeline with sources takes it (frames of several streams per invoke)")
     else:
-        raise r.fail("source", f"required ({_SOURCE_FORMS}; or sources: a list of them)")
+        values["source"] = _resolve_source(r, "source")
     for key, form in _FORMS.items():
         if form.given(r):
             values[key] = _read_option(r, form)

@@ -116,6 +116,22 @@ class CaptureReports:
                        pipeline=self.pipeline, data=data)
 
 
+def runner_entry(runner: PipelineRunner) -> dict[str, Any]:
+    """A pipeline's entry in the ``state`` message (with several sources: each stream's too)."""
+    config, running = runner.config, runner.pipeline
+    # the task the model was read for; before it loads, the configured one ("auto": from the model)
+    task = running.options.task if running is not None else config.task or "auto"
+    entry = {"name": runner.name, "status": runner.status, "task": task, "source": source_text(config),
+             "delegate": runner.delegate, "fallback_reason": runner.fallback_reason, "error": runner.last_error,
+             "restarts": runner.restarts, "model": dict(runner.model), "degraded": runner.degraded,
+             "delegate_wanted": runner.delegate_wanted}
+    if config.sources:
+        live = {s["name"]: s for s in running.stream_status()} if running is not None else {}
+        entry["streams"] = [live.get(s.name) or {"name": s.name, "source": str(s.source), "status": runner.status,
+                                                 "error": None} for s in config.sources]
+    return entry
+
+
 class PipelineRunner:
     """Runs one pipeline in a named thread; restarts it with backoff when it fails."""
 
@@ -137,10 +153,12 @@ class PipelineRunner:
         self._restart_requested = threading.Event()
         self._thread: threading.Thread | None = None
         self._pipeline: MultiPipeline | None = None
+        self._events_of: MultiPipeline | None = None  # the run whose rule events are reported
         self._leftover: PipelineStats | None = None
         self.status = "starting"
         self.restarts = 0
         self.last_error: str | None = None
+        self.failed_at = 0.0  # when it last failed (unix time): a configuration's health gate reads it
         self.delegate: str | None = None
         self.fallback_reason: str | None = None
         #: running on a fallback delegate after the wanted one failed at run time (the pipeline goes on)
@@ -229,19 +247,14 @@ class PipelineRunner:
 
     def describe(self) -> dict[str, Any]:
         """This pipeline's entry in the ``state`` message (with several sources: each stream's too)."""
-        sources = self.config.sources
-        running = self.pipeline
-        # the task the model was read for; before it loads, the configured one ("auto": from the model)
-        task = running.options.task if running is not None else self.config.task or "auto"
-        entry = {"name": self.name, "status": self.status, "task": task, "source": source_text(self.config),
-                 "delegate": self.delegate, "fallback_reason": self.fallback_reason, "error": self.last_error,
-                 "restarts": self.restarts, "model": dict(self.model), "degraded": self.degraded,
-                 "delegate_wanted": self.delegate_wanted}
-        if sources:
-            live = {s["name"]: s for s in running.stream_status()} if running is not None else {}
-            entry["streams"] = [live.get(s.name) or {"name": s.name, "source": str(s.source), "status": self.status,
-                                                     "error": None} for s in sources]
-        return entry
+        return runner_entry(self)
+
+    def follow_events(self, pipeline: MultiPipeline) -> None:
+        """Report what the run's event rules fire, once per run (a configuration revision may give a running run
+        its first rules: agent/config_apply.py)."""
+        if pipeline is not self._events_of:
+            self._events_of = pipeline
+            pipeline.add_event_listener(self._on_rule_event)
 
     # -- the thread -----------------------------------------------------------------------
     def _set_status(self, status: str) -> None:
@@ -306,6 +319,7 @@ class PipelineRunner:
 
     def _report_failed(self, error: BaseException) -> None:
         self.last_error = f"{type(error).__name__}: {' '.join(str(error).split())}"
+        self.failed_at = time.time()
         self._set_status("failed")
         self._emit(EventKind.PIPELINE_FAILED, "error", f"pipeline {self.name} failed: {self.last_error}",
                    pipeline=self.name, data={"error": self.last_error, "type": type(error).__name__})
@@ -350,7 +364,7 @@ class PipelineRunner:
         self.degraded, self.delegate_wanted = False, None
         pipeline.add_delegate_listener(self._on_delegate_event)
         if self.config.events:
-            pipeline.add_event_listener(self._on_rule_event)
+            self.follow_events(pipeline)
         if self.config.sources:
             pipeline.add_stream_listener(self._on_stream_event)
         pipeline.samples.describe(self.name, self.config.version)

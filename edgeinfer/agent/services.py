@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..link.mqtt import MqttLink
 from ..link.protocol import Topics
@@ -17,6 +17,10 @@ from ..link.spool import Spool
 from ..link.vocabulary import EventKind
 from .runner import PipelineRunner
 from .telemetry import BootSequence
+
+if TYPE_CHECKING:
+    from .config import AgentConfig
+    from .pipeline_config import PipelineConfig
 
 
 @dataclass
@@ -73,6 +77,15 @@ class AgentServices(Protocol):
 
     def state_changed(self) -> None:
         """Publish the retained ``state`` again soon: something it reports (the model slots) changed."""
+
+    def add_pipeline(self, config: PipelineConfig) -> PipelineRunner:
+        """Start a pipeline beside the others (a configuration revision adds it)."""
+
+    def remove_pipeline(self, name: str) -> None:
+        """Stop pipeline ``name`` and drop it; the others go on."""
+
+    def use_agent_keys(self, config: AgentConfig) -> None:
+        """Take the agent keys a fleet revision sets (``telemetry_interval_s``) from ``config``."""
 
     def request_exit(self, status: int) -> None:
         """Stop as :meth:`stop` would, and end the process with ``status`` (the launcher reads it: an agent update)."""

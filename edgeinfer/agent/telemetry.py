@@ -391,3 +391,21 @@ def telemetry_message(topics: Topics, boot: BootSequence, *, interval_s: float, 
     if footprint is not None:
         message["footprint"] = footprint
     return message
+
+
+def event_message(topics: Topics, boot: BootSequence, event: str, level: str, message: str, *,
+                  pipeline: str | None = None, cmd_id: str | None = None,
+                  data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A complete ``events`` message; takes the next events ``seq`` of the boot."""
+    return {"v": PROTOCOL_VERSION, "type": "event", "fleet": topics.fleet, "device": topics.device,
+            "ts": round(time.time(), 3), "boot_id": boot.boot_id, "seq": boot.next("events"), "event": event,
+            "level": level, "message": message, "pipeline": pipeline, "cmd_id": cmd_id, "data": dict(data or {})}
+
+
+def spool_section(spool: Any, write_errors: int) -> dict[str, Any]:
+    """Telemetry's ``spool``: what waits, what was dropped (cumulative), the writes that failed."""
+    stats = spool.stats() if spool is not None else None
+    if not stats:
+        return {"pending": 0, "dropped": 0}
+    return {"pending": stats.pending, "bytes": stats.bytes, "dropped": stats.dropped,
+            "dropped_events": stats.dropped_events, "rejected": stats.rejected, "write_errors": write_errors}

@@ -23,8 +23,9 @@ EXIT_CONFIG = CONFIG_EXIT_STATUS
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=str),
               help="The agent's YAML configuration (see docs/agent.md).")
 @click.option("--check", is_flag=True,
-              help="Validate the configuration (TLS files, and each pipeline's model read as its run reads it: "
-                   "task, output layout, labels, rules), print it, and exit. Exit 78 for a configuration error.")
+              help="Validate the configuration (TLS files, each pipeline's model read as its run reads it: task, "
+                   "output layout, labels, rules; each source opened), print it with the fleet revision it runs "
+                   "over agent.yaml, and exit. Exit 78 for a configuration error.")
 @handle_errors
 def agent(config_path: str, check: bool) -> None:
     """Run the device agent: pipelines + MQTT telemetry, state, events and commands, until SIGTERM."""
@@ -42,18 +43,23 @@ def agent(config_path: str, check: bool) -> None:
         config = load_config(config_path)
         if check:
             resolve_profile(config, detect_now=False)  # a named profile must exist
-            from ..agent.model_check import check_models
+            from ..agent.config_check import check_configuration
+            from ..agent.configuration import preview
 
-            models = check_models(config)  # each model read as the run reads it (its warnings logged); no source opened
+            config, precedence = preview(config)  # the fleet's applied revision over agent.yaml (read only)
+            found = check_configuration(config)  # each model read as the run reads it, each source opened
     except ConfigError as exc:
         _config_error(exc)
     if check:
+        for problem in found["sources"]:  # a camera the running agent holds, one not plugged in: not the config's
+            click.echo(f"edgeinfer: warning: {problem}", err=True)
         print_json({"device_id": config.device_id, "fleet": config.fleet,
                     "broker": str(config.link_settings().broker),  # without credentials
                     "data_dir": str(config.data_dir), "telemetry_interval_s": config.telemetry_interval_s,
                     "spool_max_bytes": config.spool_max_bytes, "topics": config.topics.root,
-                    "profile": config.profile,
-                    "pipelines": [p.name for p in config.pipelines], "models": models})
+                    "profile": config.profile, "configuration": precedence,
+                    "pipelines": [p.name for p in config.pipelines], "models": found["models"],
+                    "source_warnings": found["sources"]})
         return
     from .._native import cap_malloc_arenas
 

@@ -217,6 +217,33 @@ _PERCENTILES = {
     "required": ["p50", "p95", "p99"],
 }
 
+_REVISION = {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_COUNT}
+_REVISION_SUMMARY = {
+    "type": ["object", "null"], "required": ["revision", "sha256"],
+    "properties": {"revision": _REVISION, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                   "deployment_id": _NULLABLE_STR},
+}
+#: the configuration revision a device runs (agent/configuration.py; the document: link/config_document.py)
+_CONFIG_STATE = {
+    "type": ["object", "null"],
+    "description": "the configuration the device runs: revision and sha256 of the fleet's document (null: agent.yaml "
+                   "alone; source says which), the keys the revision sets over agent.yaml, the revision on trial "
+                   "(being applied and judged), and the last one refused (state failed: before anything changed) or "
+                   "rolled back (state rolled_back: it failed its health gate, or the agent stopped while applying "
+                   "it) with its reason and detail",
+    "properties": {
+        "revision": _REVISION,
+        "sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"},
+        "deployment_id": _NULLABLE_STR,
+        "source": {"enum": ["fleet", "agent.yaml"]},
+        "keys": {"type": "array", "items": {"type": "string"}},
+        "trial": _REVISION_SUMMARY,
+        "refused": {"type": ["object", "null"],
+                    "properties": {**_REVISION_SUMMARY["properties"], "state": {"enum": ["failed", "rolled_back"]},
+                                   "reason": {"type": "string"}, "detail": {"type": "string"}, "at": _TS}},
+    },
+}
+
 STATE_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "state",
@@ -279,6 +306,7 @@ STATE_SCHEMA: dict[str, Any] = {
                   "properties": {"slot": {"enum": ["a", "b"]}, "version": {"type": "string"},
                                  "sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"},
                                  "trial": {"type": "boolean"}}},
+        "config": _CONFIG_STATE,
     },
 }
 

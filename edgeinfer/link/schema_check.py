@@ -8,10 +8,12 @@ before a trailing newline (``schema_fast.pattern``).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .._config import suggestion
 from .schema_fast import pattern
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -33,31 +35,58 @@ def _same(value: Any, expected: Any) -> bool:
     return value == expected and isinstance(value, bool) == isinstance(expected, bool)
 
 
+#: a JSON type in words, for messages ("must be a number, got 'fast'")
+_TYPE_WORDS = {"object": "an object", "array": "an array", "string": "a string", "boolean": "true or false",
+               "integer": "an integer", "number": "a number", "null": "null"}
+
+
+#: the numeric bounds: keyword, its symbol in messages, and when a value is outside it
+_BOUNDS: tuple[tuple[str, str, Callable[[Any, Any], bool]], ...] = (
+    ("minimum", ">=", lambda v, bound: v < bound), ("maximum", "<=", lambda v, bound: v > bound),
+    ("exclusiveMinimum", ">", lambda v, bound: v <= bound), ("exclusiveMaximum", "<", lambda v, bound: v >= bound))
+
+
 def _shown(value: Any, limit: int = 80) -> str:
     """A value for an error message: short, and never a failure of its own (however deep the value)."""
     if isinstance(value, (dict, list)):
         return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)  # null, true, false: as the document writes them
     return repr(value)[:limit]
 
 
 def _errors(value: Any, schema: Mapping[str, Any], where: str) -> list[str]:
-    """Every way ``value`` breaks ``schema`` (the subset of JSON Schema used in this module)."""
+    """Every way ``value`` breaks ``schema`` (the subset of JSON Schema used in this module). A schema's
+    ``errorMessage`` (ajv-errors' keyword: a value's form in words) replaces its own problems, not its children's:
+    ``$.size: must be WIDTHxHEIGHT such as 640x480, or [640, 480], got 'big'``."""
+    out = _checked(value, schema, where)
+    words = schema.get("errorMessage")
+    if not words or not out:
+        return out
+    own = f"{where}: "
+    children = [problem for problem in out  # a missing key is said as such: it names the key
+                if not problem.startswith(own) or problem.startswith(f"{own}missing required key")]
+    return ([f"{where}: {words}, got {_shown(value)}"] if len(children) < len(out) else []) + children
+
+
+def _checked(value: Any, schema: Mapping[str, Any], where: str) -> list[str]:
     out: list[str] = []
     if "const" in schema and not _same(value, schema["const"]):
         return [f"{where}: must be {schema['const']!r}, got {_shown(value)}"]
     if "enum" in schema and not any(_same(value, option) for option in schema["enum"]):
-        return [f"{where}: must be one of {', '.join(map(repr, schema['enum']))}, got {_shown(value)}"]
+        options = ", ".join(option if isinstance(option, str) else repr(option) for option in schema["enum"])
+        return [f"{where}: must be one of {options}, got {_shown(value)}"]
     if "type" in schema:
         names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         if not any(_is_type(value, n) for n in names):
-            return [f"{where}: must be {' or '.join(names)}, got {type(value).__name__}"]
+            return [f"{where}: must be {' or '.join(_TYPE_WORDS[n] for n in names)}, got {_shown(value)}"]
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            out.append(f"{where}: must be >= {schema['minimum']}, got {value}")
-        if "maximum" in schema and value > schema["maximum"]:
-            out.append(f"{where}: must be <= {schema['maximum']}, got {value}")
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            out.append(f"{where}: must be > {schema['exclusiveMinimum']}, got {value}")
+        kinds = [n for n in (schema["type"] if isinstance(schema.get("type"), list) else [schema.get("type")])
+                 if n != "null"]
+        kind = f"{_TYPE_WORDS[kinds[0]]} " if kinds in (["integer"], ["number"]) else ""  # "must be a number > 0"
+        for word, symbol, outside in _BOUNDS:
+            if word in schema and outside(value, schema[word]):
+                out.append(f"{where}: must be {kind}{symbol} {schema[word]}, got {value}")
     if isinstance(value, str):
         if "minLength" in schema and len(value) < schema["minLength"]:
             out.append(f"{where}: must have at least {schema['minLength']} characters")
@@ -86,7 +115,7 @@ def _errors(value: Any, schema: Mapping[str, Any], where: str) -> list[str]:
             elif key in props:
                 out.extend(_errors(item, props[key], path))
             elif extra is False:
-                out.append(f"{where}: unknown key {key!r}")
+                out.append(f"{path}: unknown key{suggestion(key, props)}")
             elif isinstance(extra, Mapping):
                 out.extend(_errors(item, extra, path))
     return out
@@ -157,16 +186,18 @@ def compile_schema(schema: Mapping[str, Any]) -> Check:
     return _all_of(checks) if checks else (lambda v: True)
 
 
-_NUMBER_KEYWORDS = frozenset({"type", "minimum", "maximum", "exclusiveMinimum", "description"})
+_NUMBER_KEYWORDS = frozenset({"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "description"})
 _OBJECT_KEYWORDS = frozenset({"type", "required", "properties", "additionalProperties", "description"})
 
 
 def _bounds(schema: Mapping[str, Any]) -> Check | None:
     """The schema's numeric bounds as one predicate on a number; None when it has none."""
     low, high, above = schema.get("minimum"), schema.get("maximum"), schema.get("exclusiveMinimum")
-    if (low, high, above) == (None, None, None):
+    below = schema.get("exclusiveMaximum")
+    if (low, high, above, below) == (None, None, None, None):
         return None
-    return lambda v: (low is None or v >= low) and (high is None or v <= high) and (above is None or v > above)
+    return lambda v: ((low is None or v >= low) and (high is None or v <= high) and (above is None or v > above)
+                      and (below is None or v < below))
 
 
 def _is_number_leaf(schema: Mapping[str, Any]) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from .._regions import parse_line, parse_zone
 from .postprocess import Detections
 from .tracking import Tracker
 from .zones import (
@@ -29,8 +30,6 @@ from .zones import (
     LineCounter,
     ZoneCounter,
     named_regions,
-    parse_line,
-    parse_zone,
 )
 
 if TYPE_CHECKING:

@@ -83,6 +83,15 @@ class ModelBinding:
             height, width, _, _ = input_geometry(engine.inputs[0])
             self._source.prefer_min_size((width, height))
 
+    def use_options(self, options: PipelineOptions, engine: Engine) -> None:
+        """The run's options changed while it runs (pipeline/live_options.py): frames decoded as small as the model
+        input, or at full size again (evidence or samples want whole frames), from the next frame on."""
+        self._options = options
+        if options.decode_reduced:
+            self.offer_input_size(engine)
+        else:
+            self._source.prefer_min_size(None)
+
     # --------------------------------------------------------------------------- plans
     def _decoder(self, engine: Engine) -> ModelReading:
         """How ``engine`` is read for this run's task: its decoder, its resize and normalisation."""

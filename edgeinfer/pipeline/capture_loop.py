@@ -40,6 +40,10 @@ class CaptureLoop:
         #: set for sources that hand out compressed frames (see edgeinfer.pipeline.decoding)
         self.shared: SharedDecoding | None = None
 
+    def use_options(self, options: PipelineOptions) -> None:
+        """Pace with ``options``' max_fps from the next frame on (a run's options changed: pipeline/live_options.py)."""
+        self._options = options
+
     def run(self) -> None:
         """The thread's body: capture until the source ends, stop() or an error."""
         try:
@@ -65,11 +69,11 @@ class CaptureLoop:
         the newest frame wins.
         """
         control = self._control
-        max_fps = self._options.max_fps
-        period = 1.0 / max_fps if max_fps and not self._latest else 0.0
         next_due = 0.0
         free = self._ring.free
         while not control.stop_requested:
+            max_fps = self._options.max_fps  # read each frame: the run's options may change (pipeline/live_options.py)
+            period = 1.0 / max_fps if max_fps and not self._latest else 0.0
             if period:
                 next_due = control.pace(next_due, period)
                 if next_due < 0:

@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DelegateFailed, EdgeInferError, InferenceError, InputMismatch
+from ..errors import DelegateFailed, InferenceError, InputMismatch
+from .boundary import BatchBoundary
 from .failover import WorkerFailover
 from .ring import END
 from .stats import FrameResult
@@ -118,7 +119,8 @@ class EngineWorker:
         # the watchdog's view: when the invoke in progress began (0: none), and how many frames it holds
         self.invoke_started = 0.0
         self._batch_frames = 0
-        self._swap: tuple[Engine, threading.Event] | None = None  # a model update waiting for a batch boundary
+        #: model updates and changes of the run's options, waiting for a batch boundary (pipeline/boundary.py)
+        self.boundary = BatchBoundary(wake=self.wake, serving=lambda: self.running)
         #: which thread serves the streams: one whose epoch is stale was abandoned in a hung invoke
         self.epoch = 0
         self._owner = threading.Lock()
@@ -134,16 +136,18 @@ class EngineWorker:
         """Serve the streams with ``engine`` from the next batch on (at start, a failover, a model update)."""
         self.engine = engine
         self.batch = batch_size(engine)
-        # one decoder per batch row (a decoder reads its row's outputs; the transform comes from the stream)
-        options = self._options
-        self._decoders = [read_model(BatchRow(engine, b), task=options.task, decoder=options.decoder,  # type: ignore[arg-type]
-                                     labels=self._labels, settings=self._settings).decoder
-                          for b in range(self.batch)]
+        self._decoders = self._decoders_for(engine)
         self._rows = [BatchRow(engine, b).input_view(0) for b in range(self.batch)]
         for stream in self.streams:
             stream.binding.replace(self.row())
         if self.watchdog is not None:
             self.watchdog.engine_changed()  # its own invokes set the bound again
+
+    def _decoders_for(self, engine: Engine) -> list[Any]:
+        """One decoder per batch row (a decoder reads its row's outputs; the transform comes from the stream)."""
+        options = self._options
+        return [read_model(BatchRow(engine, b), task=options.task, decoder=options.decoder,  # type: ignore[arg-type]
+                           labels=self._labels, settings=self._settings).decoder for b in range(self.batch)]
 
     def row(self) -> Engine:
         """What a stream's plans are built against: row 0 of the engine serving it."""
@@ -195,8 +199,8 @@ class EngineWorker:
     def _run(self, epoch: int) -> None:
         try:
             while not self._stopping and epoch == self.epoch:
-                if self._swap is not None:
-                    self._apply_swap()
+                if self.boundary.pending:
+                    self.boundary.run()
                 batch, took = self._collect()
                 if not batch:
                     if not took:
@@ -209,8 +213,8 @@ class EngineWorker:
             if epoch == self.epoch:
                 self._stopped_on(exc)
         finally:
-            if epoch == self.epoch and self._swap is not None:
-                self._apply_swap()  # a model update asked for as the run ended: put in place all the same
+            if epoch == self.epoch:
+                self.boundary.run()  # asked for as the run ended (a model update): made all the same
 
     def _stopped_on(self, error: BaseException) -> None:
         """The worker cannot go on (no delegate left): its streams' run is over."""
@@ -320,32 +324,22 @@ class EngineWorker:
         if engine.closed:
             raise ValueError("cannot swap in a closed engine")
         self._check(engine)
-        old = self.engine
-        if not self.running:
-            self._install_update(old, engine)
-            return old
-        done = threading.Event()
-        with self._lock:
-            self._swap = (engine, done)
-        self.wake()
-        if not done.wait(timeout):
-            with self._lock:
-                if self._swap is not None and self._swap[0] is engine:
-                    self._swap = None
-                    raise EdgeInferError(f"the engine's thread did not reach a batch boundary within {timeout:g} s")
-            done.wait()
-        return old
+        replaced: list[Engine] = []
 
-    def _apply_swap(self) -> None:
-        """Worker thread, between two batches: put a waiting model update in place."""
-        with self._lock:
-            request, self._swap = self._swap, None
-        if request is not None:
-            engine, done = request
-            old = self.engine
-            self._install_update(old, engine)
-            log.info("swapped engine %s -> %s", old.description, engine.description)
-            done.set()
+        def install() -> None:  # between two batches (or at once when no thread serves the streams)
+            replaced.append(self.engine)
+            self._install_update(self.engine, engine)
+            log.info("swapped engine %s -> %s", replaced[0].description, engine.description)
+
+        self.boundary.call(install, timeout)
+        return replaced[0]
+
+    def use_options(self, options: PipelineOptions) -> None:
+        """Decode with ``options``' thresholds and pace with its max_fps from the next batch on (the engine's thread
+        calls it, between two batches: ``boundary.call``)."""
+        self._options, self._settings = options, options.decoder_settings()
+        self._period = 1.0 / options.max_fps if options.max_fps and options.policy == "latest" else 0.0
+        self._decoders = self._decoders_for(self.engine)
 
     def _install_update(self, old: Engine, new: Engine) -> None:
         self._use(new)

@@ -37,6 +37,7 @@ from .engine_worker import BatchRow, EngineWorker, batch_size
 from .engines import EnginePool
 from .failover import DelegateEvent, DelegateStatus
 from .labels import Labels
+from .live_options import reconfigure as reconfigure_run
 from .options import PipelineOptions
 from .run_samples import PipelineSamples
 from .stats import FrameResult, PipelineStats
@@ -87,7 +88,8 @@ class MultiPipeline:
         self.reading: ModelReading | None = None  # how the model is read: its task, output layout, preprocessing
         self._event_listeners: tuple[Callable[[dict], Any], ...] = ()
         self.samples = PipelineSamples(name, lambda: self._streams.open_streams())  # the capture rules' samples
-        self._results = 0  # results delivered (max_frames)
+        #: results delivered so far, every stream's (max_frames; the agent's health gate: agent/config_apply.py)
+        self.delivered = 0
         self._opencv = OpenCVThreads(options.opencv_threads)
         labels = options.labels
         self.labels: Labels | None = Labels.load(labels) if isinstance(labels, (str, os.PathLike)) else labels
@@ -189,9 +191,7 @@ class MultiPipeline:
         """Whether the consumer of the results is gone (stop())."""
         return self._stopping
 
-    @property
-    def started(self) -> bool:
-        return self._started
+    started = property(lambda self: self._started, doc="Whether start() was called.")
 
     @property
     def finished(self) -> bool:
@@ -200,11 +200,10 @@ class MultiPipeline:
 
     def _deliver(self, result: FrameResult) -> None:
         self._delivery.deliver(result, self._stopping_now)
+        self.delivered += 1  # one worker per engine; with several, the GIL keeps the count close enough
         max_frames = self.options.max_frames
-        if max_frames is not None:
-            self._results += 1  # one worker per engine; with several, the GIL keeps the count close enough
-            if self._results >= max_frames:
-                self._end_run(None)
+        if max_frames is not None and self.delivered >= max_frames:
+            self._end_run(None)
 
     def _end_run(self, error: BaseException | None) -> None:
         """The run is over (no stream runs, an engine stopped on ``error`` with no delegate left, max_frames):
@@ -299,6 +298,7 @@ class MultiPipeline:
         untouched, when it cannot serve the streams' task."""
         return self._default.swap(engine, timeout)
 
+    reconfigure = reconfigure_run  # (options, timeout=30): new options while every stream goes on (live_options.py)
     def add_observer(self, observer: Observer) -> None:
         """Also hand every result to ``observer`` (guarded like a callback)."""
         self._delivery.add_observer(observer)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._backoff import Backoff
-from .._regions import task_problem
+from .._config import bounds, out_of_bounds
+from .._regions import task_problem, text_rule
 from ..capture import DEFAULT_BACKOFF
 from .decoders import (
     DECODER_NAMES,
@@ -60,34 +61,34 @@ class PipelineOptions:
     #: how the outputs are read (edgeinfer.pipeline.decoders): None chooses from the outputs and the metadata
     decoder: str | None = field(default=None, metadata=_choices(*DECODER_NAMES))
     labels: str | os.PathLike | Labels | None = None
-    top_k: int = 5
-    score_threshold: float = DEFAULT_SCORE_THRESHOLD
-    iou_threshold: float = DEFAULT_IOU_THRESHOLD
-    max_detections: int = DEFAULT_MAX_DETECTIONS
+    top_k: int = field(default=5, metadata=bounds(minimum=1))
+    score_threshold: float = field(default=DEFAULT_SCORE_THRESHOLD, metadata=bounds(minimum=0, maximum=1))
+    iou_threshold: float = field(default=DEFAULT_IOU_THRESHOLD, metadata=bounds(minimum=0, maximum=1))
+    max_detections: int = field(default=DEFAULT_MAX_DETECTIONS, metadata=bounds(minimum=1))
     # the model
     delegate: str | None = None
-    threads: int | None = None
+    threads: int | None = field(default=None, metadata=bounds(minimum=1))
     # delegate failures at run time (see edgeinfer.pipeline.failover)
     #: go on with the plan's next delegate when the one running fails or hangs (strict mode never does)
     failover: bool = True
     #: watch each invoke: one that has not returned within the bound is a hung delegate
     watchdog: bool = True
     #: the watchdog's bound is watchdog_factor x the recent p99 invoke time, never under this floor
-    watchdog_floor_s: float = DEFAULT_WATCHDOG_FLOOR_S
-    watchdog_factor: float = DEFAULT_WATCHDOG_FACTOR
+    watchdog_floor_s: float = field(default=DEFAULT_WATCHDOG_FLOOR_S, metadata=bounds(exclusiveMinimum=0))
+    watchdog_factor: float = field(default=DEFAULT_WATCHDOG_FACTOR, metadata=bounds(minimum=1))
     #: while degraded, how often the wanted delegate is tried again
     probe_backoff: Backoff = DEFAULT_PROBE_BACKOFF
     # the source
     loop: bool = False
     size: tuple[int, int] | None = None
-    fps: float | None = None
+    fps: float | None = field(default=None, metadata=bounds(exclusiveMinimum=0))
     fourcc: str | None = None
     backoff: Backoff = DEFAULT_BACKOFF
     # pacing
     policy: str = field(default="every", metadata=_choices(*POLICIES))
-    max_fps: float | None = None
-    max_frames: int | None = None
-    queue_size: int = DEFAULT_QUEUE_SIZE
+    max_fps: float | None = field(default=None, metadata=bounds(exclusiveMinimum=0))
+    max_frames: int | None = field(default=None, metadata=bounds(minimum=1))
+    queue_size: int = field(default=DEFAULT_QUEUE_SIZE, metadata=bounds(minimum=1))
     # preprocessing
     resize: str | None = field(default=None, metadata=_choices(*RESIZE_MODES))
     mean: float | tuple[float, ...] | None = None
@@ -100,34 +101,34 @@ class PipelineOptions:
     #: give detections track ids (implied by lines or zones)
     track: bool = False
     #: counting lines, each ``"x1,y1,x2,y2"`` or ``"NAME=x1,y1,x2,y2"`` in source pixels (names and shapes: _regions)
-    lines: tuple[str, ...] = ()
+    lines: tuple[str, ...] = field(default=(), metadata=text_rule("line"))
     #: zones, each ``"x1,y1,x2,y2,x3,y3[,...]"`` or ``"NAME=..."`` (a polygon in source pixels)
-    zones: tuple[str, ...] = ()
+    zones: tuple[str, ...] = field(default=(), metadata=text_rule("zone"))
     #: frames a track must be matched in before it counts
-    track_min_hits: int = 3
+    track_min_hits: int = field(default=3, metadata=bounds(minimum=1))
     #: the hysteresis band around a line or a zone's edge, a fraction of the box height
-    line_band: float = DEFAULT_BAND
+    line_band: float = field(default=DEFAULT_BAND, metadata=bounds(minimum=0))
     #: seconds (of the stream's time) a track must stay beyond the band on a new side before it counts
-    line_hold_s: float = DEFAULT_HOLD_S
+    line_hold_s: float = field(default=DEFAULT_HOLD_S, metadata=bounds(minimum=0))
     #: what must be beyond the band: ``anchor`` (the anchor point) or ``box`` (the whole box)
     line_trigger: str = field(default="anchor", metadata=_choices(*TRIGGERS))
     # events with evidence (edgeinfer.pipeline.events; docs/events.md)
     #: rules: ``line_crossed[:LINE][/LABEL,...]``, ``zone_entered[:ZONE][/...]``, ``detection[:SCORE][/...]``
     events: tuple[str, ...] = ()
     #: a subject (a track, or a label without tracking) fires a ``detection`` rule at most once in this many seconds
-    event_cooldown_s: float = 10.0
+    event_cooldown_s: float = field(default=10.0, metadata=bounds(minimum=0))
     #: events recorded a minute at most, per stream (the rest counted as rate-limited)
-    events_per_minute: int = 30
+    events_per_minute: int = field(default=30, metadata=bounds(minimum=1))
     #: where the snapshots and clips go (None: events without evidence)
     evidence_dir: str | os.PathLike | None = None
     #: the store's bound; the oldest events go first
-    evidence_max_mb: float = 200.0
+    evidence_max_mb: float = field(default=200.0, metadata=bounds(exclusiveMinimum=0))
     #: seconds of clip before and after the event's frame
-    evidence_pre_s: float = 2.0
-    evidence_post_s: float = 3.0
+    evidence_pre_s: float = field(default=2.0, metadata=bounds(exclusiveMinimum=0))
+    evidence_post_s: float = field(default=3.0, metadata=bounds(minimum=0))
     #: frames a second the clip keeps, and their width at most (JPEG)
-    evidence_fps: float = 5.0
-    evidence_width: int = 640
+    evidence_fps: float = field(default=5.0, metadata=bounds(exclusiveMinimum=0))
+    evidence_width: int = field(default=640, metadata=bounds(minimum=16))
     #: the source the evidence (snapshot, clip) comes from, when not the one detection reads (Frigate's
     #: detect / record split: a camera's main stream; files are read in step, frame n with frame n); used only
     #: with events and an evidence_dir
@@ -139,67 +140,46 @@ class PipelineOptions:
     #: where the samples go (capture is off without it)
     capture_dir: str | os.PathLike | None = None
     #: the store's bound; the oldest samples go first
-    capture_max_mb: float = 100.0
+    capture_max_mb: float = field(default=100.0, metadata=bounds(exclusiveMinimum=0))
     #: samples each rule keeps a minute at most, per stream
-    capture_per_minute: int = 6
+    capture_per_minute: int = field(default=6, metadata=bounds(minimum=1))
     # motion gating (edgeinfer.pipeline.motion): unchanged frames reuse the last result, marked reused
     motion_gate: bool = False
     #: gray levels a pixel of the small comparison copy must change by
-    motion_threshold: float = 20.0
+    motion_threshold: float = field(default=20.0, metadata=bounds(exclusiveMinimum=0, exclusiveMaximum=255))
     #: the share of the frame that must change
-    motion_min_area: float = 0.002
+    motion_min_area: float = field(default=0.002, metadata=bounds(minimum=0, maximum=1))
     #: frames skipped in a row at most: then one goes through whatever it looks like
-    motion_max_skip: int = 30
+    motion_max_skip: int = field(default=30, metadata=bounds(minimum=0))
     #: OpenCV's process-wide thread count while the pipeline runs (None leaves it alone)
-    opencv_threads: int | None = 1
-    stats_window: int = DEFAULT_STATS_WINDOW
+    opencv_threads: int | None = field(default=1, metadata=bounds(minimum=0))
+    stats_window: int = field(default=DEFAULT_STATS_WINDOW, metadata=bounds(minimum=MIN_STATS_WINDOW))
 
     def __post_init__(self) -> None:
-        for option in dataclasses.fields(self):
+        for option in dataclasses.fields(self):  # the choices and bounds in the fields' metadata (the schema's too)
             choices = option.metadata.get("choices")
             value = getattr(self, option.name)
             if choices and value is not None and value not in choices:
                 raise ValueError(f"{option.name} must be one of {', '.join(choices)}, not {value!r}")
-        positive = {"max_fps": self.max_fps, "watchdog_floor_s": self.watchdog_floor_s,
-                    "evidence_max_mb": self.evidence_max_mb, "evidence_pre_s": self.evidence_pre_s,
-                    "evidence_fps": self.evidence_fps, "capture_max_mb": self.capture_max_mb}
-        if self.watchdog_factor < 1:
-            raise ValueError(f"watchdog_factor must be >= 1, not {self.watchdog_factor}")
-        at_least_one = {"max_frames": self.max_frames, "queue_size": self.queue_size, "threads": self.threads,
-                        "top_k": self.top_k, "track_min_hits": self.track_min_hits,
-                        "capture_per_minute": self.capture_per_minute}
+            problem = out_of_bounds(option.name, value, option.metadata)
+            if problem:
+                raise ValueError(problem)
+        for name in ("line_band", "line_hold_s"):
+            if not getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be finite and >= 0, not {getattr(self, name)!r}")
         if self.tracking and self.task is not None and not get_task(self.task).boxes:
             raise ValueError(task_problem(self.task, "tracking, lines and zones"))
         if self.lines or self.zones:
             named_regions(self.lines, self.zones)  # the names and shapes every line and zone has (_regions)
-        for name, value in positive.items():
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be > 0, not {value}")
-        for name, value in at_least_one.items():
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, not {value}")
-        self._check_events()
+        if self.events:
+            from .events import rules_from_options
+
+            rules_from_options(self)
         if self.capture:
             from .sampling import CaptureRule
 
             for text in self.capture:
                 CaptureRule.parse(text)
-        for name in ("line_band", "line_hold_s"):
-            if not 0 <= getattr(self, name) < float("inf"):  # NaN fails too
-                raise ValueError(f"{name} must be finite and >= 0, not {getattr(self, name)!r}")
-        if self.stats_window < MIN_STATS_WINDOW:
-            raise ValueError(f"stats_window must be >= {MIN_STATS_WINDOW}")
-
-    def _check_events(self) -> None:
-        if self.event_cooldown_s < 0 or self.evidence_post_s < 0:
-            raise ValueError("event_cooldown_s and evidence_post_s must be >= 0")
-
-        if self.events_per_minute < 1 or self.evidence_width < 16:
-            raise ValueError("events_per_minute must be >= 1 and evidence_width >= 16")
-        if self.events:
-            from .events import rules_from_options
-
-            rules_from_options(self)
 
     @classmethod
     @functools.cache

@@ -23,6 +23,7 @@ from .decoding import SharedDecoding
 from .outputs import OutputSummary
 from .ring import FrameRing
 from .stats import FrameResult, PipelineStats, StageTimings, StatsRing, StatsWindow, window_stats
+from .stream_parts import analytics_part, events_part, sampler_part, wire
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -111,44 +112,21 @@ class Stream:
             raise
 
     def _add_parts(self, options: PipelineOptions) -> None:
-        """Motion gating, tracking, events: imported only when asked for."""
+        """Motion gating, tracking, events, capture rules: imported only when asked for (pipeline/stream_parts.py)."""
         if options.motion_gate:
             from .motion import motion_gate_from_options
 
             self.gate = motion_gate_from_options(options)
-        if options.tracking:
-            from .analytics import analytics_from_options
+        self.analytics = analytics_part(self.source, options)
+        self.events = events_part(self.name, options)
+        if options.record_source is not None and self.events is not None and self.events.recorder is not None:
+            from .record import RecordSource
 
-            # a file's frames are timed by its own frame rate (holds mean clip seconds, however fast it is read)
-            fps = None if self.source.live else self.source.fps
-            self.analytics = analytics_from_options(options, fps=fps if fps and fps > 0 else None)
-        if options.events:
-            from .events import events_from_options, stream_folder
-
-            # a named stream keeps its evidence in a folder of its own under evidence_dir
-            folder = stream_folder(options.evidence_dir, self.name) if self.name else options.evidence_dir
-            self.events = events_from_options(options, stream=self.name, evidence_dir=folder)
-            if self.events is not None and self.analytics is not None:
-                from .annotate import Geometry
-
-                self.analytics.add_listener(self.events.on_analytics)
-                self.events.drawing = (Geometry.of(self.analytics), self.analytics.counts)
-            if options.record_source is not None and self.events is not None and self.events.recorder is not None:
-                from .record import RecordSource
-
-                if self.name:  # one option, one camera: the several streams of a run would share it
-                    raise ValueError("record_source goes with a run of one stream (source:, not sources:)")
-
-                self.record = self.events.record = RecordSource.open(options.record_source, options, self.name)
-
-        if options.capture and options.capture_dir is not None:
-            from .events import stream_folder
-            from .sampling import sampler_from_options
-
-            folder = stream_folder(options.capture_dir, self.name) if self.name else options.capture_dir
-            self.sampler = sampler_from_options(options, stream=self.name, folder=folder)
-            if self.sampler is not None and self.analytics is not None:
-                self.analytics.add_listener(self.sampler.on_analytics)
+            if self.name:  # one option, one camera: the several streams of a run would share it
+                raise ValueError("record_source goes with a run of one stream (source:, not sources:)")
+            self.record = self.events.record = RecordSource.open(options.record_source, options, self.name)
+        self.sampler = sampler_part(self.name, options)
+        wire(self.analytics, self.events, self.sampler)
 
     @property
     def holds_frames(self) -> bool:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._regions import check_regions, line_problem, name_problem, zone_problem
+from .._regions import line_problem, name_problem, parse_regions, text_names, zone_problem
 
 #: anchor name → (fraction of the width, fraction of the height) from the box's top-left corner
 ANCHORS: dict[str, tuple[float, float]] = {
@@ -368,47 +368,13 @@ def _segment_distance(p: tuple[float, float], a: tuple[float, float], b: tuple[f
 
 def counter_names(texts: Sequence[str], prefix: str) -> list[str]:
     """The names of ``lines`` / ``zones`` option entries (``prefix`` ``line`` / ``zone`` names the unnamed)."""
-    return [_named(text, f"{prefix}{i + 1}")[0] for i, text in enumerate(texts)]
-
-
-def _named(text: str, default: str) -> tuple[str, str]:
-    """``"NAME=1,2,3,4"`` -> ("NAME", "1,2,3,4"); an unnamed entry gets ``default``."""
-    name, sep, rest = text.partition("=")
-    return (name.strip(), rest) if sep and name.strip() else (default, text)
-
-
-# ------------------------------------------------------------------------------------------
-# Configuration: what a CLI flag or an agent.yaml entry gives
-# ------------------------------------------------------------------------------------------
-
-def _numbers(text: str, what: str) -> list[float]:
-    try:
-        return [float(part) for part in text.replace(";", ",").split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"{what}: {text!r} is not a list of numbers") from None
-
-
-def parse_line(text: str) -> tuple[float, float, float, float]:
-    """``"x1,y1,x2,y2"`` (``--line``) → four numbers."""
-    values = _numbers(text, "a line")
-    if len(values) != 4:
-        raise ValueError(f"a line is x1,y1,x2,y2 (four numbers), not {text!r}")
-    return values[0], values[1], values[2], values[3]
-
-
-def parse_zone(text: str) -> list[tuple[float, float]]:
-    """``"x1,y1,x2,y2,x3,y3,..."`` (``--zone``; ``;`` may separate points) → the polygon's points."""
-    values = _numbers(text, "a zone")
-    if len(values) % 2 or len(values) < 6:
-        raise ValueError(f"a zone is x1,y1,x2,y2,x3,y3[,...] (at least 3 points), not {text!r}")
-    return list(zip(values[0::2], values[1::2]))
+    return text_names(texts, prefix)
 
 
 def named_regions(lines: Sequence[str], zones: Sequence[str]) -> tuple[dict[str, tuple[float, float, float, float]],
                                                                        dict[str, list[tuple[float, float]]]]:
     """The ``lines`` and ``zones`` options (``"[NAME=]x1,y1,x2,y2"``, ``"[NAME=]x1,y1,x2,y2,x3,y3,..."``) by name,
-    checked as every line and zone is (``_regions``): ValueError in its words, naming the line or zone."""
-    line_pairs = [(name, parse_line(text)) for name, text in (_named(t, f"line{i + 1}") for i, t in enumerate(lines))]
-    zone_pairs = [(name, parse_zone(text)) for name, text in (_named(t, f"zone{i + 1}") for i, t in enumerate(zones))]
-    check_regions(line_pairs, zone_pairs)
+    read and checked as every line and zone is (``_regions.parse_regions``): ValueError in its words, naming the line
+    or zone."""
+    line_pairs, zone_pairs = parse_regions(lines, zones)
     return dict(line_pairs), dict(zone_pairs)

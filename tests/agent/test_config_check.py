@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from support.agent import AgentProcess, agent_config, write_config
 from support.assets import IMAGES, LABELS, MODELS
 from support.broker import Collector
 from support.processes import edgeinfer_cmd
+
+from edgeinfer.agent.config import parse_config
+from edgeinfer.agent.config_check import source_problems
 
 SSD = MODELS / "mobilenet_ssd_v2_coco_quant_postprocess.tflite"
 COCO = LABELS / "coco_labels.txt"
@@ -128,3 +132,17 @@ def test_an_agent_with_a_rule_the_model_cannot_take_exits_78(tmp_path):
     with AgentProcess(config, tmp_path / "agent.log") as agent:
         assert agent.wait(60) == EX_CONFIG, agent.output()
         assert f"edgeinfer: error: {config}: pipelines[0].events: {DID_YOU_MEAN}" in agent.output()
+
+
+def test_a_source_that_does_not_open_is_named_without_its_secrets():
+    """A revision's refusal goes to the fleet (an update event, the state): the source is named through the one
+    redaction (_redact.py), its URL's password and a token in its query masked alike."""
+    with socket.socket() as free:  # a port nothing listens on: the camera is down
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    source = f"rtsp://admin:s3cret@127.0.0.1:{port}/stream?token=abcdef123456"
+    config = parse_config({"device_id": "cam-01", "pipelines": [{"model": str(SSD), "source": source}]})
+    [problem] = source_problems(config, [0], timeout=10)
+    assert problem.startswith(f"pipelines[0].source: rtsp://admin:***@127.0.0.1:{port}/stream?token=*** did not "
+                              "open"), problem
+    assert "s3cret" not in problem and "abcdef123456" not in problem, problem

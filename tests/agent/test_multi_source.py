@@ -63,37 +63,41 @@ def test_sources_in_every_form(tmp_path):
     assert single.source == 0 and single.sources == () and single.batch is None
 
 
+SOURCES_WORDS = "pipelines[0].sources: must be a list of 1 to 32 sources, each a source or {name: NAME, source: SOURCE}"
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
         ({"source": 0, "sources": [1]}, "pipelines[0].sources: give either source (one stream) or sources"),
         ({}, "pipelines[0].source: required"),
         ({"sources": None}, "pipelines[0].source: required"),
-        ({"sources": []}, "pipelines[0].sources: must be a non-empty list of sources"),
-        ({"sources": "door.mp4"}, "pipelines[0].sources: must be a non-empty list of sources"),
-        ({"sources": {"name": "door", "source": 0}}, "pipelines[0].sources: must be a non-empty list"),
-        ({"sources": list(range(33))}, "pipelines[0].sources: at most 32 streams in one pipeline, got 33"),
+        ({"sources": []}, SOURCES_WORDS + ", got a JSON array"),
+        ({"sources": "door.mp4"}, SOURCES_WORDS + ", got 'door.mp4'"),
+        ({"sources": {"name": "door", "source": 0}}, SOURCES_WORDS + ", got a JSON object"),
+        ({"sources": list(range(33))}, SOURCES_WORDS),
         ({"sources": [0, True]}, "pipelines[0].sources[1]: must be a source (a video file"),
         ({"sources": [0, None]}, "pipelines[0].sources[1]: must be a source (a video file, image folder or glob, "
                                  "camera index, /dev/videoN, rtsp:// URL or GStreamer pipeline) or {name: NAME, "
-                                 "source: SOURCE}, got null"),
+                                 "source: SOURCE}, got null"),  # the words the schema's errorMessage gives
         ({"sources": [[0, 1]]}, "pipelines[0].sources[0]: must be a source"),
-        ({"sources": [0, ""]}, "pipelines[0].sources[1]: must be a non-empty string"),
-        ({"sources": [{"name": "door"}]}, "pipelines[0].sources[0].source: required (a video file"),
+        ({"sources": [0, ""]}, "pipelines[0].sources[1]: must be a source (a video file"),
+        ({"sources": [{"name": "door"}]}, "pipelines[0].sources[0]: missing required key 'source'"),
         ({"sources": [{"name": "door", "source": {"url": "x"}}]}, "pipelines[0].sources[0].source: must be a source"),
         ({"sources": [{"nmae": "door", "source": 0}]},
          "pipelines[0].sources[0].nmae: unknown key — did you mean 'name'?"),
         ({"sources": [{"name": "door", "source": 0, "loop": True}]}, "pipelines[0].sources[0].loop: unknown key"),
         ({"sources": [{"name": "front door", "source": 0}]},
-         "pipelines[0].sources[0].name: 'front door' is not valid: use 1-64 of A-Z a-z 0-9 . _ -"),
-        ({"sources": [0, {"name": "cam/2", "source": 1}]}, "pipelines[0].sources[1].name: 'cam/2' is not valid"),
+         "pipelines[0].sources[0].name: must be 1-64 of A-Z a-z 0-9 . _ - (starting with a letter or digit), "
+         "got 'front door'"),
+        ({"sources": [0, {"name": "cam/2", "source": 1}]}, "pipelines[0].sources[1].name: must be 1-64 of A-Z a-z 0-9"),
         ({"sources": [{"name": "door", "source": 0}, {"name": "door", "source": 1}]},
          "pipelines[0].sources[1]: two streams are named 'door'; stream names must be unique"),
         ({"sources": [0, {"name": "stream0", "source": 1}]},
          "pipelines[0].sources[1]: two streams are named 'stream0'"),
         ({"source": 0, "batch": 2}, "pipelines[0].batch: only a pipeline with sources takes it"),
-        ({"sources": [0, 1], "batch": 0}, "pipelines[0].batch: must be a positive integer, got 0"),
-        ({"sources": [0, 1], "batch": "two"}, "pipelines[0].batch: must be a positive integer"),
+        ({"sources": [0, 1], "batch": 0}, "pipelines[0].batch: must be an integer >= 1, got 0"),
+        ({"sources": [0, 1], "batch": "two"}, "pipelines[0].batch: must be an integer, got 'two'"),
     ],
 )
 def test_each_mistake_in_sources_names_its_key(tmp_path, entry, message):

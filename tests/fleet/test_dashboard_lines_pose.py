@@ -147,11 +147,13 @@ def test_a_line_drawn_on_a_pose_pipeline_in_the_editor_is_applied_by_the_device_
             wait_text(browser, "[data-testid=live-result]", words)
             wait_for(browser, "[data-testid=save-analytics]").click()
             assert wait_text(browser, "[data-testid=live-result]", words) and "[A-Za-z" not in words
-            assert _get(url, f"/api/devices/{DEVICE}/pipelines/people/analytics", tokens["viewer"])["sent"]["revision"] == 0
+            analytics = _get(url, f"/api/devices/{DEVICE}/pipelines/people/analytics", tokens["viewer"])
+            assert analytics["sent"]["revision"] == 0
 
             _rename(browser, "line", "front door")
             wait_for(browser, "[data-testid=save-analytics]").click()
-            wait_text(browser, "[data-testid=live-result]", lambda text: "applied (revision 1)" in text, 30)  # the verdict
+            # the device's verdict
+            wait_text(browser, "[data-testid=live-result]", lambda text: "applied (revision 1)" in text, 30)
             assert not browser.errors(), browser.errors()
 
             # the device applied the line to its running pose pipeline and counts the people crossing it

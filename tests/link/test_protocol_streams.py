@@ -44,9 +44,9 @@ def test_a_pipeline_with_streams_is_valid_on_every_path(parser):
     (lambda streams: streams[0].pop("frames"), "$.pipelines[0].streams[0]: missing required key 'frames'"),
     (lambda streams: streams[0].update(name="front door"), "$.pipelines[0].streams[0].name"),
     (lambda streams: streams[0].update(name=""), "$.pipelines[0].streams[0].name"),
-    (lambda streams: streams[0].update(frames=-1), "$.pipelines[0].streams[0].frames: must be >= 0"),
-    (lambda streams: streams[0].update(fps=1e9), "$.pipelines[0].streams[0].fps: must be <="),
-    (lambda streams: streams[0].update(reused=True), "$.pipelines[0].streams[0].reused: must be integer"),
+    (lambda streams: streams[0].update(frames=-1), "$.pipelines[0].streams[0].frames: must be an integer >= 0"),
+    (lambda streams: streams[0].update(fps=1e9), "$.pipelines[0].streams[0].fps: must be a number <="),
+    (lambda streams: streams[0].update(reused=True), "$.pipelines[0].streams[0].reused: must be an integer"),
     (lambda streams: streams[0].update(analytics={"lines": [{"name": "door"}]}),
      "$.pipelines[0].streams[0].analytics.lines[0]: missing required key 'in'"),
 ])
