@@ -36,6 +36,8 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── AuthError                     a fleet API request without a usable token (401) or role (403); ``.status``
     ├── FleetRequestError             the fleet manager refused a request; ``.status`` is its HTTP status
     ├── UploadRefused                 the fleet manager refused evidence for good (401/403/409/413); ``.status``
+    ├── RevisionConflict              a fleet configuration layer was saved on a revision that is not its newest
+    │                                 (someone saved since it was read: 409)
     ├── OutputError                   a result file cannot be written (path, permissions, disk)
     ├── DatasetError                  (also ValueError) a labelled dataset or label file cannot be read, or its
     │                                 class names are not the model's: names the fault; nothing was stored
@@ -218,6 +220,10 @@ class FleetRequestError(EdgeInferError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class RevisionConflict(EdgeInferError):
+    """A configuration layer was saved against a revision that is not its newest: another save came first (409)."""
 
 
 class UploadRefused(EdgeInferError):

@@ -12,18 +12,11 @@ from typing import Any
 
 import click
 
-from ..fleet.canary import (
-    DEFAULT_MAX_ERROR_RATE,
-    DEFAULT_MAX_FPS_DROP,
-    DEFAULT_MAX_LATENCY_REGRESSION,
-    DEFAULT_MAX_OUTPUT_DRIFT,
-)
-from ..fleet.rollout import DEFAULT_CANARY_PCT, DEFAULT_DEVICE_TIMEOUT_S, DeploymentStatus
-from ..link.vocabulary import TargetState
+from ..fleet.rollout import DeploymentStatus
 from ..util.optional import import_optional
 from .evaluate import dataset_options, eval_options
 from .fleet_access import audit, broker_auth, client_options, enroll, enrollments, revoke, table, token
-from .fleet_access import duration as _duration
+from .fleet_config import config
 from .fleet_dataset import dataset
 from .fleet_db import db
 from .fleet_eval import require_eval as require_eval_gate
@@ -32,6 +25,7 @@ from .fleet_logs import doctor as fleet_doctor
 from .fleet_logs import logs as fleet_logs
 from .fleet_simulate import simulate
 from .output import handle_errors, print_json
+from .rollout import analysis_lines, follow, longest_wait, rollout_fields, rollout_options
 
 SHARED_GROUP = "edgeinfer-fleet"
 
@@ -42,7 +36,7 @@ def fleet() -> None:
 
 
 for _command in (db, dataset, simulate, token, enroll, enrollments, revoke, audit, broker_auth, fleet_logs,
-                 fleet_doctor):
+                 fleet_doctor, config):
     fleet.add_command(_command)
 
 
@@ -223,17 +217,6 @@ def canary_column(deployment: dict) -> str:
     return "waiting" if deployment.get("status") == DeploymentStatus.RUNNING else "-"
 
 
-def analysis_lines(analysis: Any) -> list[str]:
-    """The canary verdict as lines: the summary, then one line per metric."""
-    if not isinstance(analysis, dict) or "passed" not in analysis:
-        return []
-    lines = [str(analysis.get("summary") or ("canary analysis passed" if analysis["passed"] else "failed"))]
-    for metric in analysis.get("metrics") or []:
-        mark = "ok  " if metric.get("passed") else "FAIL"
-        lines.append(f"  {mark} {metric.get('message')}" if metric.get("judged") else f"  --   {metric.get('message')}")
-    return lines
-
-
 @click.command()
 @click.argument("model", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--agent", "agent_wheel", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -246,31 +229,9 @@ def analysis_lines(analysis: Any) -> list[str]:
 @click.option("--device", "devices", multiple=True, help="A target device id (repeatable).")
 @click.option("--group", help="Every device in this group.")
 @click.option("--all", "all_devices", is_flag=True, help="Every known device.")
-@click.option("--canary", "canary_pct", default=DEFAULT_CANARY_PCT, show_default=True, type=click.FloatRange(0, 100),
-              help="Percent of the targets in the first wave.")
-@click.option("--wave-size", type=click.IntRange(min=1), help="Devices per later wave (default: all the rest).")
-@click.option("--abort-failure-rate", default=0.0, show_default=True, type=click.FloatRange(0, 100),
-              help="Stop the rollout when more than this percent of finished devices failed.")
-@click.option("--device-timeout", default=DEFAULT_DEVICE_TIMEOUT_S, show_default=True,
-              help="Seconds a device may take.")
+@rollout_options
 @click.option("--rollback", is_flag=True, help="Allow going back to an older version.")
 @click.option("--pipeline", help="Which of the agent's pipelines to update (default: its first).")
-@click.option("--canary-window", default="5m", show_default=True, callback=_duration,
-              help="Telemetry watched after the last canary device became active before the canary is judged "
-                   "(30s, 5m, 1h or seconds).")
-@click.option("--max-latency-regression", type=click.FloatRange(min=0), default=DEFAULT_MAX_LATENCY_REGRESSION,
-              show_default=True, help="Abort when the canary's p95 infer latency is this many percent above the "
-                                      "control group's.")
-@click.option("--max-fps-drop", type=click.FloatRange(0, 100), default=DEFAULT_MAX_FPS_DROP, show_default=True,
-              help="Abort when the canary's fps is this many percent below the control group's.")
-@click.option("--max-output-drift", type=click.FloatRange(0, 1), default=DEFAULT_MAX_OUTPUT_DRIFT,
-              show_default=True, help="Abort when the canary's class histogram is farther than this total "
-                                      "variation distance (0-1) from the control group's (detectors: also the "
-                                      "relative change of detections per frame and of the mean score).")
-@click.option("--max-error-rate", type=click.FloatRange(0, 100), default=DEFAULT_MAX_ERROR_RATE,
-              show_default=True, help="Abort when the canary's share of unhealthy telemetry windows is this many "
-                                      "percentage points above the control group's.")
-@click.option("--no-canary-analysis", is_flag=True, help="Judge the canary by its update results only.")
 @click.option("--no-wait", is_flag=True, help="Start the rollout and return.")
 @click.option("--require-eval", "require_eval", is_flag=True,
               help="First score MODEL on the fleet's labelled samples (of --pipeline) against the model the targets "
@@ -286,13 +247,10 @@ def analysis_lines(analysis: Any) -> list[str]:
 @click.option("--json", "as_json", is_flag=True)
 @client_options
 def deploy(client: Any, model: Path | None, agent_wheel: Path | None, wheels_dir: Path | None, version: int | None,
-           devices: tuple[str, ...], group: str | None, all_devices: bool,
-           canary_pct: float, wave_size: int | None, abort_failure_rate: float, device_timeout: float,
-           rollback: bool, pipeline: str | None, canary_window: float, max_latency_regression: float,
-           max_fps_drop: float, max_output_drift: float, max_error_rate: float, no_canary_analysis: bool,
+           devices: tuple[str, ...], group: str | None, all_devices: bool, rollback: bool, pipeline: str | None,
            no_wait: bool, require_eval: bool, eval_dataset: str | None, baseline: str | None, eval_tolerance: float,
            dataset_format: str | None, labels: str | None, ignore_unknown: bool, eval_delegate: str | None,
-           as_json: bool) -> None:
+           as_json: bool, **rollout: Any) -> None:
     """Roll MODEL out as VERSION (or, with --agent, a new edgeinfer): signed, in waves, canary first; exit 0 only
     if every target is active.
 
@@ -310,7 +268,6 @@ def deploy(client: Any, model: Path | None, agent_wheel: Path | None, wheels_dir
     schemas = import_optional("edgeinfer.fleet.api.schemas", "fleet", "edgeinfer deploy")  # pydantic: the fleet extra
     from pydantic import ValidationError
 
-    from ..fleet.client import wait_for_deployment
     from ..runtime.model import inspect_model
 
     if sum(bool(x) for x in (devices, group, all_devices)) != 1:
@@ -337,12 +294,8 @@ def deploy(client: Any, model: Path | None, agent_wheel: Path | None, wheels_dir
         kind, name = "model", model.name
     try:
         spec = schemas.DeploymentSpec(sha256=artifact["sha256"], kind=kind, model_name=name, version=version,
-                              canary_pct=canary_pct, wave_size=wave_size, abort_failure_pct=abort_failure_rate,
-                              device_timeout_s=device_timeout, rollback=rollback, pipeline=pipeline,
-                              devices=list(devices) or None, group=group, all=all_devices,
-                              canary_analysis=not no_canary_analysis, canary_window_s=canary_window,
-                              max_latency_regression=max_latency_regression, max_fps_drop=max_fps_drop,
-                              max_output_drift=max_output_drift, max_error_rate=max_error_rate)
+                                      rollback=rollback, pipeline=pipeline, devices=list(devices) or None,
+                                      group=group, all=all_devices, **rollout_fields(**rollout))
     except ValidationError as exc:
         raise ValueError(f"the deployment is not valid: {schemas.describe_error(exc)}") from None
     created = client.create_deployment(spec)
@@ -354,25 +307,7 @@ def deploy(client: Any, model: Path | None, agent_wheel: Path | None, wheels_dir
         print_json(created) if as_json else click.echo(deployment_id)
         return
 
-    def progress(current: dict) -> None:
-        if not as_json:
-            counts = " ".join(f"{k}={v}" for k, v in sorted(current["counts"].items()))
-            click.echo(f"  {current['status']}: {counts}", err=True)
-
-    waited = device_timeout * 10 + (0 if no_canary_analysis else 2 * canary_window)
-    final = wait_for_deployment(client.deployment, deployment_id, timeout_s=waited, on_progress=progress)
-    if as_json:
-        print_json(final)
-    else:
-        for target in final["devices"]:
-            if target["state"] != TargetState.ACTIVE:
-                click.echo(f"  {target['device_id']}: {target['state']} {target.get('detail') or ''}".rstrip(),
-                           err=True)
-        for line in analysis_lines(final.get("analysis")):
-            click.echo(f"  {line}", err=True)
-        click.echo(f"deployment {deployment_id}: {final['status']}" + (f" — {final['detail']}" if final.get("detail")
-                                                                       else ""))
-    all_active = final["devices"] and all(t["state"] == TargetState.ACTIVE for t in final["devices"])
+    _, all_active = follow(client, deployment_id, timeout_s=longest_wait(spec.model_dump()), as_json=as_json)
     sys.exit(0 if all_active else 1)
 
 

@@ -24,6 +24,9 @@ from .output import handle_errors, print_json
 @click.option("--duration", type=click.FloatRange(min=0), help="Seconds to run (default: until Ctrl-C / SIGTERM).")
 @click.option("--fail-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Share of devices whose updates fail validation (the same devices for the same --seed).")
+@click.option("--config-refuse-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Share of devices that refuse every configuration document they are sent (the same devices for "
+                   "the same --seed).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--group", "groups", multiple=True, help="A group every device reports (repeatable).")
 @click.option("--credentials", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -36,9 +39,10 @@ from .output import handle_errors, print_json
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 @handle_errors
 def simulate(count: int, broker: str, fleet_name: str | None, prefix: str, interval: float, duration: float | None,
-             fail_rate: float, seed: int, groups: tuple[str, ...], credentials: Path | None,
+             fail_rate: float, config_refuse_rate: float, seed: int, groups: tuple[str, ...], credentials: Path | None,
              behaviours: tuple[str, ...], as_json: bool) -> None:
-    """Run simulated agents on one thread: real protocol, telemetry, births and Last Wills, deploy answers."""
+    """Run simulated agents on one thread: real protocol, telemetry, births and Last Wills, deploy answers (models,
+    configurations)."""
     from ..tools.simulate import Simulation, SimulationSettings
 
     accounts = _credentials(credentials) if credentials else None
@@ -51,7 +55,8 @@ def simulate(count: int, broker: str, fleet_name: str | None, prefix: str, inter
         models[model.strip()] = behaviour.strip()
     try:
         settings = SimulationSettings(broker=broker, devices=count, fleet=fleet_name, prefix=prefix,
-                                      interval_s=interval, duration_s=duration, fail_rate=fail_rate, seed=seed,
+                                      interval_s=interval, duration_s=duration, fail_rate=fail_rate,
+                                      config_refuse_rate=config_refuse_rate, seed=seed,
                                       groups=groups, credentials=accounts, behaviours=models)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

@@ -169,6 +169,9 @@ def _print_moved(report: OptimizeReport, labels: Labels | None) -> None:
 @click.option("--per-tensor", is_flag=True, help="Per-tensor weight scales (default per-channel; see docs).")
 @click.option("--activations", type=click.Choice(["uint8", "int8"]), default="uint8", show_default=True,
               help="INT8 activation type (uint8 is ONNX Runtime's fast path on x86).")
+@click.option("--reduce-range", is_flag=True,
+              help="7-bit weights: exact on the fast INT8 kernels of x86 CPUs without VNNI (OpenVINO's there), "
+              "coarser everywhere (see docs).")
 @click.option("--quantize-outputs", is_flag=True,
               help="Quantise the last layer's output too (faster; 8-bit logits make close classes tie).")
 @click.option("--quantize-all", is_flag=True,
@@ -194,7 +197,8 @@ def _print_moved(report: OptimizeReport, labels: Labels | None) -> None:
 @handle_errors
 def optimize(model: str, mode: str | None, calibration: str | None, output: str, validation: str | None,
              min_agreement: float, ambiguous_margin: float, force: bool, export_ir: bool, mean: str | None,
-             std: str | None, resize: str | None, per_tensor: bool, activations: str, quantize_outputs: bool,
+             std: str | None, resize: str | None, per_tensor: bool, activations: str, reduce_range: bool,
+             quantize_outputs: bool,
              quantize_all: bool, min_recall: float, min_precision: float, min_map50: float, min_mean_iou: float,
              score_threshold: float, delegate: str, threads: int | None, bench_seconds: float, labels: str | None,
              as_json: bool, quiet: bool) -> None:
@@ -222,7 +226,8 @@ def optimize(model: str, mode: str | None, calibration: str | None, output: str,
         mode=mode, calibration=calibration, validation=validation, min_agreement=min_agreement,
         ambiguous_margin=ambiguous_margin, force=force, export_ir=export_ir,
         mean=parse_values(mean), std=parse_values(std, nonzero=True), resize=resize, per_channel=not per_tensor,
-        activations=activations, float_outputs=not quantize_outputs, quantize_all=quantize_all,
+        activations=activations, reduce_range=reduce_range, float_outputs=not quantize_outputs,
+        quantize_all=quantize_all,
         min_recall=min_recall, min_precision=min_precision, min_map50=min_map50, min_mean_iou=min_mean_iou,
         score_threshold=score_threshold, threads=threads, delegate=delegate, bench_seconds=bench_seconds,
     )

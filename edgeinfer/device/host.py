@@ -7,6 +7,7 @@ card image) and nothing else; it is an explicit call, never made at import time.
 
 from __future__ import annotations
 
+import functools
 import glob as _glob
 import os
 import platform
@@ -18,6 +19,10 @@ from typing import Any
 
 #: architecture spellings that mean the same thing
 ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8l": "aarch64", "armhf": "armv7l"}
+#: x86 architectures (the spellings profiles use)
+X86_ARCHES = frozenset({"x86_64", "i686", "i386"})
+#: x86 flags of the instructions that multiply uint8 by int8 straight into 32-bit sums (VNNI; AMX comes with it)
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 #: where shared libraries are looked for under a root (plus /etc/ld.so.conf.d entries)
 LIBRARY_DIRS = (
     "/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib/*-linux-gnu", "/usr/lib/*-linux-gnu",
@@ -272,6 +277,32 @@ def _board_model(root: Path, cpuinfo_fields: Mapping[str, str]) -> str | None:
     return model or None
 
 
+def cpu_flags(root: str | os.PathLike = "/") -> frozenset[str]:
+    """The CPU's flags (x86) or features (ARM) as ``root``'s ``/proc/cpuinfo`` lists them; empty if unreadable.
+
+    What :func:`probe_host` reads of the CPU, without its USB, PCI and library scans.
+    """
+    return _cpuinfo(read_text(Path(root) / "proc/cpuinfo") or "")[0]
+
+
+def u8s8_saturates(arch: str, flags: Iterable[str]) -> bool:
+    """Whether INT8 layers multiplied as uint8 x int8 can saturate on a CPU of ``arch`` with these cpuinfo ``flags``.
+
+    An x86 CPU without VNNI multiplies uint8 activations by int8 weights with VPMADDUBSW (PMADDUBSW on SSE4.1),
+    which adds each pair of products into 16 bits and saturates at 32767: 255 x 127 x 2 does not fit. ONNX
+    Runtime's U8S8 kernels and OpenVINO's (oneDNN) do that on such CPUs; both projects document it (ONNX
+    Runtime's remedies: 7-bit weights, "reduce_range", or U8U8 kernels; OpenVINO's: 7-bit weights). VNNI
+    (VPDPBUSD; AMX CPUs have it) adds into 32 bits, and ARM kernels widen before they add: exact.
+    """
+    return ARCH_ALIASES.get(arch, arch) in X86_ARCHES and not VNNI_FLAGS & set(flags)
+
+
+@functools.cache
+def host_u8s8_saturates() -> bool:
+    """:func:`u8s8_saturates` for the CPU this process runs on (read once)."""
+    return u8s8_saturates(platform.machine(), cpu_flags())
+
+
 def probe_host(root: str | os.PathLike = "/", *, arch: str | None = None) -> Host:
     """Read the facts detection needs from ``root``; nothing else is touched."""
     root_path = Path(root)
@@ -285,5 +316,6 @@ def probe_host(root: str | os.PathLike = "/", *, arch: str | None = None) -> Hos
                 pci_ids=_pci_ids(root_path), cpu_flags=flags, cpu_model=cpu_model)
 
 
-__all__ = ["ARCH_ALIASES", "LIBRARY_DIRS", "USERLAND_BINARIES", "Host", "UsbDevice", "elf_arch", "parse_tegra_release",
-           "probe_host", "read_text", "resolve_under"]
+__all__ = ["ARCH_ALIASES", "LIBRARY_DIRS", "USERLAND_BINARIES", "VNNI_FLAGS", "X86_ARCHES", "Host", "UsbDevice",
+           "cpu_flags", "elf_arch", "host_u8s8_saturates", "parse_tegra_release", "probe_host", "read_text",
+           "resolve_under", "u8s8_saturates"]

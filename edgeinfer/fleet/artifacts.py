@@ -11,7 +11,7 @@ import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from ..util.fs import copy_atomically, replace_durably, sha256_file, temp_path_for
+from ..util.fs import atomic_write_bytes, copy_atomically, replace_durably, sha256_file, temp_path_for
 
 #: raised (a built-in) when an upload passes its size limit
 UploadTooLarge = OverflowError
@@ -36,6 +36,16 @@ class ArtifactStore:
         if not target.exists():  # two uploads of one artifact each write their own temporary file
             copy_atomically(source, target)
         return digest, target.stat().st_size
+
+    def put_bytes(self, data: bytes) -> tuple[str, int]:
+        """Store ``data`` (a configuration document) once by its sha256 (atomically; readable by this user only: it
+        may hold secrets); (sha256, size)."""
+        digest = hashlib.sha256(data).hexdigest()
+        target = self.path_for(digest)
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(target, data, mode=0o600)
+        return digest, len(data)
 
     async def receive(self, chunks: AsyncIterator[bytes], *, expected: int, max_bytes: int) -> tuple[str, int]:
         """Stream an upload of ``expected`` bytes into the store, hashing as it goes; (sha256, size).

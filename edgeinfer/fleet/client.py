@@ -148,6 +148,37 @@ class FleetClient:
         """A device's last doctor request and report (None: no device)."""
         return self._request("GET", f"/api/devices/{_quote(device_id)}/doctor")
 
+    # the configuration held by the fleet (docs/fleet.md, Configuration): a layer is (scope, name)
+    def config_layer(self, scope: str, name: str) -> dict:
+        """A layer at its newest revision (revision 0: never saved), its document masked."""
+        return self._request("GET", f"/api/config/layers/{_quote(scope)}/{_quote(name)}")
+
+    def save_config(self, scope: str, name: str, document: dict, *, revision: int, message: str = "",
+                    apply: bool = True, rollout: dict | None = None) -> dict:
+        """Save the layer's next revision on ``revision`` (409 when it is not the newest) and roll it out."""
+        body = {"document": document, "revision": revision, "message": message, "apply": apply, "rollout": rollout}
+        return self._post(f"/api/config/layers/{_quote(scope)}/{_quote(name)}", body, method="PUT")
+
+    def config_history(self, scope: str, name: str, limit: int = 100) -> list[dict]:
+        return self._request("GET", f"/api/config/layers/{_quote(scope)}/{_quote(name)}/history?limit={int(limit)}")
+
+    def rollback_config(self, scope: str, name: str, to_revision: int, *, revision: int, message: str = "",
+                        apply: bool = True, rollout: dict | None = None) -> dict:
+        body = {"to_revision": to_revision, "revision": revision, "message": message, "apply": apply,
+                "rollout": rollout}
+        return self._post(f"/api/config/layers/{_quote(scope)}/{_quote(name)}/rollback", body)
+
+    def apply_config(self, scope: str, name: str, rollout: dict | None = None) -> dict:
+        return self._post(f"/api/config/layers/{_quote(scope)}/{_quote(name)}/apply", {"rollout": rollout})
+
+    def config_devices(self, **filters: Any) -> dict:
+        """Every device's configuration status (filters: fleet, group) and the counts."""
+        return self._request("GET", f"/api/config/devices?{_query(filters)}")
+
+    def device_config(self, device_id: str) -> dict | None:
+        """A device's effective configuration (masked), each key's layer, desired vs applied vs refused."""
+        return self._request("GET", f"/api/config/devices/{_quote(device_id)}")
+
     def tokens(self) -> list[dict]:
         return self._request("GET", "/api/tokens")
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any, Protocol
 
 from ..link.vocabulary import Command, DeploymentKind, EventKind, TargetState
-from ..updates.signing import SigningKey, new_manifest
-from .api.schemas import DeploymentSpec
+from ..updates.signing import Manifest, SigningKey, new_manifest
+from .api.schemas import DeploymentSpec, RolloutOptions
 from .artifacts import ArtifactStore
 from .commands import CommandService
 from .db import FleetDB
@@ -131,7 +132,21 @@ def follow_update(db: FleetDB, device: str, event: dict) -> bool:
     return bool(db.advance_target(deployment_id, device, state, detail, now=time.time()))
 
 
-def follow_state(db: FleetDB, running: list[dict], device: str, state: dict) -> bool:
+class PerDevice(Protocol):
+    """A kind of deployment whose devices each get an artifact of their own (a configuration: each device's document),
+    registered with :meth:`DeploymentService.register_kind`: what a device's deploy command carries and what its
+    ``state`` shows when it runs what it was given. Waves, the abort rate, the canary, leases and the audit stay
+    the service's."""
+
+    def deploy_args(self, deployment: dict, device: str) -> dict[str, Any]:
+        """The deploy command's ``manifest`` and ``signature`` for ``device`` (the service adds the grant)."""
+
+    def runs(self, deployment: dict, device: str, state: dict) -> bool:
+        """Whether ``state`` (the device's, online) shows it runs what ``deployment`` gave it."""
+
+
+def follow_state(db: FleetDB, running: list[dict], device: str, state: dict,
+                 kinds: dict[DeploymentKind, PerDevice] | None = None) -> bool:
     """A device whose state reports a running deployment's artifact (of its kind) has it active, whatever became
     of its events (another manager's share of them may wait for that manager to come back)."""
     if not state.get("online"):
@@ -139,7 +154,9 @@ def follow_state(db: FleetDB, running: list[dict], device: str, state: dict) -> 
     runs = running_artifacts(state)
     changed = False
     for deployment in running:
-        if deployment.get("sha256") in runs.get(kind_of(deployment), ()):
+        per_device = (kinds or {}).get(kind_of(deployment))
+        if (per_device.runs(deployment, device, state) if per_device is not None
+                else deployment.get("sha256") in runs.get(kind_of(deployment), ())):
             changed |= bool(db.advance_target(deployment["deployment_id"], device, TargetState.ACTIVE,
                                               "its state reports it runs the deployment", now=time.time()))
     return changed
@@ -159,6 +176,11 @@ class DeploymentService:
         #: drives every running deployment this manager holds the lease of (started by the manager)
         self.rollouts = RolloutDriver(db, self._send_deploy, owner=owner, lease_ttl_s=lease_ttl_s,
                                       rollback=self._send_rollback)
+        self._per_device: dict[DeploymentKind, PerDevice] = {}
+
+    def register_kind(self, kind: DeploymentKind, handler: PerDevice) -> None:
+        """Deployments of ``kind`` give each device its own artifact: ``handler`` says which (:class:`PerDevice`)."""
+        self._per_device[DeploymentKind(kind)] = handler
 
     # ------------------------------------------------------------------------------------- reads
     def list(self) -> list[dict]:
@@ -177,16 +199,22 @@ class DeploymentService:
         if path is None:
             raise LookupError(f"no artifact {spec.sha256!r} — upload it first")
         devices = resolve_targets(self.db, spec)
-        waves = plan_waves(devices, canary_pct=spec.canary_pct, wave_size=spec.wave_size)
         kind = DeploymentKind(spec.kind)
         manifest = new_manifest(model_name=spec.model_name or spec.sha256, version=spec.version, sha256=spec.sha256,
                                 size=path.stat().st_size, url=f"{self.public_url}/artifacts/{spec.sha256}",
                                 target=target_label(spec, devices), rollback=spec.rollback,
                                 kind=None if kind == DeploymentKind.MODEL else kind.value)
-        options = {"canary_pct": spec.canary_pct, "wave_size": spec.wave_size,
-                   "abort_failure_rate": spec.abort_fraction(), "device_timeout_s": spec.device_timeout_s,
-                   "pipeline": spec.pipeline, "canary_analysis": spec.thresholds().to_options()}
-        self.db.create_deployment(manifest.to_dict(), self.key.sign(manifest), options, waves)
+        return self.start(manifest, devices, spec, pipeline=spec.pipeline)
+
+    def start(self, manifest: Manifest, devices: list[str], rollout: RolloutOptions, *, pipeline: str | None = None,
+              **options: Any) -> dict:
+        """Store a deployment of ``manifest`` to ``devices`` in waves as ``rollout`` says, and have the driver start
+        it; the deployment as stored. ``options`` are kept with it (a configuration's layer and revision)."""
+        waves = plan_waves(devices, canary_pct=rollout.canary_pct, wave_size=rollout.wave_size)
+        stored = {"canary_pct": rollout.canary_pct, "wave_size": rollout.wave_size,
+                  "abort_failure_rate": rollout.abort_fraction(), "device_timeout_s": rollout.device_timeout_s,
+                  "pipeline": pipeline, "canary_analysis": rollout.thresholds().to_options(), **options}
+        self.db.create_deployment(manifest.to_dict(), self.key.sign(manifest), stored, waves)
         self.rollouts.poke()
         created = self.db.get_deployment(manifest.deployment_id)
         assert created is not None  # just written
@@ -212,14 +240,15 @@ class DeploymentService:
     def follow_device_state(self, device: str, state: dict) -> None:
         """Ingest's ``on_state``: a device reporting a running deployment's model has it active."""
         running = self.rollouts.running
-        if running and follow_state(self.db, running, device, state):
+        if running and follow_state(self.db, running, device, state, self._per_device):
             self.rollouts.poke()
 
     # ---------------------------------------------------------------------------- the driver's sends
     def _send_deploy(self, deployment: dict, device: str) -> None:
-        args = deploy_args(deployment)
+        per_device = self._per_device.get(kind_of(deployment))
+        args = per_device.deploy_args(deployment, device) if per_device is not None else deploy_args(deployment)
         timeout = float((deployment.get("options") or {}).get("device_timeout_s") or 0)
-        args["grant"] = self.commands.grant(deployment["sha256"], device, timeout)
+        args["grant"] = self.commands.grant(args["manifest"]["sha256"], device, timeout)
         self.commands.send(device, Command.DEPLOY, args, command_id=command_id(deployment["deployment_id"]))
 
     def _send_rollback(self, deployment: dict, device: str) -> None:

@@ -34,6 +34,8 @@ from .auth import ADMIN_TOKEN_FILE
 from .broker import ManagedMosquitto
 from .changes import ChangeFeed
 from .commands import CommandService
+from .config_rollout import ConfigRollouts
+from .configs import ConfigService
 from .db import FleetDB
 from .deployments import DeploymentService
 from .devices import DeviceService
@@ -133,6 +135,7 @@ class FleetManager:
         self.http: FleetHTTPServer | None = None
         self.commands: CommandService | None = None
         self.deployments: DeploymentService | None = None
+        self.configs: ConfigService | None = None  # the configuration layers, and their rollouts
         self.devices: DeviceService | None = None
         self.ingest: Ingest | None = None
         self.link: MqttLink | None = None
@@ -182,14 +185,17 @@ class FleetManager:
         self.devices = DeviceService(db, evidence)
         live_view = self.live_view = LiveView(db, commands, lambda: self.public_url).start()
         self.diagnosis = DiagnosisService(db, commands, lambda: self.public_url)
+        configs = self.configs = ConfigService(db, ConfigRollouts(db, deployments, store))
         services = FleetServices(access=access, artifacts=store, commands=commands, deployments=deployments,
                                  devices=self.devices, evidence=evidence, changes=changes, live_view=live_view,
-                                 metrics=FleetMetrics(self), samples=self.samples, diagnosis=self.diagnosis)
+                                 metrics=FleetMetrics(self), samples=self.samples, diagnosis=self.diagnosis,
+                                 configs=configs)
         self.http.start(build_app(services))
-        self.ingest = Ingest(db, on_event=deployments.follow_event, on_state=deployments.follow_device_state,
+        self.ingest = Ingest(db, on_event=deployments.follow_event, on_state=self._on_state,
                              queue_size=s.ingest_queue, batch_size=s.ingest_batch).start()
         commands.link = self.link = self._start_link(self.ingest, self._spool)
         deployments.rollouts.start()
+        configs.rollouts.start()
         self._maintenance = threading.Thread(target=self._maintain, name="edgeinfer-fleet-retention", daemon=True)
         self._maintenance.start()
 
@@ -212,6 +218,12 @@ class FleetManager:
         topics = [subscription("state"), shared + subscription("telemetry"), shared + subscription("events")]
         return MqttLink(link_settings, spool=spool, name="edgeinfer-fleet-mqtt", subscriptions=topics,
                         on_delivery=ingest.deliver, on_connected=self._on_connected).start()
+
+    def _on_state(self, device: str, state: dict) -> None:
+        """A device's ``state``: its deployments' progress, and a configuration to catch up on if it is online."""
+        assert self.deployments is not None and self.configs is not None
+        self.deployments.follow_device_state(device, state)
+        self.configs.rollouts.follow_state(device, state)
 
     def _on_connected(self, _offline_s: float | None) -> None:
         if self.broker is not None:  # our session (and its subscriptions) must survive a broker crash
@@ -266,8 +278,9 @@ class FleetManager:
             return
         self._closed = True
         self._stop.set()
-        for part in (self.changes, self.live_view, self.rollouts, self.link, self.ingest, self.http, self._spool,
-                     self.broker):
+        catching_up = self.configs.rollouts if self.configs is not None else None
+        for part in (self.changes, self.live_view, catching_up, self.rollouts, self.link, self.ingest, self.http,
+                     self._spool, self.broker):
             if part is not None:
                 try:
                     part.close()

@@ -15,7 +15,7 @@ against the schema with :mod:`.schema_check`'s readable errors, then checks what
 ``source`` and ``sources``; names used once; the lines' and zones' shapes and coordinates, and a task that takes
 them, by ``forms.regions`` as the device reads them).
 Each problem names its key: ``pipelines[0].max_fps: must be > 0, got
--1``. The fleet manager answers a refused document with these words (400), the agent refuses ``agent.yaml`` with
+-1``. The fleet manager answers a refused document with these words (409), the agent refuses ``agent.yaml`` with
 them (``agent.yaml: pipelines[0].max_fps: ...``, exit 78), and a device refuses a fleet revision with them.
 """
 

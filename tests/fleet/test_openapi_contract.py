@@ -56,6 +56,8 @@ from support.jpegs import JPEGS, MP4_HEAD
 
 from edgeinfer.fleet.api.sample_schemas import JPEG_BASE64
 from edgeinfer.fleet.api.schemas import DeploymentSpec
+from edgeinfer.fleet.config_layers import LayerKey, Scope
+from edgeinfer.fleet.configs import Author
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.samples import decode_jpeg
 from edgeinfer.forms.evidence import new_event_id
@@ -75,9 +77,13 @@ DEVICE = "contract-cam"
 EVENT_ID = new_event_id(1)
 SAMPLE_ID = "s1"
 PIPELINE = "main"
+#: a configuration layer's name, saved once (revision 1) in each scope, so the routes that read a layer's revisions
+#: answer 200 too (the scope is no dictionary's: the fuzzer takes each of the enum's values itself)
+LAYER = "lobby"
 #: what fills a path parameter when a role is checked (the credential is judged before the parameters)
 PATH_VALUES = {"device_id": DEVICE, "deployment_id": "d" * 32, "token_id": "0" * 12, "sha256": "0" * 64,
-               "event_id": EVENT_ID, "pipeline": PIPELINE, "sample_id": SAMPLE_ID, "command_id": "c" * 32}
+               "event_id": EVENT_ID, "pipeline": PIPELINE, "sample_id": SAMPLE_ID, "command_id": "c" * 32,
+               "scope": "group", "name": LAYER, "revision": "1"}
 STREAM = "/api/changes"
 #: the change feed's old name, a deprecated alias that answers the same
 OLD_STREAM = "/api/stream"  # its old name
@@ -181,13 +187,17 @@ def contract(tmp_path_factory) -> Contract:
             model.write_bytes(os.urandom(4096))
             sha256, _ = services.artifacts.put(model)
             deployment = services.deployments.create(DeploymentSpec(sha256=sha256, version=2, devices=[DEVICE]))
+            for scope in Scope:
+                services.configs.save(LayerKey(scope, LAYER), {"telemetry_interval_s": 2}, base=0, message="contract",
+                                      author=Author("contract-operator", "operator"), apply=False)
             request = urllib.request.Request(f"{server.url}/openapi.json",
                                              headers={"Authorization": f"Bearer {tokens['viewer']}"})
             with urllib.request.urlopen(request, timeout=10) as response:
                 document = json.loads(response.read())
             known = {"path.device_id": [DEVICE], "path.event_id": [EVENT_ID], "path.sha256": [sha256],
                      "path.deployment_id": [deployment["deployment_id"]], "path.token_id": [spare],
-                     "path.pipeline": [PIPELINE], "path.sample_id": [SAMPLE_ID], "body.sha256": [sha256]}
+                     "path.pipeline": [PIPELINE], "path.sample_id": [SAMPLE_ID], "body.sha256": [sha256],
+                     "path.name": [LAYER], "path.revision": [1]}
             try:
                 yield Contract(server.url, tokens, document, known)
             finally:

@@ -21,6 +21,8 @@ from edgeinfer.fleet.broker_auth import hash_password
 from edgeinfer.fleet.changes import ChangeFeed
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.commands import CommandService
+from edgeinfer.fleet.config_rollout import ConfigRollouts
+from edgeinfer.fleet.configs import ConfigService
 from edgeinfer.fleet.db import FleetDB
 from edgeinfer.fleet.deployments import DeploymentService
 from edgeinfer.fleet.devices import DeviceService
@@ -144,12 +146,14 @@ def api_server(db: FleetDB, folder: Path, *, artifacts: ArtifactStore | None = N
     commands = CommandService(db, key, spool)
     try:
         with FleetHTTPServer() as server:
+            deployments = DeploymentService(db, key, store, commands, public_url=server.url)
             services = FleetServices(
                 access=FleetAccess(db, key, folder, tls=False), artifacts=store, commands=commands,
-                deployments=DeploymentService(db, key, store, commands, public_url=server.url),
+                deployments=deployments,
                 devices=DeviceService(db, evidence_store), evidence=evidence_store, changes=ChangeFeed(db),
                 live_view=LiveView(db, commands, lambda: server.url), metrics=FleetMetrics(None),
                 samples=SampleStore(db), diagnosis=DiagnosisService(db, commands, lambda: server.url),
+                configs=ConfigService(db, ConfigRollouts(db, deployments, store)),
                 max_upload_bytes=max_upload_bytes)
             services.live_view.start()
             server.start(build_app(services))
@@ -212,10 +216,12 @@ def simulated_fleet(data_dir: Path, *, devices: int, behaviours: Mapping[str, st
                     interval_s: float = 1.0, fleet: str = "canary",
                     update_delay_s: tuple[float, float] = (0.05, 0.2), ramp_s: float | None = 2.0,
                     online_timeout: float = 60.0, db_url: str | None = None,
-                    groups: tuple[str, ...] = ()) -> Iterator[SimulatedFleet]:
+                    groups: tuple[str, ...] = (), config_refuse_rate: float = 0.0,
+                    seed: int = 0) -> Iterator[SimulatedFleet]:
     """A manager with its managed Mosquitto (and its database at ``db_url``: default SQLite in ``data_dir``),
     ``devices`` enrolled in one call and simulated in this process (``behaviours``: model name → how the devices
-    run it; ``groups``: theirs); yielded once every device is online in the manager's database with telemetry."""
+    run it; ``groups``: theirs; ``config_refuse_rate``: the share that refuse configuration documents, by ``seed``);
+    yielded once every device is online in the manager's database with telemetry."""
     from edgeinfer.fleet.broker import free_port
     from edgeinfer.tools.simulate import Simulation, SimulationSettings
 
@@ -230,7 +236,8 @@ def simulated_fleet(data_dir: Path, *, devices: int, behaviours: Mapping[str, st
         simulation = Simulation(SimulationSettings(broker=manager.broker_url, devices=devices, fleet=fleet,
                                                    interval_s=interval_s, update_delay_s=update_delay_s,
                                                    ramp_s=ramp_s, credentials=credentials, groups=groups,
-                                                   behaviours=dict(behaviours or {})))
+                                                   behaviours=dict(behaviours or {}), seed=seed,
+                                                   config_refuse_rate=config_refuse_rate))
         with simulation:
             simulation.start()
 

@@ -16,6 +16,7 @@ from support.optimize import IMAGES, error_line, json_out, leftovers, run_cli
 from support.processes import edgeinfer_cmd
 
 from edgeinfer.pipeline.stats import STAGES
+from edgeinfer.tools.timing import SETTLE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -155,7 +156,9 @@ def test_source_measures_the_whole_pipeline_per_stage():
     rows = json_out(result)["pipeline"]
     assert [row["delegate"] for row in rows] == ["xnnpack", "openvino"]
     for row in rows:
-        assert row["frames"] >= 10 and row["fps"] > 0 and row["task"] == "classify"
+        # every round times at least one frame past its settle frames, however slow this machine is
+        assert row["timed_frames"] >= 2 and row["frames"] == row["timed_frames"] + 2 * SETTLE
+        assert row["fps"] > 0 and row["task"] == "classify"
         stages = row["stages"]
         assert set(stages) == set(STAGES)
         for stage in stages.values():
@@ -174,7 +177,9 @@ def test_a_yolo_detector_is_benched_as_the_detector_it_says_it_is():
                      "--seconds", "0.5", "--rounds", "1", "--json")
     assert result.returncode == 0, result.stderr
     (row,) = json_out(result)["pipeline"]
-    assert row["task"] == "detect" and row["frames"] >= 1 and row["stages"]["postprocess"]["p50"] > 0
+    assert row["task"] == "detect" and row["stages"]["postprocess"]["p50"] > 0
+    # a YOLO frame may take longer than the round on a busy machine: the round goes on until one is timed
+    assert row["timed_frames"] >= 1 and row["frames"] == row["timed_frames"] + SETTLE
 
 
 def test_a_bad_source_fails_before_measuring(tmp_path):

@@ -23,18 +23,18 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from ..._version import __version__
-from . import access, artifacts, commands, deployments, devices, diagnosis, events, live_view, overview, samples
+from . import access, artifacts, commands, config, deployments, devices, diagnosis, events, live_view, overview, samples
 from .deps import FleetServices, Viewer
 from .schemas import ErrorBody, describe
 from .web import add_dashboard
 
 TITLE = "edgeinfer fleet manager"
-DESCRIPTION = ("Devices, telemetry, deployments, events with their evidence and model artifacts of an edgeinfer "
-               "fleet. Every route but /healthz needs a credential: Authorization: Bearer <token> of the role "
-               "the route names (viewer < operator < admin), or, for artifacts and evidence uploads, an enrolled "
+DESCRIPTION = ("Devices, telemetry, deployments, configuration, events with their evidence and model artifacts of an "
+               "edgeinfer fleet. Every route but /healthz needs a credential: Authorization: Bearer <token> of the "
+               "role the route names (viewer < operator < admin), or, for artifacts and evidence uploads, an enrolled "
                "device's MQTT credential. Every refusal is {\"error\": \"...\"}.")
 ROUTERS = (overview.router, devices.router, commands.router, live_view.router, deployments.router, artifacts.router,
-           events.router, samples.router, diagnosis.router, access.router)
+           events.router, samples.router, diagnosis.router, config.router, access.router)
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -101,7 +101,7 @@ def document(app: FastAPI) -> dict[str, Any]:
         components.pop(name, None)
     components[ErrorBody.__name__] = ErrorBody.model_json_schema()
     # a body a route reads itself (bounded before it is parsed): its model is the document's all the same
-    for model in (*samples.READ_BODIES, *diagnosis.UPLOADS):
+    for model in (*samples.READ_BODIES, *diagnosis.UPLOADS, *config.UPLOADS):
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")
         for name, definition in body.pop("$defs", {}).items():
             components.setdefault(name, definition)

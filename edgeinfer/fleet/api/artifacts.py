@@ -17,7 +17,8 @@ from .schemas import SHA256_PATTERN, ArtifactStored
 router = APIRouter(tags=["artifacts"])
 Sha256 = Annotated[str, Path(pattern=SHA256_PATTERN, description="the artifact's sha256")]
 READERS = ("Open to a viewer token, to an enrolled device with its MQTT user name and password (Basic), or with "
-           "?grant= from a deploy command (a short-lived signed URL).")
+           "?grant= from a deploy command (a short-lived signed URL). A configuration document (it may hold "
+           "secrets) opens to its grant and to the devices it was given to only: 403 to every token.")
 #: Range is HTTP's own header, read by Starlette's FileResponse, which answers a malformed one (400) and one past
 #: the end (416) in plain text
 RANGE = ("Honours Range (bytes=FIRST-[LAST], bytes=-SUFFIX, several: multipart/byteranges), so agents resume "
@@ -64,13 +65,13 @@ def _artifact(fleet: Services, sha256: str) -> OctetStream:
             responses={200: binary("application/octet-stream", description="The file"),
                        206: binary("application/octet-stream", "multipart/byteranges",
                                    description="The parts of the file Range asked for"),
-                       **errors(401, 404), **RANGE_REFUSALS},
+                       **errors(401, 403, 404), **RANGE_REFUSALS},
             description=f"{RANGE} {READERS}")
 def download(sha256: Sha256, _ok: ArtifactReader, fleet: Services) -> OctetStream:
     return _artifact(fleet, sha256)
 
 
-@router.head("/artifacts/{sha256}", response_class=OctetStream, responses=errors(400, 401, 404),
+@router.head("/artifacts/{sha256}", response_class=OctetStream, responses=errors(400, 401, 403, 404),
              summary="A model artifact's size (Content-Length), without its bytes", description=READERS)
 def size(sha256: Sha256, _ok: ArtifactReader, fleet: Services) -> OctetStream:
     return _artifact(fleet, sha256)

@@ -27,6 +27,7 @@ from ..artifacts import ArtifactStore
 from ..auth import Principal, Role
 from ..changes import ChangeFeed
 from ..commands import CommandService
+from ..configs import ConfigService
 from ..deployments import DeploymentService
 from ..devices import DeviceService
 from ..diagnosis import DiagnosisService
@@ -54,6 +55,7 @@ class FleetServices:
     metrics: FleetMetrics
     samples: SampleStore
     diagnosis: DiagnosisService
+    configs: ConfigService
     max_upload_bytes: int = MAX_UPLOAD_BYTES
 
 
@@ -139,7 +141,9 @@ def artifact_reader(request: Request, fleet: Services, _token: Annotated[Any, Se
                     _device: Annotated[Any, Security(DEVICE_LOGIN)], _grant: Annotated[Any, Security(GRANT)]) -> None:
     """A download grant for this artifact, an enrolled device's MQTT credential (Basic), or a viewer token: any one
     of them opens it, as the document's security says (an empty ``grant=`` is no grant; a grant that does not hold
-    beside an ``Authorization`` header leaves that header to be judged)."""
+    beside an ``Authorization`` header leaves that header to be judged). A configuration document (it may hold
+    secrets: a camera's password) opens to its grant and to the credential of a device it was given to only: 403 for
+    any other device and for every token."""
     sha256 = str(request.path_params.get("sha256", ""))
     grant = request.query_params.get("grant")
     header = request.headers.get("authorization") or ""
@@ -150,11 +154,17 @@ def artifact_reader(request: Request, fleet: Services, _token: Annotated[Any, Se
             raise HTTPException(401, "the download grant is not valid for this artifact (expired, or forged)")
     if header[:6].lower() == "basic ":
         login = basic_credentials(header)
-        if login is not None and fleet.access.tokens.device_login(*login):
-            return
-        raise HTTPException(401, "the device credential is not valid (revoked, or never enrolled)",
-                            headers={"WWW-Authenticate": 'Basic realm="edgeinfer artifacts"'})
+        identity = fleet.access.tokens.device_identity(*login) if login is not None else None
+        if identity is None:
+            raise HTTPException(401, "the device credential is not valid (revoked, or never enrolled)",
+                                headers={"WWW-Authenticate": 'Basic realm="edgeinfer artifacts"'})
+        if fleet.configs.rollouts.holds(sha256) and not fleet.configs.rollouts.holds(sha256, identity):
+            raise HTTPException(403, f"this configuration document is not {identity}'s")
+        return
     caller(request, fleet, Role.VIEWER)
+    if fleet.configs.rollouts.holds(sha256):
+        raise HTTPException(403, "a configuration document may hold secrets: only the device it is for downloads it "
+                                 "(read it masked with GET /api/config/devices/{device_id})")
 
 
 def evidence_uploader(request: Request, fleet: Services, _token: Annotated[Any, Security(BEARER[Role.OPERATOR])],

@@ -51,9 +51,11 @@ CHANGE_EVENTS = {"type": "object", "oneOf": [
 
 @router.get("/api/overview", response_model=Overview, responses=errors(401),
             summary="The fleet at a glance: online/offline/degraded, versions, delegates and fallbacks, "
-                    "throttling/hot/backlogged/silent devices, the last events")
+                    "throttling/hot/backlogged/silent devices, the last events, devices out of step with their "
+                    "configuration")
 def fleet_overview(_who: Viewer, fleet: Services) -> Any:
-    return fleet.devices.overview()
+    found = fleet.configs.devices()
+    return {**fleet.devices.overview(), "config": {"counts": found["counts"], "out_of_step": found["out_of_step"]}}
 
 
 #: how GET /api/changes (and its old name) answers: the document states the one for both

@@ -137,19 +137,10 @@ class ErrorBody(BaseModel):
 
 # ---------------------------------------------------------------------------------------- deployments
 
-class DeploymentSpec(Strict):
-    """A rollout: a stored artifact as a version, to devices / a group / all (the first given wins; none given
-    matches no device), in waves with a canary first."""
+class RolloutOptions(Strict):
+    """How a rollout goes, whatever it deploys (a model, an agent, a configuration): waves with a canary first, the
+    failure rate that stops it, how long a device has, and the canary analysis."""
 
-    sha256: Sha256 = Field(description="an artifact uploaded with PUT /api/artifacts")
-    kind: DeployableKind = Field("model", description="what it is: a model, or an agent bundle (docs/fleet.md)")
-    version: Version = Field(description="the new version number (devices refuse a downgrade unless rollback)")
-    model_name: str | None = Field(None, max_length=256, pattern=PRINTABLE_PATTERN,
-                                   description="the artifact's name, shown with the version (default: the sha256)")
-    devices: list[DeviceId] | None = Field(None, max_length=MAX_DEVICES, description="target devices by id")
-    group: str | None = Field(None, min_length=1, max_length=128, pattern=PRINTABLE_PATTERN,
-                              description="every device in this group")
-    all: bool = Field(False, description="every known device")
     canary_pct: float = Field(DEFAULT_CANARY_PCT, ge=0, le=100, description="percent of the targets in wave 0")
     wave_size: WaveSize | None = Field(None, description="devices per later wave (default: all the rest)")
     abort_failure_pct: float | None = Field(None, ge=0, le=100, description="stop when more than this percent of "
@@ -157,8 +148,6 @@ class DeploymentSpec(Strict):
     abort_failure_rate: float | None = Field(None, ge=0, le=1, description="the same as a fraction (0-1); "
                                                                           "abort_failure_pct wins")
     device_timeout_s: float = Field(DEFAULT_DEVICE_TIMEOUT_S, gt=0, le=MAX_WAIT_S, description="seconds a device has")
-    rollback: bool = Field(False, description="allow going back to an older version")
-    pipeline: PipelineName | None = Field(None, description="which of the agent's pipelines (default: its first)")
     canary_analysis: bool = Field(True, description="judge the canary on its telemetry (docs/fleet.md, Canary "
                                                     "analysis)")
     # the canary analysis's thresholds: null is the default
@@ -188,6 +177,23 @@ class DeploymentSpec(Strict):
                  "max_latency_regression": self.max_latency_regression, "max_fps_drop": self.max_fps_drop,
                  "max_output_drift": self.max_output_drift, "max_error_rate": self.max_error_rate}
         return Thresholds(enabled=self.canary_analysis, **{k: v for k, v in given.items() if v is not None})
+
+
+class DeploymentSpec(RolloutOptions):
+    """A rollout: a stored artifact as a version, to devices / a group / all (the first given wins; none given
+    matches no device), in waves with a canary first (:class:`RolloutOptions`)."""
+
+    sha256: Sha256 = Field(description="an artifact uploaded with PUT /api/artifacts")
+    kind: DeployableKind = Field("model", description="what it is: a model, or an agent bundle (docs/fleet.md)")
+    version: Version = Field(description="the new version number (devices refuse a downgrade unless rollback)")
+    model_name: str | None = Field(None, max_length=256, pattern=PRINTABLE_PATTERN,
+                                   description="the artifact's name, shown with the version (default: the sha256)")
+    devices: list[DeviceId] | None = Field(None, max_length=MAX_DEVICES, description="target devices by id")
+    group: str | None = Field(None, min_length=1, max_length=128, pattern=PRINTABLE_PATTERN,
+                              description="every device in this group")
+    all: bool = Field(False, description="every known device")
+    rollback: bool = Field(False, description="allow going back to an older version")
+    pipeline: PipelineName | None = Field(None, description="which of the agent's pipelines (default: its first)")
 
 
 class Target(Row):
@@ -490,6 +496,14 @@ class Fallback(BaseModel):
     reason: str | None
 
 
+class ConfigCounts(BaseModel):
+    """Devices per configuration status, and how many do not run their desired document (docs/fleet.md,
+    Configuration)."""
+
+    counts: dict[str, int]
+    out_of_step: int
+
+
 class Overview(BaseModel):
     """The fleet at a glance (from the device rows and the newest events)."""
 
@@ -502,6 +516,7 @@ class Overview(BaseModel):
     backlogged: list[str]
     silent: list[str]
     events: list[JsonObject]
+    config: ConfigCounts | None = None
 
 
 class WhoAmI(BaseModel):

@@ -18,6 +18,7 @@ from ...util.optional import import_optional
 from ..rollout import DeploymentStatus
 from . import evidence, live_view, rollouts, security, writes
 from .commands import CommandRows
+from .configs import ConfigRows
 from .diagnosis import DiagnosisRows
 from .samples import SampleRows
 from .schema import tables
@@ -72,6 +73,8 @@ class FleetDB:
         self.commands = CommandRows(self._sa, self.engine, self.t)
         #: devices' log lines and doctor reports, sent on request (diagnosis.py)
         self.diagnosis = DiagnosisRows(self._sa, self.engine, self.t)
+        #: the fleet's configuration layers and the documents devices were given (configs.py)
+        self.configs = ConfigRows(self._sa, self.engine, self.t)
 
     def close(self) -> None:
         self.engine.dispose()

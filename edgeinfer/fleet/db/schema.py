@@ -32,6 +32,8 @@ class Tables:
     command_samples: Any
     device_logs: Any
     diagnosis: Any
+    config_revisions: Any
+    config_targets: Any
 
 
 def tables(sa: Any) -> Tables:
@@ -252,7 +254,7 @@ def tables(sa: Any) -> Tables:
     device_logs, diagnosis = diagnosis_tables(sa, metadata)
     return Tables(metadata, devices, telemetry, rollups, events, deployments, targets, tokens, audit, credentials,
                   evidence, evidence_chunks, live_frames, analytics, samples, commands, command_samples, device_logs,
-                  diagnosis)
+                  diagnosis, *config_tables(sa, metadata))
 
 
 def diagnosis_tables(sa: Any, metadata: Any) -> tuple[Any, Any]:
@@ -288,3 +290,35 @@ def diagnosis_tables(sa: Any, metadata: Any) -> tuple[Any, Any]:
         sa.Column("doctor_result", sa.Text),  # the device's upload as JSON text: exit code, report, error
     )
     return device_logs, diagnosis
+
+
+def config_tables(sa: Any, metadata: Any) -> tuple[Any, Any]:
+    """The fleet's configuration layers, one row per revision, and which document each device of a configuration
+    deployment was given (fleet/configs.py; migration 0012)."""
+    revisions = sa.Table(
+        "config_revisions", metadata,
+        sa.Column("scope", sa.String(16), primary_key=True),  # fleet, group, device (config_layers.Scope)
+        sa.Column("name", sa.String(128), primary_key=True),
+        sa.Column("revision", sa.Integer, primary_key=True),  # 1, 2, ... per layer: the primary key is the lock
+        sa.Column("document", sa.JSON, nullable=False),  # as the operator set it, secrets included
+        sa.Column("sha256", sa.String(64), nullable=False),
+        sa.Column("message", sa.Text, nullable=False),
+        sa.Column("author", sa.String(128), nullable=False),
+        sa.Column("role", sa.String(16)),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("restored_from", sa.Integer),  # a roll back: the revision it equals
+        sa.Column("applied_at", sa.Float),  # when it was released to the devices (null: saved, not applied yet)
+        sa.Column("applied_by", sa.String(128)),
+        sa.Index("ix_config_revisions_created_at", "created_at"),
+    )
+    targets = sa.Table(
+        "config_targets", metadata,
+        sa.Column("deployment_id", sa.String(64), primary_key=True),
+        sa.Column("device_id", sa.String(128), primary_key=True),
+        sa.Column("sha256", sa.String(64), nullable=False),  # the device's effective document (an artifact)
+        sa.Column("size", sa.Integer, nullable=False),
+        sa.Column("layers", sa.JSON, nullable=False),  # [[label, revision], ...]: what it was merged from
+        sa.Index("ix_config_targets_device", "device_id"),
+        sa.Index("ix_config_targets_sha256", "sha256"),
+    )
+    return revisions, targets

@@ -104,7 +104,7 @@ def _draw_pipeline_stages(rows: Sequence[dict[str, Any]], ax: Any) -> None:
     px = list(range(len(rows)))
     bottom = [0.0] * len(rows)
     for stage in STAGES[:-1]:  # the last, latency, is end to end, not a stage
-        values = [row["stages"][stage]["p50"] for row in rows]
+        values = [row["stages"][stage]["p50"] or 0.0 for row in rows]  # None: no frame timed
         ax.bar(px, values, 0.6, bottom=bottom, label=stage)
         bottom = [b + v for b, v in zip(bottom, values)]
     for i, row in enumerate(rows):

@@ -227,11 +227,19 @@ def _pipeline_rounds(measured: Sequence[_Measured], source: str | int, task: str
         rows.append({
             "label": f"{Path(target.model.path).name} · {target.delegate}", "model": target.model.path,
             "delegate": target.delegate, "source": str(source), "task": tasks[index], "frames": frames[index],
+            "timed_frames": len(stages[index][STAGES[0]]),
             "dropped": dropped[index], "fps": round(frames[index] / elapsed[index], 2) if elapsed[index] else 0.0,
             "cpu_utilization": round(cpu[index] / elapsed[index], 2) if elapsed[index] else 0.0,
-            "stages": {stage: summarize(values) for stage, values in stages[index].items()},
+            "stages": {stage: _stage_summary(values) for stage, values in stages[index].items()},
         })
     return tuple(rows)
+
+
+def _stage_summary(values: Sequence[float]) -> dict[str, float | None]:
+    """A stage's p50/p95/... in ms; None for each when no frame was timed (a run that ended in its settle
+    frames): JSON has no NaN."""
+    summary = summarize(values)
+    return {key: value if values else None for key, value in summary.items()}
 
 
 def _check_source(source: str | int) -> None:

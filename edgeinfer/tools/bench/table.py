@@ -47,6 +47,9 @@ def format_pipeline_table(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-def _p50_p95(figures: dict[str, float]) -> str:
-    """``p50/p95`` of one stage's summary, NaN where missing."""
-    return f"{figures.get('p50', math.nan):.2f}/{figures.get('p95', math.nan):.2f}"
+def _p50_p95(figures: dict[str, float | None]) -> str:
+    """``p50/p95`` of one stage's summary, ``-`` where there is none (no frame was timed)."""
+    p50, p95 = figures.get("p50"), figures.get("p95")
+    if p50 is None or p95 is None or math.isnan(p50) or math.isnan(p95):
+        return "-"
+    return f"{p50:.2f}/{p95:.2f}"

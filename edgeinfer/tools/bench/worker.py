@@ -13,6 +13,8 @@ the protocol).
         -> {"ok": true, "latencies_ms": [...], "wall_s", "cpu_s"}
     {"op": "pipeline", "source": SRC, "task": TASK, "seconds": S}
         -> {"ok": true, "stages": {stage: [ms, ...]}, "frames", "dropped", "elapsed_s", "cpu_s"}
+       (frames: every result; the stages time those after the first SETTLE, and the run goes on past S
+       until one is timed)
     {"op": "stats"} -> {"ok": true, "peak_rss_mb"}
     {"op": "quit"}
 Any failure -> {"ok": false, "error": TYPE, "message": TEXT}.
@@ -24,12 +26,15 @@ import json
 import os
 import resource
 import sys
+import threading
 import time
 
 from ...pipeline.stats import STAGES
 from ..timing import SETTLE  # untimed invokes at the start of every timed block
 
-#: per-frame pipeline stages reported by ``edgeinfer bench --source`` (FrameResult.timings)
+#: how long a pipeline round may run past its seconds to time one frame beyond its settle frames
+FIRST_TIMED_FRAME_S = 60.0
+
 
 def _peak_rss_mb() -> float:
     # ru_maxrss is in KiB on Linux (bytes on macOS)
@@ -126,6 +131,7 @@ class _Worker:
             return {"ok": False, "error": "BenchmarkError", "message": "pipeline before load"}
         samples: dict[str, list[float]] = {stage: [] for stage in STAGES}
         seen = [0]
+        timed = threading.Event()
 
         def on_result(result) -> None:
             seen[0] += 1
@@ -134,13 +140,20 @@ class _Worker:
             timings = result.timings
             for stage, values in samples.items():
                 values.append(round(float(getattr(timings, stage)), 4))
+            timed.set()
 
         pipe = Pipeline(self.engine, cmd["source"], task=cmd.get("task"), loop=True)  # None: the model's task
         try:
             cpu0 = time.process_time()
             start = time.perf_counter()
             pipe.start(on_result)
-            pipe.wait(float(cmd["seconds"]))
+            seconds = float(cmd["seconds"])
+            pipe.wait(seconds)
+            # A round too short for this machine to get past the settle frames would report frames with no
+            # stage figure: it runs on until one frame is timed (or the run ends: an error, a source ended).
+            deadline = start + seconds + FIRST_TIMED_FRAME_S
+            while not timed.is_set() and time.perf_counter() < deadline and not pipe.wait(0.02):
+                pass
             pipe.stop()
             elapsed = time.perf_counter() - start
             cpu = time.process_time() - cpu0

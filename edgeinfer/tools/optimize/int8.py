@@ -53,6 +53,7 @@ def quantize_int8(source: Path, target: Path, images: Sequence[Path], feeder: Im
                 str(quant_input), str(target), reader,
                 quant_format=quantization.QuantFormat.QDQ,
                 per_channel=options.per_channel,
+                reduce_range=options.reduce_range,
                 activation_type=kinds.QUInt8 if options.activations == "uint8" else kinds.QInt8,
                 weight_type=kinds.QInt8,
                 calibrate_method=quantization.CalibrationMethod.MinMax,
@@ -70,6 +71,40 @@ def quantize_int8(source: Path, target: Path, images: Sequence[Path], feeder: Im
         with contextlib.suppress(OSError):
             prepared.unlink()
     return keep_float
+
+
+def int8_arithmetic(options: OptimizeOptions) -> tuple[dict[str, Any], list[str]]:
+    """How this CPU computes the INT8 model on the validating delegates, for the report, and the notes that say it.
+
+    On an x86 CPU without VNNI, uint8 x int8 products pairwise saturate in 16 bits (device.host.u8s8_saturates).
+    The onnxruntime delegate runs ONNX Runtime's exact U8U8 kernels there; OpenVINO has no such mode, so an
+    artifact it validates here shows what such CPUs compute, not what the model computes on one with VNNI.
+    ``--reduce-range`` (7-bit weights) cannot saturate anywhere, at some accuracy (measured on this project's
+    photos: MobileNet v2 flips 2 of 8, the fall detector loses 1 of 7 boxes).
+    """
+    from ...device.host import host_u8s8_saturates
+
+    saturates = host_u8s8_saturates()
+    delegates = [options.delegate] + (["openvino"] if options.export_ir else [])
+    exact_ort = saturates and any(name.startswith("onnxruntime") for name in delegates)
+    # OpenVINO (oneDNN) has no exact mode: 8-bit weights saturate on such a CPU
+    saturating = sorted({name for name in delegates if name == "openvino"}) if saturates and not options.reduce_range \
+        else []
+    facts = {"cpu_saturates_u8s8": saturates, "weight_bits": 7 if options.reduce_range else 8,
+             "onnxruntime_exact_kernels": exact_ort, "saturating_delegates": saturating}
+    notes = []
+    if exact_ort:
+        notes.append("this CPU (x86 without VNNI) saturates ONNX Runtime's fast U8S8 INT8 kernels: the onnxruntime "
+                     "delegate runs its exact U8U8 ones here, about as slow as float; a CPU with VNNI, or ARM, "
+                     "computes the same at INT8 speed")
+    if saturating:
+        notes.append("OpenVINO's INT8 kernels saturate on this CPU (x86 without VNNI) and have no exact mode: "
+                     "its figures above are what such CPUs compute, where one with VNNI computes the ONNX "
+                     "model's; --reduce-range (7-bit weights) avoids it, at some accuracy")
+    if options.reduce_range:
+        notes.append("7-bit weights (--reduce-range): exact on the fast INT8 kernels of x86 CPUs without VNNI, "
+                     "coarser everywhere")
+    return facts, notes
 
 
 def float_nodes(model: Any, detector: bool) -> dict[str, str]:

@@ -15,7 +15,7 @@ from ...util.fs import atomic_path
 from .convert import convert_fp16, export_ir
 from .detectors import DetectorOutputs, compare_detections, detect_images, read_detector
 from .images import ImageFeeder, image_sets
-from .int8 import quantize_int8
+from .int8 import int8_arithmetic, quantize_int8
 from .options import OptimizeOptions, Progress
 from .output import check_outputs, finish_model
 from .report import Accuracy, Artifact, OptimizeReport
@@ -68,6 +68,10 @@ def optimize_model(model: str | os.PathLike, output: str | os.PathLike, options:
     output_path = Path(output)
     finals = check_outputs(output_path, Path(info.path), options.export_ir)
     calibration, validation, notes = image_sets(options)
+    arithmetic: dict[str, Any] = {}
+    if options.mode == "int8":
+        arithmetic, arithmetic_notes = int8_arithmetic(options)
+        notes += arithmetic_notes
     run = _Run(info, options, options.threads or os.cpu_count() or 1, calibration, validation, notes,
                progress or (lambda _message: None))
     # Each file is written under a temporary name beside its final one; the ExitStack renames them
@@ -82,14 +86,14 @@ def optimize_model(model: str | os.PathLike, output: str | os.PathLike, options:
             # OpenVINO writes the weights beside the .xml under its stem: the .bin's temporary name
             staged.enter_context(atomic_path(finals[2], temp=temp_xml.with_suffix(".bin")))
             artifacts.append(_ir_artifact(run, temp_onnx, temp_xml, finals[1], onnx))
-        refused = refusal_reason(artifacts, options)
+        refused = refusal_reason(artifacts, options, saturating=arithmetic.get("saturating_delegates", ()))
         report = OptimizeReport(
             model=info.path, output=str(output_path), mode=options.mode, original_bytes=info.size_bytes,
             artifacts=tuple(artifacts), calibration_images=len(calibration), validation_images=len(validation),
             preprocessing=onnx.preprocessing, min_agreement=options.min_agreement,
             ambiguous_margin=options.ambiguous_margin, written=False, refused=refused,
             forced=bool(refused and options.force), notes=tuple(notes),
-            seconds=round(time.perf_counter() - started, 2), float_nodes=onnx.float_nodes,
+            seconds=round(time.perf_counter() - started, 2), float_nodes=onnx.float_nodes, int8_arithmetic=arithmetic,
             **_detector_fields(onnx.reading, options),
         )
         if refused and not options.force:
@@ -134,7 +138,8 @@ def _optimize_onnx(run: _Run, temp_onnx: Path, output_path: Path) -> _Onnx:
             raise OptimizeError(f"{info.path} takes {original.inputs[0].dtype} input; optimize needs a float model")
         kept: dict[str, str] = {}
         if options.mode == "int8":
-            say(f"quantising to INT8 ({'per-channel' if options.per_channel else 'per-tensor'} weights, "
+            say(f"quantising to INT8 ({'per-channel' if options.per_channel else 'per-tensor'} "
+                f"{'7-bit ' if options.reduce_range else ''}weights, "
                 f"{options.activations} activations), calibrating on {len(run.calibration)} images")
             kept = quantize_int8(Path(info.path), temp_onnx, run.calibration, feeder, original, options, say,
                                  run.notes, detector=reading is not None)

@@ -47,6 +47,9 @@ class OptimizeOptions:
     resize: str | None = None
     per_channel: bool = True
     activations: str = "uint8"
+    #: 7-bit weights (ONNX Runtime's ``reduce_range``): what an x86 CPU without VNNI computes exactly with its fast
+    #: U8S8 kernels (OpenVINO has no other way there), at some accuracy everywhere; see host.u8s8_saturates
+    reduce_range: bool = False
     float_outputs: bool = True
     #: quantise every node: no Softmax, decode tail or output kept float (for comparison)
     quantize_all: bool = False

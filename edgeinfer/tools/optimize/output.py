@@ -70,6 +70,7 @@ def finish_model(path: Path, info: ModelInfo, options: OptimizeOptions, preproce
     stamp = {"mode": options.mode, "source_sha256": info.sha256, "source": Path(info.path).name,
              "calibration_images": calibration, "per_channel": options.per_channel,
              "activations": options.activations if options.mode == "int8" else None,
+             "reduce_range": options.reduce_range if options.mode == "int8" else None,
              "float_outputs": float_tail, "quantize_all": options.quantize_all, "preprocessing": preprocessing}
     kept = [p for p in model.metadata_props if p.key != METADATA_KEY]
     del model.metadata_props[:]

@@ -110,6 +110,8 @@ class OptimizeReport:
     score_threshold: float | None = None
     #: nodes INT8 quantisation left in float (Softmax, a detector's decode tail): name -> op type
     float_nodes: dict[str, str] = field(default_factory=dict)
+    #: INT8: how this CPU computes the model on the validating delegates (int8.int8_arithmetic)
+    int8_arithmetic: dict[str, Any] = field(default_factory=dict)
 
     @property
     def onnx(self) -> Artifact:

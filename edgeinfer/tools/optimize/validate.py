@@ -133,26 +133,39 @@ def compare_latency(original: Engine, optimized: Engine, *, seconds: float, thre
     )
 
 
-def refusal_reason(artifacts: Sequence[Artifact], options: OptimizeOptions) -> str | None:
-    """Why the first artifact that fails the accuracy check fails it; None when every one passes."""
+def refusal_reason(artifacts: Sequence[Artifact], options: OptimizeOptions, *,
+                   saturating: Sequence[str] = ()) -> str | None:
+    """Why the first artifact that fails the accuracy check fails it; None when every one passes.
+
+    An artifact validated on one of the ``saturating`` delegates (whose INT8 kernels saturate on this CPU) is
+    refused for what this CPU computes: the reason says so.
+    """
     for artifact in artifacts:
-        acc = artifact.accuracy
-        label = "the INT8 model" if options.mode == "int8" else "the FP16 model"
-        if artifact.kind == "openvino-ir":
-            label = "the OpenVINO IR"
-        if acc.boxes is not None:  # a detector: judged by its boxes
-            reason = box_refusal(label, acc, options)
-            if reason:
-                return reason
-            continue
-        if acc.top1_agreement_all is None:
-            return (f"cannot check {label}: its output is not a class-score vector, so there is no top-1 "
-                    f"to compare (mean |diff| {acc.mean_abs_diff:.3g})")
-        if acc.top1_agreement is None:
-            return (f"every validation image is ambiguous for the original model (top-1 beats top-2 by "
-                    f"< {options.ambiguous_margin:g}) — validate on images it classifies decisively")
-        if acc.top1_agreement < options.min_agreement:
-            agreeing = sum(r.agrees for r in acc.per_image if not r.ambiguous)
-            return (f"{label} agrees with the original on top-1 for {acc.top1_agreement:.1%} of decisive "
-                    f"validation images ({agreeing}/{acc.decisive}), below the {options.min_agreement:.0%} threshold")
+        reason = _artifact_refusal(artifact, options)
+        if reason and artifact.delegate in saturating:
+            reason += (f" (on this CPU, an x86 without VNNI, {artifact.delegate}'s INT8 kernels saturate; "
+                       "one with VNNI computes the ONNX model's figures)")
+        if reason:
+            return reason
+    return None
+
+
+def _artifact_refusal(artifact: Artifact, options: OptimizeOptions) -> str | None:
+    """Why ``artifact`` fails the accuracy check, or None."""
+    acc = artifact.accuracy
+    label = "the INT8 model" if options.mode == "int8" else "the FP16 model"
+    if artifact.kind == "openvino-ir":
+        label = "the OpenVINO IR"
+    if acc.boxes is not None:  # a detector: judged by its boxes
+        return box_refusal(label, acc, options)
+    if acc.top1_agreement_all is None:
+        return (f"cannot check {label}: its output is not a class-score vector, so there is no top-1 "
+                f"to compare (mean |diff| {acc.mean_abs_diff:.3g})")
+    if acc.top1_agreement is None:
+        return (f"every validation image is ambiguous for the original model (top-1 beats top-2 by "
+                f"< {options.ambiguous_margin:g}) — validate on images it classifies decisively")
+    if acc.top1_agreement < options.min_agreement:
+        agreeing = sum(r.agrees for r in acc.per_image if not r.ambiguous)
+        return (f"{label} agrees with the original on top-1 for {acc.top1_agreement:.1%} of decisive "
+                f"validation images ({agreeing}/{acc.decisive}), below the {options.min_agreement:.0%} threshold")
     return None

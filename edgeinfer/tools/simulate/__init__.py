@@ -1,24 +1,23 @@
 """Simulated agents: thousands in one process, on one thread, speaking the real protocol to a real broker.
 
-For load tests, demos and benchmarks (``edgeinfer fleet simulate``). Each device is a paho client
-with a persistent MQTT 5 session, a retained birth and a Last Will on ``state``, telemetry with its
-``boot_id`` and ``seq`` every interval (phases spread over the interval), and answers to ``deploy``
-commands with the agent's own ``update`` events (downloading → validating → active, or failed for
-the share ``fail_rate`` picks, fixed per device and ``seed``), and ``rollback`` commands as the agent
-does. Telemetry carries a classifier's output summary; how a device runs a deployed model — slower,
-with drifted answers, failing — is the ``behaviours`` setting, by the artifact's sha256 or the
-model's name (:class:`Behaviour`), so a canary analysis can be tried on a fleet without hardware.
-All clients share one network thread through paho's external-loop API (``selectors``; no thread
-per device). Connections are spread over a ramp, and a lost connection is retried with
-:class:`~edgeinfer.util.backoff.Backoff` and equal jitter, so a thousand devices do not reconnect in
-lockstep after a broker restart.
-Telemetry made while offline waits in the client (up to ``max_pending`` per device; beyond that it
-is counted as dropped) and goes out after the reconnect; a message counts as acked on a PUBACK that
-accepts it, and as refused on one whose reason code is a failure (>= 0x80, e.g. 0x87 Not authorized: the
-broker's ACL does not let the account write that topic). Mosquitto says so under MQTT 5, which the
-simulator speaks; under MQTT 3.1.1 a broker cannot refuse a publish (it acknowledges and drops it).
-A device's fleet (the topic level) is the one its credential names (``fleet enroll --json`` prints it),
-else ``SimulationSettings.fleet``, else ``default``, as for an agent and ``fleet enroll``.
+For load tests, demos and benchmarks (``edgeinfer fleet simulate``). Each device is a paho client with a persistent
+MQTT 5 session, a retained birth and a Last Will on ``state``, telemetry with its ``boot_id`` and ``seq`` every
+interval (phases spread over the interval), and answers to ``deploy`` commands with the agent's own ``update``
+events (downloading → validating → active, or failed for the share ``fail_rate`` picks, fixed per device and
+``seed``; a configuration deployment the same way, refused by the share ``config_refuse_rate`` picks, the
+configuration each runs in its ``state``), and ``rollback`` commands as the agent does. Telemetry carries a
+classifier's output summary; how a device runs a deployed model — slower, with drifted answers, failing — is the
+``behaviours`` setting, by the artifact's sha256 or the model's name (:class:`Behaviour`), so a canary analysis can
+be tried on a fleet without hardware. All clients share one network thread through paho's external-loop API
+(``selectors``; no thread per device). Connections are spread over a ramp, and a lost connection is retried with
+:class:`~edgeinfer.util.backoff.Backoff` and equal jitter, so a thousand devices do not reconnect in lockstep after a
+broker restart. Telemetry made while offline waits in the client (up to ``max_pending`` per device; beyond that it
+is counted as dropped) and goes out after the reconnect; a message counts as acked on a PUBACK that accepts it, and
+as refused on one whose reason code is a failure (>= 0x80, e.g. 0x87 Not authorized: the broker's ACL does not let
+the account write that topic). Mosquitto says so under MQTT 5, which the simulator speaks; under MQTT 3.1.1 a
+broker cannot refuse a publish (it acknowledges and drops it). A device's fleet (the topic level) is the one its
+credential names (``fleet enroll --json`` prints it), else ``SimulationSettings.fleet``, else ``default``, as for
+an agent and ``fleet enroll``.
 """
 
 from __future__ import annotations
@@ -57,6 +56,8 @@ class SimulationSettings:
     interval_s: float = 1.0
     duration_s: float | None = None  # None: until stop()
     fail_rate: float = 0.0
+    #: share of devices that refuse every configuration document they are sent (fixed per device and seed)
+    config_refuse_rate: float = 0.0
     seed: int = 0
     ramp_s: float | None = None  # None: min(10, devices / 100) seconds
     groups: tuple[str, ...] = ()
@@ -77,6 +78,8 @@ class SimulationSettings:
             raise ValueError(f"devices must be at least 1, not {self.devices}")
         if not 0.0 <= self.fail_rate <= 1.0:
             raise ValueError(f"fail rate must be within 0..1, not {self.fail_rate}")
+        if not 0.0 <= self.config_refuse_rate <= 1.0:
+            raise ValueError(f"config refuse rate must be within 0..1, not {self.config_refuse_rate}")
         if self.interval_s <= 0:
             raise ValueError(f"interval must be > 0 s, not {self.interval_s}")
         if self.credentials is not None:
@@ -150,8 +153,10 @@ class Simulation:
         self.broker = parse_broker_url(settings.broker)
         behaviours = {model: Behaviour.parse(spec) for model, spec in settings.behaviours.items()}
         self.devices = [SimDevice(device_id, settings.fleet_of(device_id),
-                                  fails(device_id, settings.seed, settings.fail_rate),
-                                  groups=settings.groups, behaviours=behaviours) for device_id in settings.device_ids()]
+                                  fails(device_id, settings.seed, settings.fail_rate), groups=settings.groups,
+                                  behaviours=behaviours, config_refuses=fails(f"config:{device_id}", settings.seed,
+                                                                              settings.config_refuse_rate))
+                        for device_id in settings.device_ids()]
         self._rng = random.Random(settings.seed)
         self._backoff = Backoff(initial_s=settings.reconnect_min_s, max_s=settings.reconnect_max_s,
                                 jitter=EQUAL_JITTER)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...link.protocol import PROTOCOL_VERSION, Topics, encode
-from ...link.vocabulary import EventKind, TargetState
+from ...link.vocabulary import DeploymentKind, EventKind, TargetState
 
 #: the real agent's update states, in the order it reports them
 UPDATE_STEPS = (TargetState.DOWNLOADING, TargetState.VALIDATING)
@@ -102,6 +102,8 @@ class SimDevice:
     counters: DeviceCounters = field(default_factory=DeviceCounters)
     in_flight: dict[int, int] = field(default_factory=dict)  # mid -> telemetry seq
     deployments: dict[str, str] = field(default_factory=dict)  # deployment id -> its last update state
+    #: deployment id -> (when its command came, when the device sent its last answer), time.monotonic()
+    timeline: dict[str, list[float]] = field(default_factory=dict)
     #: artifact sha256 or model name -> how this device runs that model (the simulation's setting)
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
     behaviour: Behaviour = HEALTHY
@@ -109,6 +111,12 @@ class SimDevice:
     previous: tuple[int, str, Behaviour] | None = None
     restarts: int = 0
     commands_seen: set[str] = field(default_factory=set)
+    #: whether it refuses the configuration documents it is sent (the simulation's setting, fixed per device)
+    config_refuses: bool = False
+    #: the configuration it runs, as its state reports it: (version, sha256), or None (its agent.yaml)
+    config: tuple[int, str] | None = None
+    #: what a configuration rollback goes back to
+    previous_config: tuple[int, str] | None = None
 
     def __post_init__(self) -> None:
         self.topics = Topics(self.fleet, self.device_id)
@@ -123,6 +131,10 @@ class SimDevice:
                            pipelines=[{"name": "main", "status": "running", "delegate": "xnnpack",
                                        "model": {"path": MODEL_PATH, "version": str(self.version),
                                                  "sha256": self.model_sha256}}])
+            # the configuration it runs, as the agent reports it (none: its agent.yaml)
+            version, sha256 = self.config or (None, None)
+            message["config"] = {"revision": version, "sha256": sha256,
+                                 "source": "agent.yaml" if self.config is None else "fleet"}
         else:
             message["reason"] = "connection lost"
         return encode(message)
@@ -174,7 +186,9 @@ class SimDevice:
         if not deployment_id or deployment_id in self.deployments:
             return []  # the agent answers a repeated command from its log, without running it again
         self.deployments[deployment_id] = TargetState.NOTIFIED
-        states = [*UPDATE_STEPS, TargetState.FAILED if self.failing else TargetState.ACTIVE]
+        self.timeline[deployment_id] = [time.monotonic()]
+        failing = self.config_refuses if _kind(manifest) == DeploymentKind.CONFIG else self.failing
+        states = [*UPDATE_STEPS, TargetState.FAILED if failing else TargetState.ACTIVE]
         due, plan = 0.0, []
         for state in states:
             due += rng.uniform(*delays)
@@ -186,8 +200,11 @@ class SimDevice:
         version = int(manifest.get("version") or 0)
         deployment_id = str(manifest.get("deployment_id"))
         self.deployments[deployment_id] = state
+        self.timeline.setdefault(deployment_id, [time.monotonic()])[1:] = [time.monotonic()]
         data: dict[str, Any] = {"deployment_id": deployment_id, "state": state, "version": version}
         level, message = "info", f"update to v{version}: {state}"
+        if _kind(manifest) == DeploymentKind.CONFIG:
+            return self._config_event(command, manifest, state, data)
         if state == TargetState.FAILED:
             data.update(reason="validation_failed", detail="simulated: the model failed validation")
             level, message = "error", f"update to v{version}: failed (validation_failed)"
@@ -199,6 +216,18 @@ class SimDevice:
             self.behaviour = self.behaviours.get(self.model_sha256) or named or HEALTHY
         return self.event(EventKind.UPDATE, level, message, cmd_id=command.get("id"), data=data)
 
+    def _config_event(self, command: dict, manifest: dict, state: str, data: dict[str, Any]) -> bytes:
+        """A configuration deployment's step, as the agent reports it: applied, or refused with its reason."""
+        data["kind"] = DeploymentKind.CONFIG.value
+        level, message = "info", f"configuration v{data['version']}: {state}"
+        if state == TargetState.FAILED:
+            data.update(reason="config_refused", detail="simulated: the device refused the configuration")
+            level, message = "error", f"configuration v{data['version']}: refused (config_refused)"
+        elif state == TargetState.ACTIVE:
+            self.previous_config = self.config
+            self.config = (data["version"], str(manifest.get("sha256")))
+        return self.event(EventKind.UPDATE, level, message, cmd_id=command.get("id"), data=data)
+
     def roll_back(self, command: dict) -> bytes | None:
         """Answer a ``rollback`` command as the agent does (the previous model runs again); None for one seen
         before, or when there is nothing to go back to."""
@@ -206,6 +235,10 @@ class SimDevice:
         if command_id in self.commands_seen:
             return None
         self.commands_seen.add(command_id)
+        if (command.get("args") or {}).get("kind") == DeploymentKind.CONFIG:
+            self.config, self.previous_config = self.previous_config, None
+            return self.event(EventKind.UPDATE, "warning", "configuration rolled back", cmd_id=command_id,
+                              data={"state": TargetState.ROLLED_BACK.value, "kind": DeploymentKind.CONFIG.value})
         if self.previous is None:
             return self.event(EventKind.CMD_REJECTED, "warning", "rollback: no previous model", cmd_id=command_id,
                               data={"reason": "no_previous"})
@@ -213,6 +246,11 @@ class SimDevice:
         self.previous = None
         return self.event(EventKind.UPDATE, "warning", f"rolled back to v{self.version}", cmd_id=command_id,
                           data={"state": TargetState.ROLLED_BACK.value, "version": self.version})
+
+
+def _kind(manifest: dict) -> str:
+    """A manifest's deployment kind (none: a model's)."""
+    return str(manifest.get("kind") or DeploymentKind.MODEL.value)
 
 
 def _figures(ms: float) -> dict[str, float]:

@@ -7,6 +7,7 @@ import { devicePage } from "./device.js";
 import { deploymentsPage, deploymentPage } from "./deployments.js";
 import { eventsPage } from "./events.js";
 import { samplesPage } from "./samples.js";
+import { configIndexPage, configLayerPage } from "./config.js";
 
 const $ = (sel) => document.querySelector(sel);
 const view = $("#view");
@@ -138,6 +139,8 @@ const ROUTES = [
   [/^\/deployments\/(.+)$/, () => deploymentPage, "deployments"],
   [/^\/events\/?$/, () => eventsPage, "events"],
   [/^\/samples\/?$/, () => samplesPage, "samples"],
+  [/^\/config\/?$/, () => configIndexPage, "config"],
+  [/^\/config\/(.+)$/, () => configLayerPage, "config"],
 ];
 
 function unmountCurrent() {

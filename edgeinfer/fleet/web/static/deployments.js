@@ -215,10 +215,8 @@ export async function deploymentPage(root, ctx, id) {
   const status = h("span", { "data-testid": "deployment-status", class: "badge" });
   const summary = h("dl", { class: "facts" });
   const counts = h("div");
-  const wavesEl = h("div", { class: "waves" });
+  const waves = wavesView();
   const result = h("p", { class: "result", "data-testid": "action-result", role: "status", "aria-live": "polite" });
-  const waves = new Map(); // wave number -> {section, list, progress}
-  const devs = new Map(); // device id -> li
 
   let abortBtn = null;
   if (canOperate(ctx.me.role)) {
@@ -244,23 +242,7 @@ export async function deploymentPage(root, ctx, id) {
     h("p", { class: "crumbs" }, h("a", { href: "#/deployments" }, "Deployments"), " / "),
     h("div", { class: "page-head" }, h("h1", {}, "Deployment ", shortId(dep.deployment_id ?? id)), status),
     summary, counts, actions, result,
-    h("section", { class: "card" }, h("h2", {}, "Waves"), wavesEl)));
-
-  function waveFor(n) {
-    let w = waves.get(n);
-    if (w) return w;
-    const list = h("ul", { class: "wave-devices" });
-    const progress = h("span", { "data-testid": "wave-progress", class: "muted" });
-    const section = h("section", { "data-testid": "wave", dataset: { wave: n }, class: "wave" },
-      h("h3", {}, n === 0 ? "Wave 0 (canary)" : `Wave ${n}`, " ", progress), list);
-    w = { section, list, progress };
-    waves.set(n, w);
-    // Keep waves in numeric order even when a later one appears first.
-    const after = [...waves.keys()].filter((k) => k > n).sort((a, b) => a - b)[0];
-    if (after !== undefined) wavesEl.insertBefore(section, waves.get(after).section);
-    else wavesEl.append(section);
-    return w;
-  }
+    h("section", { class: "card" }, h("h2", {}, "Waves"), waves.el)));
 
   function apply(next) {
     dep = next;
@@ -278,6 +260,53 @@ export async function deploymentPage(root, ctx, id) {
     ].filter(Boolean));
     counts.replaceChildren(countChips(dep.counts), analysisCard(dep.analysis));
 
+    waves.apply(dep);
+
+    // The abort button exists only while the deployment runs.
+    if (abortBtn) {
+      if (dep.status === "running") { if (!abortBtn.isConnected) { abortBtn.disabled = false; actions.append(abortBtn); } }
+      else abortBtn.remove();
+    }
+  }
+
+  apply(dep);
+  return {
+    async refresh() { apply(await api(`deployments/${encodeURIComponent(id)}`)); },
+    onEvent(name, payload) {
+      if (name === "deployment" && payload && String(payload.deployment_id) === String(dep.deployment_id)) {
+        apply({ ...dep, ...payload });
+      } else if (name === "deployments" && Array.isArray(payload)) {
+        const s = payload.find((x) => x && String(x.deployment_id) === String(dep.deployment_id));
+        if (s) apply({ ...dep, ...s, devices: dep.devices }); // a summary has no device rows: keep ours
+      }
+    },
+  };
+}
+
+/** The waves of a deployment and each device's state in them: {el, apply(deployment)} (also the Configuration tab's
+ * view of a rollout). */
+export function wavesView() {
+  const wavesEl = h("div", { class: "waves" });
+  const waves = new Map(); // wave number -> {section, list, progress}
+  const devs = new Map(); // device id -> li
+
+  function waveFor(n) {
+    let w = waves.get(n);
+    if (w) return w;
+    const list = h("ul", { class: "wave-devices" });
+    const progress = h("span", { "data-testid": "wave-progress", class: "muted" });
+    const section = h("section", { "data-testid": "wave", dataset: { wave: n }, class: "wave" },
+      h("h3", {}, n === 0 ? "Wave 0 (canary)" : `Wave ${n}`, " ", progress), list);
+    w = { section, list, progress };
+    waves.set(n, w);
+    // Keep waves in numeric order even when a later one appears first.
+    const after = [...waves.keys()].filter((k) => k > n).sort((a, b) => a - b)[0];
+    if (after !== undefined) wavesEl.insertBefore(section, waves.get(after).section);
+    else wavesEl.append(section);
+    return w;
+  }
+
+  function apply(dep) {
     if (Array.isArray(dep.devices)) {
       for (const dv of dep.devices) {
         const n = Number(dv.wave) || 0;
@@ -305,25 +334,8 @@ export async function deploymentPage(root, ctx, id) {
     if (!waves.size && !wavesEl.querySelector(".empty")) wavesEl.append(emptyState("no devices in this deployment"));
     if (waves.size) { const e = wavesEl.querySelector(".empty"); if (e) e.remove(); }
 
-    // The abort button exists only while the deployment runs.
-    if (abortBtn) {
-      if (dep.status === "running") { if (!abortBtn.isConnected) { abortBtn.disabled = false; actions.append(abortBtn); } }
-      else abortBtn.remove();
-    }
   }
-
-  apply(dep);
-  return {
-    async refresh() { apply(await api(`deployments/${encodeURIComponent(id)}`)); },
-    onEvent(name, payload) {
-      if (name === "deployment" && payload && String(payload.deployment_id) === String(dep.deployment_id)) {
-        apply({ ...dep, ...payload });
-      } else if (name === "deployments" && Array.isArray(payload)) {
-        const s = payload.find((x) => x && String(x.deployment_id) === String(dep.deployment_id));
-        if (s) apply({ ...dep, ...s, devices: dep.devices }); // a summary has no device rows: keep ours
-      }
-    },
-  };
+  return { el: wavesEl, apply };
 }
 
 // The canary verdict: one row per metric, canary against control (or the canary before the update).

@@ -8,6 +8,7 @@ import { evidenceList } from "./events.js";
 import { liveCard } from "./live_view.js";
 import { samplingCard } from "./sampling.js";
 import { logsCard } from "./logs.js";
+import { deviceTabs, layerHref, statusBadge } from "./config_parts.js";
 
 const TELEMETRY_LIMIT = 300;
 // A page opened before its device registered looks for it this often (ms), this long, besides the change feed's
@@ -101,9 +102,18 @@ async function shownDevicePage(root, ctx, id, dev, telemetry) {
   const live = liveCard(id, () => d, canOperate(ctx.me.role));
   const sampling = canOperate(ctx.me.role) ? samplingCard(id, () => d) : null;
   const logs = canOperate(ctx.me.role) ? logsCard(id) : null; // operators only (docs/security.md)
+  // its configuration's status (desired vs applied vs refused), read again when a deployment moves
+  const configEl = h("a", { href: layerHref("device", id), "data-testid": "device-config-status" }, DASH);
+  let configTimer = null;
+  const readConfig = () => api(`config/devices/${enc}`).then((c) => {
+    configEl.replaceChildren(statusBadge(c.status), c.status === "refused" && c.refused
+      ? h("span", { class: "error" }, ` ${c.refused.reason || c.refused.state}`) : "");
+  }).catch((e) => console.warn("configuration:", e.message));
+  readConfig();
 
   root.replaceChildren(h("div", { "data-testid": "device", dataset: { deviceId: id } },
     h("p", { class: "crumbs" }, h("a", { href: "#/devices" }, "Devices"), " / "),
+    deviceTabs(id, "device"),
     h("div", { class: "page-head" }, h("h1", {}, id), status),
     facts,
     h("div", { class: "charts" }, Object.values(boxes)),
@@ -197,6 +207,7 @@ async function shownDevicePage(root, ctx, id, dev, telemetry) {
       fact("Temperature", m.temperature === null ? DASH : `${fmtNum(m.temperature, 0)} °C${m.throttled ? " (throttled)" : ""}`),
       fact("RSS", m.rss === null ? DASH : fmtBytes(m.rss * 1048576)),
       fact("Spool backlog", m.spool === null ? DASH : `${m.spool} pending`),
+      fact("Configuration", configEl),
     ]);
 
     const st = d.state || {};
@@ -276,10 +287,13 @@ async function shownDevicePage(root, ctx, id, dev, telemetry) {
       } else if (name === "events" && Array.isArray(payload)) {
         addEvents(payload.filter((e) => e && e.device_id === id), true);
         detections.onEvent(name, payload);
+      } else if ((name === "deployment" || name === "deployments") && !configTimer) {
+        configTimer = setTimeout(() => { configTimer = null; readConfig(); }, 1000);
       }
     },
     unmount() {
       clearInterval(ticker);
+      clearTimeout(configTimer);
       live.unmount();
       if (logs) logs.unmount();
       detections.unmount();

@@ -17,7 +17,10 @@ const COLS = [
   ["rss", "RSS MiB", true, (d, m) => fmtNum(m.rss, 0)],
   ["spool", "Spool", true, (d, m) => fmtNum(m.spool, 0)],
   ["last_seen", "Last seen", true, (d) => fmtAgo(d.last_seen)],
+  ["config", "Config", false, (d) => (d.config_status || DASH).replace(/_/g, " ")],
 ];
+// Each device's configuration status (api/config/devices) is read again this often, and soon after a deployment moves.
+const CONFIG_EVERY_MS = 10000;
 
 // Kept across visits (and the re-mount after a stream reconnect).
 const view = { filter: "", sort: "device", dir: 1 };
@@ -66,8 +69,9 @@ export async function devicesPage(root) {
     r.tr.dataset.state = m.status;
     r.cells.state.className = `state-${m.status}`;
     r.cells.temperature.classList.toggle("hot", m.throttled);
+    r.cells.config.className = d.config_status ? `config-${d.config_status}` : "";
     r.search = [d.device_id, ...(d.groups || []), d.fleet, versionOf(d), d.model_name, d.model_version,
-      d.delegate, m.status].filter((x) => x !== undefined && x !== null).join(" ").toLowerCase();
+      d.delegate, m.status, d.config_status].filter((x) => x !== undefined && x !== null).join(" ").toLowerCase();
   }
 
   function sortKey(r, key) {
@@ -78,6 +82,7 @@ export async function devicesPage(root) {
       case "version": return versionOf(r.d);
       case "delegate": return r.d.delegate || "";
       case "last_seen": return r.d.last_seen || 0;
+      case "config": return r.d.config_status;
       default: return r.m[key];
     }
   }
@@ -152,9 +157,27 @@ export async function devicesPage(root) {
     for (const r of rows.values()) setText(r.cells.last_seen, fmtAgo(r.d.last_seen, now));
   }, 5000);
 
+  const configOf = new Map(); // device id -> its configuration status
+  let configTimer = 0, unmounted = false;
+  async function readConfig() {
+    clearTimeout(configTimer);
+    if (unmounted) return;
+    try {
+      for (const c of (await api("config/devices")).devices) configOf.set(c.device_id, c.status);
+      for (const r of rows.values()) if (r.d.config_status !== configOf.get(r.d.device_id)) fill(r, { ...r.d, config_status: configOf.get(r.d.device_id) });
+      applyFilter();
+      if (view.sort === "config") scheduleSort();
+    } catch (e) {
+      console.warn("configuration:", e.message);
+    }
+    if (!unmounted) configTimer = setTimeout(readConfig, CONFIG_EVERY_MS);
+  }
+  readConfig();
+
   const page = {
     async refresh() { page.onEvent("devices", await api("devices")); },
     onEvent(name, payload) {
+      if (name === "deployment" || name === "deployments") { clearTimeout(configTimer); configTimer = setTimeout(readConfig, 1000); }
       if (name !== "devices" || !Array.isArray(payload)) return;
       for (const d of payload) {
         if (!d || !d.device_id) continue;
@@ -163,7 +186,7 @@ export async function devicesPage(root) {
           r = makeRow(d);
           tbody.append(r.tr); // in the DOM now; moved to its sorted place by scheduleSort()
         }
-        fill(r, d);
+        fill(r, { ...d, config_status: configOf.get(d.device_id) });
       }
       applyFilter(); // a changed state/version may change what matches; O(rows), no DOM writes unless needed
       scheduleSort();
@@ -171,6 +194,8 @@ export async function devicesPage(root) {
     unmount() {
       clearInterval(ticker);
       clearTimeout(pending);
+      clearTimeout(configTimer);
+      unmounted = true;
     },
   };
   return page;

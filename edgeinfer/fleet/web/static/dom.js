@@ -35,6 +35,9 @@ export function setText(el, text) {
 
 export function clear(el) { el.replaceChildren(); return el; }
 
+/** Replace an element's children as h() takes them (nested lists flattened; null, undefined and false left out). */
+export function put(el, ...children) { el.replaceChildren(); append(el, children); return el; }
+
 export const DASH = "—";
 
 export function fmtNum(v, digits = 0) {

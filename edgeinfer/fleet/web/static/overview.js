@@ -2,6 +2,11 @@
 // simply re-render the sections (in place, inside the same containers).
 import { api } from "./api.js";
 import { h, clear, setText, emptyState, deviceLink, fmtTime, fmtAgo } from "./dom.js";
+import { countChips } from "./config_parts.js";
+
+// The change feed's overview says nothing of configurations: their counts are read again at most this often, after
+// a change the stream reports.
+const CONFIG_EVERY_MS = 3000;
 
 export async function overviewPage(root) {
   const data = await api("overview");
@@ -23,17 +28,39 @@ export async function overviewPage(root) {
     ["throttling", "Throttling"], ["hot", "Hot"], ["backlogged", "Backlogged spool"], ["silent", "Silent (no telemetry)"],
   ].map(([k, t]) => { const [c, b] = sec(k, t); lists[k] = b; return c; });
   const [eventsCard, events] = sec("events", "Last events");
+  const [configCard, config] = sec("config", "Configuration");
+  const outOfStep = h("span", { "data-testid": "count-config-out-of-step" });
+  const configChips = h("div");
+  config.append(h("p", {}, h("a", { href: "#/config?status=out-of-step", "data-testid": "config-out-of-step-link" },
+    outOfStep, " out of step"), h("span", { class: "muted" }, " (not running what their layers say)")), configChips);
 
   root.replaceChildren(h("div", { "data-testid": "overview" },
     h("h1", {}, "Overview"),
     h("div", { class: "stats" }, stat("online", "online"), stat("degraded", "degraded"),
       stat("offline", "offline"), stat("total", "total")),
-    h("div", { class: "grid" }, versionsCard, delegatesCard, fallbacksCard, ...listCards),
+    h("div", { class: "grid" }, versionsCard, delegatesCard, fallbacksCard, configCard, ...listCards),
     eventsCard));
 
   let eventKeys = new Set();
 
+  function renderConfig(c) {
+    if (!c) return; // a live overview: the counts last read stay
+    setText(outOfStep, c.out_of_step ?? 0);
+    config.dataset.outOfStep = String(c.out_of_step ?? 0);
+    configChips.replaceChildren(countChips(c.counts));
+  }
+  let configTimer = null, configAt = 0;
+  function readConfig() {
+    if (configTimer) return;
+    configTimer = setTimeout(async () => {
+      try { renderConfig(await api("config/devices")); } catch (e) { console.warn("configuration:", e.message); }
+      configAt = Date.now();
+      configTimer = null;
+    }, Math.max(0, configAt + CONFIG_EVERY_MS - Date.now()));
+  }
+
   function render(o) {
+    renderConfig(o.config);
     const d = o.devices || {};
     for (const k of ["online", "offline", "degraded", "total"]) setText(counts[k], d[k] ?? 0);
 
@@ -63,7 +90,9 @@ export async function overviewPage(root) {
   render(data);
   return {
     async refresh() { render(await api("overview")); },
+    unmount() { clearTimeout(configTimer); },
     onEvent(name, payload) {
+      if (name === "overview" || name === "deployment" || name === "deployments") readConfig();
       if (name === "overview") render(payload);
       else if (name === "events" && Array.isArray(payload)) {
         // Newest first, keep the last 20; skip ones already shown via an overview snapshot.
