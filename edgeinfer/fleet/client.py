@@ -118,7 +118,7 @@ class FleetClient:
     def restart(self, device_id: str, pipeline: str) -> dict:
         return self._post(f"/api/devices/{_quote(device_id)}/restart", {"pipeline": pipeline})
 
-    def capture(self, device_id: str, pipeline: str, frames: int, stream: str = "") -> dict:
+    def sample(self, device_id: str, pipeline: str, frames: int, stream: str = "") -> dict:
         """Ask a device to keep the next ``frames`` frames of a pipeline as samples."""
         body = {"pipeline": pipeline, "frames": frames, **({"stream": stream} if stream else {})}
         return self._post(f"/api/devices/{_quote(device_id)}/sample", body)
