@@ -216,8 +216,8 @@ def simulated_fleet(data_dir: Path, *, devices: int, behaviours: Mapping[str, st
     """A manager with its managed Mosquitto (and its database at ``db_url``: default SQLite in ``data_dir``),
     ``devices`` enrolled in one call and simulated in this process (``behaviours``: model name → how the devices
     run it; ``groups``: theirs); yielded once every device is online in the manager's database with telemetry."""
-    from edgeinfer.fleet.broker import free_port
     from edgeinfer.tools.simulate import Simulation, SimulationSettings
+    from support.ports import free_port
 
     settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", data_dir=data_dir,
                              db_url=db_url)

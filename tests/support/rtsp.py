@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from support.ports import free_port
+
 SYSTEM_PYTHON = "/usr/bin/python3"
 SIZE = (320, 240)
 FPS = 15
@@ -82,11 +84,6 @@ def serve(port: int, stall_after_s: float) -> None:  # pragma: no cover - runs u
 
 
 # ------------------------------------------------------------------------------- the test side
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _answers(port: int) -> bool:
