@@ -27,8 +27,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from support.ports import free_port
-
 SYSTEM_PYTHON = "/usr/bin/python3"
 SIZE = (320, 240)
 FPS = 15
@@ -105,6 +103,8 @@ class RtspServer:
     """The script above in its own process on a fixed port; start, kill and start again."""
 
     def __init__(self, workdir: Path, *, port: int | None = None, stall_after_s: float = 4.0) -> None:
+        from support.ports import free_port  # here: the script itself runs under Debian's Python, without tests/
+
         self.port = port or free_port()
         self.stall_after_s = stall_after_s
         self.log = workdir / "rtsp-server.log"
