@@ -17,10 +17,10 @@ import urllib.request
 import pytest
 from support.agent import AgentProcess, write_config
 from support.assets import IMAGES, MODELS
+from support.ports import free_port
 from support.processes import wait_until
 
 from edgeinfer.capture import make_test_clip
-from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.fleet.schemas import DeploymentSpec
