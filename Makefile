@@ -21,7 +21,7 @@ demo: venv
 
 test: venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: venv
 	$(BIN)/ruff check .
