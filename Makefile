@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 EXTRAS ?= all,dev
+# the suite's workers (pytest-xdist, one module each at a time): most tests wait on brokers, agents and browsers, so
+# more workers than CI's 2 cores; `make test TEST_WORKERS=0` runs it in one process
+TEST_WORKERS ?= 4
 export EDGEINFER_ASSETS ?= $(abspath ../shared/assets)
 # the tracker (edgeinfer[tracking]) without the opencv-python, matplotlib and PyAV `trackers` declares but
 # ByteTrack does not import: a second cv2 over opencv-python-headless would be a bad idea (docs/analytics.md)
@@ -18,7 +21,7 @@ demo: venv
 
 test: venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: venv
 	$(BIN)/ruff check .

@@ -27,3 +27,20 @@ def clip(tmp_path_factory) -> Path:
     from support.pipeline import reference_clip
 
     return reference_clip(tmp_path_factory.mktemp("clips"))
+
+
+#: the modules that take longest (minutes each under `make test`'s workers, mostly one test each): run first, so
+#: that none of them is left running alone at the end. `make test` passes --no-loadscope-reorder: xdist would
+#: otherwise start the modules with the most tests first and these last
+LONG_MODULES = (
+    "fleet/test_openapi_contract.py", "fleet/test_ingest_fuzz.py", "fleet/test_deploy.py",
+    "agent/test_command_fuzz.py", "fleet/test_fleet_evaluate.py", "tools/test_bench_cli.py",
+    "pipeline/test_sampling_rules.py", "pipeline/test_detector_references.py", "test_examples.py",
+    "fleet/test_fleet_evidence.py", "tools/test_evaluate.py", "fleet/test_canary.py",
+    "tools/test_optimize_detectors.py", "tools/test_optimize.py", "pipeline/test_events.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {module: index for index, module in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank)))

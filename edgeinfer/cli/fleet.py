@@ -15,7 +15,18 @@ import click
 from ..fleet.rollout import DeploymentStatus
 from ..util.optional import import_optional
 from .evaluate import dataset_options, eval_options
-from .fleet_access import audit, broker_auth, client_options, enroll, enrollments, revoke, table, token
+from .fleet_access import (
+    audit,
+    broker_auth,
+    client_options,
+    enroll,
+    enrollments,
+    follow_command,
+    revoke,
+    table,
+    token,
+    verdict_options,
+)
 from .fleet_config import config
 from .fleet_dataset import dataset
 from .fleet_db import db
@@ -339,21 +350,27 @@ def fleet_abort(client: Any, deployment_id: str, as_json: bool) -> None:
 @fleet.command("rollback")
 @click.argument("device_id")
 @click.option("--pipeline", help="Which pipeline (default: the agent's updatable one).")
-@click.option("--json", "as_json", is_flag=True)
+@verdict_options
+@click.option("--json", "as_json", is_flag=True, help="Print the command's record (--no-wait: what was sent).")
 @client_options
-def fleet_rollback(client: Any, device_id: str, pipeline: str | None, as_json: bool) -> None:
-    """Send DEVICE_ID a signed rollback to its previous model (operator)."""
-    result = client.rollback(device_id, pipeline)
-    print_json(result) if as_json else click.echo(f"rollback sent to {device_id} (command {result['command_id']})")
+def fleet_rollback(client: Any, device_id: str, pipeline: str | None, wait: bool, timeout: float,
+                   as_json: bool) -> None:
+    """Send DEVICE_ID a signed rollback to its previous model, and say what the device did with it: applied, or
+    refused and why (operator). Exit 1 when it refused, or no answer came within --timeout."""
+    sent = client.rollback(device_id, pipeline)
+    follow_command(client, sent, f"rollback sent to {device_id} (command {sent['command_id']})", wait=wait,
+                   timeout=timeout, as_json=as_json)
 
 
 @fleet.command("restart")
 @click.argument("device_id")
 @click.option("--pipeline", required=True, help="The pipeline to restart.")
-@click.option("--json", "as_json", is_flag=True)
+@verdict_options
+@click.option("--json", "as_json", is_flag=True, help="Print the command's record (--no-wait: what was sent).")
 @client_options
-def fleet_restart(client: Any, device_id: str, pipeline: str, as_json: bool) -> None:
-    """Send DEVICE_ID a signed restart of one pipeline (operator)."""
-    result = client.restart(device_id, pipeline)
-    print_json(result) if as_json else click.echo(f"restart of {pipeline} sent to {device_id} "
-                                                  f"(command {result['command_id']})")
+def fleet_restart(client: Any, device_id: str, pipeline: str, wait: bool, timeout: float, as_json: bool) -> None:
+    """Send DEVICE_ID a signed restart of one pipeline, and say what the device did with it: applied, or refused and
+    why (operator). Exit 1 when it refused, or no answer came within --timeout."""
+    sent = client.restart(device_id, pipeline)
+    follow_command(client, sent, f"restart of {pipeline} sent to {device_id} (command {sent['command_id']})",
+                   wait=wait, timeout=timeout, as_json=as_json)

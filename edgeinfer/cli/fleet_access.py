@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,38 @@ def duration(_ctx: Any, param: Any, value: str | float | None) -> float | None:
         return parse_duration(str(value))
     except ValueError as exc:
         raise click.BadParameter(f"{exc} (e.g. 30s, 5m, 1h)", param=param) from None
+
+
+def verdict_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--wait/--no-wait and --timeout of a command whose verdict the CLI waits for (``follow_command``)."""
+    func = click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(min=0),
+                        help="Seconds to wait for the device's answer at most.")(func)
+    return click.option("--wait/--no-wait", default=True, show_default=True,
+                        help="Wait for the device's verdict (applied, or refused and why).")(func)
+
+
+def follow_command(client: Any, sent: dict, line: str, *, wait: bool, timeout: float, as_json: bool) -> None:
+    """A command sent to a device: ``line`` (what was sent) alone with ``wait`` off, else the device's verdict waited
+    for and said in the words of ``fleet/verdicts.py`` — the dashboard's. Exit 1 when the device refused it, it
+    expired, no answer came within ``timeout`` (it stays queued for the device), or (a capture) not every frame
+    reached the manager."""
+    from ..fleet.client import wait_for_command  # the fleet's client loads on use (the agent's CLI must not)
+
+    if not wait:
+        print_json(sent) if as_json else click.echo(line)
+        return
+    if not as_json:
+        click.echo(f"{line}; waiting for the device…", err=True)
+    found = wait_for_command(client.command, sent["command_id"], timeout_s=timeout)
+    print_json(found) if as_json else click.echo(found["text"])
+    if found["state"] == "sent":
+        click.echo(f"edgeinfer: error: no answer from {found.get('device_id') or 'the device'} within {timeout:g} s: "
+                   "the command stays queued for it (it runs it when it reconnects, until the command expires)",
+                   err=True)
+    elif not found["settled"]:
+        click.echo(f"edgeinfer: error: not every frame reached the manager within {timeout:g} s", err=True)
+    if found["state"] != "applied" or not found["settled"]:
+        sys.exit(1)
 
 
 def _when(ts: float | None) -> str:

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from pycocotools.coco import COCO
 from support.assets import ASSETS, IMAGES, MODELS
+from support.ports import free_port
 from support.processes import edgeinfer_cmd
 
 from edgeinfer import Pipeline
 from edgeinfer.agent.uploads import REFUSED_MARK, SAMPLES, UPLOADED_MARK, DeviceUploader
 from edgeinfer.errors import FleetRequestError
-from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.forms.samples import (

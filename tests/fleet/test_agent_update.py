@@ -187,11 +187,11 @@ def test_a_bundle_that_cannot_import_or_is_not_the_one_signed_is_refused_and_not
     result, final = deploy_agent(device, wheels["broken_import"])
     assert result.returncode == 1, result.stderr
     (target,) = final["devices"]
-    assert target["state"] == "failed" and target["detail"].startswith("validation_failed: "), target
+    assert target["state"] == "failed" and target["detail"].startswith("validation_failed — "), target
     failed = next(e for e in device.events() if e["event"] == "update" and e["data"]["state"] == "failed"
                   and e["data"]["deployment_id"] == final["deployment_id"])
     assert "cannot be imported" in failed["data"]["detail"], failed
-    assert target["detail"] == f"validation_failed: {failed['data']['detail']}"  # the device's words, kept
+    assert target["detail"] == f"validation_failed — {failed['data']['detail']}"  # the device's words, kept
     # nothing switched: the same agent process (boot), on slot a, reporting
     slots = device.slots()
     assert slots["active"] == "a" and slots["trial"] is None and slots["outcome"] is None

@@ -19,6 +19,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from support.assets import MODELS
 from support.fleet import state_message
+from support.ports import free_port
 from support.processes import edgeinfer_cmd
 from support.processes import wait_until as wait
 
@@ -26,7 +27,6 @@ from edgeinfer.fleet.api import web
 from edgeinfer.fleet.api.app import ROUTERS
 from edgeinfer.fleet.api.schemas import DeploymentSpec
 from edgeinfer.fleet.auth import issue_grant
-from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient, FleetRequestError
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.link.protocol import Topics

@@ -14,10 +14,11 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from support.ports import free_port
 from support.processes import wait_until as wait
 
 from edgeinfer.errors import ConfigError
-from edgeinfer.fleet.broker import ManagedMosquitto, free_port
+from edgeinfer.fleet.broker import ManagedMosquitto
 
 
 def client(broker: ManagedMosquitto, client_id: str, *, persistent: bool = False, got: list | None = None):

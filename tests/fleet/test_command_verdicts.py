@@ -9,6 +9,7 @@ shows the device's words."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 import urllib.error
@@ -17,11 +18,11 @@ import urllib.request
 import pytest
 from support.agent import AgentProcess, write_config
 from support.assets import IMAGES, MODELS
-from support.processes import wait_until
+from support.ports import free_port
+from support.processes import edgeinfer_cmd, env_with_repo, wait_until
 
 from edgeinfer.capture import make_test_clip
 from edgeinfer.fleet.api.schemas import DeploymentSpec
-from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.link.protocol import Topics, encode
@@ -213,3 +214,29 @@ def test_a_deployment_the_device_refuses_shows_its_reason_in_its_words(fleet):
     assert "grant" not in command["summary"] and "signature" not in command["summary"]  # never a secret
     assert command["summary"]["manifest"] == {"deployment_id": deployment["deployment_id"],
                                               "model_name": sha256, "version": 1}
+
+
+def _cli(manager, token: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(edgeinfer_cmd("fleet", *args, "--fleet-url", manager.http.url), capture_output=True,
+                          text=True, timeout=120, env=env_with_repo(EDGEINFER_FLEET_TOKEN=token))
+
+
+def test_fleet_restart_and_rollback_say_what_the_device_did_not_only_that_they_were_sent(fleet):
+    manager, _agent, tokens = fleet
+    applied = _cli(manager, tokens["operator"], "restart", DEVICE, "--pipeline", "main")
+    assert (applied.returncode, applied.stdout.strip()) == (0, "applied"), applied.stderr
+    assert "waiting for the device" in applied.stderr
+    refused = _cli(manager, tokens["operator"], "restart", DEVICE, "--pipeline", "nope", "--json")
+    record = json.loads(refused.stdout)
+    assert refused.returncode == 1 and (record["state"], record["reason"]) == ("refused", "failed"), refused.stderr
+    assert record["message"] == "no pipeline named 'nope' (have: main)"
+    # a rollback with nothing to roll back to: the device's refusal in its words, exit 1
+    rollback = _cli(manager, tokens["operator"], "rollback", DEVICE)
+    assert rollback.returncode == 1 and rollback.stdout.startswith("refused by the device: "), rollback
+    # a device that does not answer: said within the bound, the command left queued for it
+    manager.db.record_state(FLEET, OFFLINE, {"online": False, "groups": []})
+    silent = _cli(manager, tokens["operator"], "restart", OFFLINE, "--pipeline", "main", "--timeout", "1")
+    assert silent.returncode == 1 and silent.stdout.strip() == "waiting for the device", silent
+    assert f"no answer from {OFFLINE} within 1 s" in silent.stderr
+    sent = _cli(manager, tokens["operator"], "restart", DEVICE, "--pipeline", "main", "--no-wait")
+    assert sent.returncode == 0 and sent.stdout.startswith(f"restart of main sent to {DEVICE} (command "), sent

@@ -16,9 +16,9 @@ from support.agent import AgentProcess, write_config
 from support.assets import MODELS
 from support.browser import DESKTOP, Browser, wait_for, wait_js, wait_text
 from support.dashboard import Dashboard, go, sign_in
+from support.ports import free_port
 from support.processes import wait_until
 
-from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.forms.regions import NAME_FORM

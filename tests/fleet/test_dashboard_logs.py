@@ -14,10 +14,10 @@ from support.agent import AgentProcess, write_config
 from support.assets import MODELS
 from support.browser import DESKTOP, Browser, wait_for, wait_js, wait_text
 from support.dashboard import Dashboard, fill, go, settle, sign_in
+from support.ports import free_port
 from support.processes import edgeinfer_cmd, env_with_repo, wait_until
 
 from edgeinfer.errors import FleetRequestError
-from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 

@@ -25,10 +25,10 @@ from support.assets import IMAGES
 from support.browser import DESKTOP, Browser, screenshot, wait_for, wait_js, wait_text
 from support.dashboard import Dashboard, go, sign_in
 from support.metadata import ssd_with_coco_names
+from support.ports import free_port
 from support.processes import edgeinfer_cmd, env_with_repo, wait_until
 
 from edgeinfer.fleet.api.schemas import DeploymentSpec
-from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.updates.signing import SigningKey

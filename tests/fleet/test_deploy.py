@@ -260,7 +260,8 @@ def test_tls_end_to_end_an_enrolled_agent_takes_a_rollout_over_mqtts_and_https(t
     """`fleet serve --tls`: a real agent, enrolled (its own account), verifies the managed broker (mqtts only)
     and the API (https only) against the fleet's CA, takes a signed deploy and downloads the model with its
     credential over https — TLS end to end, as docs/security.md describes."""
-    from edgeinfer.fleet.broker import free_port
+    from support.ports import free_port
+
     from edgeinfer.fleet.client import FleetClient
 
     settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", data_dir=tmp_path / "fleet",

@@ -100,7 +100,7 @@ class Fleet:
 def fleet(postgres, tmp_path_factory):
     """A manager with its managed Mosquitto and a PostgreSQL database; cam-a and cam-b enrolled; a viewer and an
     operator token."""
-    from edgeinfer.fleet.broker import free_port
+    from support.ports import free_port
 
     settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0",
                              db_url=postgres.create_database(), data_dir=tmp_path_factory.mktemp("evidence") / "fleet",

@@ -23,11 +23,11 @@ import pytest
 from support.agent import AgentProcess, write_config
 from support.assets import MODELS
 from support.frame_sink import FrameSink
+from support.ports import free_port
 from support.processes import edgeinfer_cmd, env_with_repo, wait_until
 
 from edgeinfer._version import __version__
 from edgeinfer.agent.diagnosis import BUDGET_BYTES, BUDGET_WINDOW_S, MIN_POST_INTERVAL_S
-from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.diagnosis import DOCTOR_RESEND_S, MIN_RESEND_S
 from edgeinfer.fleet.manager import FleetManager, FleetSettings

@@ -81,7 +81,7 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(postgres, tmp_path_factory):
-    from edgeinfer.fleet.broker import free_port
+    from support.ports import free_port
 
     settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0",
                              db_url=postgres.create_database(), data_dir=tmp_path_factory.mktemp("samples") / "fleet")

@@ -15,9 +15,9 @@ from support import scenes
 from support.agent import AgentProcess, write_config
 from support.live_view import Watcher
 from support.pipeline import ULTRAFACE
+from support.ports import free_port
 from support.processes import wait_until
 
-from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.pipeline.annotate import LINE_COLOUR

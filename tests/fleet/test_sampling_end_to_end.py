@@ -18,10 +18,10 @@ from support.agent import AgentProcess, write_config
 from support.assets import ASSETS
 from support.disk import small_disk
 from support.metadata import ssd_with_coco_names
+from support.ports import free_port
 from support.processes import edgeinfer_cmd, env_with_repo, wait_until
 
 from edgeinfer.agent.uploads import UPLOADED_MARK
-from edgeinfer.fleet.broker import free_port
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.forms.samples import SAMPLE_META_NAME

@@ -23,13 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from support.ports import free_port
+
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _port_open(port: int) -> bool:

@@ -222,8 +222,8 @@ def simulated_fleet(data_dir: Path, *, devices: int, behaviours: Mapping[str, st
     ``devices`` enrolled in one call and simulated in this process (``behaviours``: model name → how the devices
     run it; ``groups``: theirs; ``config_refuse_rate``: the share that refuse configuration documents, by ``seed``);
     yielded once every device is online in the manager's database with telemetry."""
-    from edgeinfer.fleet.broker import free_port
     from edgeinfer.tools.simulate import Simulation, SimulationSettings
+    from support.ports import free_port
 
     settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", data_dir=data_dir,
                              db_url=db_url)

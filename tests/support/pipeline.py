@@ -8,7 +8,6 @@ mid-stream and start it again.
 from __future__ import annotations
 
 import gc
-import socket
 import subprocess
 import sys
 import tracemalloc
@@ -27,6 +26,7 @@ from .assets import (
     MODELS,
     REFERENCE_TOP1,
 )
+from .ports import free_port
 
 #: the server script a MjpegServer runs (stdlib + OpenCV only)
 MJPEG_SERVER = Path(__file__).with_name("mjpeg_server.py")
@@ -128,11 +128,6 @@ def allocations_per_frame(results: Iterator, frames: int = 200) -> tuple[float, 
     assert count == frames, f"only {count} results"
     return total / frames, level - start
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class MjpegServer:

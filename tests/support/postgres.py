@@ -16,11 +16,12 @@ import os
 import pwd
 import shlex
 import shutil
-import socket
 import subprocess
 import time
 import uuid
 from pathlib import Path
+
+from support.ports import free_port
 
 
 def _bin_dir() -> Path | None:
@@ -31,11 +32,6 @@ def _bin_dir() -> Path | None:
 BIN = _bin_dir()
 MISSING = None if BIN else "PostgreSQL is not installed (apt-get install postgresql, or make system-deps)"
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _tail(text: str, lines: int = 20) -> str:

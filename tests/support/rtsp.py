@@ -83,11 +83,6 @@ def serve(port: int, stall_after_s: float) -> None:  # pragma: no cover - runs u
 
 # ------------------------------------------------------------------------------- the test side
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def _answers(port: int) -> bool:
     """The server speaks RTSP on ``port`` (an OPTIONS request gets an RTSP reply)."""
@@ -108,6 +103,8 @@ class RtspServer:
     """The script above in its own process on a fixed port; start, kill and start again."""
 
     def __init__(self, workdir: Path, *, port: int | None = None, stall_after_s: float = 4.0) -> None:
+        from support.ports import free_port  # here: the script itself runs under Debian's Python, without tests/
+
         self.port = port or free_port()
         self.stall_after_s = stall_after_s
         self.log = workdir / "rtsp-server.log"

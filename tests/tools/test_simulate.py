@@ -14,10 +14,11 @@ import time
 import pytest
 from support.broker import Collector
 from support.fleet import admin_token_file
+from support.ports import free_port
 from support.processes import edgeinfer_cmd, env_with_repo
 from support.processes import wait_until as wait
 
-from edgeinfer.fleet.broker import ManagedMosquitto, free_port
+from edgeinfer.fleet.broker import ManagedMosquitto
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.link.protocol import Topics, decode, make_command
 from edgeinfer.tools.simulate import Simulation, SimulationSettings, peak_per_second
