@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
+from typing import Any
 
 from ...device.host import host_u8s8_saturates
 from ...errors import EdgeInferError, InferenceError, ModelFormatError, ModelLoadError, UnsupportedOperator
 from ..engine import Engine
 from ..model import ModelFormat, ModelInfo, TensorSpec, guess_layout, require_sized_inputs
 from .base import Delegate, import_runtime, runtime_missing_reason
+
+log = logging.getLogger(__name__)
 
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
               "tensor(int32)": "int32", "tensor(int64)": "int64", "tensor(float16)": "float16",
@@ -57,6 +61,22 @@ def _symbolic_beyond_batch(shape) -> bool:
 class OnnxRuntimeEngine(Engine):
     delegate = "onnxruntime"
 
+    def _open(self, ort: Any, model: ModelInfo, options: Any, providers: list) -> Any:
+        """The session, with exact INT8 where this CPU needs it. ONNX Runtime's U8U8 rewrite fails on some graphs
+        (MoveNet's post-training-quantised ONNX: "Attempt to replace the existing tensor"): such a model is opened
+        without it, as on any other CPU, and ``exact_int8`` says so."""
+        if self.exact_int8:
+            options.add_session_config_entry(EXACT_INT8_OPTION, "1")
+            try:
+                return ort.InferenceSession(model.path, sess_options=options, providers=providers)
+            except Exception as exc:  # ORT's pybind errors; the same model without the option tells a real fault
+                log.warning("%s: ONNX Runtime's exact INT8 kernels cannot take this graph (%s); its INT8 layers "
+                            "use the fast ones", model.path, (str(exc).strip().splitlines() or ["?"])[0][-160:])
+                self.exact_int8 = False
+                options.add_session_config_entry(EXACT_INT8_OPTION, "0")
+        with map_ort_errors(model, "load"):
+            return ort.InferenceSession(model.path, sess_options=options, providers=providers)
+
     def __init__(self, model: ModelInfo, *, threads: int | None, providers: list | None = None,
                  device: str | None = None) -> None:
         super().__init__(model, threads=threads, device=device)
@@ -77,12 +97,7 @@ class OnnxRuntimeEngine(Engine):
         # lose 3 of the fall detector's 7 boxes. Not set elsewhere: ONNX Runtime would give up VNNI for the
         # same results.
         self.exact_int8 = host_u8s8_saturates()
-        if self.exact_int8:
-            options.add_session_config_entry(EXACT_INT8_OPTION, "1")
-        with map_ort_errors(model, "load"):
-            self._session = ort.InferenceSession(
-                model.path, sess_options=options, providers=providers or ["CPUExecutionProvider"]
-            )
+        self._session = self._open(ort, model, options, providers or ["CPUExecutionProvider"])
         by_name = {s.name: s for s in (*model.inputs, *model.outputs)}
 
         def spec(arg, shape: tuple[int, ...] | None = None) -> TensorSpec:
