@@ -140,7 +140,7 @@ def test_follow_shows_a_line_the_agent_logs_after_it_started(field):
         assert not any(SECRET in line for line in printed)
     finally:
         follower.send_signal(signal.SIGINT)  # Ctrl-C: how a person stops following
-        assert follower.wait(15) == 0, follower.stderr.read()
+        assert follower.wait(60) == 0, follower.stderr.read()
     reader.join(5)
 
 
