@@ -240,10 +240,14 @@ def test_live_stream_reconnects_after_the_server_dies(tmp_path, reader):
             restart = threading.Timer(1.0, server.start, kwargs={"image": IMAGES / "cat.bmp"})
             restart.start()
             started = time.monotonic()
-            frame = source.read(buffer)
+            frame, old = source.read(buffer), 0
+            # frames the dead server had sent that were still buffered (the socket's, FFmpeg's): a loaded machine
+            # reads behind the server, so a few may come before the reconnect
+            while frame is not None and frame.shape == (929, 512, 3) and old < 100:
+                frame, old = source.read(frame), old + 1
             waited = time.monotonic() - started
             restart.join()
-            assert frame is not None and frame.shape == (341, 512, 3)  # the new stream's picture
+            assert frame is not None and frame.shape == (341, 512, 3), old  # the new stream's picture
             assert source.reconnects == 1
             assert 0.8 < waited < 15
             assert source.read(frame) is frame  # and it keeps going, into the caller's buffer

@@ -243,11 +243,12 @@ def test_swapping_in_a_model_with_a_larger_input_decodes_larger_frames(tmp_path)
     def callback(result) -> None:
         seen.append((result.frame_id, pipeline.source.reduction, result.result[0].label))
 
-    with Pipeline(MOBILENET_TINY, big, labels=IMAGENET_LABELS, max_fps=60) as pipeline:
+    larger = edgeinfer.load(MOBILENET_V2, "xnnpack")  # loaded first: the swap must come while frames remain
+    with Pipeline(MOBILENET_TINY, big, labels=IMAGENET_LABELS, max_fps=10) as pipeline:
         pipeline.start(callback)
         assert wait_until(lambda: len(seen) >= 3, 30)
         assert pipeline.source.reduction == 8
-        pipeline.swap_engine(edgeinfer.load(MOBILENET_V2, "xnnpack")).close()
+        pipeline.swap_engine(larger).close()
         assert pipeline.wait(60) and pipeline.error is None
         assert pipeline.source.reduction == 4
     assert [frame_id for frame_id, _, _ in seen] == list(range(CLIP_FRAMES))
