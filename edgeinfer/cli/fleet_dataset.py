@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import io
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import click
 
 from ..errors import DatasetError
-from .fleet_access import client_options
+from .fleet_access import client_options, follow_command
 from .output import print_json
 
 FILTERS = ("device", "pipeline", "stream", "model_version", "rule", "label")
@@ -75,24 +74,9 @@ def dataset_sample(client: Any, device_id: str, pipeline: str, frames: int, stre
     pipeline must have sampling rules, `request` alone will do), and say what came of it: "5 frames sampled: 2
     stored, 3 near-duplicates of stored samples", or the device's refusal. Exit 1 when the device refused, the
     command expired, or the frames did not all arrive within --timeout."""
-    from ..fleet.client import wait_for_command  # the fleet's client loads on use (the agent's CLI must not)
-
     sent = client.sample(device_id, pipeline, frames, stream)
-    line = f"sampling of {frames} frame(s) of {pipeline} sent to {device_id} (command {sent['command_id']})"
-    if not wait:
-        print_json(sent) if as_json else click.echo(line)
-        return
-    if not as_json:
-        click.echo(f"{line}; waiting for the device…", err=True)
-    found = wait_for_command(client.command, sent["command_id"], timeout_s=timeout)
-    print_json(found) if as_json else click.echo(found["text"])
-    if found["state"] == "sent":
-        click.echo(f"edgeinfer: error: no answer from {device_id} within {timeout:g} s: the command stays queued "
-                   "for it (it runs it when it reconnects, until the command expires)", err=True)
-    elif not found["settled"]:
-        click.echo(f"edgeinfer: error: not every frame reached the manager within {timeout:g} s", err=True)
-    if found["state"] != "applied" or not found["settled"]:
-        sys.exit(1)
+    follow_command(client, sent, f"sampling of {frames} frame(s) of {pipeline} sent to {device_id} (command "
+                                 f"{sent['command_id']})", wait=wait, timeout=timeout, as_json=as_json)
 
 
 def _old_name(command: click.Command, name: str) -> click.Command:
