@@ -125,11 +125,19 @@ def test_fleet_logs_shows_what_the_agent_logged_with_its_secrets_masked(field):
     assert status == 200 and events and SECRET not in json.dumps(events)
 
 
+def _interruptible() -> None:
+    """Ctrl-C as a terminal gives it. Under four workers, in a suite started in the background, the follower was seen
+    asleep in _follow a minute after its SIGINT (its stack, by faulthandler): a SIGINT ignored or blocked where the
+    suite was started is inherited by every child, and a Python started so raises no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_follow_shows_a_line_the_agent_logs_after_it_started(field):
     # PYTHONFAULTHANDLER: a follower that Ctrl-C does not stop is asked for its threads' stacks (SIGABRT)
     follower = subprocess.Popen(edgeinfer_cmd("fleet", "logs", DEVICE, "--follow", "--level", "info"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**field.env, "PYTHONFAULTHANDLER": "1"})
+                                env={**field.env, "PYTHONFAULTHANDLER": "1"}, preexec_fn=_interruptible)
     printed: list[str] = []
     said: list[str] = []  # its stderr, read as it comes: a full pipe would stop it
     reader = threading.Thread(target=lambda: printed.extend(iter(follower.stdout.readline, "")), daemon=True)

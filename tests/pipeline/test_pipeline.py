@@ -154,7 +154,10 @@ def test_take_window_splits_the_run(clip):
                 windows.append(pipeline.take_window())
         windows.append(pipeline.take_window())
         total = pipeline.stats
-    assert [w.frames for w in windows] == [5, 10, CLIP_FRAMES - 15]
+    # a window counts the frames the run has finished, which may be a frame or two ahead of the results this loop
+    # has taken (seen under load: 6, 9, 9): the windows split the run, none counted twice or lost
+    first, second, third = (w.frames for w in windows)
+    assert first >= 5 and first + second >= 15 and first + second + third == CLIP_FRAMES, (first, second, third)
     assert sum(w.frames for w in windows) == total.frames
     assert all(w.fps > 0 and w.stages["infer"]["p50"] > 0 for w in windows)
     assert pipeline.take_window().frames == 0
