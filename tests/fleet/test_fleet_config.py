@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 import yaml
 from support.fleet import admin_token_file, simulated_fleet
+from support.fleet import api_call as call
 from support.processes import edgeinfer_cmd, env_with_repo, wait_until
 
 from edgeinfer.fleet.client import FleetClient
@@ -34,17 +35,6 @@ def fleet(tmp_path_factory):
     with simulated_fleet(tmp_path_factory.mktemp("config-fleet"), devices=4, groups=(GROUP,), fleet="yard") as sim:
         yield sim
 
-
-def call(fleet, method: str, path: str, body=None, *, token: str | None = None, raw: bytes | None = None):
-    """(status, JSON answer) of a request as the admin (or ``token``)."""
-    data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"{fleet.manager.http.url}{path}", data=data, method=method, headers={
-        "Authorization": f"Bearer {token or fleet.manager.admin_token}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, json.loads(answer.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
 
 
 def layer(fleet, scope: str, name: str) -> dict:

@@ -16,6 +16,7 @@ import urllib.request
 
 import pytest
 import yaml
+from support.fleet import api_call as call
 from support.fleet import simulated_fleet
 
 from edgeinfer.fleet.config_layers import layer_problems
@@ -63,16 +64,6 @@ def fleet(tmp_path_factory):
     with simulated_fleet(tmp_path_factory.mktemp("config-check"), devices=1, groups=("lobby",), fleet="yard") as sim:
         yield sim
 
-
-def call(fleet, method: str, path: str, body=None, *, token: str | None = None, raw: bytes | None = None):
-    data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"{fleet.manager.http.url}{path}", data=data, method=method, headers={
-        "Authorization": f"Bearer {token or fleet.manager.admin_token}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, json.loads(answer.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
 
 
 def oversized_status(fleet, path: str, body: bytes) -> int:

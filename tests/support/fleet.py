@@ -249,3 +249,19 @@ def simulated_fleet(data_dir: Path, *, devices: int, behaviours: Mapping[str, st
                 f"not every device came online: {simulation.online}/{devices} connected"
             yield SimulatedFleet(manager, simulation, admin, ids, credentials)
             simulation.stop(drain_s=1.0)
+
+
+def api_call(sim: Any, method: str, path: str, body: Any = None, *, token: str | None = None,
+             raw: bytes | None = None) -> tuple[int, Any]:
+    """(status, JSON answer) of a request to ``sim``'s manager as its admin (or ``token``): a refusal is an answer."""
+    import json
+    import urllib.error
+
+    data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"{sim.manager.http.url}{path}", data=data, method=method, headers={
+        "Authorization": f"Bearer {token or sim.manager.admin_token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
