@@ -13,6 +13,7 @@ from support.pipeline import (
     GRACE_HOPPER_FACE,
     IMAGES,
     REFERENCE_TOP1,
+    STEADY_WATCHDOG_FLOOR_S,
     ULTRAFACE,
     allocations_per_frame,
     reference_clip,
@@ -184,7 +185,8 @@ def test_keep_frames_keeps_full_size_frames(clip):
 
 
 def test_reduced_decode_allocates_under_1_kib_per_frame(clip):
-    with Pipeline(MOBILENET_TINY, clip, loop=True, max_frames=300, top_k=5) as pipeline:
+    with Pipeline(MOBILENET_TINY, clip, loop=True, max_frames=300, top_k=5,
+                  watchdog_floor_s=STEADY_WATCHDOG_FLOOR_S) as pipeline:
         results = iter(pipeline)
         for _ in range(40):
             next(results)

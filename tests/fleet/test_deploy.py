@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.agent import AgentProcess, write_config
-from support.assets import IMAGES, MODELS
+from support.assets import IMAGES, MOBILENET_TINY, MODELS
 from support.fleet import CuttingProxy, admin_token_file, running_fleet
 from support.processes import edgeinfer_cmd
 from support.processes import wait_until as wait
@@ -43,13 +43,14 @@ def clip(tmp_path_factory) -> Path:
                           size=(160, 120), fps=10, frames_per_image=5)
 
 
-def agent_settings(tmp_path: Path, broker_url: str, device: str, key: str, clip: Path, **extra) -> dict:
+def agent_settings(tmp_path: Path, broker_url: str, device: str, key: str, clip: Path, *, model: Path = V1,
+                   max_fps: float = 3, **extra) -> dict:
     settings = {
         "device_id": device, "fleet": "lab", "broker": broker_url, "data_dir": str(tmp_path / device),
         "telemetry_interval_s": 0.5, "reconnect_min_s": 0.1, "reconnect_max_s": 1.0, "profile": "none",
         "groups": ["lab"], "update_public_key": key, "update_health_frames": 3,
-        "pipelines": [{"name": "main", "model": str(V1), "source": str(clip), "task": "classify", "loop": True,
-                       "max_fps": 3, "threads": 1, "version": "1"}],
+        "pipelines": [{"name": "main", "model": str(model), "source": str(clip), "task": "classify", "loop": True,
+                       "max_fps": max_fps, "threads": 1, "version": "1"}],
     }
     settings.update(extra)
     return settings
@@ -76,9 +77,9 @@ def fleet(tmp_path, broker):
         yield manager
 
 
-def start_agents(tmp_path, broker, fleet, clip, count: int, **extra) -> list[AgentThread]:
+def start_agents(tmp_path, broker, fleet, clip, count: int, **settings) -> list[AgentThread]:
     key = fleet.key.public_key_b64()
-    agents = [AgentThread(agent_settings(tmp_path, broker.url, f"cam-{i:02d}", key, clip, **extra))
+    agents = [AgentThread(agent_settings(tmp_path, broker.url, f"cam-{i:02d}", key, clip, **settings))
               for i in range(count)]
     for agent in agents:
         agent.thread.start()
@@ -94,9 +95,11 @@ def deploy_cli(fleet: FleetManager, model: Path, *args: str) -> subprocess.Compl
 
 
 def test_rollout_to_twenty_agents_in_waves(tmp_path, broker, fleet, clip):
-    # twenty agents on two cores: the health gate's latency check would judge the machine's load (seen
-    # once: 49 ms against a 16 ms baseline), and this test is about waves, not that gate
-    agents = start_agents(tmp_path, broker, fleet, clip, 20, update_max_latency_factor=100.0)
+    # this test is about waves, not the health gate's latency check: v1 is the smallest classifier (1-2 ms an
+    # invoke, the bird model ~200 on two loaded cores: within the largest factor allowed), at 1 frame a second —
+    # twenty MobileNet v2 at 3 fps kept 1.2 of CI's 2 cores busy for 4 minutes
+    agents = start_agents(tmp_path, broker, fleet, clip, 20, model=MOBILENET_TINY, max_fps=1,
+                          update_max_latency_factor=1000.0)
     try:
         # the bird model answers with other classes than v1: the canary analysis would stop it (test_canary.py)
         result = deploy_cli(fleet, BIRDS, "--version", "2", "--all", "--canary", "10", "--wave-size", "6",

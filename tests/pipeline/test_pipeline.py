@@ -23,6 +23,7 @@ from support.pipeline import (
     PASCAL_DOG,
     PASCAL_LABELS,
     REFERENCE_TOP1,
+    STEADY_WATCHDOG_FLOOR_S,
     ULTRAFACE,
     MjpegServer,
     allocations_per_frame,
@@ -250,7 +251,8 @@ def test_a_stream_that_dies_for_good_ends_the_run_with_the_error():
 def test_steady_state_allocates_under_1_kib_per_frame():
     """tracemalloc: per frame, the peak above the frame's starting level — the result object and little else."""
     source = SyntheticSource((640, 480), fps=None)
-    with Pipeline(MOBILENET_TINY, source, max_frames=400, top_k=5) as pipeline:
+    with Pipeline(MOBILENET_TINY, source, max_frames=400, top_k=5,
+                  watchdog_floor_s=STEADY_WATCHDOG_FLOOR_S) as pipeline:
         results = iter(pipeline)
         for _ in range(100):
             next(results)

@@ -107,6 +107,11 @@ def reference_clip(folder: Path, size: tuple[int, int] = (640, 480)) -> Path:
                             frames_per_image=FRAMES_PER_IMAGE, cache_dir=folder)
 
 
+#: the invoke watchdog's floor for a steady-state measurement: an invoke stalled a second by a loaded machine (seen on
+#: CI, under tracemalloc) is not a hang to fail over from, and a failover's allocations are not the steady state's
+STEADY_WATCHDOG_FLOOR_S = 60.0
+
+
 def allocations_per_frame(results: Iterator, frames: int = 200) -> tuple[float, int]:
     """tracemalloc over the next ``frames`` items of ``results``: (bytes per frame — the peak above each
     frame's starting level, averaged —, growth of traced memory over the whole span)."""
