@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 import click
 
 from ..pipeline.preprocess import RESIZE_MODES
+from ..tools.optimize.options import DEFAULT_NMS_IOU
 from .output import handle_errors, parse_values, print_json
+from .pipeline_flags import option_type
 
 if TYPE_CHECKING:
     from ..pipeline.labels import Labels
@@ -75,8 +77,9 @@ def _print_detector(report: OptimizeReport) -> None:
     header = (f"{'artifact':<13} {'delegate':<12} {'size':>10} {'smaller':>8}  {'recall':>7} {'precision':>9} "
               f"{'mAP50':>6} {'mean IoU':>8} {'boxes o/q/m':>12}  {'original ms':>11} {'optimised ms':>12} "
               f"{'speedup':>8}")
-    click.echo(f"task       {report.task}: boxes at score >= {report.score_threshold:g}, matched by class at "
-               "IoU >= 0.5 (o/q/m: the original's boxes, the optimised model's, matched)")
+    click.echo(f"task       {report.task}: boxes at score >= {report.score_threshold:g} after NMS at IoU "
+               f"{report.iou_threshold:g}, matched by class at IoU >= 0.5 (o/q/m: the original's boxes, the "
+               "optimised model's, matched)")
     click.echo("")
     click.echo(header)
     click.echo("-" * len(header))
@@ -187,6 +190,10 @@ def _print_moved(report: OptimizeReport, labels: Labels | None) -> None:
 @click.option("--score-threshold", default=0.25, show_default=True,
               type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               help="Detectors: the score at which both models' boxes are compared.")
+@click.option("--iou", "iou_threshold", type=option_type("iou_threshold"), default=DEFAULT_NMS_IOU,
+              show_default=True,
+              help="Detectors: the non-maximum suppression IoU both models' boxes are kept at (Ultralytics' iou; "
+                   "give the one the model runs with: edgeinfer run --iou).")
 @click.option("--delegate", default="onnxruntime", show_default=True, help="Delegate that validates and times.")
 @click.option("--threads", type=click.IntRange(min=1), help="Threads for both models (default: all cores).")
 @click.option("--bench-seconds", default=4.0, show_default=True, type=click.FloatRange(min=0.0),
@@ -200,7 +207,8 @@ def optimize(model: str, mode: str | None, calibration: str | None, output: str,
              std: str | None, resize: str | None, per_tensor: bool, activations: str, reduce_range: bool,
              quantize_outputs: bool,
              quantize_all: bool, min_recall: float, min_precision: float, min_map50: float, min_mean_iou: float,
-             score_threshold: float, delegate: str, threads: int | None, bench_seconds: float, labels: str | None,
+             score_threshold: float, iou_threshold: float, delegate: str, threads: int | None, bench_seconds: float,
+             labels: str | None,
              as_json: bool, quiet: bool) -> None:
     """Quantise (--int8) or convert (--fp16) MODEL into -o OUT, after proving it agrees with MODEL.
 
@@ -229,7 +237,8 @@ def optimize(model: str, mode: str | None, calibration: str | None, output: str,
         activations=activations, reduce_range=reduce_range, float_outputs=not quantize_outputs,
         quantize_all=quantize_all,
         min_recall=min_recall, min_precision=min_precision, min_map50=min_map50, min_mean_iou=min_mean_iou,
-        score_threshold=score_threshold, threads=threads, delegate=delegate, bench_seconds=bench_seconds,
+        score_threshold=score_threshold, iou_threshold=iou_threshold, threads=threads, delegate=delegate,
+        bench_seconds=bench_seconds,
     )
     progress = StderrProgress(enabled=not quiet)
     try:

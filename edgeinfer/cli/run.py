@@ -16,6 +16,7 @@ from ..pipeline.preprocess import RESIZE_MODES
 from ..pipeline.tasks import TASK_NAMES
 from ..pipeline.zones import TRIGGERS
 from .output import handle_errors, parse_values
+from .pipeline_flags import option_flag
 from .run_events import event_printer, print_event_counts, print_sample_counts
 
 #: where ``--event`` keeps its evidence unless ``--evidence-dir`` says
@@ -98,11 +99,16 @@ def _brief(result: object) -> str:
 @click.option("--max-frames", type=click.IntRange(min=1), help="Stop after this many results.")
 @click.option("--max-fps", type=click.FloatRange(min=0.01), help="Run inference at most this often.")
 @click.option("--loop", is_flag=True, help="Restart a file source at its end.")
-@click.option("--top-k", "top_k", default=5, show_default=True, type=click.IntRange(min=1), help="Classes per frame.")
+@click.option("--top-k", "top_k", **option_flag("top_k"), help="Classes per frame.")
 @click.option("--resize", type=click.Choice(RESIZE_MODES),
               help="How frames fit the model input (default per task).")
-@click.option("--score-threshold", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
-              help="Detections below this score are dropped.")
+@click.option("--score-threshold", **option_flag("score_threshold"),
+              help="Detections below this score are dropped (Ultralytics' conf: 0.25).")
+@click.option("--iou", "iou_threshold", **option_flag("iou_threshold"),
+              help="Non-maximum suppression: a box that overlaps a better box of its class by more than this IoU "
+                   "is dropped; higher keeps more overlapping boxes (Ultralytics' iou: 0.7).")
+@click.option("--max-detections", **option_flag("max_detections"),
+              help="Detections kept per frame at most, the best first (Ultralytics' max_det: 300).")
 @click.option("--size", callback=_parse_size, help="Camera / synthetic frame size, WxH.")
 @click.option("--fps", "camera_fps", type=click.FloatRange(min=0.1), help="Camera / synthetic frame rate.")
 @click.option("--fourcc", help="Camera pixel format, e.g. MJPG or YUYV.")
@@ -149,7 +155,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         mean: float | tuple[float, ...] | None, std: float | tuple[float, ...] | None, labels: str | None,
         delegate: str | None, strict: bool, threads: int | None,
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
-        resize: str | None, score_threshold: float, size: tuple[int, int] | None, camera_fps: float | None,
+        resize: str | None, score_threshold: float, iou_threshold: float, max_detections: int,
+        size: tuple[int, int] | None, camera_fps: float | None,
         fourcc: str | None, full_decode: bool, lines: tuple[str, ...], zones: tuple[str, ...], track: bool,
         line_hold_s: float | None, line_trigger: str | None, events: tuple[str, ...], evidence_dir: str | None,
         record_source: str | None, sample: tuple[str, ...], samples_dir: str | None,
@@ -167,6 +174,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
     address = parse_address(preview) if preview is not None else None
     if record_source is not None and (not events or len(sources) > 1 or batch):
         raise click.UsageError("--record-source goes with --event and one --source")
+    decoding = {"top_k": top_k, "score_threshold": score_threshold, "iou_threshold": iou_threshold,
+                "max_detections": max_detections}
     analysis = {"lines": lines, "zones": zones, "track": track, "events": events,
                 "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None,
                 "decoder": decoder, "mean": mean, "std": std}
@@ -183,18 +192,18 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         from .run_multi import run_streams
 
         run_streams(model, sources, batch=batch, task=task, labels=labels, delegate=delegate, threads=threads,
-                    policy=policy or "latest", max_fps=max_fps, loop=loop, top_k=top_k, resize=resize,
-                    score_threshold=score_threshold, size=size, fps=camera_fps, fourcc=fourcc,
-                    max_frames=max_frames, as_json=as_json, motion_gate=motion_gate, preview=address, **analysis)
+                    policy=policy or "latest", max_fps=max_fps, loop=loop, resize=resize, size=size,
+                    fps=camera_fps, fourcc=fourcc,
+                    max_frames=max_frames, as_json=as_json, motion_gate=motion_gate, preview=address, **decoding,
+                    **analysis)
         return
     source = sources[0]
     frames = open_source(source, size=size, fps=camera_fps, fourcc=fourcc, loop=loop)
     try:
         chosen_policy = policy or ("latest" if frames.live else "every")
         pipeline = Pipeline(model, frames, task=task, labels=labels, delegate=delegate, threads=threads,
-                            policy=chosen_policy, max_fps=max_fps, max_frames=max_frames, top_k=top_k,
-                            resize=resize, score_threshold=score_threshold, reduced_decode=not full_decode,
-                            motion_gate=motion_gate, **analysis)
+                            policy=chosen_policy, max_fps=max_fps, max_frames=max_frames, resize=resize,
+                            reduced_decode=not full_decode, motion_gate=motion_gate, **decoding, **analysis)
     except BaseException:
         frames.close()
         raise

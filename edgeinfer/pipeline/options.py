@@ -198,6 +198,13 @@ class PipelineOptions:
         return tuple(option.name for option in dataclasses.fields(cls))
 
     @classmethod
+    def option(cls, name: str) -> dataclasses.Field:
+        """The field of option ``name``: its default, and its ``choices`` and bounds in its metadata — what a CLI
+        flag or a tool's option that sets it takes and checks (``util.config.out_of_bounds``), as ``__post_init__``
+        does; KeyError for an unknown name."""
+        return {option.name: option for option in dataclasses.fields(cls)}[name]
+
+    @classmethod
     def merged(cls, options: PipelineOptions | None, overrides: Mapping[str, Any]) -> PipelineOptions:
         """``options`` (or the defaults) with ``overrides`` applied (an option's old name read as its name:
         :data:`RENAMED_OPTIONS`); TypeError names an unknown option."""

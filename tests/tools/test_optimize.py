@@ -370,6 +370,8 @@ def test_options_are_validated():
         OptimizeOptions(mode="int8", calibration="x", min_recall=1.2)
     with pytest.raises(ValueError, match="score_threshold"):
         OptimizeOptions(mode="int8", calibration="x", score_threshold=0.0)
+    with pytest.raises(ValueError, match=r"iou_threshold must be <= 1, not 1\.5"):  # the pipeline option's bounds
+        OptimizeOptions(mode="int8", calibration="x", iou_threshold=1.5)
     with pytest.raises(ValueError, match="resize"):
         OptimizeOptions(mode="int8", calibration="x", resize="squash")
 

@@ -162,3 +162,21 @@ def test_the_decode_tail_is_found_from_the_graph(model, head):
     assert f"{head}cv2.0/cv2.0.2/Conv" in ops and f"{head}cv2.0/cv2.0.2/Conv" not in tail
     assert set(float_nodes(graph, detector=True)) == set(tail) | {n for n, op in ops.items() if op == "Softmax"}
     assert set(float_nodes(graph, detector=False)) == {n for n, op in ops.items() if op == "Softmax"}
+
+
+def test_iou_sets_the_nms_both_models_boxes_are_kept_at(tmp_path):
+    """``--iou`` as ``edgeinfer run --iou`` takes it: a looser NMS keeps the overlapping boxes the default (0.7,
+    Ultralytics') drops, and both models' boxes are compared at it; the pipeline's bounds judge it."""
+    validation = image_folder(tmp_path / "validation", ("grace_hopper.bmp", "kite_and_cold.jpg"))
+
+    def fp16(*flags, out=tmp_path / "fall16.onnx"):
+        return run_cli("optimize", YOLO_FALL, "--fp16", "--validation", validation, "-o", out, "--bench-seconds", "0",
+                       "--threads", "1", "-q", *flags)
+
+    reports = [json_out(done) for done in (fp16("--json"), fp16("--json", "--iou", "0.95"))]
+    assert [report["iou_threshold"] for report in reports] == [0.7, 0.95]
+    default, loose = (report["artifacts"][0]["accuracy"]["boxes"] for report in reports)
+    assert default["reference_boxes"] < loose["reference_boxes"] and loose["matched"] == loose["reference_boxes"]
+    refused = fp16("--iou", "1.5", out=tmp_path / "refused.onnx")
+    assert refused.returncode == 2 and not (tmp_path / "refused.onnx").exists()
+    assert "Invalid value for '--iou': iou_threshold must be <= 1, not 1.5" in refused.stderr

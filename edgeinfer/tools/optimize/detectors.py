@@ -55,12 +55,13 @@ def read_detector(engine: Engine) -> ModelReading | None:
     return reading if reading.gives_boxes else None
 
 
-def _decoder(engine: Engine, reading: ModelReading, score_threshold: float) -> Any:
-    """``reading``'s task and layout built on ``engine``'s outputs, at ``score_threshold``."""
+def _decoder(engine: Engine, reading: ModelReading, score_threshold: float, iou_threshold: float) -> Any:
+    """``reading``'s task and layout built on ``engine``'s outputs, at ``score_threshold`` and NMS at
+    ``iou_threshold``."""
     from ...pipeline.decoders import DecoderSettings, model_labels
     from ...pipeline.tasks import read_model
 
-    settings = DecoderSettings(score_threshold=score_threshold, iou_threshold=DEFAULT_NMS_IOU,
+    settings = DecoderSettings(score_threshold=score_threshold, iou_threshold=iou_threshold,
                                max_detections=MAX_BOXES)
     try:
         return read_model(engine, task=reading.task, decoder=reading.layout.name, labels=model_labels(engine.model),
@@ -73,13 +74,14 @@ def _decoder(engine: Engine, reading: ModelReading, score_threshold: float) -> A
 
 
 def detect_images(engine: Engine, reading: ModelReading, images: Sequence[Path], feeder: ImageFeeder,
-                  score_threshold: float, say: Progress | None = None) -> DetectorOutputs:
-    """Run ``engine`` on every image: its boxes (source pixels) and its raw outputs."""
+                  score_threshold: float, say: Progress | None = None, *,
+                  iou_threshold: float = DEFAULT_NMS_IOU) -> DetectorOutputs:
+    """Run ``engine`` on every image: its boxes (source pixels, NMS at ``iou_threshold``) and its raw outputs."""
     import numpy as np
 
     from ...errors import OptimizeError
 
-    decode = _decoder(engine, reading, score_threshold)
+    decode = _decoder(engine, reading, score_threshold, iou_threshold)
     boxes, raw = [], []
     for number, image in enumerate(images, 1):
         transform = feeder(image, engine.input_view(0))
@@ -105,7 +107,7 @@ def compare_detections(reference: DetectorOutputs, engine: Engine, reading: Mode
 
     from ...errors import OptimizeError
 
-    ranked = detect_images(engine, reading, images, feeder, AP_SCORE_FLOOR, say)
+    ranked = detect_images(engine, reading, images, feeder, AP_SCORE_FLOOR, say, iou_threshold=options.iou_threshold)
     diffs = []
     for a, b in zip(reference.raw, ranked.raw):
         if a.shape != b.shape:

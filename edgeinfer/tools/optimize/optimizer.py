@@ -121,7 +121,8 @@ def _detector_fields(reading: ModelReading | None, options: OptimizeOptions) -> 
     """The report's fields that say how a detector was judged (none for a classifier)."""
     if reading is None:
         return {}
-    return {"task": reading.task, "box_minimums": options.box_minimums, "score_threshold": options.score_threshold}
+    return {"task": reading.task, "box_minimums": options.box_minimums, "score_threshold": options.score_threshold,
+            "iou_threshold": options.iou_threshold}
 
 
 def _optimize_onnx(run: _Run, temp_onnx: Path, output_path: Path) -> _Onnx:
@@ -168,7 +169,8 @@ def _reference(original: Engine, reading: ModelReading | None, run: _Run,
     """The original's class scores, or its boxes at the operating threshold for a detector."""
     if reading is None:
         return reference_outputs(original, run.validation, feeder)
-    return detect_images(original, reading, run.validation, feeder, run.options.score_threshold)
+    return detect_images(original, reading, run.validation, feeder, run.options.score_threshold,
+                         iou_threshold=run.options.iou_threshold)
 
 
 def _accuracy(reference: list[np.ndarray] | DetectorOutputs, engine: Engine, reading: ModelReading | None,

@@ -23,7 +23,7 @@ DEFAULT_MIN_MAP50 = 0.8
 DEFAULT_MIN_MEAN_IOU = 0.8
 #: a detector's boxes are compared at this score (Ultralytics' own default ``conf``)
 DEFAULT_SCORE_THRESHOLD = 0.25
-#: and after NMS at this IoU (Ultralytics' default ``iou``)
+#: and after NMS at this IoU (Ultralytics' default ``iou``; ``--iou``, within the pipeline option's bounds)
 DEFAULT_NMS_IOU = 0.7
 
 #: receives one line of progress at a time
@@ -58,6 +58,8 @@ class OptimizeOptions:
     min_map50: float = DEFAULT_MIN_MAP50
     min_mean_iou: float = DEFAULT_MIN_MEAN_IOU
     score_threshold: float = DEFAULT_SCORE_THRESHOLD
+    #: the NMS IoU both models' boxes are kept at (the pipeline's ``iou_threshold``)
+    iou_threshold: float = DEFAULT_NMS_IOU
     threads: int | None = None
     delegate: str = DEFAULT_DELEGATE
     bench_seconds: float = DEFAULT_BENCH_SECONDS
@@ -77,6 +79,12 @@ class OptimizeOptions:
                 raise ValueError(f"{name} must be within [0, 1], not {getattr(self, name)}")
         if not 0.0 < self.score_threshold < 1.0:
             raise ValueError(f"score_threshold must be within (0, 1), not {self.score_threshold}")
+        from ...pipeline.options import PipelineOptions
+        from ...util.config import out_of_bounds
+
+        problem = out_of_bounds("iou_threshold", self.iou_threshold, PipelineOptions.option("iou_threshold").metadata)
+        if problem:  # the pipeline's own bounds: the IoU a run could be given
+            raise ValueError(problem)
         if not 0.0 <= self.ambiguous_margin < 1.0:
             raise ValueError(f"ambiguous_margin must be within [0, 1), not {self.ambiguous_margin}")
         if self.activations not in ACTIVATION_TYPES:

@@ -105,9 +105,11 @@ class OptimizeReport:
     seconds: float = 0.0
     #: the task the pipeline reads the model for; a detector's artifacts carry ``accuracy.boxes``
     task: str = "classify"
-    #: a detector's thresholds (figure name -> minimum) and the score its boxes are compared at
+    #: a detector's thresholds (figure name -> minimum), the score its boxes are compared at and the NMS IoU they
+    #: are kept at
     box_minimums: dict[str, float] = field(default_factory=dict)
     score_threshold: float | None = None
+    iou_threshold: float | None = None
     #: nodes INT8 quantisation left in float (Softmax, a detector's decode tail): name -> op type
     float_nodes: dict[str, str] = field(default_factory=dict)
     #: INT8: how this CPU computes the model on the validating delegates (int8.int8_arithmetic)
