@@ -28,11 +28,13 @@ _PROFILE_DIRS = click.option("--profile-dir", "profile_dirs", multiple=True,
 def device(root: str, model: str | None, profile_dirs: tuple[str, ...], profile: str | None, delegate: str | None,
            as_json: bool) -> None:
     """Show the matched device profile, every delegate with its availability and reason, and the plan."""
+    from ..device.cores import runtime_threads
     from ..runtime.selection import plan
 
     the_plan = plan(model, delegate, profile=profile, root=root, profile_dirs=profile_dirs, include_others=True)
+    threads = runtime_threads(None, the_plan.threads, root=root)
     if as_json:
-        print_json(the_plan.to_dict())
+        print_json({**the_plan.to_dict(), "runtime_threads": threads.to_dict()})
         return
     detection = the_plan.detection
     matched = detection.profile if detection else None
@@ -63,6 +65,7 @@ def device(root: str, model: str | None, profile_dirs: tuple[str, ...], profile:
     click.echo(f"selected  {chosen.spec if chosen else 'nothing can run here'}")
     if the_plan.fallback_reason:
         click.echo(f"fallback  {the_plan.fallback_reason}")
+    click.echo(f"runtime   {threads.describe()} threads")
 
 
 @click.command()

@@ -330,7 +330,9 @@ def load(model: str | os.PathLike | ModelInfo, delegate: str | None = None, *, t
     env = os.environ if env is None else env
     info = model if isinstance(model, ModelInfo) else inspect_model(Path(model))
     the_plan = plan(info, delegate, profile=profile, root=root, strict=strict, profile_dirs=profile_dirs, env=env)
-    threads = threads if threads is not None else the_plan.threads
+    from ..device.cores import runtime_threads
+
+    threads = runtime_threads(threads, the_plan.threads, root=root or "/").threads
     if the_plan.source == "explicit" and len(the_plan.candidates) == 1:
         return _load_the_named_one(the_plan, info, threads, batch)
     if the_plan.intended is None:
