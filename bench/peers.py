@@ -436,11 +436,13 @@ def main() -> int:
             parser.error(f"unknown model, codec or thread count in {case}")
     log(f"edgeinfer peers benchmark — {os.cpu_count()} cores, load average {os.getloadavg()}, "
         f"OpenCV {cv2.__version__}, numpy {np.__version__}; programs {', '.join(programs)}")
-    results = [bench_case(case, programs, args.rounds, frames.get(case.model, default_frames), args.warmup,
-                          args.ultralytics_python, log, args.wait_quiet, args.cache) for case in cases]
+    results = []
+    for case in cases:
+        results.append(bench_case(case, programs, args.rounds, frames.get(case.model, default_frames), args.warmup,
+                                  args.ultralytics_python, log, args.wait_quiet, args.cache))
+        if args.json:  # after each case: a long run stopped early keeps what it measured
+            args.json.write_text(json.dumps(results, indent=2))
     report(results, log)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
     return 0
 
 
