@@ -34,6 +34,16 @@ bench: venv
 bench-pipeline: venv
 	$(BIN)/python bench/pipeline.py
 
+# edgeinfer run against a 40-line OpenCV + ONNX Runtime loop and Ultralytics' predict on the same YOLO ONNX files
+# (docs/benchmarks.md, "Peers"); Ultralytics runs from a bench-only environment: `make bench-peers-setup` makes it.
+PEERS_ARGS ?=
+.PHONY: bench-peers bench-peers-setup
+bench-peers: venv
+	$(BIN)/python bench/peers.py $(PEERS_ARGS)
+
+bench-peers-setup: venv
+	$(BIN)/python bench/peers.py --setup-ultralytics
+
 # A live MJPEG camera under the latest policy: frames dropped compressed vs OpenCV decoding them all.
 .PHONY: bench-live
 bench-live: venv

@@ -87,25 +87,37 @@ def _busy_jiffies() -> int:
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used so far (/proc/PID/stat, 10 ms steps)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _HZ
+
+
 @dataclass
 class Window:
-    """Wall time, process CPU time and the rest of the machine's CPU over a measured span."""
+    """Wall time, process CPU time and the rest of the machine's CPU over a measured span: of this process,
+    or of the child process ``pid`` (bench/peers.py)."""
 
     wall: float = 0.0
     cpu: float = 0.0
     foreign_cores: float = 0.0
+    pid: int | None = field(default=None, repr=False)
     _t: float = field(default=0.0, repr=False)
     _c: float = field(default=0.0, repr=False)
     _j: int = field(default=0, repr=False)
 
+    def _cpu(self) -> float:
+        return time.process_time() if self.pid is None else process_cpu(self.pid)
+
     def begin(self) -> None:
         self._j = _busy_jiffies()
-        self._c = time.process_time()
+        self._c = self._cpu()
         self._t = time.perf_counter()
 
     def end(self) -> Window:
         self.wall = time.perf_counter() - self._t
-        self.cpu = time.process_time() - self._c
+        self.cpu = self._cpu() - self._c
         machine = (_busy_jiffies() - self._j) / _HZ
         self.foreign_cores = max(machine - self.cpu, 0.0) / self.wall if self.wall > 0 else 0.0
         return self
