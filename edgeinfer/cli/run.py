@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,6 +19,9 @@ from ..pipeline.zones import TRIGGERS
 from .output import handle_errors, parse_values
 from .pipeline_flags import option_flag
 from .run_events import event_printer, print_event_counts, print_sample_counts
+
+if TYPE_CHECKING:
+    from ..runtime.choice import ProbeResult
 
 #: where ``--event`` keeps its evidence unless ``--evidence-dir`` says
 DEFAULT_EVIDENCE_DIR = "edgeinfer-events"
@@ -92,6 +96,10 @@ def _brief(result: object) -> str:
                                  "(coral,xnnpack): a delegate that fails while running hands over to the next. "
                                  "Default: the device profile's order.")
 @click.option("--strict", is_flag=True, help="No fallback: a delegate that cannot load, fails or hangs is an error.")
+@click.option("--no-probe", "no_probe", is_flag=True,
+              help="Run on the device profile's first delegate. Default, when no delegate is named: the runtimes "
+                   "that can run the model are measured once on this machine (a few seconds, cached) and the "
+                   "fastest whose answers agree with the first's runs (docs/profiles.md).")
 @click.option("--threads", type=click.IntRange(min=1), help="Delegate thread count (default: the runtime's).")
 @click.option("--policy", type=click.Choice(POLICIES),
               help="every: process each frame (back-pressure); latest: keep the newest, count drops. "
@@ -153,7 +161,7 @@ def _brief(result: object) -> str:
 @handle_errors
 def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | None, decoder: str | None,
         mean: float | tuple[float, ...] | None, std: float | tuple[float, ...] | None, labels: str | None,
-        delegate: str | None, strict: bool, threads: int | None,
+        delegate: str | None, strict: bool, no_probe: bool, threads: int | None,
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
         resize: str | None, score_threshold: float, iou_threshold: float, max_detections: int,
         size: tuple[int, int] | None, camera_fps: float | None,
@@ -175,7 +183,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
     if record_source is not None and (not events or len(sources) > 1 or batch):
         raise click.UsageError("--record-source goes with --event and one --source")
     decoding = {"top_k": top_k, "score_threshold": score_threshold, "iou_threshold": iou_threshold,
-                "max_detections": max_detections}
+                "max_detections": max_detections, "delegate_probe": not no_probe}
     analysis = {"lines": lines, "zones": zones, "track": track, "events": events,
                 "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None,
                 "decoder": decoder, "mean": mean, "std": std}
@@ -210,8 +218,10 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
     interrupted = False
     with frames, pipeline, previewing(pipeline.multi, address, ""):
         engine = pipeline.engine
+        choice = delegate_choice(engine)
         if engine.fallback_reason and not as_json:
             click.echo(f"note: using {engine.description} ({engine.fallback_reason})", err=True)
+        say_delegate_choice(choice)
         if not as_json and task is None:
             click.echo(f"note: {pipeline.reading}", err=True)
         tty = sys.stdout.isatty() and not as_json
@@ -237,7 +247,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
             sampler.close()  # the samples kept are on disk before the summary counts them
         if as_json:
             kept = {"samples": sampler.counts()} if sampler is not None else {}
-            sys.stdout.write(json.dumps({"type": "summary", **stats.to_dict(), **kept}) + "\n")
+            sys.stdout.write(json.dumps({"type": "summary", **stats.to_dict(), **kept,
+                                         "delegate_choice": choice.to_dict() if choice else None}) + "\n")
             sys.stdout.flush()
         else:
             if tty:
@@ -258,6 +269,20 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
                 print_sample_counts(sampler.counts(), analysis["samples_dir"])
     if interrupted:
         sys.exit(130)
+
+
+def delegate_choice(engine: object) -> ProbeResult | None:
+    """What the delegate probe measured and chose for ``engine`` (None: a delegate was named, or no probe ran)."""
+    return getattr(getattr(engine, "selection", None), "probe", None)
+
+
+def say_delegate_choice(choice: ProbeResult | None) -> None:
+    """The probe's choice and figures on stderr (``--json`` keeps stdout to JSON lines: its summary has them)."""
+    if choice is None:
+        return
+    for note in choice.notes:
+        click.echo(f"warning: {note}", err=True)
+    click.echo(f"note: {choice.summary()}", err=True)
 
 
 def _print_counts(counts: dict) -> None:
