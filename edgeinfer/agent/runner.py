@@ -424,8 +424,13 @@ class PipelineRunner:
         pipeline.add_observer(self._first_result)
         self.last_error = None
         self._set_status("running")
-        self._emit(EventKind.PIPELINE_STARTED, "info", f"pipeline {self.name} running on {self.delegate}",
-                   pipeline=self.name, data={"delegate": self.delegate, "model": self.model})
+        message = f"pipeline {self.name} running on {self.delegate}"
+        data: dict[str, Any] = {"delegate": self.delegate, "model": self.model}
+        choice = getattr(engine.selection, "probe", None)  # the delegate probe's choice and figures, when it chose
+        if choice is not None:
+            message += f"; {choice.summary()}"
+            data["delegate_choice"] = choice.to_dict()
+        self._emit(EventKind.PIPELINE_STARTED, "info", message, pipeline=self.name, data=data)
         if self.fallback_reason:
             self._emit(EventKind.FALLBACK, "warning",
                        f"pipeline {self.name} runs on {self.delegate}: {self.fallback_reason}",

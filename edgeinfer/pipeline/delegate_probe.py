@@ -15,9 +15,11 @@ model, runtime versions and machine (:mod:`edgeinfer.runtime.choice` keeps the c
    on at least 95 % of the decisive frames). A candidate whose answers differ — a bfloat16 or INT8 path that
    changes them — is never chosen, nor one that could not be judged (the reference finds no box and no
    decisive class on the frames: nothing shows that the other runtime would find the same);
-4. the engines are timed in interleaved blocks (:func:`~edgeinfer.runtime.timing.interleaved_latency`) in what
-   is left of the budget (``$EDGEINFER_DELEGATE_PROBE_BUDGET_S``, 4 s: loads, judgement and timing; at least
-   one block each), medians compared;
+4. the engines are timed in interleaved blocks (:func:`~edgeinfer.runtime.timing.interleaved_latency`): up to
+   3 rounds of about 3 invokes each after an untimed one, as many rounds as what is left of the budget holds
+   (``$EDGEINFER_DELEGATE_PROBE_BUDGET_S``, 4 s, counted from the reference's load: the other loads, the
+   judgement, the timing). Every candidate is loaded, judged and timed once at least — a plan holds a few —
+   so a slow model on a busy machine overruns the budget, and the result says by how much; medians compared;
 5. the fastest that agrees runs, when its median is at least :data:`MIN_GAIN` under the reference's — else
    the reference (a brief measurement on a machine that may be busy does not switch runtimes for noise).
 
@@ -60,9 +62,11 @@ log = logging.getLogger("edgeinfer.pipeline")
 
 #: another runtime replaces the reference only when its median invoke is at least this much shorter
 MIN_GAIN = 0.1
-#: interleaved rounds at most (fewer when the budget left holds fewer), untimed invokes before each block
+#: interleaved rounds at most (fewer when the budget left holds fewer), untimed invokes before each block, and
+#: about how many timed invokes a block holds (a faster engine gets more in the same time)
 ROUNDS = 3
 SETTLE = 1
+BLOCK_INVOKES = 3
 #: the synthetic judgement frame's size (width, height)
 SYNTHETIC_SIZE = (640, 480)
 
@@ -343,9 +347,6 @@ class DelegateProbe:
             if index in engines:
                 continue
             candidate = final.candidates[index]
-            if time.monotonic() - started > self.budget_s:
-                verdicts[index] = (None, "not measured: the probe's budget was spent")
-                continue
             engine, verdict, estimate = self._try(final, index, reading, reference_answers, judged)
             verdicts[index] = verdict
             if engine is not None:
@@ -399,11 +400,14 @@ class DelegateProbe:
         if len(engines) < 2:
             return {}, {}
         left = self.budget_s - (time.monotonic() - started)
-        per_round = (1 + SETTLE) * sum(estimates.values())
+        one_each = sum(estimates.values())  # an invoke of every engine, as the judgement timed them
+        settle = SETTLE if left >= (1 + SETTLE) * one_each else 0  # over budget already: one timed invoke each
+        per_round = (settle + BLOCK_INVOKES) * one_each
         rounds = max(1, min(ROUNDS, int(left // per_round) if per_round > 0 else ROUNDS))
+        seconds = min(left - rounds * settle * one_each, rounds * BLOCK_INVOKES * one_each)  # a few, not the budget
         order = list(engines)
-        samples = interleaved_latency([engines[i] for i in order], seconds=max(left, per_round * rounds, 1e-3),
-                                      rounds=rounds, warmup=0, settle=SETTLE)
+        samples = interleaved_latency([engines[i] for i in order], seconds=max(seconds, 1e-3), rounds=rounds,
+                                      warmup=0, settle=settle)
         return ({i: round(percentile(s, 50), 3) for i, s in zip(order, samples)},
                 {i: len(s) for i, s in zip(order, samples)})
 
