@@ -7,7 +7,6 @@ import os
 import shutil
 import sys
 import time
-from typing import TYPE_CHECKING
 
 import click
 
@@ -16,12 +15,10 @@ from ..pipeline.options import POLICIES
 from ..pipeline.preprocess import RESIZE_MODES
 from ..pipeline.tasks import TASK_NAMES
 from ..pipeline.zones import TRIGGERS
+from .delegate_choice import delegate_choice, say_delegate_choice
 from .output import handle_errors, parse_values
 from .pipeline_flags import option_flag
 from .run_events import event_printer, print_event_counts, print_sample_counts
-
-if TYPE_CHECKING:
-    from ..runtime.choice import ProbeResult
 
 #: where ``--event`` keeps its evidence unless ``--evidence-dir`` says
 DEFAULT_EVIDENCE_DIR = "edgeinfer-events"
@@ -269,20 +266,6 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
                 print_sample_counts(sampler.counts(), analysis["samples_dir"])
     if interrupted:
         sys.exit(130)
-
-
-def delegate_choice(engine: object) -> ProbeResult | None:
-    """What the delegate probe measured and chose for ``engine`` (None: a delegate was named, or no probe ran)."""
-    return getattr(getattr(engine, "selection", None), "probe", None)
-
-
-def say_delegate_choice(choice: ProbeResult | None) -> None:
-    """The probe's choice and figures on stderr (``--json`` keeps stdout to JSON lines: its summary has them)."""
-    if choice is None:
-        return
-    for note in choice.notes:
-        click.echo(f"warning: {note}", err=True)
-    click.echo(f"note: {choice.summary()}", err=True)
 
 
 def _print_counts(counts: dict) -> None:

@@ -33,8 +33,8 @@ def run_streams(model: str, sources: tuple[str, ...], *, batch: int | None, as_j
     """Run every stream until each ends (files), ``max_frames`` results in all, or Ctrl-C; then a summary;
     ``preview``: the first stream as MJPEG at that address."""
     from ..pipeline.multi import MultiPipeline
+    from .delegate_choice import delegate_choice, say_delegate_choice
     from .preview import previewing
-    from .run import delegate_choice, say_delegate_choice
 
     named = stream_names(sources)
 

@@ -1,12 +1,12 @@
 """A delegate chosen by measurement: what the delegate probe found, and the cache that keeps it per machine.
 
 When nobody named the delegate (no ``--delegate``, no ``$EDGEINFER_DELEGATE``, no profile named) and more
-than one candidate of the plan can run a model, a pipeline measures them once on this machine and runs
-the fastest whose answers agree with the reference's (the plan's first that loads). The measurement
-itself — candidates loaded, fed a frame through the pipeline's own preprocessing, decoded by the task's
-decoder, judged, timed — is :mod:`edgeinfer.pipeline.delegate_probe` (decoders sit above this box).
-Here: when the choice is free (:func:`free_choice`), the figures (:class:`Measurement`,
-:class:`ProbeResult`), and the cache.
+than one candidate of the plan can run a model (:func:`~.selection.free_choice`), a pipeline measures them
+once on this machine and runs the fastest whose answers agree with the reference's (the plan's first that
+loads). The measurement itself — candidates loaded, fed a frame through the pipeline's own preprocessing,
+decoded by the task's decoder, judged, timed — is :mod:`edgeinfer.pipeline.delegate_probe` (decoders sit
+above this box). Here: the figures (:class:`Measurement`, :class:`ProbeResult`), the switches, and the
+cache.
 
 The cache is one small JSON file, ``delegate-choices.json`` in edgeinfer's cache folder
 (``$EDGEINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgeinfer``, else ``~/.cache/edgeinfer``), written
@@ -25,14 +25,14 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..device.host import Host
     from .model import ModelInfo
-    from .selection import Plan
 
 log = logging.getLogger(__name__)
 
@@ -152,37 +152,12 @@ def probe_budget(env: Mapping[str, str] | None = None) -> float:
     return value
 
 
-def free_choice(plan: Plan, *, batch: int | None = None) -> tuple[tuple[int, ...], str | None]:
-    """The candidates the probe measures, the plan's selected one (the reference) first — or none, and why the
-    choice is not the probe's: a delegate named, a profile named, strict mode, a batch, a single candidate."""
-    from .selection import DELEGATE_ENV
-
-    if plan.source == "explicit":
-        return (), "a delegate was named"
-    if plan.source == f"${DELEGATE_ENV}":
-        return (), f"${DELEGATE_ENV} names the delegate"
-    if plan.profile_named:
-        return (), f"the device profile {plan.profile} was named: its order decides"
-    if plan.strict:
-        return (), "strict mode: the profile's first delegate or an error"
-    if batch is not None and batch > 1:
-        return (), f"a batch of {batch} frames per invoke"
-    if plan.selected is None:
-        return (), "nothing can run the model here"
-    reference = plan.candidates[plan.selected]
-    others = tuple(i for i, c in enumerate(plan.candidates)
-                   if c.available and c.model == reference.model and i != plan.selected)
-    if not others:
-        return (), f"only {reference.spec} can run the model here"
-    return (plan.selected, *others), None
-
-
 # ------------------------------------------------------------------------------------------ cache
 
-def _machine(plan: Plan) -> dict[str, Any]:
+def _machine(host: Host | None) -> dict[str, Any]:
     from ..device.host import probe_host
 
-    host = plan.detection.host if plan.detection is not None else probe_host("/")
+    host = host if host is not None else probe_host("/")
     flags = hashlib.sha256(" ".join(sorted(host.cpu_flags)).encode()).hexdigest()[:16]
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"arch": platform.machine(), "cpu_model": host.cpu_model, "cpu_flags": flags, "cores": os.cpu_count(),
@@ -201,14 +176,16 @@ def _runtime_versions(name: str) -> dict[str, str | None]:
     return {"entry point": delegate_target(name)}
 
 
-def cache_key(plan: Plan, indices: tuple[int, ...], info: ModelInfo, threads: int | None) -> dict[str, Any]:
-    """Everything a measured choice depends on; a cached choice is used only under an equal key."""
+def cache_key(candidates: Sequence[tuple[str, str]], info: ModelInfo, threads: int | None,
+              host: Host | None = None) -> dict[str, Any]:
+    """Everything a measured choice depends on — ``candidates`` as (delegate name, ``name[:device]``), the
+    reference first; ``host``: this machine as detection read it (None: read now) —; a cached choice is used
+    only under an equal key."""
     from .._version import __version__
 
-    candidates = [plan.candidates[i] for i in indices]
     return {"model_sha256": info.sha256, "edgeinfer": __version__,
-            "candidates": [{"delegate": c.spec, "versions": _runtime_versions(c.name)} for c in candidates],
-            "machine": _machine(plan), "threads": threads}
+            "candidates": [{"delegate": spec, "versions": _runtime_versions(name)} for name, spec in candidates],
+            "machine": _machine(host), "threads": threads}
 
 
 def cache_file() -> Path:
@@ -274,4 +251,4 @@ def keep_choice(key: Mapping[str, Any], result: ProbeResult) -> str | None:
 
 
 __all__ = ["BUDGET_ENV", "CACHE_FILE", "DEFAULT_BUDGET_S", "PROBE_ENV", "Measurement", "ProbeResult", "cache_file",
-           "cache_key", "cached_choice", "free_choice", "keep_choice", "probe_budget", "probe_disabled"]
+           "cache_key", "cached_choice", "keep_choice", "probe_budget", "probe_disabled"]

@@ -263,6 +263,29 @@ def _profile_forced(env: Mapping[str, str]) -> bool:
     return bool(env.get(PROFILE_ENV, "").strip())
 
 
+def free_choice(plan: Plan, *, batch: int | None = None) -> tuple[tuple[int, ...], str | None]:
+    """The candidates the probe measures, the plan's selected one (the reference) first — or none, and why the
+    choice is not the probe's: a delegate named, a profile named, strict mode, a batch, a single candidate."""
+    if plan.source == "explicit":
+        return (), "a delegate was named"
+    if plan.source == f"${DELEGATE_ENV}":
+        return (), f"${DELEGATE_ENV} names the delegate"
+    if plan.profile_named:
+        return (), f"the device profile {plan.profile} was named: its order decides"
+    if plan.strict:
+        return (), "strict mode: the profile's first delegate or an error"
+    if batch is not None and batch > 1:
+        return (), f"a batch of {batch} frames per invoke"
+    if plan.selected is None:
+        return (), "nothing can run the model here"
+    reference = plan.candidates[plan.selected]
+    others = tuple(i for i, c in enumerate(plan.candidates)
+                   if c.available and c.model == reference.model and i != plan.selected)
+    if not others:
+        return (), f"only {reference.spec} can run the model here"
+    return (plan.selected, *others), None
+
+
 def _named_delegate(delegate: str | None, env: Mapping[str, str]) -> tuple[list[str] | None, str]:
     """The delegates the caller or ``$EDGEINFER_DELEGATE`` names (one, or a fallback order separated by commas),
     with where they came from; (None, "") if none."""
@@ -405,5 +428,5 @@ def _load_first_that_works(the_plan: Plan, info: ModelInfo, threads: int | None,
     failed = replace(the_plan, candidates=tuple(candidates), selected=None)
     raise NoDelegateAvailable(info.path, failed.reasons()) from last_error
 
-__all__ = ["DELEGATE_ENV", "STRICT_ENV", "Candidate", "Plan", "load", "load_candidate", "load_first", "plan",
-           "unavailable_reason"]
+__all__ = ["DELEGATE_ENV", "STRICT_ENV", "Candidate", "Plan", "free_choice", "load", "load_candidate", "load_first",
+           "plan", "unavailable_reason"]
