@@ -1,6 +1,6 @@
 """The delegate probe: the fastest runtime whose answers agree with the reference's, chosen by measurement.
 
-When the choice is free (:func:`edgeinfer.runtime.choice.free_choice`: no delegate and no profile named, not
+When the choice is free (:func:`edgeinfer.runtime.selection.free_choice`: no delegate and no profile named, not
 strict, more than one candidate of the plan can run the model), a run's first engine is chosen so, once per
 model, runtime versions and machine (:mod:`edgeinfer.runtime.choice` keeps the choice):
 
@@ -43,11 +43,11 @@ from ..runtime.choice import (
     ProbeResult,
     cache_key,
     cached_choice,
-    free_choice,
     keep_choice,
     probe_budget,
     probe_disabled,
 )
+from ..runtime.selection import free_choice
 
 if TYPE_CHECKING:
     import numpy as np
@@ -164,7 +164,7 @@ def judgement_frames(sources: Iterable[Any] = (), image: str | os.PathLike | Non
 # ----------------------------------------------------------------------------------------- answers
 
 @dataclass(frozen=True)
-class _Answers:
+class Answers:
     """One engine's answers on the judgement frames: boxes per frame, or class scores per frame."""
 
     kind: str  # "boxes", "top1" or "" (neither: the probe cannot judge the task's results)
@@ -173,7 +173,8 @@ class _Answers:
     invoke_s: float
 
 
-def _reading(row: Any, options: PipelineOptions, task: str | None, layout: str | None) -> ModelReading:
+def judgement_reading(row: Any, options: PipelineOptions, task: str | None = None,
+                      layout: str | None = None) -> ModelReading:
     """How the run reads ``row`` (its task, layout and preprocessing), decoding as the judgement does: the boxes
     down to the ranking floor after NMS at the judgement's IoU, as many as it keeps."""
     from .agreement import AP_SCORE_FLOOR, DEFAULT_NMS_IOU, MAX_BOXES
@@ -187,7 +188,7 @@ def _reading(row: Any, options: PipelineOptions, task: str | None, layout: str |
                       std=options.std)
 
 
-def _answers(engine: Engine, reading: ModelReading, judged: JudgementFrames) -> _Answers:
+def answers(engine: Engine, reading: ModelReading, judged: JudgementFrames) -> Answers:
     """Each judgement frame through the pipeline's Preprocessor into ``engine``, invoked, read by ``reading``."""
     from .agreement import Box
     from .binding import size_inputs
@@ -213,10 +214,10 @@ def _answers(engine: Engine, reading: ModelReading, judged: JudgementFrames) -> 
                               for d in reading.decoder(transform)])
         elif kind == "top1":
             per_frame.append(class_scores(row.output_view(0), row.outputs[0]).tolist())
-    return _Answers(kind, per_frame, invoke_s)
+    return Answers(kind, per_frame, invoke_s)
 
 
-def _judgeable(reference: _Answers) -> bool:
+def _judgeable(reference: Answers) -> bool:
     """Whether the reference's answers give anything to judge another's by: a box at the judgement's score, or a
     decisive top-1, on some frame."""
     from .agreement import DEFAULT_AMBIGUOUS_MARGIN, DEFAULT_SCORE_THRESHOLD, compare_top1
@@ -229,7 +230,7 @@ def _judgeable(reference: _Answers) -> bool:
     return False
 
 
-def judge(reference: _Answers, candidate: _Answers, judged: JudgementFrames) -> tuple[bool | None, str]:
+def judge(reference: Answers, candidate: Answers, judged: JudgementFrames) -> tuple[bool | None, str]:
     """Whether ``candidate``'s answers agree with ``reference``'s, by :mod:`.agreement` with its defaults (None:
     they cannot be judged), and the verdict in words."""
     from .agreement import (
@@ -244,8 +245,10 @@ def judge(reference: _Answers, candidate: _Answers, judged: JudgementFrames) -> 
     )
 
     if reference.kind == "boxes":
-        boxes = box_agreement(list(judged.names), reference.per_frame, candidate.per_frame,
-                              score_threshold=DEFAULT_SCORE_THRESHOLD)
+        # the reference's boxes at the operating score (they stand for the truth); the candidate's down to the
+        # floor, which rank for mAP50 — as optimize compares (a box above the score is the same after NMS either way)
+        truth = [[box for box in boxes if box.score >= DEFAULT_SCORE_THRESHOLD] for boxes in reference.per_frame]
+        boxes = box_agreement(list(judged.names), truth, candidate.per_frame, score_threshold=DEFAULT_SCORE_THRESHOLD)
         counted = f"{boxes.matched} of {boxes.reference_boxes} boxes found, {boxes.candidate_boxes} given"
         if not boxes.reference_boxes:
             if boxes.candidate_boxes:
@@ -297,7 +300,9 @@ class DelegateProbe:
     @property
     def key(self) -> dict[str, Any]:
         if self._key is None:
-            self._key = cache_key(self.plan, self.indices, self.info, self.threads)
+            candidates = [(self.plan.candidates[i].name, self.plan.candidates[i].spec) for i in self.indices]
+            host = self.plan.detection.host if self.plan.detection is not None else None
+            self._key = cache_key(candidates, self.info, self.threads, host)
         return self._key
 
     def cached(self) -> ProbeResult | None:
@@ -334,8 +339,8 @@ class DelegateProbe:
         assert final is not None and final.selected is not None
         reference = final.selected
         try:
-            reading = _reading(_row(reference_engine), self.options, None, None)
-            reference_answers = _answers(reference_engine, reading, judged)
+            reading = judgement_reading(_row(reference_engine), self.options)
+            reference_answers = answers(reference_engine, reading, judged)
         except Exception as exc:  # the run reads the model itself and says what is wrong with it
             log.info("the delegate probe cannot read %s's results (%s): running on %s", self.info.path, exc,
                      final.candidates[reference].spec)
@@ -375,7 +380,7 @@ class DelegateProbe:
                 engine.selection = dataclasses.replace(engine.selection, probe=result)
         return engine, result
 
-    def _try(self, final: Plan, index: int, reading: ModelReading, reference: _Answers,
+    def _try(self, final: Plan, index: int, reading: ModelReading, reference: Answers,
              judged: JudgementFrames) -> tuple[Engine | None, tuple[bool | None, str], float]:
         """Load candidate ``index`` and judge its answers; its engine (None when it failed) and verdict."""
         from ..runtime.selection import load_candidate
@@ -385,11 +390,12 @@ class DelegateProbe:
         except Exception as exc:  # any delegate's failure, a plug-in's too: not chosen, and said
             return None, (None, f"failed to load: {_short(exc)}"), 0.0
         try:
-            answers = _answers(engine, _reading(_row(engine), self.options, reading.task, reading.layout.name), judged)
+            found = answers(engine, judgement_reading(_row(engine), self.options, reading.task, reading.layout.name),
+                            judged)
         except Exception as exc:
             engine.close()
             return None, (None, f"failed to run: {_short(exc)}"), 0.0
-        return engine, judge(reference, answers, judged), answers.invoke_s
+        return engine, judge(reference, found, judged), found.invoke_s
 
     def _time(self, engines: dict[int, Engine], estimates: dict[int, float],
               started: float) -> tuple[dict[int, float], dict[int, int]]:
@@ -427,7 +433,7 @@ def _choose(reference: int, verdicts: Mapping[int, tuple[bool | None, str]],
             medians: Mapping[int, float]) -> tuple[int, str]:
     """The fastest candidate that agrees, when it beats the reference by MIN_GAIN; else the reference. Why, in words."""
     if reference not in medians:
-        return reference, "no other candidate ran"
+        return reference, "the reference: no other candidate loaded"
     agreeing = [i for i, (agrees, _) in verdicts.items() if agrees is True and i in medians]
     if not agreeing:
         return reference, "the reference: no other candidate's answers were shown to agree"
@@ -471,5 +477,5 @@ def load_engine(model: str | os.PathLike | ModelInfo, options: PipelineOptions, 
     return engine
 
 
-__all__ = ["MIN_GAIN", "DelegateProbe", "JudgementFrames", "judge", "judgement_frames", "load_engine",
-           "synthetic_frame"]
+__all__ = ["MIN_GAIN", "Answers", "DelegateProbe", "JudgementFrames", "answers", "judge", "judgement_frames",
+           "judgement_reading", "load_engine", "synthetic_frame"]
