@@ -349,9 +349,12 @@ class DelegateProbe:
         verdicts: dict[int, tuple[bool | None, str]] = {reference: (None, "the reference")}
         estimates = {reference: reference_answers.invoke_s}
         for index in self.indices:
+            candidate = final.candidates[index]
             if index in engines:
                 continue
-            candidate = final.candidates[index]
+            if not candidate.available:  # it failed to load as the reference's predecessor: not tried again
+                verdicts[index] = (None, candidate.reason)
+                continue
             engine, verdict, estimate = self._try(final, index, reading, reference_answers, judged)
             verdicts[index] = verdict
             if engine is not None:
