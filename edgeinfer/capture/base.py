@@ -14,6 +14,8 @@ from ..errors import ClosedError
 if TYPE_CHECKING:
     import numpy as np
 
+    from .jpeg import DecodeFloor
+
 
 class FrameSource(ABC):
     """Something that yields BGR uint8 frames into caller-owned buffers; open, read, close."""
@@ -117,8 +119,9 @@ class FrameSource(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot hand out undecoded frames")
 
-    def prefer_min_size(self, size: tuple[int, int] | None) -> bool:
-        """Allow frames smaller than the source's own, down to ``size`` (w, h); None: full size again.
+    def prefer_min_size(self, size: tuple[int, int] | DecodeFloor | None) -> bool:
+        """Allow frames smaller than the source's own, down to ``size`` (w, h: both sides, or a
+        :class:`~.jpeg.DecodeFloor`); None: full size again.
 
         Sources that can decode less than the whole frame (MJPEG at 1/2, 1/4, 1/8 scale) do so
         from the next frame on and return True; the others ignore it and return False.

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ..errors import CaptureError
 from .base import FramePacer, FrameSource
 from .images import IMAGE_SUFFIXES, list_images
-from .jpeg import IMREAD_REDUCED_FLAGS, JpegHeaderReader, reduction_for
+from .jpeg import IMREAD_REDUCED_FLAGS, DecodeFloor, JpegHeaderReader, reduction_for
 from .media import SOURCE_HELP
 
 if TYPE_CHECKING:
@@ -40,12 +40,12 @@ class ImageFolderSource(FrameSource):
         self.paths: list[Path] = []
         self._next = 0
         self.skipped = 0
-        self._min_size: tuple[int, int] | None = None
+        self._min_size: tuple[int, int] | DecodeFloor | None = None
         self._native: tuple[int, int] | None = None
         self._reduction = 1
         self._jpeg_headers: JpegHeaderReader | None = None  # made by prefer_min_size
 
-    def prefer_min_size(self, size: tuple[int, int] | None) -> bool:
+    def prefer_min_size(self, size: tuple[int, int] | DecodeFloor | None) -> bool:
         """JPEGs then decode at 1/2, 1/4 or 1/8 scale (OpenCV's IMREAD_REDUCED_*, libjpeg's DCT
         scaling), never below ``size``; needs simplejpeg to read the size first. Other formats: full."""
         if self._jpeg_headers is None:

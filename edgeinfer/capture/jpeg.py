@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,13 +28,26 @@ IMREAD_REDUCED_FLAGS = {2: 17, 4: 33, 8: 65}  # IMREAD_REDUCED_COLOR_2/4/8 (no c
 HEADER_BYTES = 256 * 1024
 
 
-def reduction_for(native: tuple[int, int], minimum: tuple[int, int] | None) -> int:
-    """The largest of 8, 4, 2 that keeps both sides of ``native`` (w, h) at or above ``minimum``; else 1."""
+class DecodeFloor(NamedTuple):
+    """How small a source may decode its frames: ``width`` x ``height`` at least — both sides (a model input that
+    is stretched or cropped to), or with ``either``, one of them (a letterbox scales the frame by its smaller ratio,
+    so only the side that limits it must keep the input's size: 1280x720 into 640x640 decodes at 640x360)."""
+
+    width: int
+    height: int
+    either: bool = False
+
+
+def reduction_for(native: tuple[int, int], minimum: tuple[int, int] | DecodeFloor | None) -> int:
+    """The largest of 8, 4, 2 that keeps ``native`` (w, h) at or above ``minimum`` (both sides, or either side of a
+    :class:`DecodeFloor` that says so); else 1."""
     if minimum is None:
         return 1
-    (width, height), (min_width, min_height) = native, minimum
+    width, height = native
+    floor = minimum if isinstance(minimum, DecodeFloor) else DecodeFloor(*minimum)
     for factor in REDUCTIONS:
-        if -(-width // factor) >= min_width and -(-height // factor) >= min_height:
+        wide, tall = -(-width // factor) >= floor.width, -(-height // factor) >= floor.height
+        if (wide or tall) if floor.either else (wide and tall):
             return factor
     return 1
 
@@ -76,7 +89,7 @@ class JpegDecoder:
         self._np = np
         self._simplejpeg = simplejpeg
         #: (width, height) the decoded frames must not go below; None decodes at full size
-        self.min_size: tuple[int, int] | None = None
+        self.min_size: tuple[int, int] | DecodeFloor | None = None
         # Two threads may decode at once: a decoding thread sees the size and reduction of its own
         # last frame (the pipeline records them per frame), any other thread those of the last
         # frame decoded anywhere.

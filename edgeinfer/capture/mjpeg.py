@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CaptureError, NotMjpeg
 from ..util.backoff import Backoff
 from .base import FramePacer, FrameSource
-from .jpeg import JpegDecoder
+from .jpeg import DecodeFloor, JpegDecoder
 from .media import (
     DEFAULT_OPEN_TIMEOUT_S,
     DEFAULT_READ_TIMEOUT_S,
@@ -68,7 +68,7 @@ class PyAVMjpegSource(FrameSource):
     def fps(self) -> float | None:
         return self._fps
 
-    def prefer_min_size(self, size: tuple[int, int] | None) -> bool:
+    def prefer_min_size(self, size: tuple[int, int] | DecodeFloor | None) -> bool:
         self._decoder.min_size = size
         return True
 

@@ -43,14 +43,17 @@ def device(root: str, model: str | None, profile_dirs: tuple[str, ...], profile:
            probe: str | None, image: str | None, threads: int | None, as_json: bool) -> None:
     """Show the matched device profile, every delegate with its availability and reason, and the plan; with
     --model, the delegate the probe chose for it by measurement and the figures."""
+    from ..device.cores import runtime_threads
     from ..runtime.selection import plan
 
     the_plan = plan(model, delegate, profile=profile, root=root, profile_dirs=profile_dirs, include_others=True)
+    runtime = runtime_threads(threads, the_plan.threads, root=root)
     skipped = None
     if model is not None:
-        the_plan, skipped = _probed(the_plan, root, probe or "auto", image, threads)
+        the_plan, skipped = _probed(the_plan, root, probe or "auto", image, runtime.threads)
     if as_json:
-        print_json({**the_plan.to_dict(), **({"probe_skipped": skipped} if model is not None else {})})
+        print_json({**the_plan.to_dict(), "runtime_threads": runtime.to_dict(),
+                    **({"probe_skipped": skipped} if model is not None else {})})
         return
     detection = the_plan.detection
     matched = detection.profile if detection else None
@@ -81,6 +84,7 @@ def device(root: str, model: str | None, profile_dirs: tuple[str, ...], profile:
     click.echo(f"selected  {chosen.spec if chosen else 'nothing can run here'}")
     if the_plan.fallback_reason:
         click.echo(f"fallback  {the_plan.fallback_reason}")
+    click.echo(f"runtime   {runtime.describe()} threads")
     if the_plan.probe is not None:
         _print_probe(the_plan.probe)
     elif skipped:

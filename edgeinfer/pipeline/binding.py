@@ -78,10 +78,14 @@ class ModelBinding:
                              f"{engine.model.path} also has {', '.join(others)}")
 
     def offer_input_size(self, engine: Engine) -> None:
-        """Let the source decode frames as small as the model input (MJPEG: 1/2, 1/4, 1/8 scale)."""
+        """Let the source decode frames as small as the model input (MJPEG: 1/2, 1/4, 1/8 scale): both sides of it
+        for a stretch or a crop, the side that limits the frame for a letterbox."""
         if self._options.decode_reduced:
+            from ..capture.jpeg import DecodeFloor
+
             height, width, _, _ = input_geometry(engine.inputs[0])
-            self._source.prefer_min_size((width, height))
+            letterbox = self._decoder(engine).resize == "letterbox"
+            self._source.prefer_min_size(DecodeFloor(width, height, either=letterbox))
 
     def use_options(self, options: PipelineOptions, engine: Engine) -> None:
         """The run's options changed while it runs (pipeline/live_options.py): frames decoded as small as the model

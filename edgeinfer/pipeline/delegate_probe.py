@@ -279,8 +279,12 @@ class DelegateProbe:
 
     def __init__(self, the_plan: Plan, info: ModelInfo, options: PipelineOptions, *, threads: int | None = None,
                  batch: int | None = None, env: Mapping[str, str] | None = None) -> None:
+        from ..runtime.selection import runtime_thread_count
+
         self.plan, self.info, self.options = the_plan, info, options
-        self.threads = threads if threads is not None else the_plan.threads
+        #: what a run without the probe would give the runtime (``selection.load``'s rule): the candidates are
+        #: measured at it, and the choice is kept per it
+        self.threads = runtime_thread_count(the_plan, threads)
         env = os.environ if env is None else env
         if not options.delegate_probe:
             self.indices, self.skipped = (), "the probe is off (delegate_probe: false, --no-probe)"

@@ -369,7 +369,9 @@ def load(model: str | os.PathLike | ModelInfo, delegate: str | None = None, *, t
     env = os.environ if env is None else env
     info = model if isinstance(model, ModelInfo) else inspect_model(Path(model))
     the_plan = plan(info, delegate, profile=profile, root=root, strict=strict, profile_dirs=profile_dirs, env=env)
-    threads = threads if threads is not None else the_plan.threads
+    from ..device.cores import runtime_threads
+
+    threads = runtime_threads(threads, the_plan.threads, root=root or "/").threads
     if the_plan.source == "explicit" and len(the_plan.candidates) == 1:
         return _load_the_named_one(the_plan, info, threads, batch)
     if the_plan.intended is None:
@@ -393,7 +395,15 @@ def load_first(the_plan: Plan, info: ModelInfo, *, threads: int | None = None) -
     if the_plan.intended is None:
         raise NoDelegateAvailable(info.path, the_plan.reasons() or {"(none)": f"no delegate reads {info.format.value} "
                                                                     "models"})
-    return _load_first_that_works(the_plan, info, threads if threads is not None else the_plan.threads)
+    return _load_first_that_works(the_plan, info, runtime_thread_count(the_plan, threads))
+
+
+def runtime_thread_count(the_plan: Plan, threads: int | None = None) -> int:
+    """The threads ``load`` gives the runtime under ``the_plan`` on this machine: ``threads``, else the profile's,
+    else every usable core (``device/cores.py``)."""
+    from ..device.cores import runtime_threads
+
+    return runtime_threads(threads, the_plan.threads).threads
 
 
 def _load_first_that_works(the_plan: Plan, info: ModelInfo, threads: int | None, batch: int | None = None,
@@ -429,4 +439,4 @@ def _load_first_that_works(the_plan: Plan, info: ModelInfo, threads: int | None,
     raise NoDelegateAvailable(info.path, failed.reasons()) from last_error
 
 __all__ = ["DELEGATE_ENV", "STRICT_ENV", "Candidate", "Plan", "free_choice", "load", "load_candidate", "load_first",
-           "plan", "unavailable_reason"]
+           "plan", "runtime_thread_count", "unavailable_reason"]

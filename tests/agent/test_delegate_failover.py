@@ -77,7 +77,10 @@ def test_agent_runs_degraded_through_a_failed_and_a_hung_accelerator_and_restore
         assert len(events(collector, "pipeline_started")) == 1
         assert not events(collector, "pipeline_failed") and not events(collector, "pipeline_restarting")
         telemetry = main_entries(collector, "telemetry")
-        assert all(p["restarts"] == 0 and p["status"] == "running" for p in telemetry[1:])
+        statuses = [p["status"] for p in telemetry]
+        # from its first report as running on (on a loaded machine a report or two came while it was starting)
+        assert "running" in statuses and set(statuses[statuses.index("running"):]) == {"running"}, statuses
+        assert all(p["restarts"] == 0 for p in telemetry), [p["restarts"] for p in telemetry]
         assert agent.terminate() == 0, agent.output()
 
     for topic, body, _retained in list(collector.messages):

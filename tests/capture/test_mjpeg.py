@@ -147,15 +147,16 @@ def _grace_hopper_twice(kind: str, folder) -> str:
 
 @pytest.mark.parametrize("kind", ["clip", "jpegs"])
 def test_pipeline_results_stay_in_source_pixels_when_frames_decode_reduced(tmp_path, kind):
-    """Ultraface (320x240 input) on 1024x1200 frames of grace_hopper: they decode at 1/2 scale, the
-    face box still comes out in the frames' own pixels (twice the photo's)."""
+    """Ultraface (320x240 input, letterboxed) on 1024x1200 frames of grace_hopper: the letterbox shows them at
+    204x240, so they decode at 1/4 scale (256x300), and the face box still comes out in the frames' own pixels
+    (twice the photo's)."""
     source = _grace_hopper_twice(kind, tmp_path)
     boxes = {}
     for reduced in (True, False):
         with Pipeline(ULTRAFACE, source, task="detect", reduced_decode=reduced) as pipeline:
             results = [r.result for r in pipeline]
             boxes[reduced] = [face.box for faces in results for face in faces]
-            assert pipeline.source.reduction == (2 if reduced else 1)
+            assert pipeline.source.reduction == (4 if reduced else 1)
             if reduced:
                 assert pipeline.source.native_size == (1024, 1200)
     assert len(boxes[True]) == len(boxes[False]) == 3
@@ -293,3 +294,33 @@ def test_latest_policy_on_an_http_stream_decodes_only_the_frames_it_keeps():
     assert labels == ["macaw"] * 10
     assert read >= 3 * len(labels) and stats.dropped >= 2 * len(labels)
     assert decoded <= len(labels) + 3, (read, decoded)  # the dropped frames cost no decode
+
+
+def test_a_letterboxed_model_takes_frames_decoded_down_to_the_side_that_limits_them(tmp_path):
+    """YOLO11n-pose (640x640, letterboxed) on 1280x720 MJPEG frames: the letterbox scales them by 1/2 (its smaller
+    ratio), so they decode at 1/2 scale — 640x360, every pixel the model sees — where a rule of "both sides at
+    least the input's" kept them whole; the people are found where the whole frames find them."""
+    from support.optimize import YOLO_POSE
+
+    clip = str(cached_test_clip([IMAGES / "pets.jpg", IMAGES / "squat.bmp"], size=(1280, 720), frames_per_image=2,
+                                cache_dir=tmp_path))
+    boxes = {}
+    for reduced in (True, False):
+        with Pipeline(YOLO_POSE, clip, task="pose", reduced_decode=reduced) as pipeline:
+            boxes[reduced] = [[person.box for person in people] for people in (r.result for r in pipeline)]
+            assert pipeline.source.reduction == (2 if reduced else 1)
+    assert [len(frame) for frame in boxes[True]] == [len(frame) for frame in boxes[False]]
+    assert sum(map(len, boxes[True])) >= 2
+    for reduced_frame, full_frame in zip(boxes[True], boxes[False]):
+        for reduced_box, full_box in zip(reduced_frame, full_frame):
+            assert reduced_box == pytest.approx(full_box, abs=12)  # in the frames' own 1280x720 pixels
+
+
+def test_a_letterbox_floor_needs_one_side_a_stretch_both():
+    from edgeinfer.capture.jpeg import DecodeFloor
+
+    assert reduction_for((1280, 720), (640, 640)) == 1
+    assert reduction_for((1280, 720), DecodeFloor(640, 640, either=True)) == 2
+    assert reduction_for((720, 1280), DecodeFloor(640, 640, either=True)) == 2  # portrait: the height limits it
+    assert reduction_for((1920, 1080), DecodeFloor(640, 640, either=True)) == 2  # 960x540: 1/4 would be 480 wide
+    assert reduction_for((5120, 2880), DecodeFloor(640, 640, either=True)) == 8

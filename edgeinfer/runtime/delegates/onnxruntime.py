@@ -24,6 +24,17 @@ ORT_DTYPES = {"tensor(float)": "float32", "tensor(uint8)": "uint8", "tensor(int8
 #: ONNX Runtime's session option (kOrtSessionOptionsAvx2PrecisionMode) that multiplies INT8 layers with its U8U8
 #: kernels instead of its U8S8 ones (it converts int8 weights to uint8 at load); it only takes effect on x86
 EXACT_INT8_OPTION = "session.x64quantprecision"
+#: the session option that lets the intra-op pool's idle workers spin between parallel sections
+ALLOW_SPINNING_OPTION = "session.intra_op.allow_spinning"
+#: set to 1 to let them spin again (benchmarks compare; a machine that runs nothing else beside the runtime)
+SPINNING_ENV = "EDGEINFER_ORT_SPINNING"
+
+
+def spinning_allowed() -> bool:
+    """Whether ONNX Runtime's idle pool workers may spin: not unless ``$EDGEINFER_ORT_SPINNING`` says 1."""
+    import os
+
+    return os.environ.get(SPINNING_ENV, "").strip() == "1"
 
 
 @contextlib.contextmanager
@@ -91,6 +102,11 @@ class OnnxRuntimeEngine(Engine):
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
+        # Between two parallel sections of an invoke, an idle worker of the pool spins rather than sleeps: on the
+        # cores a pipeline's capture, decode and preprocessing threads share with it, that spin takes the time slice
+        # one of them needs (ONNX Runtime turns it off for the same reason beside XNNPACK's own pool,
+        # microsoft/onnxruntime#13318). Measured in docs/benchmarks.md, "Runtime threads".
+        options.add_session_config_entry(ALLOW_SPINNING_OPTION, "1" if spinning_allowed() else "0")
         # INT8 layers computed as their QDQ graph says: where the fast U8S8 kernels saturate (an x86 CPU
         # without VNNI, see u8s8_saturates), ONNX Runtime's U8U8 ones, exact and slower (about float speed on
         # an AVX2 EPYC). Measured there, the U8S8 kernels flip MobileNet v2 INT8's top-1 on 2 of 8 photos and
