@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,11 @@ from support.assets import ASSETS, LABELS, MODELS
 
 if not MODELS.is_dir():
     pytest.exit(f"test assets not found at {ASSETS}; set EDGEINFER_ASSETS", returncode=4)
+
+# The delegate probe picks a runtime by this machine's speed, which no test may depend on: the suite's runs (and
+# the processes they start, which inherit this) take the plan's first delegate, as without it, and the probe's own
+# tests (tests/pipeline/test_delegate_probe.py, tests/agent/test_delegate_choice.py) turn it on where it is the subject
+os.environ.setdefault("EDGEINFER_DELEGATE_PROBE", "0")
 
 
 @pytest.fixture(scope="session")

@@ -132,6 +132,18 @@ def runner_entry(runner: PipelineRunner) -> dict[str, Any]:
     return entry
 
 
+def _started(name: str, engine: Engine, model: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A pipeline_started event's message and data: the delegate, the model, and the delegate probe's choice and
+    figures when it chose the delegate."""
+    message = f"pipeline {name} running on {engine.description}"
+    data: dict[str, Any] = {"delegate": engine.description, "model": model}
+    choice = getattr(engine.selection, "probe", None)
+    if choice is not None:
+        message += f"; {choice.summary()}"
+        data["delegate_choice"] = choice.to_dict()
+    return message, data
+
+
 class PipelineRunner:
     """Runs one pipeline in a named thread; restarts it with backoff when it fails."""
 
@@ -424,8 +436,8 @@ class PipelineRunner:
         pipeline.add_observer(self._first_result)
         self.last_error = None
         self._set_status("running")
-        self._emit(EventKind.PIPELINE_STARTED, "info", f"pipeline {self.name} running on {self.delegate}",
-                   pipeline=self.name, data={"delegate": self.delegate, "model": self.model})
+        message, data = _started(self.name, engine, self.model)
+        self._emit(EventKind.PIPELINE_STARTED, "info", message, pipeline=self.name, data=data)
         if self.fallback_reason:
             self._emit(EventKind.FALLBACK, "warning",
                        f"pipeline {self.name} runs on {self.delegate}: {self.fallback_reason}",

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from .output import handle_errors, print_json
+
+if TYPE_CHECKING:
+    from ..runtime.choice import ProbeResult
+    from ..runtime.selection import Plan
 
 _ROOT = click.option("--root", default="/", show_default=True,
                      type=click.Path(exists=True, file_okay=False, path_type=str),
@@ -23,18 +28,32 @@ _PROFILE_DIRS = click.option("--profile-dir", "profile_dirs", multiple=True,
 @_PROFILE_DIRS
 @click.option("--profile", help="Use this profile instead of detecting one (also $EDGEINFER_PROFILE).")
 @click.option("--delegate", help="Plan for this delegate (name or name:device) instead of the profile's order.")
+@click.option("--probe", "probe", flag_value="again",
+              help="With --model: measure the runtimes that can run it again, whatever the cache holds.")
+@click.option("--no-probe", "probe", flag_value="off",
+              help="With --model: the plan only, no delegate probe. Default: the probe's cached choice, else "
+                   "measured now (a few seconds) and kept, as a run would.")
+@click.option("--image", type=click.Path(exists=True, dir_okay=False, path_type=str),
+              help="With --model: judge the runtimes' answers on this frame (and a synthetic one) — a frame of the "
+                   "device's camera, whose choice its runs then read from the cache.")
+@click.option("--threads", type=click.IntRange(min=1), help="With --model: the thread count a run would give it.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @handle_errors
 def device(root: str, model: str | None, profile_dirs: tuple[str, ...], profile: str | None, delegate: str | None,
-           as_json: bool) -> None:
-    """Show the matched device profile, every delegate with its availability and reason, and the plan."""
+           probe: str | None, image: str | None, threads: int | None, as_json: bool) -> None:
+    """Show the matched device profile, every delegate with its availability and reason, and the plan; with
+    --model, the delegate the probe chose for it by measurement and the figures."""
     from ..device.cores import runtime_threads
     from ..runtime.selection import plan
 
     the_plan = plan(model, delegate, profile=profile, root=root, profile_dirs=profile_dirs, include_others=True)
-    threads = runtime_threads(None, the_plan.threads, root=root)
+    runtime = runtime_threads(threads, the_plan.threads, root=root)
+    skipped = None
+    if model is not None:
+        the_plan, skipped = _probed(the_plan, root, probe or "auto", image, runtime.threads)
     if as_json:
-        print_json({**the_plan.to_dict(), "runtime_threads": threads.to_dict()})
+        print_json({**the_plan.to_dict(), "runtime_threads": runtime.to_dict(),
+                    **({"probe_skipped": skipped} if model is not None else {})})
         return
     detection = the_plan.detection
     matched = detection.profile if detection else None
@@ -65,7 +84,52 @@ def device(root: str, model: str | None, profile_dirs: tuple[str, ...], profile:
     click.echo(f"selected  {chosen.spec if chosen else 'nothing can run here'}")
     if the_plan.fallback_reason:
         click.echo(f"fallback  {the_plan.fallback_reason}")
-    click.echo(f"runtime   {threads.describe()} threads")
+    click.echo(f"runtime   {runtime.describe()} threads")
+    if the_plan.probe is not None:
+        _print_probe(the_plan.probe)
+    elif skipped:
+        click.echo(f"probe     not run: {skipped}")
+
+
+def _probed(the_plan: Plan, root: str, mode: str, image: str | None, threads: int | None) -> tuple[Plan, str | None]:
+    """``the_plan`` with the delegate probe's choice (cached, else measured now and kept; ``mode`` "again": measured
+    anyway), or unchanged and why the probe did not run."""
+    import dataclasses
+    import os
+
+    from ..pipeline.delegate_probe import DelegateProbe, judgement_frames
+    from ..pipeline.options import PipelineOptions
+    from ..runtime.model import inspect_model
+
+    if os.path.realpath(root) != "/":
+        return the_plan, "the probe measures this machine, not the one under --root"
+    assert the_plan.model is not None
+    probe = DelegateProbe(the_plan, inspect_model(the_plan.model), PipelineOptions(delegate_probe=mode != "off"),
+                          threads=threads)
+    if not probe.wanted:
+        return the_plan, probe.skipped
+    result = None if mode == "again" else probe.cached()
+    if result is None or (not result.judged and image is not None):
+        engine, result = probe.measure(judgement_frames(image=image))
+        engine.close()
+        if result is None:
+            return the_plan, "the reference's results could not be read to judge others by"
+    chosen = next((i for i in probe.indices if the_plan.candidates[i].spec == result.chosen), the_plan.selected)
+    return dataclasses.replace(the_plan, selected=chosen, probe=result,
+                               fallback_reason=the_plan.fallback_reason if chosen == the_plan.selected else None), None
+
+
+def _print_probe(result: ProbeResult) -> None:
+    """The probe's choice, each candidate's median invoke and verdict, its time and the frames it judged on."""
+    origin = "cached" if result.cached else "measured now"
+    click.echo(f"probe     {result.chosen}, {origin}: {result.reason}")
+    width = max(len(m.delegate) for m in result.measurements)
+    for m in result.measurements:
+        timing = f"{m.ms:8.1f} ms" if m.ms is not None else "       -   "
+        click.echo(f"            {m.delegate:<{width}}  {timing}  {m.verdict}")
+    click.echo(f"          {result.spent_s:.1f} s of a {result.budget_s:g} s budget, judged on {result.judged_on}")
+    for note in result.notes:
+        click.echo(f"warning   {note}")
 
 
 @click.command()

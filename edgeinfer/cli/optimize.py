@@ -72,7 +72,7 @@ def _timing(lat: Latency | None) -> str:
 
 def _print_detector(report: OptimizeReport) -> None:
     """Box agreement per artifact, the thresholds, the images whose boxes moved, the nodes kept float."""
-    from ..tools.optimize.agreement import FIGURES, value_text
+    from ..pipeline.agreement import FIGURES, value_text
 
     header = (f"{'artifact':<13} {'delegate':<12} {'size':>10} {'smaller':>8}  {'recall':>7} {'precision':>9} "
               f"{'mAP50':>6} {'mean IoU':>8} {'boxes o/q/m':>12}  {'original ms':>11} {'optimised ms':>12} "

@@ -15,6 +15,7 @@ from ..pipeline.options import POLICIES
 from ..pipeline.preprocess import RESIZE_MODES
 from ..pipeline.tasks import TASK_NAMES
 from ..pipeline.zones import TRIGGERS
+from .delegate_choice import delegate_choice, say_delegate_choice
 from .output import handle_errors, parse_values
 from .pipeline_flags import option_flag
 from .run_events import event_printer, print_event_counts, print_sample_counts
@@ -92,6 +93,10 @@ def _brief(result: object) -> str:
                                  "(coral,xnnpack): a delegate that fails while running hands over to the next. "
                                  "Default: the device profile's order.")
 @click.option("--strict", is_flag=True, help="No fallback: a delegate that cannot load, fails or hangs is an error.")
+@click.option("--no-probe", "no_probe", is_flag=True,
+              help="Run on the device profile's first delegate. Default, when no delegate is named: the runtimes "
+                   "that can run the model are measured once on this machine (a few seconds, cached) and the "
+                   "fastest whose answers agree with the first's runs (docs/profiles.md).")
 @click.option("--threads", type=click.IntRange(min=1), help="Delegate thread count (default: the runtime's).")
 @click.option("--policy", type=click.Choice(POLICIES),
               help="every: process each frame (back-pressure); latest: keep the newest, count drops. "
@@ -153,7 +158,7 @@ def _brief(result: object) -> str:
 @handle_errors
 def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | None, decoder: str | None,
         mean: float | tuple[float, ...] | None, std: float | tuple[float, ...] | None, labels: str | None,
-        delegate: str | None, strict: bool, threads: int | None,
+        delegate: str | None, strict: bool, no_probe: bool, threads: int | None,
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
         resize: str | None, score_threshold: float, iou_threshold: float, max_detections: int,
         size: tuple[int, int] | None, camera_fps: float | None,
@@ -175,7 +180,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
     if record_source is not None and (not events or len(sources) > 1 or batch):
         raise click.UsageError("--record-source goes with --event and one --source")
     decoding = {"top_k": top_k, "score_threshold": score_threshold, "iou_threshold": iou_threshold,
-                "max_detections": max_detections}
+                "max_detections": max_detections, "delegate_probe": not no_probe}
     analysis = {"lines": lines, "zones": zones, "track": track, "events": events,
                 "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None,
                 "decoder": decoder, "mean": mean, "std": std}
@@ -210,8 +215,10 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
     interrupted = False
     with frames, pipeline, previewing(pipeline.multi, address, ""):
         engine = pipeline.engine
+        choice = delegate_choice(engine)
         if engine.fallback_reason and not as_json:
             click.echo(f"note: using {engine.description} ({engine.fallback_reason})", err=True)
+        say_delegate_choice(choice)
         if not as_json and task is None:
             click.echo(f"note: {pipeline.reading}", err=True)
         tty = sys.stdout.isatty() and not as_json
@@ -237,7 +244,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
             sampler.close()  # the samples kept are on disk before the summary counts them
         if as_json:
             kept = {"samples": sampler.counts()} if sampler is not None else {}
-            sys.stdout.write(json.dumps({"type": "summary", **stats.to_dict(), **kept}) + "\n")
+            sys.stdout.write(json.dumps({"type": "summary", **stats.to_dict(), **kept,
+                                         "delegate_choice": choice.to_dict() if choice else None}) + "\n")
             sys.stdout.flush()
         else:
             if tty:

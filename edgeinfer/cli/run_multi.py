@@ -33,6 +33,7 @@ def run_streams(model: str, sources: tuple[str, ...], *, batch: int | None, as_j
     """Run every stream until each ends (files), ``max_frames`` results in all, or Ctrl-C; then a summary;
     ``preview``: the first stream as MJPEG at that address."""
     from ..pipeline.multi import MultiPipeline
+    from .delegate_choice import delegate_choice, say_delegate_choice
     from .preview import previewing
 
     named = stream_names(sources)
@@ -43,6 +44,8 @@ def run_streams(model: str, sources: tuple[str, ...], *, batch: int | None, as_j
 
     interrupted = False
     with MultiPipeline(model, named, batch=batch, **options) as multi, previewing(multi, preview, next(iter(named))):
+        choice = delegate_choice(multi.engine)
+        say_delegate_choice(choice)
         if options.get("events"):
             from .run_events import event_printer
 
@@ -65,7 +68,8 @@ def run_streams(model: str, sources: tuple[str, ...], *, batch: int | None, as_j
     if as_json:
         summary = {"type": "summary", "streams": {name: s.to_dict() for name, s in stats.items()},
                    "frames": total, "fps": round(sum(s.fps for s in stats.values()), 3),
-                   "fairness": round(fairness, 3), "invokes": invokes}
+                   "fairness": round(fairness, 3), "invokes": invokes,
+                   "delegate_choice": choice.to_dict() if choice else None}
         sys.stdout.write(json.dumps(summary) + "\n")
     else:
         for name, s in stats.items():

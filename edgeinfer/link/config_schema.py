@@ -55,6 +55,7 @@ CONFIG_SCHEMA: dict[str, Any] = json.loads(r"""
      "iou_threshold": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.45},
      "max_detections": {"type": "integer", "minimum": 1, "default": 100},
      "delegate": {"type": "string", "minLength": 1, "maxLength": 4096},
+     "delegate_probe": {"type": "boolean", "default": true},
      "threads": {"type": "integer", "minimum": 1},
      "failover": {"type": "boolean", "default": true},
      "watchdog": {"type": "boolean", "default": true},

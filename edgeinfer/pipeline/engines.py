@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .engine_worker import EngineWorker
@@ -37,10 +37,12 @@ class EnginePool:
         #: the labels every engine decodes with (known once the first engine is loaded)
         self.labels: Labels | None = None
 
-    def load(self, model: str | os.PathLike) -> Engine:
-        from ..runtime.selection import load
+    def load(self, model: str | os.PathLike, sources: Sequence[Any] = ()) -> Engine:
+        """``model`` on the delegate the options name, else the delegate probe's choice (its judgement frame from a
+        file among ``sources``: delegate_probe.py), else the plan's first."""
+        from .delegate_probe import load_engine
 
-        return load(model, self.options.delegate, threads=self.options.threads, batch=self._batch)
+        return load_engine(model, self.options, threads=self.options.threads, batch=self._batch, sources=sources)
 
     def worker_for(self, engine: Engine, owns: bool) -> EngineWorker:
         """The worker serving ``engine`` (a new one, started if the run is, for an engine not seen yet)."""

@@ -94,7 +94,7 @@ class MultiPipeline:
         labels = options.labels
         self.labels: Labels | None = Labels.load(labels) if isinstance(labels, (str, os.PathLike)) else labels
         owns = not isinstance(model, Engine)
-        engine = self._engines.load(model) if owns else model  # type: ignore[arg-type]
+        engine = self._engines.load(model, [source for _, source in named]) if owns else model  # type: ignore[arg-type]
         try:
             self.reading, self.labels = read_run_model(BatchRow(engine, 0), options, self.labels)  # type: ignore[arg-type]
             self.options = options = dataclasses.replace(options, task=self.reading.task)

@@ -77,6 +77,10 @@ class PipelineOptions:
     max_detections: int = field(default=DEFAULT_MAX_DETECTIONS, metadata=bounds(minimum=1))
     # the model
     delegate: str | None = None
+    #: when neither a delegate nor a device profile is named, measure the runtimes that can run the model once on
+    #: this machine and run the fastest whose answers agree with the reference's (docs/profiles.md); False: the
+    #: plan's first
+    delegate_probe: bool = True
     threads: int | None = field(default=None, metadata=bounds(minimum=1))
     # delegate failures at run time (see edgeinfer.pipeline.failover)
     #: go on with the plan's next delegate when the one running fails or hangs (strict mode never does)

@@ -10,7 +10,10 @@ Candidates come from, in order of precedence:
 4. a built-in order per model format when no profile matches.
 
 Each candidate is assessed: does its runtime exist here, is its hardware present (read from the
-detected root), does it read the model's format? The first candidate that reads the model's
+detected root), does it read the model's format? When the choice is free (3. detected, or 4.) and more
+than one candidate can run the model, a pipeline measures them and takes the fastest whose answers agree
+with the first's (the delegate probe: :mod:`.choice`, :mod:`edgeinfer.pipeline.delegate_probe`); ``load``
+itself takes the first. The first candidate that reads the model's
 format is the *intended* one; when a later one is chosen instead, that is a **fallback** and its
 reason is recorded on the engine (``engine.fallback_reason``) and in the plan. ``strict=True``
 (or ``$EDGEINFER_STRICT=1``) turns every fallback into an error. A candidate that does not read
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from ..device.detect import DeviceMatch
     from ..device.host import Host
     from ..device.profiles import Profile
+    from .choice import ProbeResult
     from .engine import Engine
 
 DELEGATE_ENV = "EDGEINFER_DELEGATE"
@@ -86,6 +90,10 @@ class Plan:
     others: tuple[Candidate, ...] = ()
     #: the device match the plan was made for (None: a delegate was named, and no profile or root)
     detection: DeviceMatch | None = field(default=None, compare=False, repr=False)
+    #: the profile was named (the caller, ``$EDGEINFER_PROFILE``) rather than detected: its order decides
+    profile_named: bool = False
+    #: what the delegate probe measured and chose (runtime/choice.py), when it chose this plan's candidate
+    probe: ProbeResult | None = field(default=None, compare=False)
 
     @property
     def chosen(self) -> Candidate | None:
@@ -117,6 +125,7 @@ class Plan:
             "fallback_reason": self.fallback_reason,
             "source": self.source, "model": self.model, "strict": self.strict, "threads": self.threads,
             "detection": self.detection.to_dict() if self.detection else None,
+            "probe": self.probe.to_dict() if self.probe else None,
         }
 
 
@@ -244,7 +253,37 @@ def plan(model: str | os.PathLike | ModelInfo | None = None, delegate: str | Non
         strict=strict, threads=chosen_profile.threads if chosen_profile else None,
         fallback_reason=_fallback_reason(candidates, selected, intended, info) if selected is not None else None,
         others=others, detection=detection,
+        profile_named=source.startswith("profile ") and (profile is not None or _profile_forced(env)),
     )
+
+
+def _profile_forced(env: Mapping[str, str]) -> bool:
+    from ..device.profiles import PROFILE_ENV
+
+    return bool(env.get(PROFILE_ENV, "").strip())
+
+
+def free_choice(plan: Plan, *, batch: int | None = None) -> tuple[tuple[int, ...], str | None]:
+    """The candidates the probe measures, the plan's selected one (the reference) first — or none, and why the
+    choice is not the probe's: a delegate named, a profile named, strict mode, a batch, a single candidate."""
+    if plan.source == "explicit":
+        return (), "a delegate was named"
+    if plan.source == f"${DELEGATE_ENV}":
+        return (), f"${DELEGATE_ENV} names the delegate"
+    if plan.profile_named:
+        return (), f"the device profile {plan.profile} was named: its order decides"
+    if plan.strict:
+        return (), "strict mode: the profile's first delegate or an error"
+    if batch is not None and batch > 1:
+        return (), f"a batch of {batch} frames per invoke"
+    if plan.selected is None:
+        return (), "nothing can run the model here"
+    reference = plan.candidates[plan.selected]
+    others = tuple(i for i, c in enumerate(plan.candidates)
+                   if c.available and c.model == reference.model and i != plan.selected)
+    if not others:
+        return (), f"only {reference.spec} can run the model here"
+    return (plan.selected, *others), None
 
 
 def _named_delegate(delegate: str | None, env: Mapping[str, str]) -> tuple[list[str] | None, str]:
@@ -350,6 +389,23 @@ def _load_the_named_one(the_plan: Plan, info: ModelInfo, threads: int | None, ba
     return chosen
 
 
+def load_first(the_plan: Plan, info: ModelInfo, *, threads: int | None = None) -> Engine:
+    """Load ``the_plan``'s available candidates in order, as :func:`load` does when no delegate is named (the
+    delegate probe's reference); the engine's ``selection`` is the final plan."""
+    if the_plan.intended is None:
+        raise NoDelegateAvailable(info.path, the_plan.reasons() or {"(none)": f"no delegate reads {info.format.value} "
+                                                                    "models"})
+    return _load_first_that_works(the_plan, info, runtime_thread_count(the_plan, threads))
+
+
+def runtime_thread_count(the_plan: Plan, threads: int | None = None) -> int:
+    """The threads ``load`` gives the runtime under ``the_plan`` on this machine: ``threads``, else the profile's,
+    else every usable core (``device/cores.py``)."""
+    from ..device.cores import runtime_threads
+
+    return runtime_threads(threads, the_plan.threads).threads
+
+
 def _load_first_that_works(the_plan: Plan, info: ModelInfo, threads: int | None, batch: int | None = None,
                            ) -> Engine:
     """Load the available candidates in order; a real load failure is recorded and the next one tried."""
@@ -382,4 +438,5 @@ def _load_first_that_works(the_plan: Plan, info: ModelInfo, threads: int | None,
     failed = replace(the_plan, candidates=tuple(candidates), selected=None)
     raise NoDelegateAvailable(info.path, failed.reasons()) from last_error
 
-__all__ = ["DELEGATE_ENV", "STRICT_ENV", "Candidate", "Plan", "load", "load_candidate", "plan", "unavailable_reason"]
+__all__ = ["DELEGATE_ENV", "STRICT_ENV", "Candidate", "Plan", "free_choice", "load", "load_candidate", "load_first",
+           "plan", "runtime_thread_count", "unavailable_reason"]

@@ -1,4 +1,4 @@
-"""Files that are either whole or absent: one atomic-write helper, and sha256 of a file.
+"""Files that are either whole or absent: one atomic-write helper, sha256 of a file, and where caches go.
 
 Every file edgeinfer writes for later (model slots, their state file, downloaded artifacts, engine
 caches, optimised models, charts, clips) goes through :func:`atomic_path`: the data is written to a
@@ -18,8 +18,18 @@ from pathlib import Path
 
 #: bytes read at a time when hashing
 HASH_CHUNK = 1 << 20
+#: where edgeinfer keeps what it can make again (built TensorRT engines, the delegate probe's choices)
+CACHE_DIR_ENV = "EDGEINFER_CACHE_DIR"
 #: numbers the temporary files of this process, so two threads writing one target never share one
 _temp_numbers = itertools.count()
+
+
+def default_cache_dir() -> Path:
+    """``$EDGEINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgeinfer``, else ``~/.cache/edgeinfer``."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edgeinfer"
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:

@@ -133,7 +133,8 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
     every = {
         "task": "detect", "decoder": "ssd", "labels": "labels.txt", "top_k": 3, "score_threshold": 0.3,
         "iou_threshold": 0.6,
-        "max_detections": 10, "delegate": "coral,xnnpack", "threads": 2, "failover": False, "watchdog": False,
+        "max_detections": 10, "delegate": "coral,xnnpack", "delegate_probe": False, "threads": 2, "failover": False,
+        "watchdog": False,
         "watchdog_floor_s": 2.5, "watchdog_factor": 4, "probe_backoff": {"initial_s": 5, "max_s": 120},
         "motion_gate": True, "motion_threshold": 12, "motion_min_area": 0.01, "motion_max_skip": 15,
         "track": True, "lines": ["door=320,470,320,10"], "zones": "shop=420,10,630,10,630,330",
@@ -165,6 +166,7 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
         "letterbox", "inference", False, True)
     assert options.opencv_threads is None and options.stats_window == 64  # null: leave OpenCV's threads alone
     assert (options.delegate, options.failover, options.watchdog) == ("coral,xnnpack", False, False)
+    assert options.delegate_probe is False
     assert (options.watchdog_floor_s, options.watchdog_factor, options.probe_backoff.max_s) == (2.5, 4.0, 120.0)
     assert (options.motion_gate, options.motion_threshold, options.motion_min_area, options.motion_max_skip) == (
         True, 12.0, 0.01, 15)

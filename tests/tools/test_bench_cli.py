@@ -16,7 +16,7 @@ from support.optimize import IMAGES, error_line, json_out, leftovers, run_cli
 from support.processes import edgeinfer_cmd
 
 from edgeinfer.pipeline.stats import STAGES
-from edgeinfer.tools.timing import SETTLE
+from edgeinfer.runtime.timing import SETTLE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -192,7 +192,7 @@ def test_a_bad_source_fails_before_measuring(tmp_path):
 # ----------------------------------------------------------------------------------------- library
 
 def test_percentiles_and_summary():
-    from edgeinfer.tools.timing import percentile, summarize
+    from edgeinfer.runtime.timing import percentile, summarize
 
     values = [float(v) for v in range(1, 101)]
     assert percentile(values, 50) == pytest.approx(50.5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeinfer.tools.optimize.agreement import (
+from edgeinfer.pipeline.agreement import (
     Box,
     average_precision,
     box_agreement,

@@ -29,6 +29,9 @@ class Delegate(ABC):
     formats: ClassVar[frozenset[ModelFormat]]
     #: the pip extra that installs this delegate's runtime
     extra: ClassVar[str] = ""
+    #: the distributions its runtime comes from: the delegate probe's cached choice is kept per their versions
+    #: (a new version is measured again; docs/profiles.md)
+    packages: ClassVar[tuple[str, ...]] = ()
 
     def unavailable_reason(self, device: str | None = None, host: Host | None = None) -> str | None:
         """None if this delegate can run here (on ``device``), else why not."""

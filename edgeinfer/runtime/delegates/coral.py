@@ -141,6 +141,7 @@ class CoralDelegate(Delegate):
     name = "coral"
     formats = frozenset({ModelFormat.EDGETPU_TFLITE})
     extra = "coral"
+    packages = ("tflite-runtime", "ai-edge-litert", "pycoral")
 
     def unavailable_reason(self, device: str | None = None, host: Host | None = None) -> str | None:
         reason = litert_missing_reason()

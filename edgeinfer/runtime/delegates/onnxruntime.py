@@ -171,6 +171,7 @@ class OnnxRuntimeDelegate(Delegate):
     name = "onnxruntime"
     formats = frozenset({ModelFormat.ONNX})
     extra = "onnx"
+    packages = ("onnxruntime",)
 
     def unavailable_reason(self, device: str | None = None, host=None) -> str | None:
         return runtime_missing_reason("onnxruntime", self.extra)

@@ -75,6 +75,7 @@ class OnnxRuntimeGpuDelegate(Delegate):
     name = "onnxruntime-gpu"
     formats = frozenset({ModelFormat.ONNX})
     extra = "onnx-gpu"
+    packages = ("onnxruntime-gpu", "onnxruntime")
 
     def unavailable_reason(self, device: str | None = None, host: Host | None = None) -> str | None:
         try:

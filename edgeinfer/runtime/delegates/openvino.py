@@ -240,6 +240,7 @@ class OpenVinoDelegate(Delegate):
     name = "openvino"
     formats = frozenset({ModelFormat.TFLITE, ModelFormat.ONNX, ModelFormat.OPENVINO_IR})
     extra = "openvino"
+    packages = ("openvino",)
 
     def unavailable_reason(self, device: str | None = None, host: Host | None = None) -> str | None:
         missing = runtime_missing_reason("openvino", self.extra)

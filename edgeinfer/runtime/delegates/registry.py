@@ -63,11 +63,16 @@ def get_delegate(name: str) -> Delegate:
     return instance
 
 
+def delegate_target(name: str) -> str | None:
+    """Where delegate ``name`` is defined, ``"module:Class"`` (None when no delegate has that name)."""
+    return BUILTIN_DELEGATES.get(name) or _entry_points().get(name)
+
+
 def split_delegate(spec: str) -> tuple[str, str | None]:
     """``"openvino:GPU"`` -> ``("openvino", "GPU")``; ``"xnnpack"`` -> ``("xnnpack", None)``."""
     name, _, device = spec.partition(":")
     return name.strip(), (device.strip() or None)
 
 
-__all__ = ["BUILTIN_DELEGATES", "DEFAULT_ORDER", "ENTRY_POINT_GROUP", "delegate_names", "get_delegate",
-           "split_delegate"]
+__all__ = ["BUILTIN_DELEGATES", "DEFAULT_ORDER", "ENTRY_POINT_GROUP", "delegate_names", "delegate_target",
+           "get_delegate", "split_delegate"]

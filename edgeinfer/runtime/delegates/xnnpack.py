@@ -153,6 +153,7 @@ class XnnpackDelegate(Delegate):
     name = "xnnpack"
     formats = frozenset({ModelFormat.TFLITE, ModelFormat.EDGETPU_TFLITE})
     extra = "tflite"
+    packages = ("ai-edge-litert", "tflite-runtime")
 
     def unavailable_reason(self, device: str | None = None, host=None) -> str | None:
         return litert_missing_reason()

@@ -27,7 +27,7 @@ from typing import Any
 
 from ...errors import NoDelegateAvailable
 from ...pipeline.stats import STAGES
-from ..timing import summarize
+from ...runtime.timing import summarize
 from .client import LOAD_TIMEOUT_S, Worker, cold_start, load_command, raise_remote
 from .report import BenchReport, BenchResult, cpu_has_bf16, machine_info
 from .targets import Target, plan_targets

@@ -30,7 +30,7 @@ import threading
 import time
 
 from ...pipeline.stats import STAGES
-from ..timing import SETTLE  # untimed invokes at the start of every timed block
+from ...runtime.timing import SETTLE  # untimed invokes at the start of every timed block
 
 #: how long a pipeline round may run past its seconds to time one frame beyond its settle frames
 FIRST_TIMED_FRAME_S = 60.0

@@ -24,7 +24,7 @@ decoder, judged by ``agreement``: box matching, pure); ``report`` holds the reco
 
 from __future__ import annotations
 
-from .agreement import BoxAgreement, ImageBoxes, box_agreement
+from ...pipeline.agreement import BoxAgreement, ImageBoxes, box_agreement
 from .images import collect_images
 from .int8 import float_outputs
 from .optimizer import optimize_model

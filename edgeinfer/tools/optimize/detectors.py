@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .agreement import Box, box_agreement, shortfalls
+from ...pipeline.agreement import AP_SCORE_FLOOR, MAX_BOXES, Box, box_agreement, shortfalls
 from .options import DEFAULT_NMS_IOU, OptimizeOptions, Progress
 from .report import Accuracy
 
@@ -24,12 +24,6 @@ if TYPE_CHECKING:
     from ...pipeline.tasks import ModelReading
     from ...runtime.engine import Engine
     from .images import ImageFeeder
-
-#: candidate boxes below the operating threshold still rank for mAP50 down to this score (COCO eval
-#: ranks everything; a floor keeps NMS cheap)
-AP_SCORE_FLOOR = 0.01
-#: boxes kept per image: enough that the floor, not the cap, decides what ranks
-MAX_BOXES = 300
 
 
 @dataclass(frozen=True)
@@ -122,7 +116,7 @@ def compare_detections(reference: DetectorOutputs, engine: Engine, reading: Mode
 
 def box_refusal(label: str, accuracy: Accuracy, options: OptimizeOptions) -> str | None:
     """Why ``label``'s boxes fail the thresholds, every figure named; None when they pass."""
-    from .agreement import figure_text
+    from ...pipeline.agreement import figure_text
 
     boxes = accuracy.boxes
     if boxes is None:

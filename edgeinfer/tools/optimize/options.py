@@ -5,26 +5,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# the judgement's defaults are the one judgement's (pipeline/agreement.py), which the delegate probe judges by too:
+# refuse an optimised model whose top-1 agrees with the original on fewer than DEFAULT_MIN_AGREEMENT of the
+# decisive validation images, a detector whose boxes fall below any DEFAULT_MIN_* against the original's, the
+# boxes compared at DEFAULT_SCORE_THRESHOLD after NMS at DEFAULT_NMS_IOU (``--iou``, within the pipeline option's
+# bounds)
+from ...pipeline.agreement import (
+    DEFAULT_AMBIGUOUS_MARGIN,
+    DEFAULT_MIN_AGREEMENT,
+    DEFAULT_MIN_MAP50,
+    DEFAULT_MIN_MEAN_IOU,
+    DEFAULT_MIN_PRECISION,
+    DEFAULT_MIN_RECALL,
+    DEFAULT_NMS_IOU,
+    DEFAULT_SCORE_THRESHOLD,
+)
 from ...pipeline.preprocess import RESIZE_MODES
 
 MODES = ("int8", "fp16")
 ACTIVATION_TYPES = ("uint8", "int8")
-#: refuse an optimised model whose top-1 agrees with the original on fewer validation images
-DEFAULT_MIN_AGREEMENT = 0.95
-#: an image whose original top-1 beats its top-2 by less than this is a coin flip, not evidence
-DEFAULT_AMBIGUOUS_MARGIN = 0.05
 #: seconds of interleaved timing per comparison (original vs optimised); 0 skips timing
 DEFAULT_BENCH_SECONDS = 4.0
 DEFAULT_DELEGATE = "onnxruntime"
-#: refuse a detector whose optimised boxes fall below any of these against the original's (see agreement)
-DEFAULT_MIN_RECALL = 0.8
-DEFAULT_MIN_PRECISION = 0.8
-DEFAULT_MIN_MAP50 = 0.8
-DEFAULT_MIN_MEAN_IOU = 0.8
-#: a detector's boxes are compared at this score (Ultralytics' own default ``conf``)
-DEFAULT_SCORE_THRESHOLD = 0.25
-#: and after NMS at this IoU (Ultralytics' default ``iou``; ``--iou``, within the pipeline option's bounds)
-DEFAULT_NMS_IOU = 0.7
 
 #: receives one line of progress at a time
 Progress = Callable[[str], None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .agreement import BoxAgreement
+from ...pipeline.agreement import BoxAgreement
 
 
 @dataclass(frozen=True)

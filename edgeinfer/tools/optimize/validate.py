@@ -97,19 +97,17 @@ def compare_to_reference(reference: Sequence[np.ndarray], engine: Engine, images
 
 def _compare_ranks(image: Path, a: np.ndarray, b: np.ndarray, mean_abs_diff: float,
                    ambiguous_margin: float) -> tuple[ImageComparison, bool]:
-    """One image's top-1 under the original scores ``a`` and the optimised ``b`` (margin, tie), and
-    whether the original's top-1 is in the optimised top-5."""
-    import numpy as np
+    """One image's top-1 under the original scores ``a`` and the optimised ``b`` (margin, tie: the one
+    judgement's :func:`~edgeinfer.pipeline.agreement.compare_top1`), and whether the original's top-1 is in the
+    optimised top-5."""
+    from ...pipeline.agreement import compare_top1
 
-    order_a = np.argsort(-a, kind="stable")  # ties: lowest index first, like argmax
-    order_b = np.argsort(-b, kind="stable")
-    margin = float(a[order_a[0]] - a[order_a[1]]) if a.size > 1 else 1.0
-    tied = b.size > 1 and b[order_b[0]] == b[order_b[1]]
+    top = compare_top1(a.tolist(), b.tolist())
     row = ImageComparison(
-        image.name, int(order_a[0]), -1 if tied else int(order_b[0]), round(float(a[order_a[0]]), 6),
-        round(float(b[order_b[0]]), 6), round(margin, 6), margin < ambiguous_margin, round(mean_abs_diff, 8),
+        image.name, top.reference, top.candidate, round(top.reference_score, 6), round(top.candidate_score, 6),
+        round(top.margin, 6), top.ambiguous(ambiguous_margin), round(mean_abs_diff, 8),
     )
-    return row, bool(order_a[0] in order_b[:5])
+    return row, top.in_top5
 
 
 def compare_models(original: Engine, optimized: Engine, images: Sequence[Path], feeder: ImageFeeder, *,
@@ -122,7 +120,7 @@ def compare_models(original: Engine, optimized: Engine, images: Sequence[Path], 
 def compare_latency(original: Engine, optimized: Engine, *, seconds: float, threads: int,
                     say: Progress | None = None) -> Latency:
     """Time both engines in alternating blocks (same process, same threads); medians."""
-    from ..timing import DEFAULT_ROUNDS, interleaved_latency, percentile
+    from ...runtime.timing import DEFAULT_ROUNDS, interleaved_latency, percentile
 
     base, fast = interleaved_latency([original, optimized], seconds=seconds, rounds=DEFAULT_ROUNDS, progress=say)
     return Latency(

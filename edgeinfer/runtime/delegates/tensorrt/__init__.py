@@ -55,6 +55,7 @@ class TensorRTDelegate(Delegate):
     name = "tensorrt"
     formats = frozenset({ModelFormat.ONNX, ModelFormat.TENSORRT_PLAN})
     extra = "tensorrt"
+    packages = ("tensorrt",)
 
     def __init__(self, cache_dir: str | os.PathLike | None = None) -> None:
         self.cache_dir = Path(cache_dir) if cache_dir else None

@@ -9,23 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ....util.fs import atomic_write_bytes, atomic_write_text, sha256_file
+from ....util.fs import CACHE_DIR_ENV as CACHE_ENV  # where the engines go: util/fs.py's cache folder
+from ....util.fs import atomic_write_bytes, atomic_write_text, default_cache_dir, sha256_file
 from .options import TensorRTOptions
 
-CACHE_ENV = "EDGEINFER_CACHE_DIR"
-
-
-def default_cache_dir() -> Path:
-    """``$EDGEINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgeinfer``, else ``~/.cache/edgeinfer``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "edgeinfer"
+__all__ = ["CACHE_ENV", "cache_key", "cache_path", "default_cache_dir", "store_engine"]
 
 
 def cache_key(model_sha256: str, trt_version: str, gpu_name: str, compute_capability: str,

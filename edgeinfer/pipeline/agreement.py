@@ -1,9 +1,13 @@
-"""How far a detector's boxes agree with a reference detector's boxes: pure arithmetic, no model.
+"""How far a model's answers agree with a reference's: pure arithmetic, no model.
 
-The reference (the float model) stands in for ground truth. Per image and per class, the candidate's
-boxes (the INT8 model's) are taken best score first and each claims the unclaimed reference box of
-its class it overlaps most, if that overlap is at least ``min_iou`` (0.5): the matching of PASCAL VOC
-and COCO at IoU 0.5. From the matches:
+**The** judgement of agreement: ``edgeinfer optimize`` judges an optimised model against its original
+by it, and the delegate probe (:mod:`.delegate_probe`) judges another runtime against the reference
+runtime by it, with the same defaults (the ``DEFAULT_*`` below).
+
+Boxes. The reference (the float model, the reference runtime) stands in for ground truth. Per image and per
+class, the candidate's boxes (the INT8 model's, the other runtime's) are taken best score first and each
+claims the unclaimed reference box of its class it overlaps most, if that overlap is at least ``min_iou``
+(0.5): the matching of PASCAL VOC and COCO at IoU 0.5. From the matches:
 
 - **recall**: reference boxes matched / reference boxes (what the optimised model still finds);
 - **precision**: candidate boxes matched / candidate boxes (what it finds that the original does not);
@@ -14,6 +18,10 @@ and COCO at IoU 0.5. From the matches:
 
 Recall, precision and mean IoU count the boxes at or above ``score_threshold`` only — what a user of
 the model at that threshold sees.
+
+Class scores: the top-1 of each image (:func:`compare_top1`). An image whose reference top-1 beats its
+top-2 by less than the ambiguous margin is a coin flip, not evidence; a tie at the top of the
+candidate's scores never agrees (which class a user sees would depend on the sort).
 """
 
 from __future__ import annotations
@@ -24,6 +32,24 @@ from typing import Protocol
 
 #: a match needs this overlap, as in PASCAL VOC and COCO's mAP50
 DEFAULT_MATCH_IOU = 0.5
+#: a candidate whose boxes fall below any of these against the reference's disagrees (see the module docstring)
+DEFAULT_MIN_RECALL = 0.8
+DEFAULT_MIN_PRECISION = 0.8
+DEFAULT_MIN_MAP50 = 0.8
+DEFAULT_MIN_MEAN_IOU = 0.8
+#: boxes are compared at this score (Ultralytics' own default ``conf``) ...
+DEFAULT_SCORE_THRESHOLD = 0.25
+#: ... after NMS at this IoU (Ultralytics' default ``iou``)
+DEFAULT_NMS_IOU = 0.7
+#: candidate boxes below the operating threshold still rank for mAP50 down to this score (COCO eval ranks
+#: everything; a floor keeps NMS cheap)
+AP_SCORE_FLOOR = 0.01
+#: boxes kept per image: enough that the floor, not the cap, decides what ranks
+MAX_BOXES = 300
+#: a classifier agrees when its top-1 is the reference's on at least this share of the decisive images
+DEFAULT_MIN_AGREEMENT = 0.95
+#: an image whose reference top-1 beats its top-2 by less than this is a coin flip, not evidence
+DEFAULT_AMBIGUOUS_MARGIN = 0.05
 
 
 class BoxLike(Protocol):
@@ -201,6 +227,11 @@ def figure_text(name: str, value: float | None) -> str:
     return f"{FIGURES[name]} {value_text(name, value)}"
 
 
+#: the box figures' default minimums by name (FIGURES' keys)
+DEFAULT_BOX_MINIMUMS = {"recall": DEFAULT_MIN_RECALL, "precision": DEFAULT_MIN_PRECISION, "map50": DEFAULT_MIN_MAP50,
+                        "mean_iou": DEFAULT_MIN_MEAN_IOU}
+
+
 def shortfalls(agreement: BoxAgreement, minimums: dict[str, float]) -> dict[str, str]:
     """Each figure below its minimum, by name, as ``recall 42.0% < 80.0%``; a figure with no value (no box
     to count) falls short of any minimum above 0, as ``precision n/a``."""
@@ -213,3 +244,48 @@ def shortfalls(agreement: BoxAgreement, minimums: dict[str, float]) -> dict[str,
         elif minimum > 0 and value < minimum:
             found[name] = f"{figure_text(name, value)} < {value_text(name, minimum)}"
     return found
+
+
+@dataclass(frozen=True)
+class Top1:
+    """One image's top-1 under the reference's class scores and the candidate's."""
+
+    reference: int
+    #: -1 when the candidate's two best scores are tied
+    candidate: int
+    reference_score: float
+    candidate_score: float
+    #: the reference's top-1 score over its top-2
+    margin: float
+    #: the reference's top-1 is among the candidate's five best
+    in_top5: bool
+
+    @property
+    def agrees(self) -> bool:
+        """Both put the same class first."""
+        return self.reference == self.candidate
+
+    def ambiguous(self, margin: float = DEFAULT_AMBIGUOUS_MARGIN) -> bool:
+        """The reference's top-1 beats its top-2 by less than ``margin``: no evidence either way."""
+        return self.margin < margin
+
+
+def compare_top1(reference: Sequence[float], candidate: Sequence[float]) -> Top1:
+    """The top-1 of two class-score vectors of one image (ties: the lowest index first, like argmax)."""
+    if len(reference) != len(candidate) or not len(reference):
+        raise ValueError("two class-score vectors of the same length")
+    order_a = sorted(range(len(reference)), key=lambda i: -float(reference[i]))  # stable: ties keep index order
+    order_b = sorted(range(len(candidate)), key=lambda i: -float(candidate[i]))
+    top_a, top_b = order_a[0], order_b[0]
+    margin = float(reference[top_a]) - float(reference[order_a[1]]) if len(reference) > 1 else 1.0
+    tied = len(candidate) > 1 and float(candidate[top_b]) == float(candidate[order_b[1]])
+    return Top1(top_a, -1 if tied else top_b, float(reference[top_a]), float(candidate[top_b]), margin,
+                top_a in order_b[:5])
+
+
+def top1_agreement(rows: Sequence[Top1],
+                   ambiguous_margin: float = DEFAULT_AMBIGUOUS_MARGIN) -> tuple[float | None, int]:
+    """The share of decisive images (not ambiguous for the reference) on which the top-1 agrees, and how many
+    were decisive; None when none was."""
+    decisive = [row for row in rows if not row.ambiguous(ambiguous_margin)]
+    return (sum(row.agrees for row in decisive) / len(decisive) if decisive else None), len(decisive)

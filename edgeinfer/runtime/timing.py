@@ -1,4 +1,4 @@
-"""Small timing helpers shared by ``edgeinfer bench`` and ``edgeinfer optimize``.
+"""Small timing helpers shared by ``edgeinfer bench``, ``edgeinfer optimize`` and the delegate probe.
 
 Latency comparisons are only meaningful side by side: engines are timed in alternating blocks
 (the order rotates every round) so that a burst of load from another process hits all of them
@@ -54,12 +54,13 @@ def interleaved_latency(
     rounds: int = DEFAULT_ROUNDS,
     warmup: int = 3,
     progress: Callable[[str], None] | None = None,
+    settle: int = SETTLE,
 ) -> list[list[float]]:
     """Per-engine ``invoke()`` latencies in ms, measured in alternating blocks of about equal time.
 
     Each engine runs on whatever is already in its input views. ``seconds`` is the total budget
     for all engines together; every engine gets ``seconds / (rounds * len(engines))`` per block
-    and at least one invoke per block.
+    and at least one invoke per block, after ``settle`` untimed ones.
     """
     if not engines:
         return []
@@ -78,7 +79,7 @@ def interleaved_latency(
         for index in order:
             invoke = engines[index].invoke
             out = samples[index]
-            for _ in range(SETTLE):  # untimed: the previous engine's worker threads may still be spinning
+            for _ in range(settle):  # untimed: the previous engine's worker threads may still be spinning
                 invoke()
             deadline = clock() + block
             while True:
