@@ -52,7 +52,7 @@ REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 
 from edgeinfer.capture.images import read_image  # noqa: E402
-from edgeinfer.tools.optimize.agreement import Box, box_agreement  # noqa: E402
+from edgeinfer.pipeline.agreement import Box, box_agreement  # noqa: E402
 
 
 def _bench_module(name: str):

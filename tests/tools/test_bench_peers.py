@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.assets import REPO
 
-from edgeinfer.tools.optimize.agreement import Box
+from edgeinfer.pipeline.agreement import Box
 
 BENCH = REPO / "bench" / "peers.py"
 
