@@ -26,13 +26,13 @@ def test_the_agent_says_the_probe_s_choice_and_its_figures_measured_then_cached(
     monkeypatch.setenv("EDGEINFER_DELEGATE_PROBE", "1")
     monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("EDGEINFER_DELEGATE_PROBE_BUDGET_S", "2")
-    config = write_config(
-        tmp_path / "agent.yaml", device_id="cam-01", fleet="test", broker=broker.url,
-        data_dir=str(tmp_path / "data"), telemetry_interval_s=0.5, pipelines=[{
-            "name": "main", "model": str(MODELS / "yolo11n-pose.onnx"), "source": str(IMAGES / "squat.bmp"),
-            "loop": True, "max_fps": 2}])
     said = []
-    for start in range(2):
+    for start in range(2):  # a data folder each: the second agent does not send the first one's spooled events again
+        config = write_config(
+            tmp_path / f"agent{start}.yaml", device_id="cam-01", fleet="test", broker=broker.url,
+            data_dir=str(tmp_path / f"data{start}"), telemetry_interval_s=0.5, pipelines=[{
+                "name": "main", "model": str(MODELS / "yolo11n-pose.onnx"), "source": str(IMAGES / "squat.bmp"),
+                "loop": True, "max_fps": 2}])
         with Collector(broker.port) as collector, AgentProcess(config, tmp_path / f"agent{start}.log") as agent:
             assert collector.wait_subscribed()
             assert collector.wait_until(lambda c: any(m["event"] == "pipeline_started" for m in c.of_kind("events")),
