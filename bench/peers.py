@@ -342,6 +342,19 @@ def verdict(spread: dict) -> str:
     return f"**not settled** (median {'above' if spread['median'] >= GOAL_RATIO else 'below'})"
 
 
+def _cpu_ratio(result: dict) -> str:
+    """edgeinfer's CPU per frame over each peer's, median (min–max) of the rounds (below 1: edgeinfer spends
+    less): steadier than fps on a shared machine, where the others' load moves wall time more than CPU time."""
+    parts = []
+    edge = result["programs"].get("edgeinfer", {}).get("cpu_ms_per_frame_all", [])
+    for peer, short in (("plain", "p"), ("ultralytics", "U")):
+        other = result["programs"].get(peer, {}).get("cpu_ms_per_frame_all", [])
+        ratios = [e / o for e, o in zip(edge, other) if o]
+        if ratios:
+            parts.append(f"÷ {short} {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})")
+    return ", ".join(parts) or "—"
+
+
 def _agreement(result: dict) -> str:
     parts = []
     for label, found in result["agreement"].items():
@@ -360,13 +373,13 @@ def report(results: list[dict], log) -> None:
         f">= {GOAL_RATIO}x met when every round meets it; boxes: recall / precision against the reference, goal "
         f">= {GOAL_AGREEMENT:.0%}\n")
     log("| model, threads, codec | steady fps plain / edgeinfer / Ultralytics | edgeinfer ÷ plain | "
-        "edgeinfer ÷ Ultralytics | CPU ms/frame p / e / U | peak RSS MiB p / e / U | first result s p / e / U | "
-        "boxes (recall / precision) | other load, cores |")
-    log("|---|---|---|---|---|---|---|---|---|")
+        "edgeinfer ÷ Ultralytics | CPU ms/frame p / e / U | edgeinfer's CPU/frame | peak RSS MiB p / e / U | "
+        "first result s p / e / U | boxes (recall / precision) | other load, cores |")
+    log("|---|---|---|---|---|---|---|---|---|---|")
     for result in results:
         load = statistics.median(p["other_load_cores"] for p in result["programs"].values())
         log(f"| {result['case']} | {_figures(result, 'fps', '.2f')} | {_ratio(result, 'plain')} | "
-            f"{_ratio(result, 'ultralytics')} | {_figures(result, 'cpu_ms_per_frame', '.0f')} | "
+            f"{_ratio(result, 'ultralytics')} | {_figures(result, 'cpu_ms_per_frame', '.0f')} | {_cpu_ratio(result)} | "
             f"{_figures(result, 'rss_mib', '.0f')} | {_figures(result, 'first_result_s', '.1f')} | "
             f"{_agreement(result)} | {load:.1f} |")
     for result in results:
