@@ -16,7 +16,7 @@ numpy loop 10: docs/benchmarks.md, "Preprocessing").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import InputMismatch
 
@@ -165,12 +165,11 @@ class Preprocessor:
         mean, inv_std = (np.broadcast_to(v, (3,)).astype(np.float64) for v in self._float_plan[:2])
         canvas = np.full((self.height, self.width, 3), LETTERBOX_PAD, np.uint8)
         x0, y0, x1, y1 = self._region
-        # whole rows of the canvas are one contiguous block OpenCV can resize into; columns are not
-        rows = canvas[y0:y1] if (x0, x1) == (0, self.width) else None
         planes = [np.empty((self.height, self.width), np.uint8) for _ in range(3)]
         # output channel c reads plane 2 - c (BGR -> RGB) or c, scaled by 1/std and shifted by -mean/std
         sources = [planes[2 - c] if self._color is not None else planes[c] for c in range(3)]
-        return _FusedPlan(canvas, rows, planes, sources, tuple(inv_std), tuple(-mean * inv_std))
+        return _FusedPlan(self._cv2, self._interp, canvas, canvas[y0:y1, x0:x1], self._resized, planes, sources,
+                          tuple(inv_std), tuple(-mean * inv_std))
 
     def _values(self, pixels: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``(pixels - mean) / std``, quantised when the input is an integer tensor, into ``out``."""
@@ -203,7 +202,7 @@ class Preprocessor:
         image = dst[0]  # HxWx3 for NHWC, 3xHxW for NCHW
         if self._fused is not None:
             if image.flags.c_contiguous:
-                self._fused.write(cv2, source, self._resized, self._region, self._interp, image)
+                self._fused.write(source, image)
                 return self.transform
             self._fused = None  # an input view OpenCV cannot write whole channels of: the numpy path from now on
             self._numpy_buffers()
@@ -238,25 +237,24 @@ class Preprocessor:
 class _FusedPlan:
     """A float32 NCHW input's buffers and per-channel coefficients (:meth:`Preprocessor._plan_fused`)."""
 
+    cv2: Any
+    interpolation: int
     canvas: np.ndarray  # HxWx3 uint8, the letterbox border painted once
-    rows: np.ndarray | None  # the canvas rows the frame is resized into, when they span the whole width
+    region: np.ndarray  # the canvas's view the frame goes into (between the borders)
+    resized: np.ndarray  # the frame resized, when the region is no contiguous block (a pillarbox)
     planes: list[np.ndarray]  # the canvas split into B, G, R
     sources: list[np.ndarray]  # the plane each output channel reads
     alpha: tuple[float, ...]  # 1 / std per output channel
     beta: tuple[float, ...]  # -mean / std per output channel
 
-    def write(self, cv2, source: np.ndarray, resized: np.ndarray, region: tuple[int, int, int, int],
-              interpolation: int, image: np.ndarray) -> None:
+    def write(self, source: np.ndarray, image: np.ndarray) -> None:
         """Resize ``source`` into the canvas, then each channel of ``image`` (3xHxW float32) in one pass."""
-        size = (resized.shape[1], resized.shape[0])
-        if self.rows is not None:
-            cv2.resize(source, size, dst=self.rows, interpolation=interpolation)
+        cv2, size = self.cv2, (self.region.shape[1], self.region.shape[0])
+        if self.region.flags.c_contiguous:  # whole rows of the canvas: OpenCV resizes straight into them
+            cv2.resize(source, size, dst=self.region, interpolation=self.interpolation)
         else:  # a pillarbox: resized apart, then copied between the side borders
-            import numpy as np
-
-            x0, y0, x1, y1 = region
-            cv2.resize(source, size, dst=resized, interpolation=interpolation)
-            np.copyto(self.canvas[y0:y1, x0:x1], resized)
+            cv2.resize(source, size, dst=self.resized, interpolation=self.interpolation)
+            self.region[...] = self.resized
         cv2.split(self.canvas, self.planes)
         for channel, plane in enumerate(self.sources):
             cv2.addWeighted(plane, self.alpha[channel], plane, 0.0, self.beta[channel], dst=image[channel],
