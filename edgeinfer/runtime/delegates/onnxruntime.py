@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,8 +33,6 @@ SPINNING_ENV = "EDGEINFER_ORT_SPINNING"
 
 def spinning_allowed() -> bool:
     """Whether ONNX Runtime's idle pool workers may spin: not unless ``$EDGEINFER_ORT_SPINNING`` says 1."""
-    import os
-
     return os.environ.get(SPINNING_ENV, "").strip() == "1"
 
 
