@@ -97,7 +97,9 @@ def info(model: str, as_json: bool) -> None:
               help="Labels file (one per line). Default: the labels packed in the model, if any.")
 @click.option("--top-k", "top_k", default=5, show_default=True, type=click.IntRange(min=1), help="Classes per image.")
 @click.option("--delegate", help="Delegate name, optionally with a device (openvino:CPU). Default: the best available.")
-@click.option("--threads", type=click.IntRange(min=1), help="Delegate thread count (default: the runtime's).")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="Delegate thread count (default: the profile's, else every core this process may use; "
+                   "`edgeinfer device` says how many).")
 @click.option("--resize", type=click.Choice(RESIZE_MODES), default="stretch", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per image.")
 @handle_errors

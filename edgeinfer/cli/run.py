@@ -97,7 +97,9 @@ def _brief(result: object) -> str:
               help="Run on the device profile's first delegate. Default, when no delegate is named: the runtimes "
                    "that can run the model are measured once on this machine (a few seconds, cached) and the "
                    "fastest whose answers agree with the first's runs (docs/profiles.md).")
-@click.option("--threads", type=click.IntRange(min=1), help="Delegate thread count (default: the runtime's).")
+@click.option("--threads", type=click.IntRange(min=1),
+              help="Delegate thread count (default: the profile's, else every core this process may use; "
+                   "`edgeinfer device` says how many).")
 @click.option("--policy", type=click.Choice(POLICIES),
               help="every: process each frame (back-pressure); latest: keep the newest, count drops. "
                    "Default: latest for cameras and streams, every for files.")
