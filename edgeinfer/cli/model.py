@@ -40,11 +40,12 @@ def _metadata_lines(meta) -> list[tuple[str, str]]:
              ("stride", meta.stride),
              ("kpt_shape", f"{meta.kpt_shape[0]} keypoints x {meta.kpt_shape[1]} values" if meta.kpt_shape else None),
              ("end2end", yes_no.get(meta.end2end)),
-             ("normalise", f"(pixel - {_numbers(meta.mean)}) / {_numbers(meta.std)}, RGB"
+             ("normalise", f"(pixel - {_numbers(meta.mean)}) / {_numbers(meta.std)}"
               if meta.mean and meta.std else None),
+             ("channels", meta.channels.upper() if meta.channels else None),
              ("letterbox", None if meta.letterbox is None else
-              yes_no[meta.letterbox] + (f", padded with {meta.pad_value}" if meta.letterbox and meta.pad_value
-                                        is not None else ""))]
+              yes_no[meta.letterbox] + (f", {meta.pad}" if meta.letterbox and meta.pad else "")
+              + (f", padded with {meta.pad_value}" if meta.letterbox and meta.pad_value is not None else ""))]
     return [(key, str(value)) for key, value in lines if value is not None]
 
 
