@@ -55,12 +55,17 @@ def yolox_416(tmp_path_factory):
                         size=(416, 416))
 
 
-def _fed(model, image, **options) -> np.ndarray:
-    """The input tensor the pipeline ran the model on for one still image (the engine's own input buffer)."""
+def _run(model, image, **options) -> tuple[np.ndarray, object]:
+    """The input tensor the pipeline ran the model on for one still image (the engine's own input buffer), and the
+    result."""
     with edgeinfer.Pipeline(model, image, reduced_decode=False, delegate="onnxruntime", delegate_probe=False,
                             **options) as pipeline:
-        assert len(list(pipeline)) == 1
-        return np.array(pipeline.engine.input_view(0)[0])
+        (result,) = [r.result for r in pipeline]
+        return np.array(pipeline.engine.input_view(0)[0]), result
+
+
+def _fed(model, image, **options) -> np.ndarray:
+    return _run(model, image, **options)[0]
 
 
 def test_a_yolox_model_is_fed_what_yolox_preproc_feeds_it_to_the_bit(yolox_416):
@@ -163,3 +168,29 @@ def test_info_prints_what_a_run_feeds_the_model(tmp_path, yolox_416):
     stated = _yolox_in(tmp_path, yolox_416, "channels: rgb\n")
     assert "fed      letterbox (the image top-left, the border bottom-right, grey 114), RGB" in \
         run_cli("info", stated).stdout
+
+
+YOLOX_NANO = MODELS / "yolox_nano.onnx"
+YOLOX_REFERENCE = MODELS.parent / "references" / "yolox_nano_yolox.json"
+
+
+@pytest.mark.skipif(not (YOLOX_NANO.is_file() and YOLOX_REFERENCE.is_file()),
+                    reason="the shared assets hold no trained YOLOX yet (models/yolox_nano.onnx and "
+                           "references/yolox_nano_yolox.json: YOLOX-Nano, Apache-2.0, and YOLOX's own demo output)")
+def test_a_trained_yolox_finds_what_yolox_own_demo_finds():
+    """YOLOX-Nano as Megvii's exporter leaves it (raw grids, no metadata), no option but the demo's thresholds: its
+    input is YOLOX's preproc's to the bit and every object YOLOX's demo found is found — its class, its box to a
+    hundredth of a pixel, its score to 1e-5 (the reference's rounding)."""
+    from edgeinfer.pipeline.decoders.base import box_iou
+
+    reference = json.loads(YOLOX_REFERENCE.read_text())
+    for image, expected in reference["detections"].items():
+        tensor, found = _run(YOLOX_NANO, IMAGES / image, score_threshold=0.1, iou_threshold=0.45)
+        assert hashlib.sha256(tensor.tobytes()).hexdigest() == reference["input_sha256"][image], image
+        for want in expected:
+            same = [d for d in found if d.class_id == want["class_id"]]
+            assert same, (image, want)
+            ious = box_iou(np.array(want["box_xyxy_px"], np.float32), np.array([d.box for d in same], np.float32))
+            got = same[int(ious.argmax())]
+            assert np.abs(np.subtract(got.box, want["box_xyxy_px"])).max() < 0.01, (image, want, got)
+            assert got.score == pytest.approx(want["score"], abs=1e-5), (image, want, got)
