@@ -24,7 +24,9 @@ by under a pixel and 0.002. What moves them is the sampling: MediaPipe warps cor
 scale, the preprocessor resizes centre-aligned (OpenCV) to whole pixels, and BlazeFace, reading a 4-5x
 downscale with no anti-aliasing, answers a different sampling phase with boxes a few pixels and scores a
 few hundredths apart (tests/pipeline/test_decoders_anchors.py measures both: fed MediaPipe's own input,
-this decoder gives MediaPipe's detections to 0.3 pixel and 0.0012).
+this decoder gives MediaPipe's detections to 0.3 pixel and 0.0012). tests/pipeline/test_mediapipe_detectors.py
+holds every MediaPipe detector (face short, full and back-camera range, palm full and lite, pose) to MediaPipe's
+own graphs: fed the numbers MediaPipe feeds, to 0.0002 pixel and 5e-6 in score.
 """
 
 from __future__ import annotations
@@ -72,8 +74,9 @@ def scheme_of(source: DecoderInput, count: int) -> AnchorScheme:
     scheme = scheme_from_options(stated)
     made = scheme.count(width, height)
     if made != count:
-        raise AnchorOptionsError(f"{OPTIONS_KEY} in the model's metadata ({scheme.describe()}) makes {made} anchors "
-                                 f"for its {width}x{height} input; the model has {count}", f"{OPTIONS_KEY}.strides")
+        raise AnchorOptionsError(f"{OPTIONS_KEY}.strides in the model's metadata ({scheme.describe()}) makes {made} "
+                                 f"anchors for its {width}x{height} input; the model has {count}",
+                                 f"{OPTIONS_KEY}.strides")
     return scheme
 
 
