@@ -13,8 +13,10 @@ where it is data the program received at run time (a frame of the wrong shape), 
     │   ├── ModelLoadError            a runtime refused a well-formed model
     │   │   └── UnsupportedOperator   the model needs an op this runtime lacks (custom op, Edge TPU op)
     │   ├── UnsizedInput              an image input has a dynamic size and nothing states one; ``.input``
-    │   └── LayoutMismatch            (also ValueError) the outputs have no layout edgeinfer can decode (for
-    │                                 this task / this --decoder); the message names each output and layout
+    │   ├── LayoutMismatch            (also ValueError) the outputs have no layout edgeinfer can decode (for
+    │   │                             this task / this --decoder); the message names each output and layout
+    │   └── AnchorOptionsError        (also ValueError) the SSD anchors a model's metadata states (``anchors:``)
+    │                                 cannot be generated; ``.key`` names the option (``anchors.strides``)
     ├── DelegateError
     │   ├── DelegateUnavailable       one delegate cannot run here; ``.reason`` says why
     │   └── NoDelegateAvailable       nothing can run this model; ``.reasons`` maps name -> reason
@@ -100,6 +102,15 @@ class UnsizedInput(ModelError):
 
 class LayoutMismatch(ModelError, ValueError):
     """A model's outputs are not arranged as a decoder needs (edgeinfer.pipeline.decoders); the message says why."""
+
+
+class AnchorOptionsError(ModelError, ValueError):
+    """The SSD anchor scheme a model's metadata states (``anchors:`` in metadata.yaml) is not one edgeinfer can
+    generate: ``key`` names the option that is wrong (``anchors.strides``)."""
+
+    def __init__(self, message: str, key: str = "anchors") -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class DelegateError(EdgeInferError):

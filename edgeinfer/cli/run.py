@@ -255,6 +255,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         if as_json:
             kept = {"samples": sampler.counts()} if sampler is not None else {}
             sys.stdout.write(json.dumps({"type": "summary", **stats.to_dict(), **kept,
+                                         "runtime_threads": pipeline.engine.threads,
                                          "delegate_choice": choice.to_dict() if choice else None}) + "\n")
             sys.stdout.flush()
         else:

@@ -10,7 +10,8 @@ Exporters leave this where each format keeps free-form metadata:
   ``pad_value``, ``mean_values``, ``scale_values``, ``resize_type``; Ultralytics' OpenVINO export writes it);
 * any format: the ``metadata.yaml`` Ultralytics writes beside a model it exports to a folder, which is also
   where a user states what a model of their own does not (the keys above, and edgeinfer's ``mean``, ``std``,
-  ``letterbox``, ``pad_value``, ``channels`` — ``rgb`` or ``bgr`` — and ``pad`` — ``centre`` or ``corner``).
+  ``letterbox``, ``pad_value``, ``anchors``, ``channels`` — ``rgb`` or ``bgr`` — and ``pad`` — ``centre`` or
+  ``corner``).
 
 Values are read with :func:`ast.literal_eval` and checked; one that does not read as what its key means is
 left out and named in :attr:`ModelMetadata.notes` — a model's metadata never stops it from loading. The two
@@ -82,6 +83,9 @@ class ModelMetadata:
     channels: str | None = None
     #: where the letterbox's border goes (:data:`PAD_PLACES`)
     pad: str | None = None
+    #: the SSD anchor scheme, as MediaPipe's SsdAnchorsCalculator options (``strides``, ...): kept as stated and
+    #: checked by the decoder that uses it (pipeline/decoders/anchor_schemes.py), which names a wrong key
+    anchors: Any = None
     #: the key/value pairs as read (a value cut at 4096 characters)
     raw: Mapping[str, str] = field(default_factory=dict)
     #: what could not be read, in words
@@ -101,7 +105,7 @@ class ModelMetadata:
                 "kpt_shape": list(self.kpt_shape) if self.kpt_shape else None, "end2end": self.end2end,
                 "mean": list(self.mean) if self.mean else None, "std": list(self.std) if self.std else None,
                 "letterbox": self.letterbox, "pad_value": self.pad_value, "channels": self.channels,
-                "pad": self.pad, "notes": list(self.notes)}
+                "pad": self.pad, "anchors": _plain(self.anchors), "notes": list(self.notes)}
 
 
 # --------------------------------------------------------------------------------------- values
@@ -253,6 +257,27 @@ def _read_value(key: str, value: Any, notes: list[str]) -> Any:
     return read
 
 
+def _anchors(value: Any, notes: list[str]) -> Any:
+    """An ``anchors`` value as data (a literal parsed), bounded like a small value; checked where it is used."""
+    if isinstance(value, str) and len(value) > _MAX_SMALL * 16:
+        notes.append(f"metadata 'anchors' is {len(value):,} characters long (at most {_MAX_SMALL * 16:,} are read): "
+                     "ignored")
+        return None
+    return _literal(value)
+
+
+def _plain(value: Any, depth: int = 3) -> Any:
+    """``value`` as JSON can hold it (a YAML mapping's values kept, 3 levels and 64 items deep; anything else,
+    or deeper, as text: a YAML file's aliases can make a value that holds itself)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if depth and isinstance(value, Mapping):
+        return {str(k): _plain(v, depth - 1) for k, v in list(value.items())[:64]}
+    if depth and isinstance(value, (list, tuple)):
+        return [_plain(v, depth - 1) for v in value[:64]]
+    return _text(value)
+
+
 def _task(value: Any, notes: list[str]) -> str | None:
     word = value.strip().lower() if isinstance(value, str) else None
     if word in _TASKS:
@@ -304,6 +329,8 @@ def from_pairs(pairs: Mapping[str, Any], source: str, notes: tuple[str, ...] = (
                            ("letterbox", not classify), ("pad_value", None if classify else _ULTRALYTICS_PAD),
                            ("pad", None if classify else "centre")):
             found.setdefault(key, value)
+    if "anchors" in pairs:
+        found["anchors"] = _anchors(pairs["anchors"], found_notes)
     if ("mean" in found) != ("std" in found):  # one stated: the other is the identity (OpenVINO's convention)
         found.setdefault("mean", (0.0,))
         found.setdefault("std", (1.0,))
@@ -405,7 +432,7 @@ def _from_rt_info(root: Any) -> dict | None:
 
 def _known(pairs: Mapping[str, Any] | None) -> bool:
     """Whether ``pairs`` hold a key edgeinfer reads (a graph's metadata_props often hold only a converter's)."""
-    return bool(pairs) and any(key in pairs for key in (*_READERS, "task", "author", "args"))
+    return bool(pairs) and any(key in pairs for key in (*_READERS, "task", "author", "args", "anchors"))
 
 
 def read_metadata(path: str | Path, fmt: str, *, onnx_props: Mapping[str, str] | None = None,

@@ -59,7 +59,7 @@ def test_info_json_has_the_metadata_object():
     assert meta == {"source": "onnx metadata_props", "producer": "ultralytics", "task": "detect",
                     "names": {"0": "Normal", "1": "Fall"}, "imgsz": [640, 640], "stride": 32, "kpt_shape": None,
                     "end2end": None, "mean": [0.0, 0.0, 0.0], "std": [255.0, 255.0, 255.0], "letterbox": True,
-                    "pad_value": 114, "channels": "rgb", "pad": "centre", "notes": []}
+                    "pad_value": 114, "channels": "rgb", "pad": "centre", "anchors": None, "notes": []}
 
 
 def test_info_of_a_dynamic_input_with_no_size(tmp_path):
