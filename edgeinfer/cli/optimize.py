@@ -30,7 +30,7 @@ def print_report(report: OptimizeReport, labels: Labels | None = None) -> None:
     click.echo(f"mode       {report.mode.upper()}   calibration images {report.calibration_images}   "
                f"validation images {report.validation_images}")
     pre = report.preprocessing
-    click.echo(f"preprocess resize={pre['resize']} rgb mean={pre['mean']} std={pre['std']}")
+    click.echo(f"preprocess resize={pre['resize']} {pre.get('channels', 'rgb')} mean={pre['mean']} std={pre['std']}")
     if report.artifacts[0].accuracy.boxes is not None:
         _print_detector(report)
     else:

@@ -1,5 +1,5 @@
-"""A flag that sets a pipeline option (``--score-threshold``, ``--iou``, ``--max-detections``) takes the option's own
-default and bounds.
+"""A flag that sets a pipeline option (``--score-threshold``, ``--iou``, ``--max-detections``; ``--channels``,
+``--pad``) takes the option's own default and bounds, or its choices.
 
 The bounds are declared once, in the option's field of :class:`~edgeinfer.pipeline.options.PipelineOptions`; the
 agent.yaml check, the configuration document's schema and a running run's new options check the same metadata with
@@ -59,3 +59,12 @@ def option_type(name: str) -> click.ParamType:
 def option_flag(name: str) -> dict[str, Any]:
     """``click.option`` keyword arguments for a flag that sets pipeline option ``name``: its type and its default."""
     return {"type": option_type(name), "default": PipelineOptions.option(name).default, "show_default": True}
+
+
+def choice_flag(name: str) -> dict[str, Any]:
+    """``click.option`` keyword arguments for a flag that sets pipeline option ``name``, a word among the ``choices``
+    its field declares (the ones ``PipelineOptions`` and agent.yaml check): unset, it leaves the option to the model."""
+    choices = PipelineOptions.option(name).metadata.get("choices")
+    if not choices:
+        raise TypeError(f"pipeline option {name!r} declares no choices")
+    return {"type": click.Choice(choices, case_sensitive=False), "default": None}

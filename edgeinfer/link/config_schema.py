@@ -115,6 +115,8 @@ CONFIG_SCHEMA: dict[str, Any] = json.loads(r"""
       "items": {"type": "number"},
       "errorMessage": "must be a number or a list of numbers (one per channel)"
      },
+     "channels": {"type": "string", "enum": ["rgb", "bgr"]},
+     "pad": {"type": "string", "enum": ["centre", "corner"]},
      "preprocess_in": {"type": "string", "enum": ["auto", "capture", "inference"], "default": "auto"},
      "reduced_decode": {"type": "boolean", "default": true},
      "keep_frames": {"type": "boolean", "default": false},

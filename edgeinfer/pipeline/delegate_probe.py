@@ -184,8 +184,7 @@ def judgement_reading(row: Any, options: PipelineOptions, task: str | None = Non
     settings = DecoderSettings(top_k=5, score_threshold=AP_SCORE_FLOOR, iou_threshold=DEFAULT_NMS_IOU,
                                max_detections=MAX_BOXES)
     return read_model(row, task=task or options.task, decoder=layout or options.decoder,
-                      labels=model_labels(row.model), settings=settings, resize=options.resize, mean=options.mean,
-                      std=options.std)
+                      labels=model_labels(row.model), settings=settings, **options.feed_options())
 
 
 def answers(engine: Engine, reading: ModelReading, judged: JudgementFrames) -> Answers:
@@ -194,15 +193,13 @@ def answers(engine: Engine, reading: ModelReading, judged: JudgementFrames) -> A
     from .binding import size_inputs
     from .engine_worker import BatchRow
     from .postprocess import class_scores
-    from .preprocess import Preprocessor
 
     row = BatchRow(engine, 0)
     kind = "boxes" if reading.gives_boxes else "top1" if reading.task == "classify" else ""
     per_frame: list[Any] = []
     invoke_s = 0.0
     for frame in judged.frames:
-        pre = Preprocessor(row.inputs[0], (frame.shape[1], frame.shape[0]), resize=reading.resize,  # type: ignore[arg-type]
-                           mean=reading.mean, std=reading.std)
+        pre = reading.preprocessor(row.inputs[0], (frame.shape[1], frame.shape[0]))
         transform = pre(frame, row.input_view(0))
         for index in size_inputs(reading.decoder):  # D-FINE's orig_target_sizes, as the binding sets them
             row.input_view(index)[...] = (pre.width, pre.height)

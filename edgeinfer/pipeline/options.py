@@ -25,7 +25,7 @@ from .decoders import (
     DEFAULT_SCORE_THRESHOLD,
     DecoderSettings,
 )
-from .preprocess import RESIZE_MODES
+from .preprocess import CHANNEL_ORDERS, PAD_PLACES, RESIZE_MODES
 from .tasks import TASK_NAMES, get_task
 from .zones import DEFAULT_BAND, DEFAULT_HOLD_S, TRIGGERS, named_regions
 
@@ -103,10 +103,14 @@ class PipelineOptions:
     max_fps: float | None = field(default=None, metadata=bounds(exclusiveMinimum=0))
     max_frames: int | None = field(default=None, metadata=bounds(minimum=1))
     queue_size: int = field(default=DEFAULT_QUEUE_SIZE, metadata=bounds(minimum=1))
-    # preprocessing
+    # preprocessing (None: what the model's metadata states, else its family's: docs/pipeline.md)
     resize: str | None = field(default=None, metadata=_choices(*RESIZE_MODES))
     mean: float | tuple[float, ...] | None = None
     std: float | tuple[float, ...] | None = None
+    #: the channel order the model takes: ``rgb`` or ``bgr``
+    channels: str | None = field(default=None, metadata=_choices(*CHANNEL_ORDERS))
+    #: where a letterbox's border goes: ``centre``, or ``corner`` (the image at the top-left, YOLOX's)
+    pad: str | None = field(default=None, metadata=_choices(*PAD_PLACES))
     preprocess_in: str = field(default="auto", metadata=_choices(*PREPROCESS_PLACES))
     #: frames kept for the caller stay full size; otherwise sources that can decode less may
     reduced_decode: bool = True
@@ -232,6 +236,10 @@ class PipelineOptions:
     def tracking(self) -> bool:
         """Whether the pipeline tracks (asked for, or implied by lines or zones)."""
         return self.track or bool(self.lines) or bool(self.zones)
+
+    def feed_options(self) -> dict[str, Any]:
+        """How frames are fed, as far as the options say (``tasks.read_model``'s keyword arguments)."""
+        return {"resize": self.resize, "mean": self.mean, "std": self.std, "channels": self.channels, "pad": self.pad}
 
     def decoder_settings(self) -> DecoderSettings:
         """The options the task's decoder reads."""

@@ -80,8 +80,7 @@ def run_images(model: ModelUnderTest, images: list[Path],
             frame = read_image(path)
         size = (frame.shape[1], frame.shape[0])
         if size not in preprocessors:
-            preprocessors[size] = Preprocessor(engine.inputs[0], size, resize=reading.resize,
-                                               mean=reading.mean, std=reading.std)
+            preprocessors[size] = reading.preprocessor(engine.inputs[0], size)
         transform = preprocessors[size](frame, engine.input_view(0))
         engine.invoke()
         yield Output(size, _decode(reading, transform, path))
