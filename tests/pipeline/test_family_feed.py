@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -170,19 +171,19 @@ def test_info_prints_what_a_run_feeds_the_model(tmp_path, yolox_416):
         run_cli("info", stated).stdout
 
 
-YOLOX_NANO = MODELS / "yolox_nano.onnx"
-YOLOX_REFERENCE = MODELS.parent / "references" / "yolox_nano_yolox.json"
+YOLOX_DATA = Path(__file__).resolve().parents[1] / "data" / "yolox"  # Apache-2.0: tests/data/yolox/README.md
+YOLOX_NANO = YOLOX_DATA / "yolox_nano.onnx"
+YOLOX_REFERENCE = YOLOX_DATA / "yolox_nano_yolox.json"
+YOLOX_SHA256 = "695e750a5d5754bb5a8d5325643b59282191a7e7a564e435a415fd3c578eab14"
 
 
-@pytest.mark.skipif(not (YOLOX_NANO.is_file() and YOLOX_REFERENCE.is_file()),
-                    reason="the shared assets hold no trained YOLOX yet (models/yolox_nano.onnx and "
-                           "references/yolox_nano_yolox.json: YOLOX-Nano, Apache-2.0, and YOLOX's own demo output)")
 def test_a_trained_yolox_finds_what_yolox_own_demo_finds():
     """YOLOX-Nano as Megvii's exporter leaves it (raw grids, no metadata), no option but the demo's thresholds: its
     input is YOLOX's preproc's to the bit and every object YOLOX's demo found is found — its class, its box to a
     hundredth of a pixel, its score to 1e-5 (the reference's rounding)."""
     from edgeinfer.pipeline.decoders.base import box_iou
 
+    assert hashlib.sha256(YOLOX_NANO.read_bytes()).hexdigest() == YOLOX_SHA256  # the file README.md describes
     reference = json.loads(YOLOX_REFERENCE.read_text())
     for image, expected in reference["detections"].items():
         tensor, found = _run(YOLOX_NANO, IMAGES / image, score_threshold=0.1, iou_threshold=0.45)
