@@ -19,6 +19,7 @@ from edgeinfer.fleet.artifacts import ArtifactStore
 from edgeinfer.fleet.auth import ADMIN_TOKEN_FILE
 from edgeinfer.fleet.broker_auth import hash_password
 from edgeinfer.fleet.changes import ChangeFeed
+from edgeinfer.fleet.claims import ClaimService
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.commands import CommandService
 from edgeinfer.fleet.config_rollout import ConfigRollouts
@@ -147,14 +148,15 @@ def api_server(db: FleetDB, folder: Path, *, artifacts: ArtifactStore | None = N
     try:
         with FleetHTTPServer() as server:
             deployments = DeploymentService(db, key, store, commands, public_url=server.url)
+            access = FleetAccess(db, key, folder, tls=False)
             services = FleetServices(
-                access=FleetAccess(db, key, folder, tls=False), artifacts=store, commands=commands,
+                access=access, artifacts=store, commands=commands,
                 deployments=deployments,
                 devices=DeviceService(db, evidence_store), evidence=evidence_store, changes=ChangeFeed(db),
                 live_view=LiveView(db, commands, lambda: server.url), metrics=FleetMetrics(None),
                 samples=SampleStore(db), diagnosis=DiagnosisService(db, commands, lambda: server.url),
                 configs=ConfigService(db, ConfigRollouts(db, deployments, store)),
-                max_upload_bytes=max_upload_bytes)
+                claims=ClaimService(db, access, lambda: server.url), max_upload_bytes=max_upload_bytes)
             services.live_view.start()
             server.start(build_app(services))
             try:
