@@ -71,6 +71,8 @@ MAC_PATTERN = r"^[0-9A-Fa-f]{2}([:-][0-9A-Fa-f]{2}){5}$"
 #: a name template: letters, digits, . _ - around one {serial}
 TEMPLATE_PATTERN = r"^[A-Za-z0-9._-]{0,40}\{serial\}[A-Za-z0-9._-]{0,40}$"
 DEFAULT_TEMPLATE = "cam-{serial}"
+#: the OpenAPI format of a CSR's PEM (what JSON Schema cannot check: the contract test's fuzzer is told how to make one)
+CSR_FORMAT = "pem-pkcs10"
 #: the largest CSR a device sends (an RSA-4096 request is under 2 KiB in PEM)
 MAX_CSR_BYTES = 8192
 #: serials one claim may list

@@ -14,7 +14,8 @@ There is no list of exceptions: what the fuzzer expects comes from the document.
   zip of YOLO labels and a ``jpeg-base64`` string; that a COCO document's annotations name its own images and
   categories; how to read an answer that never ends (the MJPEG live view, a clip played: up to its first part);
 - the things that are stored (a device, an event's evidence, an artifact, a deployment, a sample, a live frame of
-  a pipeline someone watches): a path parameter, a deployment's artifact and devices take them half of the time
+  a pipeline someone watches, a claim a device provisions with): a path parameter, a device's claim, a
+  deployment's artifact and devices take them half of the time
   (schemathesis's dictionaries), so the reading routes answer 200 too and their answers are checked;
 - its own token to revoke, and not to take values from answers: it would otherwise take the admin token's id from
   ``GET /api/tokens`` and revoke the token it runs with (``DELETE /api/tokens/{token_id}``), after which every
@@ -176,7 +177,7 @@ def contract(tmp_path_factory) -> Contract:
     stop = threading.Event()
     reporter = threading.Thread(target=report, args=(db, boot, stop), name="contract-device", daemon=True)
     try:
-        with api_server(db, folder / "api") as (server, services):
+        with api_server(db, folder / "api", ca=True) as (server, services):
             services.changes.start()
             reporter.start()
             admin = admin_of(folder / "api")
@@ -195,7 +196,10 @@ def contract(tmp_path_factory) -> Contract:
                                              headers={"Authorization": f"Bearer {tokens['viewer']}"})
             with urllib.request.urlopen(request, timeout=10) as response:
                 document = json.loads(response.read())
-            known = {"path.device_id": [DEVICE], "path.event_id": [EVENT_ID], "path.sha256": [sha256],
+            # a claim devices provision with (its id is no dictionary's: the fuzzer would revoke it)
+            claim = services.claims.create(groups=["contract"])["token"]
+            known = {"body.claim": [claim], "path.device_id": [DEVICE], "path.event_id": [EVENT_ID],
+                     "path.sha256": [sha256],
                      "path.deployment_id": [deployment["deployment_id"]], "path.token_id": [spare],
                      "path.pipeline": [PIPELINE], "path.sample_id": [SAMPLE_ID], "body.sha256": [sha256],
                      "path.name": [LAYER], "path.revision": [1]}

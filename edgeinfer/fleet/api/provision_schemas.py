@@ -12,6 +12,7 @@ from pydantic import BaseModel, BeforeValidator, Field, StringConstraints, field
 from ...link.protocol import ID_PATTERN
 from ..claims import (
     CLAIM_STATES,
+    CSR_FORMAT,
     DEFAULT_CLAIM_S,
     DEFAULT_TEMPLATE,
     MAC_PATTERN,
@@ -51,6 +52,7 @@ class ProvisionRequest(Strict):
     claim: Annotated[str, StringConstraints(min_length=1, max_length=128)] = Field(
         description="the claim token baked into the image (edgeinfer fleet claim create)")
     csr: Annotated[str, StringConstraints(min_length=1, max_length=MAX_CSR_BYTES)] = Field(
+        json_schema_extra={"format": CSR_FORMAT},
         description="a PEM PKCS#10 request for the device's own key, with an empty subject (the manager names the "
                     "device)")
     hardware: Hardware
