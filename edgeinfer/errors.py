@@ -38,6 +38,8 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── AuthError                     a fleet API request without a usable token (401) or role (403); ``.status``
     ├── FleetRequestError             the fleet manager refused a request; ``.status`` is its HTTP status
     ├── UploadRefused                 the fleet manager refused evidence for good (401/403/409/413); ``.status``
+    ├── ProvisioningRefused           the fleet manager refuses a device's provisioning request (a claim that is
+    │                                 unknown, expired, revoked or used up; a bad CSR; a serial taken); ``.status``
     ├── RevisionConflict              a fleet configuration layer was saved on a revision that is not its newest
     │                                 (someone saved since it was read: 409)
     ├── OutputError                   a result file cannot be written (path, permissions, disk)
@@ -219,6 +221,16 @@ class CommandRejected(EdgeInferError):
 
 class AuthError(EdgeInferError):
     """A fleet API request without a usable token (``status`` 401) or with too little role (403)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ProvisioningRefused(EdgeInferError):
+    """A device's provisioning request (a claim and a CSR) is refused; ``status`` is the HTTP status the fleet
+    manager answers it with (400 a bad request, 401 an unknown claim, 403 a claim that does not admit it, 409 its
+    serial taken by another key)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
