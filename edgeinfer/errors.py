@@ -15,6 +15,9 @@ where it is data the program received at run time (a frame of the wrong shape), 
     │   ├── UnsizedInput              an image input has a dynamic size and nothing states one; ``.input``
     │   └── LayoutMismatch            (also ValueError) the outputs have no layout edgeinfer can decode (for
     │                                 this task / this --decoder); the message names each output and layout
+    ├── PluginError                   (also ValueError) an installed plug-in (an ``edgeinfer.decoders`` entry
+    │                                 point) does not import or is not what its group takes; names the plug-in,
+    │                                 its entry point and its distribution
     ├── DelegateError
     │   ├── DelegateUnavailable       one delegate cannot run here; ``.reason`` says why
     │   └── NoDelegateAvailable       nothing can run this model; ``.reasons`` maps name -> reason
@@ -100,6 +103,12 @@ class UnsizedInput(ModelError):
 
 class LayoutMismatch(ModelError, ValueError):
     """A model's outputs are not arranged as a decoder needs (edgeinfer.pipeline.decoders); the message says why."""
+
+
+class PluginError(EdgeInferError, ValueError):
+    """An installed plug-in cannot be used: its entry point does not import, or names something that is not what its
+    group takes (a decoder plug-in's must be a ``Layout`` of the entry point's name). The message names the plug-in,
+    the entry point (``group: name = module:attribute``) and what went wrong; the built-ins keep working."""
 
 
 class DelegateError(EdgeInferError):
