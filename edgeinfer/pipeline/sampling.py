@@ -414,8 +414,8 @@ class StreamSampler:
 
 def labelled_boxes(result: Any, width: int, height: int) -> list[dict]:
     """The model's output as a dataset's labels (``forms/samples.py``): each detection's label, score and box (and a
-    pose model's keypoints), or a classifier's top-1 as a box of the whole frame; other tasks (semantic masks)
-    none."""
+    pose model's keypoints, a segmentation model's mask outline, an oriented box), or a classifier's top-1 as a box
+    of the whole frame; other tasks (semantic masks) none."""
     items = scored_items(result)
     if items and not hasattr(items[0], "box"):
         return [{"label": str(items[0].label), "score": round(float(items[0].score), 6),
@@ -425,13 +425,15 @@ def labelled_boxes(result: Any, width: int, height: int) -> list[dict]:
         entry = {"label": str(d.label), "score": round(float(d.score), 6),
                  "box": [round(min(max(float(v), 0.0), limit), 1) for v, limit in zip(d.box, (width, height) * 2)]}
         if getattr(d, "keypoints", ()):
-            entry["keypoints"] = _keypoints(d.keypoints[:MAX_KEYPOINTS], width, height)
+            entry["keypoints"] = keypoint_rows(d.keypoints[:MAX_KEYPOINTS], width, height)
+        entry.update(d.shapes() if hasattr(d, "shapes") else {})  # a mask's outline, an oriented box's angle
         labelled.append(entry)
     return labelled
 
 
-def _keypoints(keypoints: Any, width: int, height: int) -> list[list[float]]:
-    """``[x, y, confidence]`` each in the frame's pixels; one the model put off the frame is cut to it, unseen (0)."""
+def keypoint_rows(keypoints: Any, width: float = math.inf, height: float = math.inf) -> list[list[float]]:
+    """``[x, y, confidence]`` each in the frame's pixels (a sample's form, an event's); one the model put off the frame
+    is cut to it, unseen (0)."""
     out = []
     for k in keypoints:
         x, y, score = (v if math.isfinite(v) else -1.0 for v in (float(k.x), float(k.y), float(k.score)))

@@ -127,3 +127,20 @@ def test_optimize_reads_the_model_with_the_named_plugin(site, tmp_path):
                         "--decoder", NAME, "--bench-seconds", "0")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert f"decoder {NAME!r} does not fit" in result.stderr and "needs a 1xHxW integer class map" in result.stderr
+
+
+def test_what_the_plugin_gives_is_what_the_samples_and_the_evidence_carry(site, tmp_path):
+    """The dog's mask outline in the run's JSON is the one its sample and its event's evidence keep."""
+    result = _edgeinfer(site, "run", DEEPLAB, "-s", DOG, "--decoder", NAME, "--labels", PASCAL, "--json",
+                        "--max-frames", "1", "--delegate", "xnnpack", "--no-probe", "--sample", "random:1",
+                        "--samples-dir", tmp_path / "samples", "--event", "detection:0.5/dog", "--evidence-dir",
+                        tmp_path / "evidence")
+    assert result.returncode == 0, result.stderr
+    [frame] = [line for line in map(json.loads, result.stdout.splitlines()) if line["type"] == "result"]
+    [dog] = [d for d in frame["result"] if d["label"] == "dog"]
+    assert 8 <= sum(len(p) for p in dog["polygons"]) <= 256
+    [sample] = [json.loads(p.read_text()) for p in (tmp_path / "samples").rglob("sample.json")]
+    [kept] = [d for d in sample["detections"] if d["label"] == "dog"]
+    assert (kept["box"], kept["polygons"]) == (dog["box"], dog["polygons"])
+    [event] = [json.loads(p.read_text())["event"] for p in (tmp_path / "evidence").rglob("event.json")]
+    assert (event["label"], event["box"], event["polygons"]) == ("dog", dog["box"], dog["polygons"])
