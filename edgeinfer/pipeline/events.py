@@ -454,7 +454,7 @@ def detection_shapes(item: Any) -> dict[str, Any]:
     """What a detection carries beyond its box, in the sample form (``forms/samples.py``): a pose model's
     ``keypoints``, a segmentation model's ``polygons``, an oriented box's ``rotated_box`` (none for a class)."""
     from ..forms.samples import MAX_KEYPOINTS
-    from .sampling import keypoint_rows
+    from .postprocess import keypoint_rows
 
     shapes = dict(item.shapes()) if hasattr(item, "shapes") else {}
     if getattr(item, "keypoints", ()):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..forms.samples import COCO_KEYPOINT_NAMES, MAX_POLYGON_POINTS, MAX_POLYGONS
 
@@ -88,6 +89,18 @@ class Keypoint:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "x": round(self.x, 1), "y": round(self.y, 1), "score": round(self.score, 6)}
+
+
+def keypoint_rows(keypoints: Any, width: float = math.inf, height: float = math.inf) -> list[list[float]]:
+    """``[x, y, confidence]`` each in the frame's pixels (a sample's form, an event's); one the model put off the frame
+    is cut to it, unseen (0)."""
+    out = []
+    for k in keypoints:
+        x, y, score = (v if math.isfinite(v) else -1.0 for v in (float(k.x), float(k.y), float(k.score)))
+        inside = 0.0 <= x <= width and 0.0 <= y <= height
+        out.append([round(min(max(x, 0.0), width), 1), round(min(max(y, 0.0), height), 1),
+                    round(min(max(score, 0.0), 1.0), 4) if inside else 0.0])
+    return out
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import re
 import threading
@@ -52,6 +51,7 @@ from ..forms.samples import (
 )
 from ..util.fs import atomic_write_bytes, remove_record
 from .events import DETECTION, EventRule, scored_items
+from .postprocess import keypoint_rows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -429,18 +429,6 @@ def labelled_boxes(result: Any, width: int, height: int) -> list[dict]:
         entry.update(d.shapes() if hasattr(d, "shapes") else {})  # a mask's outline, an oriented box's angle
         labelled.append(entry)
     return labelled
-
-
-def keypoint_rows(keypoints: Any, width: float = math.inf, height: float = math.inf) -> list[list[float]]:
-    """``[x, y, confidence]`` each in the frame's pixels (a sample's form, an event's); one the model put off the frame
-    is cut to it, unseen (0)."""
-    out = []
-    for k in keypoints:
-        x, y, score = (v if math.isfinite(v) else -1.0 for v in (float(k.x), float(k.y), float(k.score)))
-        inside = 0.0 <= x <= width and 0.0 <= y <= height
-        out.append([round(min(max(x, 0.0), width), 1), round(min(max(y, 0.0), height), 1),
-                    round(min(max(score, 0.0), 1.0), 4) if inside else 0.0])
-    return out
 
 
 def perceptual_hash(frame: np.ndarray) -> str:
