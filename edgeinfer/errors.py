@@ -17,6 +17,9 @@ where it is data the program received at run time (a frame of the wrong shape), 
     │   │                             this task / this --decoder); the message names each output and layout
     │   └── AnchorOptionsError        (also ValueError) the SSD anchors a model's metadata states (``anchors:``)
     │                                 cannot be generated; ``.key`` names the option (``anchors.strides``)
+    ├── PluginError                   (also ValueError) an installed plug-in (an ``edgeinfer.decoders`` entry
+    │                                 point) does not import or is not what its group takes; names the plug-in,
+    │                                 its entry point and its distribution
     ├── DelegateError
     │   ├── DelegateUnavailable       one delegate cannot run here; ``.reason`` says why
     │   └── NoDelegateAvailable       nothing can run this model; ``.reasons`` maps name -> reason
@@ -113,6 +116,12 @@ class AnchorOptionsError(ModelError, ValueError):
     def __init__(self, message: str, key: str = "anchors") -> None:
         super().__init__(message)
         self.key = key
+
+
+class PluginError(EdgeInferError, ValueError):
+    """An installed plug-in cannot be used: its entry point does not import, or names something that is not what its
+    group takes (a decoder plug-in's must be a ``Layout`` of the entry point's name). The message names the plug-in,
+    the entry point (``group: name = module:attribute``) and what went wrong; the built-ins keep working."""
 
 
 class DelegateError(EdgeInferError):

@@ -10,14 +10,13 @@ import time
 
 import click
 
-from ..pipeline.decoders import DECODER_NAMES
 from ..pipeline.options import POLICIES
 from ..pipeline.preprocess import RESIZE_MODES
 from ..pipeline.tasks import TASK_NAMES
 from ..pipeline.zones import TRIGGERS
 from .delegate_choice import delegate_choice, say_delegate_choice
 from .output import handle_errors, parse_values
-from .pipeline_flags import choice_flag, option_flag
+from .pipeline_flags import choice_flag, decoder_flag, option_flag
 from .run_events import event_printer, print_event_counts, print_sample_counts
 
 #: where ``--event`` keeps its evidence unless ``--evidence-dir`` says
@@ -80,9 +79,7 @@ def _brief(result: object) -> str:
 @click.option("--task", type=click.Choice(TASK_NAMES),
               help="What to do with the model. Default: the task its metadata states, else the first output layout "
                    "that fits (a 1xN output: classify).")
-@click.option("--decoder", type=click.Choice(DECODER_NAMES),
-              help="How the outputs are read, for a model whose layout is ambiguous. Default: chosen from the "
-                   "outputs' shapes and names and the model's metadata (docs/models.md).")
+@decoder_flag()
 @click.option("--mean", callback=_parse_values, metavar="V|R,G,B",
               help="Float input normalisation (pixel - mean) / std, for a model that states none. Default: the "
                    "model's metadata, else its family's, else 127.5.")

@@ -19,11 +19,13 @@ from ..forms.regions import task_problem, text_rule
 from ..util.backoff import Backoff
 from ..util.config import bounds, current_names, out_of_bounds
 from .decoders import (
-    DECODER_NAMES,
+    DECODER_NAME_FORM,
+    DECODER_NAME_PATTERN,
     DEFAULT_IOU_THRESHOLD,
     DEFAULT_MAX_DETECTIONS,
     DEFAULT_SCORE_THRESHOLD,
     DecoderSettings,
+    decoder_problem,
 )
 from .preprocess import CHANNEL_ORDERS, PAD_PLACES, RESIZE_MODES
 from .tasks import TASK_NAMES, get_task
@@ -68,8 +70,11 @@ class PipelineOptions:
     # what to do
     #: None: the task the model's metadata states, else the first output layout that fits (a 1xN output: classify)
     task: str | None = field(default=None, metadata=_choices(*TASK_NAMES))
-    #: how the outputs are read (edgeinfer.pipeline.decoders): None chooses from the outputs and the metadata
-    decoder: str | None = field(default=None, metadata=_choices(*DECODER_NAMES))
+    #: how the outputs are read (edgeinfer.pipeline.decoders): None chooses from the outputs and the metadata. A
+    #: built-in's name or an installed plug-in's: the schema takes any name (the fleet cannot know a device's
+    #: plug-ins), the device checks it is one here
+    decoder: str | None = field(default=None, metadata={
+        "pattern": DECODER_NAME_PATTERN, "form": DECODER_NAME_FORM})
     labels: str | os.PathLike | Labels | None = None
     top_k: int = field(default=5, metadata=bounds(minimum=1))
     score_threshold: float = field(default=DEFAULT_SCORE_THRESHOLD, metadata=bounds(minimum=0, maximum=1))
@@ -180,6 +185,10 @@ class PipelineOptions:
             if choices and value is not None and value not in choices:
                 raise ValueError(f"{option.name} must be one of {', '.join(choices)}, not {value!r}")
             problem = out_of_bounds(option.name, value, option.metadata)
+            if problem:
+                raise ValueError(problem)
+        if self.decoder is not None:  # a built-in or an installed plug-in (its entry point; not imported here)
+            problem = decoder_problem(self.decoder)
             if problem:
                 raise ValueError(problem)
         for name in ("line_band", "line_hold_s"):
