@@ -61,7 +61,8 @@ MEDIAPIPE_IOU = 0.3
 #: MediaPipe's ``score_clipping_thresh``
 SCORE_CLIP = 100.0
 #: its detectors take RGB in [-1, 1], the aspect ratio kept
-MEDIAPIPE = Preprocessing(resize="letterbox", mean=127.5, std=127.5)
+#: MediaPipe's ImageToTensorCalculator: RGB in [-1, 1], the image centred with a black (zero) border
+MEDIAPIPE = Preprocessing(resize="letterbox", mean=127.5, std=127.5, channels="rgb", pad="centre", pad_value=0)
 
 
 def scheme_of(source: DecoderInput, count: int) -> AnchorScheme:
