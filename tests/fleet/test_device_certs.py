@@ -1,0 +1,198 @@
+"""A device is its client certificate: the managed Mosquitto's certificate listener (its CN is the user name, one
+ACL of patterns for every device, a CRL), the manager's HTTPS (the same certificate opens a device's routes), a
+revoked certificate cut off on both, an expired one refused — a real fleet manager, Mosquitto and HTTPS."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+from support.fleet import state_message
+from support.ports import free_port
+from support.processes import wait_until as wait
+
+from edgeinfer.fleet.client import FleetClient, FleetRequestError
+from edgeinfer.fleet.device_certs import MAX_CSR_BYTES, load_csr, sign_csr
+from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.link.protocol import Topics
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", tls=True,
+                             data_dir=tmp_path_factory.mktemp("fleet"))
+    with FleetManager(settings) as manager:
+        assert manager.wait_connected(10)
+        yield manager
+
+
+@pytest.fixture(scope="module")
+def admin(fleet):
+    return FleetClient(fleet.http.url, token=fleet.admin_token, ca=str(fleet.access.ca.ca_file))
+
+
+def files_of(issued: dict, folder: Path) -> tuple[str, str, str]:
+    """The issued certificate, key and CA written as the device keeps them: (cert, key, ca) paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, field in (("device.crt", "certificate"), ("device.key", "private_key"), ("ca.crt", "ca_certificate")):
+        (folder / name).write_text(issued[field])
+        paths.append(str(folder / name))
+    return paths[0], paths[1], paths[2]
+
+
+class CertDevice:
+    """A paho client on the certificate listener with one certificate; records when the broker closes it."""
+
+    def __init__(self, fleet, cert: str, key: str, ca: str) -> None:
+        broker = fleet.access.certificate_broker
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="whatever", protocol=mqtt.MQTTv5)
+        self.client.tls_set(ca_certs=ca, certfile=cert, keyfile=key)
+        self.refused: str | None = None
+        self.disconnected_at: float | None = None
+        self.client.on_disconnect = lambda *_a, **_k: setattr(self, "disconnected_at", time.monotonic())
+        self.client.reconnect_delay_set(60, 60)  # no reconnect within a test's waits: the broker's verdict shows
+        try:
+            self.client.connect(broker["host"], broker["port"])
+            self.client.loop_start()
+        except (OSError, ssl.SSLError) as exc:
+            self.refused = str(exc)
+
+    def connected(self, timeout: float = 5.0) -> bool:
+        return self.refused is None and wait(self.client.is_connected, timeout)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def https(fleet, path: str, cert: str, key: str, *, method: str = "GET", body: bytes | None = None,
+          headers: dict | None = None) -> int:
+    context = ssl.create_default_context(cafile=str(fleet.access.ca.ca_file))
+    context.load_cert_chain(cert, key)
+    request = urllib.request.Request(f"{fleet.http.url}{path}", data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_a_certificate_device_publishes_on_its_own_topics_only(fleet, admin, tmp_path):
+    a = admin.enroll("cert-a", "f", certificate=True)
+    b = admin.enroll("cert-b", "f", certificate=True)
+    assert a["broker"] == fleet.access.certificate_broker_url() and a["username"] is None
+    assert a["manager_url"] == fleet.public_url and a["update_public_key"] == fleet.key.public_key_b64()
+    device = CertDevice(fleet, *files_of(a, tmp_path / "a"))
+    try:
+        assert device.connected()
+        device.client.publish(Topics("f", "cert-a").state, json.dumps(state_message("cert-a", "1" * 32)), qos=1)
+        assert wait(lambda: fleet.db.get_device("cert-a") is not None)
+        # A speaks for B: dropped by the pattern ACL; A's next message on its own topic lands, B's never did
+        device.client.publish(Topics("f", "cert-b").state, json.dumps(state_message("cert-b", "2" * 32)), qos=1)
+        device.client.publish(Topics("f", "cert-a").state, json.dumps(state_message("cert-a", "5" * 32)), qos=1)
+        assert wait(lambda: fleet.db.get_device("cert-a")["state"]["boot_id"] == "5" * 32)
+        assert fleet.db.get_device("cert-b") is None
+    finally:
+        device.close()
+    # a certificate with no device's CA, or none at all, does not get in
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cert-b")])
+    now = dt.datetime.now(dt.timezone.utc)
+    forged = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+              .serial_number(1).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+              .sign(key, hashes.SHA256()))
+    (stranger / "c.crt").write_bytes(forged.public_bytes(serialization.Encoding.PEM))
+    (stranger / "c.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    impostor = CertDevice(fleet, str(stranger / "c.crt"), str(stranger / "c.key"), str(fleet.access.ca.ca_file))
+    assert not impostor.connected(2)
+    impostor.close()
+
+
+def test_the_certificate_acl_has_the_same_size_for_any_number_of_devices(fleet, admin):
+    acl = fleet.access.broker.certificates.acl_file
+    before = acl.read_bytes()
+    admin.enroll_many([f"many-{i}" for i in range(60)], "f", certificate=True)
+    assert acl.read_bytes() == before
+    assert "%u" in before.decode() and "many-" not in before.decode()
+
+
+def test_a_revoked_certificate_is_cut_off_on_mqtt_and_https(fleet, admin, tmp_path):
+    issued = admin.enroll("cert-r", "f", certificate=True)
+    cert, key, ca = files_of(issued, tmp_path / "r")
+    device = CertDevice(fleet, cert, key, ca)
+    other = CertDevice(fleet, *files_of(admin.enroll("cert-s", "f", certificate=True), tmp_path / "s"))
+    sha = admin.upload(Path(__file__))["sha256"]
+    try:
+        assert device.connected() and other.connected()
+        assert https(fleet, f"/artifacts/{sha}", cert, key) == 200  # the certificate opens the device's routes
+        started = time.monotonic()
+        admin.revoke_device("cert-r")
+        assert wait(lambda: device.disconnected_at is not None, 5), "the revoked device stayed connected"
+        cut_off = device.disconnected_at - started
+        print(f"revoked certificate cut off after {cut_off:.3f} s")
+        assert https(fleet, f"/artifacts/{sha}", cert, key) == 401
+        again = CertDevice(fleet, cert, key, ca)
+        assert not again.connected(2)
+        again.close()
+        assert other.client.is_connected() and other.disconnected_at is None  # the others are unaffected
+    finally:
+        device.close()
+        other.close()
+    with pytest.raises(FleetRequestError) as info:
+        admin.revoke_device("cert-r")
+    assert info.value.status == 404
+
+
+def test_an_expired_certificate_is_refused_by_the_broker_and_the_api(fleet, tmp_path):
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=3)
+    cert = sign_csr(fleet.access.ca, csr, "cert-old", days=1, now=past)
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "c.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "c.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                     serialization.NoEncryption()))
+    device = CertDevice(fleet, str(folder / "c.crt"), str(folder / "c.key"), str(fleet.access.ca.ca_file))
+    assert not device.connected(2)
+    device.close()
+    with pytest.raises(OSError):  # the handshake refuses it (TLS 1.3: the server closes before any answer)
+        https(fleet, "/api/whoami", str(folder / "c.crt"), str(folder / "c.key"))
+
+
+def _csr(key, subject: x509.Name = x509.Name([])) -> bytes:
+    return (x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
+            .public_bytes(serialization.Encoding.PEM))
+
+
+def test_a_certificate_request_is_checked_before_anything_is_signed():
+    good = ec.generate_private_key(ec.SECP256R1())
+    assert load_csr(_csr(good)).public_key().public_numbers() == good.public_key().public_numbers()
+    named = _csr(good, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cam-other")]))
+    with pytest.raises(ValueError, match="subject must be empty"):
+        load_csr(named)
+    with pytest.raises(ValueError, match="at most"):
+        load_csr(b"-----BEGIN CERTIFICATE REQUEST-----\n" + b"A" * MAX_CSR_BYTES)
+    with pytest.raises(ValueError, match="not a PEM"):
+        load_csr(b"hello")
+    with pytest.raises(ValueError, match="not a valid"):
+        load_csr(b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n")
+    with pytest.raises(ValueError, match="too short"):
+        load_csr(_csr(rsa.generate_private_key(public_exponent=65537, key_size=1024)))
+    with pytest.raises(ValueError, match="not accepted"):
+        load_csr(_csr(ec.generate_private_key(ec.SECP256K1())))
