@@ -36,6 +36,8 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── AuthError                     a fleet API request without a usable token (401) or role (403); ``.status``
     ├── FleetRequestError             the fleet manager refused a request; ``.status`` is its HTTP status
     ├── UploadRefused                 the fleet manager refused evidence for good (401/403/409/413); ``.status``
+    ├── ProvisioningRefused           the fleet manager refused a device's claim or certificate request for good
+    │                                 (400/401/403/409): asking again changes nothing; ``.status``
     ├── RevisionConflict              a fleet configuration layer was saved on a revision that is not its newest
     │                                 (someone saved since it was read: 409)
     ├── OutputError                   a result file cannot be written (path, permissions, disk)
@@ -228,6 +230,16 @@ class RevisionConflict(EdgeInferError):
 
 class UploadRefused(EdgeInferError):
     """The fleet manager refused an upload with a status a retry will not change (401, 403, 409, 413...)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status = status
+
+
+class ProvisioningRefused(EdgeInferError):
+    """The fleet manager refused a claim or a certificate request with a status a retry will not change: a bad
+    request (400), an unknown claim (401), an expired, revoked or exhausted claim, a serial not listed or a device
+    rejected (403), a serial already in with another key (409)."""
 
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(f"HTTP {status}: {detail}")

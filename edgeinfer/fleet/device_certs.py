@@ -158,7 +158,7 @@ class DeviceCertificates:
     def issue(self, device_id: str, csr_pem: str | bytes, *, days: float | None = None) -> x509.Certificate:
         """Sign ``csr_pem`` (checked by :func:`load_csr`) for ``device_id`` and record it; ValueError if refused."""
         cert = sign_csr(self.ca, load_csr(csr_pem), device_id, days=self.days if days is None else days)
-        self.db.add_certificate({"serial": serial_text(cert), "device_id": device_id, "issued_at": time.time(),
+        self.db.certificates.add({"serial": serial_text(cert), "device_id": device_id, "issued_at": time.time(),
                                  "not_after": cert.not_valid_after_utc.timestamp(), "revoked_at": None})
         return cert
 
@@ -171,7 +171,7 @@ class DeviceCertificates:
 
     def revoke(self, device_id: str) -> list[str]:
         """Revoke every certificate of ``device_id`` and rewrite the CRL; the revoked serials (none: nothing to do)."""
-        serials = self.db.revoke_certificates(device_id, time.time())
+        serials = self.db.certificates.revoke(device_id, time.time())
         if serials:
             self.write_crl()
         return serials
@@ -184,7 +184,7 @@ class DeviceCertificates:
                    .last_update(now - dt.timedelta(minutes=5)).next_update(now + dt.timedelta(days=CRL_DAYS))
                    .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                                   critical=False))
-        for row in self.db.revoked_certificates(now.timestamp()):
+        for row in self.db.certificates.revoked(now.timestamp()):
             revoked_at = dt.datetime.fromtimestamp(row["revoked_at"], dt.timezone.utc)
             builder = builder.add_revoked_certificate(x509.RevokedCertificateBuilder()
                                                       .serial_number(int(row["serial"], 16))
@@ -214,7 +214,7 @@ class DeviceCertificates:
             check_device_common_name(device_id)
         except ValueError:
             return None
-        row = self.db.certificate(serial_text(cert))
+        row = self.db.certificates.get(serial_text(cert))
         # a certificate of this CA that was never recorded is judged as the broker judges it: not on the CRL
         return device_id if row is None or row["revoked_at"] is None else None
 

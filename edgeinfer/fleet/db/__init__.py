@@ -75,6 +75,8 @@ class FleetDB:
         self.diagnosis = DiagnosisRows(self._sa, self.engine, self.t)
         #: the fleet's configuration layers and the documents devices were given (configs.py)
         self.configs = ConfigRows(self._sa, self.engine, self.t)
+        #: the client certificates the fleet's CA issued to devices, and their revocation (device_certs.py)
+        self.certificates = security.CertificateRows(self._sa, self.engine, self.t)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -258,19 +260,6 @@ class FleetDB:
 
     def credential_for(self, username: str) -> dict | None:
         return security.get_credential_by_username(self._sa, self.engine, self.t, username)
-
-    def add_certificate(self, row: dict) -> None:
-        """Record a device certificate the fleet's CA issued (serial, device_id, issued_at, not_after)."""
-        security.add_certificate(self.engine, self.t, row)
-
-    def revoke_certificates(self, device_id: str, now: float) -> list[str]:
-        return security.revoke_certificates(self._sa, self.engine, self.t, device_id, now)
-
-    def revoked_certificates(self, now: float) -> list[dict]:
-        return security.revoked_certificates(self._sa, self.engine, self.t, now)
-
-    def certificate(self, serial: str) -> dict | None:
-        return security.certificate(self._sa, self.engine, self.t, serial)
 
     # ------------------------------------------------------------------------------ reading (the API)
     def list_devices(self, *, fleet: str | None = None, group: str | None = None) -> list[dict]:

@@ -102,3 +102,26 @@ def certificate(sa: Any, engine: Any, t: Tables, serial: str) -> dict | None:
     with engine.connect() as conn:
         row = conn.execute(sa.select(t.certificates).where(t.certificates.c.serial == serial)).mappings().first()
     return dict(row) if row else None
+
+
+
+class CertificateRows:
+    """The client certificates the fleet's CA issued to devices (``device_certificates``), by serial."""
+
+    def __init__(self, sa: Any, engine: Any, t: Tables) -> None:
+        self._sa, self.engine, self.t = sa, engine, t
+
+    def add(self, row: dict) -> None:
+        """Record a certificate: serial (hex), device_id, issued_at, not_after, revoked_at."""
+        add_certificate(self.engine, self.t, row)
+
+    def revoke(self, device_id: str, now: float) -> list[str]:
+        """Revoke every unrevoked certificate of ``device_id``; their serials."""
+        return revoke_certificates(self._sa, self.engine, self.t, device_id, now)
+
+    def revoked(self, now: float) -> list[dict]:
+        """The revoked certificates still within their lifetime (serial, revoked_at): the CRL's entries."""
+        return revoked_certificates(self._sa, self.engine, self.t, now)
+
+    def get(self, serial: str) -> dict | None:
+        return certificate(self._sa, self.engine, self.t, serial)
