@@ -63,6 +63,8 @@ CLOCK_SKEW_S = 300.0
 #: how long a device waits between two requests while it may not go on (pending, limited, unreachable)
 RETRY = Backoff(initial_s=2.0, max_s=300.0, jitter=EQUAL_JITTER)
 MIN_WAIT_S = 1.0
+#: the longest ``Retry-After`` a device obeys
+MAX_RETRY_AFTER_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -130,11 +132,11 @@ class ManagerHTTP:
 
 def _wait_s(answer: Answer | None, attempt: int, backoff: Backoff) -> float:
     """How long to wait before the next request: the manager's ``Retry-After`` (a pending device's
-    ``retry_after_s``), else the backoff's delay; within [MIN_WAIT_S, backoff.max_s]."""
+    ``retry_after_s``) within [MIN_WAIT_S, MAX_RETRY_AFTER_S], else the backoff's delay."""
     asked = answer.retry_after_s if answer is not None else None
     if asked is None and answer is not None and isinstance(answer.body.get("retry_after_s"), (int, float)):
         asked = float(answer.body["retry_after_s"])
-    return min(max(asked if asked is not None else backoff.delay(attempt), MIN_WAIT_S), backoff.max_s)
+    return backoff.delay(attempt) if asked is None else min(max(asked, MIN_WAIT_S), MAX_RETRY_AFTER_S)
 
 
 def clock_problem(answer: Answer, now: float | None = None) -> str | None:

@@ -23,7 +23,20 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from ..._version import __version__
-from . import access, artifacts, commands, config, deployments, devices, diagnosis, events, live_view, overview, samples
+from . import (
+    access,
+    artifacts,
+    commands,
+    config,
+    deployments,
+    devices,
+    diagnosis,
+    events,
+    live_view,
+    overview,
+    renewal,
+    samples,
+)
 from .deps import FleetServices, Viewer
 from .schemas import ErrorBody, describe
 from .web import add_dashboard
@@ -34,7 +47,7 @@ DESCRIPTION = ("Devices, telemetry, deployments, configuration, events with thei
                "role the route names (viewer < operator < admin), or, for artifacts and evidence uploads, an enrolled "
                "device's MQTT credential. Every refusal is {\"error\": \"...\"}.")
 ROUTERS = (overview.router, devices.router, commands.router, live_view.router, deployments.router, artifacts.router,
-           events.router, samples.router, diagnosis.router, config.router, access.router)
+           events.router, samples.router, diagnosis.router, config.router, access.router, renewal.router)
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
