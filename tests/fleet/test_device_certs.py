@@ -196,3 +196,34 @@ def test_a_certificate_request_is_checked_before_anything_is_signed():
         load_csr(_csr(rsa.generate_private_key(public_exponent=65537, key_size=1024)))
     with pytest.raises(ValueError, match="not accepted"):
         load_csr(_csr(ec.generate_private_key(ec.SECP256K1())))
+
+
+def test_fleet_enroll_prints_every_key_a_device_needs_for_both_identities(fleet, tmp_path):
+    import subprocess
+
+    import yaml
+    from support.processes import edgeinfer_cmd
+
+    token = tmp_path / "admin.token"
+    token.write_text(fleet.admin_token)
+    common = ["--fleet-url", fleet.http.url, "--token-file", str(token), "--ca", str(fleet.access.ca.ca_file)]
+    run = subprocess.run([*edgeinfer_cmd(), "fleet", "enroll", "pw-1", *common], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    keys = yaml.safe_load(run.stdout)
+    assert {"device_id", "broker", "username", "password", "ca", "manager_url", "update_public_key"} <= set(keys)
+    assert keys["manager_url"] == fleet.public_url
+    out = tmp_path / "cam" / "agent-keys.yaml"
+    out.parent.mkdir()
+    run = subprocess.run([*edgeinfer_cmd(), "fleet", "enroll", "crt-1", "--certificate", "--out", str(out), *common],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    keys = yaml.safe_load(run.stdout)
+    assert keys["broker"] == fleet.access.certificate_broker_url() and "password" not in keys
+    assert keys["manager_url"] == fleet.public_url and keys["update_public_key"] == fleet.key.public_key_b64()
+    assert oct(Path(keys["key"]).stat().st_mode & 0o777) == "0o600"
+    device = CertDevice(fleet, keys["cert"], keys["key"], keys["ca"])  # the files work as written
+    try:
+        assert device.connected()
+    finally:
+        device.close()
