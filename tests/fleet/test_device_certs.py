@@ -91,7 +91,7 @@ def https(fleet, path: str, cert: str, key: str, *, method: str = "GET", body: b
 
 def test_a_certificate_device_publishes_on_its_own_topics_only(fleet, admin, tmp_path):
     a = admin.enroll("cert-a", "f", certificate=True)
-    b = admin.enroll("cert-b", "f", certificate=True)
+    admin.enroll("cert-b", "f", certificate=True)
     assert a["broker"] == fleet.access.certificate_broker_url() and a["username"] is None
     assert a["manager_url"] == fleet.public_url and a["update_public_key"] == fleet.key.public_key_b64()
     device = CertDevice(fleet, *files_of(a, tmp_path / "a"))
@@ -175,8 +175,8 @@ def test_an_expired_certificate_is_refused_by_the_broker_and_the_api(fleet, tmp_
         https(fleet, "/api/whoami", str(folder / "c.crt"), str(folder / "c.key"))
 
 
-def _csr(key, subject: x509.Name = x509.Name([])) -> bytes:
-    return (x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
+def _csr(key, subject: x509.Name | None = None) -> bytes:
+    return (x509.CertificateSigningRequestBuilder().subject_name(subject or x509.Name([])).sign(key, hashes.SHA256())
             .public_bytes(serialization.Encoding.PEM))
 
 

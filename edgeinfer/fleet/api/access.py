@@ -65,7 +65,7 @@ def list_enrollments(_who: Admin, fleet: Services) -> Any:
 
 
 @router.post("/api/devices/{device_id}/enroll", status_code=201, response_model=Enrolled,
-             responses=errors(400, 401, 403), summary="Issue a device's MQTT credential (admin)",
+             responses=errors(400, 401, 403, 409), summary="Issue a device's MQTT credential (admin)",
              description="Answers what goes into the device's agent.yaml; the password (or, with `certificate`, "
                          "the private key) is shown only here. Enrolling again issues a new one.")
 def enroll(device_id: DeviceId, who: Admin, fleet: Services,
@@ -77,14 +77,16 @@ def enroll(device_id: DeviceId, who: Admin, fleet: Services,
 
 
 def _enrolled(enroll: Any) -> Any:
-    """What ``enroll()`` issues; 400 when it cannot (a certificate without the fleet's CA, a reserved name)."""
+    """What ``enroll()`` issues; 409 when it cannot where things stand (a certificate from a manager without the
+    fleet's CA, a device id the fleet keeps for its own names)."""
     try:
         return enroll()
     except ValueError as exc:
-        raise HTTPException(400, str(exc)) from None
+        raise HTTPException(409, str(exc)) from None
 
 
-@router.post("/api/enrollments", status_code=201, response_model=list[Enrolled], responses=errors(400, 401, 403),
+@router.post("/api/enrollments", status_code=201, response_model=list[Enrolled],
+             responses=errors(400, 401, 403, 409),
              summary="Enrol many devices with one broker reload (admin)",
              description=f"At most {MAX_DEVICES:,} devices; answers a list, each entry what "
                          "/api/devices/{device_id}/enroll answers.")
