@@ -13,8 +13,13 @@ where it is data the program received at run time (a frame of the wrong shape), 
     │   ├── ModelLoadError            a runtime refused a well-formed model
     │   │   └── UnsupportedOperator   the model needs an op this runtime lacks (custom op, Edge TPU op)
     │   ├── UnsizedInput              an image input has a dynamic size and nothing states one; ``.input``
-    │   └── LayoutMismatch            (also ValueError) the outputs have no layout edgeinfer can decode (for
-    │                                 this task / this --decoder); the message names each output and layout
+    │   ├── LayoutMismatch            (also ValueError) the outputs have no layout edgeinfer can decode (for
+    │   │                             this task / this --decoder); the message names each output and layout
+    │   └── AnchorOptionsError        (also ValueError) the SSD anchors a model's metadata states (``anchors:``)
+    │                                 cannot be generated; ``.key`` names the option (``anchors.strides``)
+    ├── PluginError                   (also ValueError) an installed plug-in (an ``edgeinfer.decoders`` entry
+    │                                 point) does not import or is not what its group takes; names the plug-in,
+    │                                 its entry point and its distribution
     ├── DelegateError
     │   ├── DelegateUnavailable       one delegate cannot run here; ``.reason`` says why
     │   └── NoDelegateAvailable       nothing can run this model; ``.reasons`` maps name -> reason
@@ -36,8 +41,8 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── AuthError                     a fleet API request without a usable token (401) or role (403); ``.status``
     ├── FleetRequestError             the fleet manager refused a request; ``.status`` is its HTTP status
     ├── UploadRefused                 the fleet manager refused evidence for good (401/403/409/413); ``.status``
-    ├── ProvisioningRefused           the fleet manager refused a device's claim or certificate request for good
-    │                                 (400/401/403/409): asking again changes nothing; ``.status``
+    ├── ProvisioningRefused           the fleet manager refuses a device's provisioning or renewal request (a claim
+    │                                 unknown, expired, revoked or used up; a bad CSR; a serial taken); ``.status``
     ├── RevisionConflict              a fleet configuration layer was saved on a revision that is not its newest
     │                                 (someone saved since it was read: 409)
     ├── OutputError                   a result file cannot be written (path, permissions, disk)
@@ -102,6 +107,21 @@ class UnsizedInput(ModelError):
 
 class LayoutMismatch(ModelError, ValueError):
     """A model's outputs are not arranged as a decoder needs (edgeinfer.pipeline.decoders); the message says why."""
+
+
+class AnchorOptionsError(ModelError, ValueError):
+    """The SSD anchor scheme a model's metadata states (``anchors:`` in metadata.yaml) is not one edgeinfer can
+    generate: ``key`` names the option that is wrong (``anchors.strides``)."""
+
+    def __init__(self, message: str, key: str = "anchors") -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class PluginError(EdgeInferError, ValueError):
+    """An installed plug-in cannot be used: its entry point does not import, or names something that is not what its
+    group takes (a decoder plug-in's must be a ``Layout`` of the entry point's name). The message names the plug-in,
+    the entry point (``group: name = module:attribute``) and what went wrong; the built-ins keep working."""
 
 
 class DelegateError(EdgeInferError):
@@ -216,6 +236,16 @@ class AuthError(EdgeInferError):
         self.status = status
 
 
+class ProvisioningRefused(EdgeInferError):
+    """A device's provisioning request (a claim and a CSR) is refused; ``status`` is the HTTP status the fleet
+    manager answers it with (400 a bad request, 401 an unknown claim, 403 a claim that does not admit it, 409 its
+    serial taken by another key)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class FleetRequestError(EdgeInferError):
     """The fleet manager answered with an error; ``status`` is its HTTP status (401, 403, 404, 409...)."""
 
@@ -230,16 +260,6 @@ class RevisionConflict(EdgeInferError):
 
 class UploadRefused(EdgeInferError):
     """The fleet manager refused an upload with a status a retry will not change (401, 403, 409, 413...)."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(f"HTTP {status}: {detail}")
-        self.status = status
-
-
-class ProvisioningRefused(EdgeInferError):
-    """The fleet manager refused a claim or a certificate request with a status a retry will not change: a bad
-    request (400), an unknown claim (401), an expired, revoked or exhausted claim, a serial not listed or a device
-    rejected (403), a serial already in with another key (409)."""
 
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(f"HTTP {status}: {detail}")

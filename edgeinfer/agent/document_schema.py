@@ -94,6 +94,8 @@ def field_schema(option: dataclasses.Field, hint: Any) -> dict[str, Any]:
         schema = {"type": "string", "enum": list(choices)}
     elif members == (str,) or os.PathLike in members:
         schema = dict(_TEXT)
+        if "pattern" in option.metadata:  # a name (decoder): its form, checked where it is used
+            schema.update(pattern=option.metadata["pattern"], errorMessage=f"must be {option.metadata['form']}")
     elif members == (tuple[int, int],):
         schema = {"type": ["string", "array"], "pattern": PAIR_PATTERN, "minItems": 2, "maxItems": 2,
                   "items": {"type": "integer", "minimum": 1},

@@ -29,6 +29,7 @@ from ..errors import (
     ModelError,
     ModelFormatError,
     ModelNotFound,
+    PluginError,
     UnsizedInput,
 )
 
@@ -40,7 +41,8 @@ log = logging.getLogger(__name__)
 
 #: failures of a pipeline's start that are its configuration's (and plain ValueErrors: an option or a rule the model
 #: cannot take — a caller's wrong argument, in errors.py's words)
-CONFIG_FAILURES = (ConfigError, ModelNotFound, ModelFormatError, LayoutMismatch, UnsizedInput, LabelsError)
+CONFIG_FAILURES = (ConfigError, ModelNotFound, ModelFormatError, LayoutMismatch, UnsizedInput, LabelsError,
+                   PluginError)
 #: the words a rule's error starts with → the key of the pipeline entry it is about
 _RULE_KEYS = {"event rule": "events", "sampling rule": "sample"}
 
@@ -97,9 +99,11 @@ class ConfigErrors:
 
 def pipeline_config_error(config: AgentConfig, index: int, error: BaseException) -> ConfigError:
     """``error`` of pipeline ``index`` as the configuration error the agent exits 78 with: ``FILE:
-    pipelines[I].KEY: …`` (the key when the error says which: ``model``, ``labels``, ``events``, ``sample``)."""
+    pipelines[I].KEY: …`` (the key when the error says which: ``model``, ``labels``, ``decoder`` — its plug-in —,
+    ``events``, ``sample``)."""
     text = " ".join(str(error).split())
     key = ("model" if isinstance(error, ModelError) else "labels" if isinstance(error, LabelsError)
+           else "decoder" if isinstance(error, PluginError)
            else next((k for words, k in _RULE_KEYS.items() if text.startswith(words)), None))
     where = f"pipelines[{index}]" + (f".{key}" if key else "")
     return ConfigError(f"{config.path or 'config'}: {where}: {text}")

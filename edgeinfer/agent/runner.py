@@ -82,11 +82,14 @@ def source_text(config: PipelineConfig) -> str:
 RULE_EVENT_FIELDS = ("event_id", "stream", "rule", "kind", "name", "label", "track_id", "score", "direction", "box",
                      "frame_id", "timestamp", "source_time", "suppressed", "frames", "duration_s", "snapshot_bytes",
                      "clip_bytes")
+#: and what a detection gives beyond its box, when it gives it (pipeline/events.py ``detection_shapes``)
+RULE_EVENT_SHAPES = ("keypoints", "polygons", "rotated_box")
 
 
 def rule_event_data(event: dict, *, upload: bool) -> dict[str, Any]:
     """The ``data`` of a ``rule_triggered`` event message; ``upload``: the evidence is on its way to the manager."""
     data = {key: event.get(key) for key in RULE_EVENT_FIELDS}
+    data.update({key: event[key] for key in RULE_EVENT_SHAPES if event.get(key) is not None})
     data["upload"] = bool(upload and event.get("clip"))
     return data
 

@@ -6,6 +6,7 @@ import click
 
 from ..pipeline.tasks import TASK_NAMES
 from .output import handle_errors, print_json
+from .pipeline_flags import decoder_flag
 
 
 @click.command()
@@ -18,6 +19,8 @@ from .output import handle_errors, print_json
               "image folder, URL, synthetic:WxH[@FPS]); file sources loop.")
 @click.option("--task", type=click.Choice(TASK_NAMES),
               help="What the pipeline decodes (with --source). Default: the task each model is read for.")
+@decoder_flag("How the pipeline reads the outputs (with --source): a built-in decoder or an installed plug-in's. "
+              "Default: chosen from the outputs and the metadata.")
 @click.option("--seconds", default=5.0, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
               help="Measured time per target, split over the interleaved rounds.")
 @click.option("--rounds", default=5, show_default=True, type=click.IntRange(min=1),
@@ -28,8 +31,8 @@ from .output import handle_errors, print_json
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @handle_errors
 def bench(models: tuple[str, ...], delegates: tuple[str, ...], all_delegates: bool, source: str | None,
-          task: str | None, seconds: float, rounds: int, threads: int | None, plot: str | None, as_json: bool,
-          quiet: bool) -> None:
+          task: str | None, decoder: str | None, seconds: float, rounds: int, threads: int | None, plot: str | None,
+          as_json: bool, quiet: bool) -> None:
     """Benchmark MODELS on every delegate that can run them, side by side in one run.
 
     Give a model's twins (mobilenet.tflite mobilenet.onnx) to compare delegates that read
@@ -42,12 +45,14 @@ def bench(models: tuple[str, ...], delegates: tuple[str, ...], all_delegates: bo
 
     if delegates and all_delegates:
         raise click.UsageError("give --delegate NAME ... or --all, not both")
+    if decoder is not None and source is None:
+        raise click.UsageError("--decoder reads the pipeline's outputs: give it with --source")
     if plot:
         check_plot_path(plot)  # before minutes of measuring
     progress = StderrProgress(enabled=not quiet)
     report = run_benchmark(models, list(delegates) or None, seconds=seconds, threads=threads, rounds=rounds,
                            progress=progress, source=int(source) if source and source.isdigit() else source,
-                           task=task)
+                           task=task, decoder=decoder)
     progress.done()
     if plot:
         progress("writing the chart")

@@ -37,17 +37,19 @@ _PROFILE_DIRS = click.option("--profile-dir", "profile_dirs", multiple=True,
               help="With --model: judge the runtimes' answers on this frame (and a synthetic one) — a frame of the "
                    "device's camera, whose choice its runs then read from the cache.")
 @click.option("--threads", type=click.IntRange(min=1), help="With --model: the thread count a run would give it.")
+@click.option("--sources", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Share the cores as a run of this many sources (cameras, clips) would: one capture thread each.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @handle_errors
 def device(root: str, model: str | None, profile_dirs: tuple[str, ...], profile: str | None, delegate: str | None,
-           probe: str | None, image: str | None, threads: int | None, as_json: bool) -> None:
+           probe: str | None, image: str | None, threads: int | None, sources: int, as_json: bool) -> None:
     """Show the matched device profile, every delegate with its availability and reason, and the plan; with
     --model, the delegate the probe chose for it by measurement and the figures."""
     from ..device.cores import runtime_threads
     from ..runtime.selection import plan
 
     the_plan = plan(model, delegate, profile=profile, root=root, profile_dirs=profile_dirs, include_others=True)
-    runtime = runtime_threads(threads, the_plan.threads, root=root)
+    runtime = runtime_threads(threads, the_plan.threads, root=root, capture_threads=sources)
     skipped = None
     if model is not None:
         the_plan, skipped = _probed(the_plan, root, probe or "auto", image, runtime.threads)
@@ -84,7 +86,8 @@ def device(root: str, model: str | None, profile_dirs: tuple[str, ...], profile:
     click.echo(f"selected  {chosen.spec if chosen else 'nothing can run here'}")
     if the_plan.fallback_reason:
         click.echo(f"fallback  {the_plan.fallback_reason}")
-    click.echo(f"runtime   {runtime.describe()} threads")
+    click.echo(f"runtime   {runtime.describe()}")
+    click.echo(f"cores     {runtime.sharing()}")
     if the_plan.probe is not None:
         _print_probe(the_plan.probe)
     elif skipped:

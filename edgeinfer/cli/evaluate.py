@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
@@ -10,6 +11,7 @@ import click
 from .fleet_access import client_options
 from .fleet_eval import evaluation_inputs, sample_filter_options
 from .output import print_json
+from .pipeline_flags import decoder_flag
 from .progress import StderrProgress
 
 
@@ -100,12 +102,15 @@ def eval_options(dataset_format: str | None, labels: str | None, ignore_unknown:
 @click.option("--tolerance", type=click.FloatRange(0, 1), default=0.01, show_default=True,
               help="With a baseline: how much lower (absolute) the headline figure may be and still not be worse.")
 @dataset_options
+@decoder_flag("How both models' outputs are read: a built-in decoder or an installed plug-in's. Default: chosen "
+              "from each model's outputs and metadata.")
 @click.option("--json", "as_json", is_flag=True, help="Print the scores as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @client_options
 def evaluate(client: Any, model: str, dataset: str | None, from_fleet: bool, limit: int, baseline: str | None,
              tolerance: float, dataset_format: str | None, labels: str | None, ignore_unknown: bool,
-             eval_delegate: str | None, as_json: bool, quiet: bool, **filters: str | None) -> None:
+             eval_delegate: str | None, decoder: str | None, as_json: bool, quiet: bool,
+             **filters: str | None) -> None:
     """Score MODEL on a labelled dataset: accuracy and top-5 (classifiers), mAP50-95, mAP50 and per-class
     AP50 / recall (detectors, pycocotools' COCOeval), and a pose model's keypoints (OKS mAP50-95, mAP50) on keypoint
     labels. With a baseline, exit 1 when MODEL is worse.
@@ -120,7 +125,7 @@ def evaluate(client: Any, model: str, dataset: str | None, from_fleet: bool, lim
     if not from_fleet and any(filters.values()):
         raise click.UsageError("--device, --pipeline, --stream, --model-version and --rule choose the fleet's "
                                "samples: use them with --fleet")
-    options = eval_options(dataset_format, labels, ignore_unknown, eval_delegate)
+    options = dataclasses.replace(eval_options(dataset_format, labels, ignore_unknown, eval_delegate), decoder=decoder)
     say = StderrProgress(enabled=not quiet)
     current_for = {"pipeline": filters["pipeline"], "devices": [filters["device"]] if filters["device"] else None}
     with evaluation_inputs(client, folder=dataset, fmt=dataset_format, selection=SampleSelection(**filters,

@@ -27,6 +27,7 @@ from .fleet_access import (
     token,
     verdict_options,
 )
+from .fleet_claims import claim
 from .fleet_config import config
 from .fleet_dataset import dataset
 from .fleet_db import db
@@ -47,7 +48,7 @@ def fleet() -> None:
 
 
 for _command in (db, dataset, simulate, token, enroll, enrollments, revoke, audit, broker_auth, fleet_logs,
-                 fleet_doctor, config):
+                 fleet_doctor, config, claim):
     fleet.add_command(_command)
 
 
@@ -98,6 +99,14 @@ for _command in (db, dataset, simulate, token, enroll, enrollments, revoke, audi
               help="Keep at most this much of samples (datasets); the oldest unreviewed go first.")
 @click.option("--samples-days", default=90.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Delete samples older than this.")
+@click.option("--unauthenticated-rate", default=5.0, show_default=True, type=click.FloatRange(min=0),
+              help="Per client address: provisioning requests and requests refused 401 (bad tokens, sign-ins) a "
+                   "second, beyond the burst; then 429 with Retry-After. Authenticated requests are never limited. "
+                   "0: no limit.")
+@click.option("--unauthenticated-burst", default=50, show_default=True, type=click.IntRange(min=1),
+              help="How many of those one address may send at once.")
+@click.option("--device-cert-days", default=30.0, show_default=True, type=click.FloatRange(min=0.01, max=3650),
+              help="The lifetime of a provisioned device's certificate (its agent renews it at two thirds).")
 @handle_errors
 def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_broker_url: str | None, tls: bool,
                 tls_hosts: tuple[str, ...], ca: str | None, cert: str | None, key: str | None,
@@ -105,7 +114,8 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
                 public_url: str | None, data_dir: Path, manager_id: str | None, retention_days: float,
                 rollup_days: float, audit_days: float, shared_group: str | None, lease_ttl: float,
                 evidence_max_mb: float, evidence_snapshot_max_mb: float, evidence_clip_max_mb: float,
-                samples_max_mb: float, samples_days: float) -> None:
+                samples_max_mb: float, samples_days: float, unauthenticated_rate: float, unauthenticated_burst: int,
+                device_cert_days: float) -> None:
     """Ingest every device's state, telemetry and events; serve artifacts and the API; run rollouts.
 
     Several managers may share one broker and one PostgreSQL (--db postgresql+psycopg://...): each
@@ -123,7 +133,9 @@ def fleet_serve(broker: str | None, broker_port: int, broker_host: str, device_b
         rollup_retention_days=rollup_days, audit_retention_days=audit_days, lease_ttl_s=lease_ttl,
         shared_group=shared_group, evidence_max_bytes=_mib(evidence_max_mb),
         evidence_snapshot_max_bytes=_mib(evidence_snapshot_max_mb), evidence_clip_max_bytes=_mib(evidence_clip_max_mb),
-        samples_max_bytes=_mib(samples_max_mb), samples_retention_days=samples_days)
+        samples_max_bytes=_mib(samples_max_mb), samples_retention_days=samples_days,
+        unauthenticated_rate=unauthenticated_rate, unauthenticated_burst=unauthenticated_burst,
+        device_cert_days=device_cert_days)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with parts.FleetManager(settings) as manager:

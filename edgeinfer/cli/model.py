@@ -40,12 +40,49 @@ def _metadata_lines(meta) -> list[tuple[str, str]]:
              ("stride", meta.stride),
              ("kpt_shape", f"{meta.kpt_shape[0]} keypoints x {meta.kpt_shape[1]} values" if meta.kpt_shape else None),
              ("end2end", yes_no.get(meta.end2end)),
-             ("normalise", f"(pixel - {_numbers(meta.mean)}) / {_numbers(meta.std)}, RGB"
+             ("normalise", f"(pixel - {_numbers(meta.mean)}) / {_numbers(meta.std)}"
               if meta.mean and meta.std else None),
+             ("channels", meta.channels.upper() if meta.channels else None),
              ("letterbox", None if meta.letterbox is None else
-              yes_no[meta.letterbox] + (f", padded with {meta.pad_value}" if meta.letterbox and meta.pad_value
-                                        is not None else ""))]
+              yes_no[meta.letterbox] + (f", {meta.pad}" if meta.letterbox and meta.pad else "")
+              + (f", padded with {meta.pad_value}" if meta.letterbox and meta.pad_value is not None else ""))]
     return [(key, str(value)) for key, value in lines if value is not None]
+
+
+def _feed(details) -> dict:
+    """What a run feeds the model, with no option given: its output layout's family and its metadata decide
+    (``tasks.read_model_file``); the effective normalisation and the input's tensor layout with it."""
+    from ..pipeline.preprocess import DEFAULT_FLOAT_MEAN, DEFAULT_FLOAT_STD
+    from ..pipeline.tasks import read_model_file
+
+    layout, task, feed = read_model_file(details, refuse=False)
+    spec = details.inputs[0] if details.inputs else None
+    mean, std = feed["mean"], feed["std"]
+    if mean is None and std is None and spec is not None and spec.dtype != "uint8":
+        # the Preprocessor's own default: [-1, 1] for a float input, (pixel - 128) / 128 quantised for an int8 one
+        mean, std = (DEFAULT_FLOAT_MEAN, DEFAULT_FLOAT_STD) if spec.dtype.startswith("float") else (128.0, 128.0)
+    scale = {"scale": spec.scale, "zero_point": spec.zero_point} if spec is not None and spec.quantized else None
+    return {"decoder": layout.name if layout else None, "task": task, **feed, "mean": mean, "std": std,
+            "quantized": scale, "input_layout": spec.layout if spec is not None else None,
+            "refused": dict(details.metadata.refused)}
+
+
+def _feed_line(feed: dict) -> str:
+    values = "pixels as they are (uint8)" if feed["mean"] is None else \
+        f"(pixel - {_numbers(_tuple(feed['mean']))}) / {_numbers(_tuple(feed['std']))}"
+    if feed["quantized"] and feed["mean"] is not None:
+        values += f", quantised (scale {feed['quantized']['scale']:.6g}, zero point {feed['quantized']['zero_point']})"
+    resize = feed["resize"]
+    if resize == "letterbox":
+        border = "centred" if feed["pad"] == "centre" else "the image top-left, the border bottom-right"
+        resize = f"letterbox ({border}, grey {feed['pad_value']})"
+    family = f" ({feed['decoder']}'s)" if feed["decoder"] else \
+        " (the output layout is not told from the file alone: its metadata's and the defaults; a run says)"
+    return f"{resize}, {feed['channels'].upper()}, {values}, {feed['input_layout'] or '-'}{family}"
+
+
+def _tuple(value) -> tuple[float, ...]:
+    return tuple(value) if isinstance(value, (list, tuple)) else (float(value),)
 
 
 def _echo_metadata(meta) -> None:
@@ -63,13 +100,15 @@ def _echo_metadata(meta) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @handle_errors
 def info(model: str, as_json: bool) -> None:
-    """Describe MODEL: format (from its content), tensors, quantisation, custom ops, sha256, and what the
-    model says about itself (task, class names, input size, normalisation: its metadata)."""
+    """Describe MODEL: format (from its content), tensors, quantisation, custom ops, sha256, what the
+    model says about itself (task, class names, input size, normalisation: its metadata), and what a run feeds it
+    (resize, letterbox border, channel order, normalisation: its metadata, else its output layout's family)."""
     from ..runtime.model import inspect_model
 
     details = inspect_model(model)
+    feed = _feed(details)
     if as_json:
-        print_json(details.to_dict())
+        print_json({**details.to_dict(), "feed": feed})
         return
     click.echo(f"model    {details.path}")
     click.echo(f"format   {details.format.value}")
@@ -84,6 +123,9 @@ def info(model: str, as_json: bool) -> None:
     if details.custom_ops:
         click.echo(f"custom ops: {', '.join(details.custom_ops)}")
     _echo_metadata(details.metadata)
+    click.echo(f"fed      {_feed_line(feed)}")
+    for problem in feed["refused"].values():
+        click.echo(f"refused: {problem} (a run needs it fixed, or --channels / --pad)")
     for note in details.notes:
         click.echo(f"note: {note}")
 

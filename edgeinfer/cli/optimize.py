@@ -9,7 +9,7 @@ import click
 from ..pipeline.preprocess import RESIZE_MODES
 from ..tools.optimize.options import DEFAULT_NMS_IOU
 from .output import handle_errors, parse_values, print_json
-from .pipeline_flags import option_type
+from .pipeline_flags import decoder_flag, option_type
 
 if TYPE_CHECKING:
     from ..pipeline.labels import Labels
@@ -30,7 +30,7 @@ def print_report(report: OptimizeReport, labels: Labels | None = None) -> None:
     click.echo(f"mode       {report.mode.upper()}   calibration images {report.calibration_images}   "
                f"validation images {report.validation_images}")
     pre = report.preprocessing
-    click.echo(f"preprocess resize={pre['resize']} rgb mean={pre['mean']} std={pre['std']}")
+    click.echo(f"preprocess resize={pre['resize']} {pre.get('channels', 'rgb')} mean={pre['mean']} std={pre['std']}")
     if report.artifacts[0].accuracy.boxes is not None:
         _print_detector(report)
     else:
@@ -169,6 +169,8 @@ def _print_moved(report: OptimizeReport, labels: Labels | None) -> None:
 @click.option("--resize", type=click.Choice(RESIZE_MODES),
               help="How images are fitted to the input. Default: as inference reads the model "
               "(its metadata; letterbox for a detector, stretch for a classifier).")
+@decoder_flag("How a detector's outputs are read (both models): a built-in decoder or an installed plug-in's. "
+              "Default: chosen from the outputs and the metadata.")
 @click.option("--per-tensor", is_flag=True, help="Per-tensor weight scales (default per-channel; see docs).")
 @click.option("--activations", type=click.Choice(["uint8", "int8"]), default="uint8", show_default=True,
               help="INT8 activation type (uint8 is ONNX Runtime's fast path on x86).")
@@ -204,7 +206,8 @@ def _print_moved(report: OptimizeReport, labels: Labels | None) -> None:
 @handle_errors
 def optimize(model: str, mode: str | None, calibration: str | None, output: str, validation: str | None,
              min_agreement: float, ambiguous_margin: float, force: bool, export_ir: bool, mean: str | None,
-             std: str | None, resize: str | None, per_tensor: bool, activations: str, reduce_range: bool,
+             std: str | None, resize: str | None, decoder: str | None, per_tensor: bool, activations: str,
+             reduce_range: bool,
              quantize_outputs: bool,
              quantize_all: bool, min_recall: float, min_precision: float, min_map50: float, min_mean_iou: float,
              score_threshold: float, iou_threshold: float, delegate: str, threads: int | None, bench_seconds: float,
@@ -233,7 +236,8 @@ def optimize(model: str, mode: str | None, calibration: str | None, output: str,
     options = OptimizeOptions(
         mode=mode, calibration=calibration, validation=validation, min_agreement=min_agreement,
         ambiguous_margin=ambiguous_margin, force=force, export_ir=export_ir,
-        mean=parse_values(mean), std=parse_values(std, nonzero=True), resize=resize, per_channel=not per_tensor,
+        mean=parse_values(mean), std=parse_values(std, nonzero=True), resize=resize, decoder=decoder,
+        per_channel=not per_tensor,
         activations=activations, reduce_range=reduce_range, float_outputs=not quantize_outputs,
         quantize_all=quantize_all,
         min_recall=min_recall, min_precision=min_precision, min_map50=min_map50, min_mean_iou=min_mean_iou,

@@ -1,5 +1,5 @@
-"""A flag that sets a pipeline option (``--score-threshold``, ``--iou``, ``--max-detections``) takes the option's own
-default and bounds.
+"""A flag that sets a pipeline option (``--score-threshold``, ``--iou``, ``--max-detections``; ``--channels``,
+``--pad``) takes the option's own default and bounds, or its choices.
 
 The bounds are declared once, in the option's field of :class:`~edgeinfer.pipeline.options.PipelineOptions`; the
 agent.yaml check, the configuration document's schema and a running run's new options check the same metadata with
@@ -59,3 +59,37 @@ def option_type(name: str) -> click.ParamType:
 def option_flag(name: str) -> dict[str, Any]:
     """``click.option`` keyword arguments for a flag that sets pipeline option ``name``: its type and its default."""
     return {"type": option_type(name), "default": PipelineOptions.option(name).default, "show_default": True}
+
+
+def choice_flag(name: str) -> dict[str, Any]:
+    """``click.option`` keyword arguments for a flag that sets pipeline option ``name``, a word among the ``choices``
+    its field declares (the ones ``PipelineOptions`` and agent.yaml check): unset, it leaves the option to the model."""
+    choices = PipelineOptions.option(name).metadata.get("choices")
+    if not choices:
+        raise TypeError(f"pipeline option {name!r} declares no choices")
+    return {"type": click.Choice(choices, case_sensitive=False), "default": None}
+class DecoderName(click.ParamType):
+    """``--decoder``: a built-in decoder's name or an installed plug-in's (``edgeinfer.decoders`` entry points), listed
+    in ``--help`` as they are installed when it is shown; the plug-in itself is imported when the model is read."""
+
+    name = "decoder"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        from ..pipeline.decoders import decoder_names
+
+        return "[" + "|".join(decoder_names()) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ..pipeline.decoders import decoder_problem
+
+        problem = decoder_problem(value)
+        if problem:
+            self.fail(problem.removeprefix("decoder "), param, ctx)
+        return value
+
+
+def decoder_flag(help_text: str = "How the outputs are read, for a model whose layout is ambiguous or that a plug-in "
+                                  "decodes. Default: chosen from the outputs' shapes and names and the model's "
+                                  "metadata (docs/models.md).") -> Any:
+    """The ``--decoder`` option every command that reads a model's outputs takes (run, bench, evaluate, optimize)."""
+    return click.option("--decoder", type=DecoderName(), default=None, help=help_text)

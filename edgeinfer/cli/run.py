@@ -10,14 +10,13 @@ import time
 
 import click
 
-from ..pipeline.decoders import DECODER_NAMES
 from ..pipeline.options import POLICIES
 from ..pipeline.preprocess import RESIZE_MODES
 from ..pipeline.tasks import TASK_NAMES
 from ..pipeline.zones import TRIGGERS
 from .delegate_choice import delegate_choice, say_delegate_choice
 from .output import handle_errors, parse_values
-from .pipeline_flags import option_flag
+from .pipeline_flags import choice_flag, decoder_flag, option_flag
 from .run_events import event_printer, print_event_counts, print_sample_counts
 
 #: where ``--event`` keeps its evidence unless ``--evidence-dir`` says
@@ -80,13 +79,17 @@ def _brief(result: object) -> str:
 @click.option("--task", type=click.Choice(TASK_NAMES),
               help="What to do with the model. Default: the task its metadata states, else the first output layout "
                    "that fits (a 1xN output: classify).")
-@click.option("--decoder", type=click.Choice(DECODER_NAMES),
-              help="How the outputs are read, for a model whose layout is ambiguous. Default: chosen from the "
-                   "outputs' shapes and names and the model's metadata (docs/models.md).")
+@decoder_flag()
 @click.option("--mean", callback=_parse_values, metavar="V|R,G,B",
               help="Float input normalisation (pixel - mean) / std, for a model that states none. Default: the "
                    "model's metadata, else its family's, else 127.5.")
 @click.option("--std", callback=_parse_values, metavar="V|R,G,B", help="See --mean. Default: as --mean, else 127.5.")
+@click.option("--channels", **choice_flag("channels"),
+              help="The channel order the model takes, for a model whose metadata and family state none. Default: "
+                   "the model's metadata, else its family's (BGR for YOLOX), else RGB (`edgeinfer info` says).")
+@click.option("--pad", **choice_flag("pad"),
+              help="Where a letterbox's border goes: centre, or corner (the image at the top-left, the border "
+                   "bottom-right). Default: the model's metadata, else its family's (corner for YOLOX), else centre.")
 @click.option("--labels", type=click.Path(dir_okay=False, path_type=str),
               help="Labels file. Default: the labels packed in the model, if any.")
 @click.option("--delegate", help="Delegate name, optionally with a device (openvino:CPU), or a fallback order "
@@ -159,7 +162,8 @@ def _brief(result: object) -> str:
               help="Serve the annotated frames as MJPEG at http://HOST:PORT/ while the run lasts (HOST: 127.0.0.1).")
 @handle_errors
 def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | None, decoder: str | None,
-        mean: float | tuple[float, ...] | None, std: float | tuple[float, ...] | None, labels: str | None,
+        mean: float | tuple[float, ...] | None, std: float | tuple[float, ...] | None, channels: str | None,
+        pad: str | None, labels: str | None,
         delegate: str | None, strict: bool, no_probe: bool, threads: int | None,
         policy: str | None, max_frames: int | None, max_fps: float | None, loop: bool, top_k: int,
         resize: str | None, score_threshold: float, iou_threshold: float, max_detections: int,
@@ -185,7 +189,8 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
                 "max_detections": max_detections, "delegate_probe": not no_probe}
     analysis = {"lines": lines, "zones": zones, "track": track, "events": events,
                 "evidence_dir": (evidence_dir or DEFAULT_EVIDENCE_DIR) if events else None,
-                "decoder": decoder, "mean": mean, "std": std}
+                "decoder": decoder, "mean": mean, "std": std,
+                "channels": channels.lower() if channels else None, "pad": pad.lower() if pad else None}
     if record_source is not None:
         analysis["record_source"] = record_source
     sample, samples_dir = sample + old_sample, samples_dir or old_samples_dir
@@ -247,6 +252,7 @@ def run(model: str, sources: tuple[str, ...], batch: int | None, task: str | Non
         if as_json:
             kept = {"samples": sampler.counts()} if sampler is not None else {}
             sys.stdout.write(json.dumps({"type": "summary", **stats.to_dict(), **kept,
+                                         "runtime_threads": pipeline.engine.threads,
                                          "delegate_choice": choice.to_dict() if choice else None}) + "\n")
             sys.stdout.flush()
         else:

@@ -11,9 +11,17 @@ the kernel does not run. :func:`usable_cores` counts what this process may reall
   rounded up to whole cores;
 - one per physical core among the allowed CPUs (SMT siblings share one core's arithmetic units).
 
-:func:`runtime_threads` decides the runtime's threads from it: ``--threads`` (or a pipeline's
-``threads``), else the device profile's ``threads``, else every usable core. ``edgeinfer device`` and
-``edgeinfer run --json`` say which, and why.
+:func:`runtime_threads` decides the runtime's threads from it — the **thread plan**: ``--threads`` (or a
+pipeline's ``threads``), else the device profile's ``threads``, else the usable cores less the pipeline's own
+busy threads. A run's busy threads beside the runtime are its capture threads, one per source, each decoding
+and staging the next frame while the model runs; the inference thread is not one of them (it is the runtime's
+first thread: it invokes, and decodes the outputs between invokes), and the others (watchdog, evidence,
+sampling, live view) sleep until an event. So a run of one camera on a 4-core Pi gives the runtime 3 threads
+and the capture a core of its own. The runtime never gets fewer than :data:`MIN_SHARED_RUNTIME_THREADS`
+where that many cores are usable: on 2 cores a run shares them (halving every parallel section of an invoke
+costs more than sharing a core with a decoder, and ONNX Runtime's idle workers sleep rather than spin, so the
+kernel can run the capture thread in their place — ``docs/benchmarks.md``). ``edgeinfer device`` says how the
+cores are shared, and why.
 
 ``root`` is ``/`` on the device and a small fake tree in tests, as for :mod:`.host`.
 """
@@ -61,32 +69,69 @@ class Cores:
         return {**asdict(self), "usable": self.usable, "limit": self.limit()}
 
 
+MIN_SHARED_RUNTIME_THREADS = 2  # the runtime keeps this many where they are usable, sharing them with capture
+
+
 @dataclass(frozen=True)
 class RuntimeThreads:
-    """The runtime's intra-op threads and where that number came from."""
+    """The runtime's intra-op threads, where that number came from, and the pipeline threads beside it."""
 
     threads: int
-    source: str  # "threads option", "profile", "usable cores"
+    source: str  # "threads option", "profile", "usable cores", "thread plan"
     cores: Cores
+    capture_threads: int = 0  # the run's capture threads, busy while the runtime invokes
 
     def describe(self) -> str:
+        limit = self.cores.limit()
+        if self.source == "thread plan":
+            capture = _count(self.capture_threads, "capture thread")
+            share = (f"less {capture}" if self.threads == self.cores.usable - self.capture_threads else
+                     f"the least the runtime keeps, beside {capture}")
+            return f"{self.threads} threads ({self.cores.usable} usable cores: {limit}; {share})"
         if self.source == "usable cores":
-            return f"{self.threads} threads (every usable core: {self.cores.limit()})"
-        return f"{self.threads} threads (the {self.source}; {self.cores.usable} cores usable: {self.cores.limit()})"
+            shared = (f"; shared with {_count(self.capture_threads, 'capture thread')}, as fewer than "
+                      f"{MIN_SHARED_RUNTIME_THREADS} would be left" if self.capture_threads else "")
+            return f"{self.threads} threads (every usable core: {limit}{shared})"
+        return f"{self.threads} threads (the {self.source}; {self.cores.usable} cores usable: {limit})"
+
+    def sharing(self) -> str:
+        """How a run's threads share the usable cores, in words."""
+        usable, capture = self.cores.usable, self.capture_threads
+        if not capture:
+            return f"the runtime's {_count(self.threads, 'thread')} on {_count(usable, 'usable core')}"
+        beside = self.threads + capture
+        verdict = ("each capture thread has a core of its own" if beside <= usable else
+                   f"{_count(beside, 'busy thread')} on {_count(usable, 'core')}: the capture threads take turns "
+                   "with the runtime's")
+        return (f"{_count(capture, 'capture thread')} (decode and preprocess the next frame) beside the runtime's "
+                f"{_count(self.threads, 'thread')}, the first of them the inference thread; {verdict}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"threads": self.threads, "source": self.source, "cores": self.cores.to_dict()}
+        return {"threads": self.threads, "source": self.source, "capture_threads": self.capture_threads,
+                "sharing": self.sharing(), "cores": self.cores.to_dict()}
 
 
 def runtime_threads(requested: int | None = None, profile: int | None = None, *,
-                    root: str | os.PathLike = "/") -> RuntimeThreads:
-    """The threads a runtime gets: ``requested`` (``--threads``), else the profile's, else every usable core."""
+                    root: str | os.PathLike = "/", capture_threads: int = 0) -> RuntimeThreads:
+    """The threads a runtime gets beside ``capture_threads`` busy pipeline threads: ``requested`` (``--threads``),
+    else the profile's, else the usable cores less the capture threads, never fewer than
+    :data:`MIN_SHARED_RUNTIME_THREADS` where that many are usable (the module docstring says why)."""
     cores = usable_cores(root)
     if requested:
-        return RuntimeThreads(requested, "threads option", cores)
+        return RuntimeThreads(requested, "threads option", cores, capture_threads)
     if profile:
-        return RuntimeThreads(profile, "profile", cores)
-    return RuntimeThreads(cores.usable, "usable cores", cores)
+        return RuntimeThreads(profile, "profile", cores, capture_threads)
+    left = cores.usable - capture_threads
+    if capture_threads and left >= MIN_SHARED_RUNTIME_THREADS:
+        return RuntimeThreads(left, "thread plan", cores, capture_threads)
+    floor = min(MIN_SHARED_RUNTIME_THREADS, cores.usable)
+    if left < floor and floor < cores.usable:  # several sources on few cores: keep the floor, share the rest
+        return RuntimeThreads(floor, "thread plan", cores, capture_threads)
+    return RuntimeThreads(cores.usable, "usable cores", cores, capture_threads)
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def usable_cores(root: str | os.PathLike = "/") -> Cores:

@@ -17,7 +17,8 @@ Interface (the database and ``fleet enroll/revoke`` sit on top of it)::
     check_device_common_name(device_id) -> str               # a device certificate's CN (no reserved prefix)
     TLSFiles(cafile, certfile, keyfile)
     FleetCA(folder).ensure() -> FleetCA; .ca_file; .server_cert(hosts) -> (cert, key);
-        .client_cert(common_name) -> (cert PEM, key PEM); .tls_files(hosts) -> TLSFiles
+        .client_cert(common_name) -> (cert PEM, key PEM); .tls_files(hosts) -> TLSFiles;
+        .sign_csr(csr, common_name, days=DEVICE_CERT_DAYS) -> Certificate   # a device's own key (claims.py)
 
 Then ``ManagedMosquitto(data_dir, auth=files, tls=ca.tls_files(hosts))``; after rewriting the files
 (enroll, revoke) call ``ManagedMosquitto.reload()``.
@@ -69,9 +70,10 @@ import hmac
 import ipaddress
 import re
 import secrets
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -79,6 +81,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ..errors import ConfigError
 from ..util.fs import atomic_write_bytes
 
 #: what mosquitto_passwd (2.0) writes
@@ -268,6 +271,8 @@ class TLSFiles:
 
 CA_DAYS = 3650
 LEAF_DAYS = 825
+#: a provisioned device's certificate (``fleet serve --device-cert-days``): its agent renews it at two thirds
+DEVICE_CERT_DAYS = 30
 RENEW_BEFORE = dt.timedelta(days=30)
 DEFAULT_HOSTS = ("127.0.0.1", "localhost")
 
@@ -289,6 +294,16 @@ def _san(hosts: Iterable[str]) -> list[x509.GeneralName]:
         except ValueError:
             names.append(x509.DNSName(host))
     return names
+
+
+def _load(path: Path, what: str, parse: Callable[[bytes], Any]) -> Any:
+    """``parse`` of the file's bytes; a ConfigError naming the file when it cannot be read or parsed."""
+    try:
+        return parse(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{path} is not {what} in PEM ({exc})") from None
 
 
 class FleetCA:
@@ -319,14 +334,23 @@ class FleetCA:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def ensure(self) -> FleetCA:
-        """Load the CA, creating it the first time (kept for good: every device trusts it)."""
+        """Load the CA, creating it the first time (kept for good: every device trusts it). One of its two files
+        without the other, or one that does not read, is a ConfigError naming the file: a new CA made in its place
+        would cut off every device that trusts the old one."""
         with self._locked():
-            if not (self.key_file.exists() and self.cert_file.exists()):
+            present = [path.exists() for path in (self.key_file, self.cert_file)]
+            if not any(present):
                 self._create()
-            key = serialization.load_pem_private_key(self.key_file.read_bytes(), password=None)
+            elif not all(present):
+                missing, kept = (self.key_file, self.cert_file) if present[1] else (self.cert_file, self.key_file)
+                raise ConfigError(f"the fleet CA's {missing} is missing beside {kept}: restore it from a backup "
+                                  "(a new CA would cut off every device that trusts this one)")
+            key = _load(self.key_file, "the fleet CA's private key",
+                        lambda data: serialization.load_pem_private_key(data, password=None))
             if not isinstance(key, ec.EllipticCurvePrivateKey):
-                raise ValueError(f"{self.key_file} is not an EC key")
-            self._key, self._cert = key, x509.load_pem_x509_certificate(self.cert_file.read_bytes())
+                raise ConfigError(f"{self.key_file} is not an EC private key (the fleet CA's key)")
+            self._key = key
+            self._cert = _load(self.cert_file, "the fleet CA's certificate", x509.load_pem_x509_certificate)
         return self
 
     def _create(self) -> None:
@@ -404,6 +428,28 @@ class FleetCA:
         """What ``ManagedMosquitto(tls=...)`` needs."""
         cert, key = self.server_cert(hosts)
         return TLSFiles(self.ca_file, cert, key)
+
+    def sign_csr(self, csr: x509.CertificateSigningRequest, common_name: str, *,
+                 days: float = DEVICE_CERT_DAYS) -> x509.Certificate:
+        """A client certificate for the key of ``csr`` (whose signature the caller has checked), named
+        ``common_name`` by the manager — whatever the request's subject says — for ``days``."""
+        _check(common_name, "common name", USERNAME_RE)
+        ca_key, ca_cert = self._ca()
+        public_key = csr.public_key()
+        now = _now()
+        return (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+                .issuer_name(ca_cert.subject).public_key(public_key).serial_number(x509.random_serial_number())
+                .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False,
+                                             key_encipherment=not isinstance(public_key, ec.EllipticCurvePublicKey),
+                                             data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                             crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+                .sign(ca_key, hashes.SHA256()))
 
     def client_cert(self, common_name: str, *, days: int = LEAF_DAYS) -> tuple[bytes, bytes]:
         """A client certificate (PEM) and its key (PEM, unencrypted) for mqtts; nothing is kept here."""

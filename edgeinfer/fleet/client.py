@@ -205,6 +205,26 @@ class FleetClient:
     def audit(self, limit: int = 100) -> list[dict]:
         return self._request("GET", f"/api/audit?limit={int(limit)}")
 
+    def create_claim(self, spec: dict) -> dict:
+        """A new claim (``ClaimSpec``'s keys): its row, its token (shown only now) and the image's agent.yaml keys."""
+        return self._post("/api/claims", spec)
+
+    def claims(self) -> list[dict]:
+        return self._request("GET", "/api/claims")
+
+    def revoke_claim(self, claim_id: str) -> dict:
+        return self._post(f"/api/claims/{_quote(claim_id)}", method="DELETE")
+
+    def provisioning(self, state: str | None = None) -> list[dict]:
+        """Devices' provisioning requests (``state``: pending, approved, rejected; None: all)."""
+        return self._request("GET", f"/api/provisioning?{_query({'state': state})}")
+
+    def approve_device(self, device_id: str) -> dict:
+        return self._post(f"/api/provisioning/{_quote(device_id)}/approve")
+
+    def reject_device(self, device_id: str) -> dict:
+        return self._post(f"/api/provisioning/{_quote(device_id)}/reject")
+
     def samples(self, **filters: Any) -> list[dict]:
         """Samples: filters device, pipeline, stream, model_version, rule, label, reviewed, limit."""
         return self._request("GET", f"/api/samples?{_query(filters)}")

@@ -7,7 +7,8 @@ visibility flag, ``forms.samples.visibility``):
 
 - ``coco``: ``annotations.json`` (COCO detection: ``bbox`` is x, y, width, height in pixels; categories
   numbered from 1 in the order of their names; a prediction's ``score`` kept; COCO keypoints: ``keypoints``
-  x, y, v flat and ``num_keypoints`` per annotation, the category's ``keypoints`` names and ``skeleton``);
+  x, y, v flat and ``num_keypoints`` per annotation, the category's ``keypoints`` names and ``skeleton``; a
+  segmentation model's mask outline as COCO's ``segmentation`` polygons, the ``area`` theirs);
 - ``yolo``: Ultralytics' layout — ``labels/<device>/<sample>.txt`` (``class cx cy w h``, normalised to
   0..1, then ``x y v`` per keypoint for a pose dataset), ``data.yaml`` (``names``, classes numbered from 0;
   ``kpt_shape`` and, for COCO's 17, ``flip_idx``);
@@ -100,6 +101,9 @@ def coco(samples: Sequence[dict]) -> dict[str, Any]:
                      "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1), "iscrowd": 0}
             if box.get("score") is not None:
                 entry["score"] = box["score"]
+            if box.get("polygons"):  # a segmentation model's mask: COCO's polygons, x, y flat; its area theirs
+                entry["segmentation"] = [[value for point in polygon for value in point] for polygon in box["polygons"]]
+                entry["area"] = sum(_polygon_area(polygon) for polygon in box["polygons"])
             if box["label"] in counts:
                 points = flags(sample, box, counts[box["label"]])
                 entry["keypoints"] = [value for point in points for value in point]
@@ -107,6 +111,12 @@ def coco(samples: Sequence[dict]) -> dict[str, Any]:
             annotations.append(entry)
     return {"info": {"description": "edgeinfer samples"}, "images": images, "annotations": annotations,
             "categories": [_category(ids[name], name, counts.get(name)) for name in names]}
+
+
+def _polygon_area(polygon: Sequence[Sequence[float]]) -> float:
+    """The area a polygon encloses (the shoelace formula), in square pixels."""
+    closed = [*polygon[1:], polygon[0]]
+    return abs(sum(x1 * y2 - x2 * y1 for (x1, y1), (x2, y2) in zip(polygon, closed))) / 2
 
 
 def _category(number: int, name: str, keypoints: int | None) -> dict[str, Any]:

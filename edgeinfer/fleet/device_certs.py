@@ -3,8 +3,9 @@
 A device that holds a certificate of the fleet's CA is known by it on the broker's certificate listener
 (``fleet/broker.py``) and on the manager's HTTPS (``fleet/http.py``). Interface::
 
-    load_csr(pem) -> CertificateSigningRequest          # ValueError: not PEM, too large, bad signature, a subject
-    sign_csr(ca, csr, device_id, days=...) -> Certificate   # CN = device_id: the manager names devices
+    read_csr(pem) -> CertificateSigningRequest          # ProvisioningRefused(400): not PEM, too large, a subject...
+    sign_csr(ca, csr, device_id, days=...) -> Certificate   # FleetCA.sign_csr, CN = device_id checked
+        .record(device_id, cert)                         # a certificate signed elsewhere (claims.py) made revocable
     DeviceCertificates(db, ca, crl_file)
         .issue(device_id, csr_pem) -> Certificate        # signed and recorded (its serial can be revoked)
         .issue_with_key(device_id) -> (cert PEM, key PEM) # `fleet enroll --certificate`: the key made here
@@ -16,8 +17,8 @@ A device that holds a certificate of the fleet's CA is known by it on the broker
 Why these choices:
 
 - **The device chooses nothing but its key.** A request must have an empty subject; the manager writes
-  the CN (the device id) itself, so a device cannot name itself into another's topics. Only EC P-256/P-384
-  and RSA ≥ 2048 keys are signed; a request is at most :data:`MAX_CSR_BYTES`.
+  the CN (the device id) itself, so a device cannot name itself into another's topics. :func:`read_csr` is
+  the one check of a request, for first boots (``claims.py``) and renewals alike.
 - **One CRL, one reload.** Revoking writes the whole CRL (the revoked certificates still within their
   lifetime: an expired one is refused anyway, so the list does not grow for ever) atomically, and Mosquitto
   re-reads it on SIGHUP. Its ``next_update`` lies a year ahead and every write re-signs it: OpenSSL refuses
@@ -48,54 +49,49 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ..errors import ProvisioningRefused
 from ..util.fs import atomic_write_bytes
-from .broker_auth import FleetCA, check_device_common_name
+from .broker_auth import DEVICE_CERT_DAYS, FleetCA, check_device_common_name
 
 log = logging.getLogger(__name__)
 
-#: the largest certificate request the manager reads (a P-256 request is ~450 bytes, RSA-4096 ~1.7 KiB)
-MAX_CSR_BYTES = 16 * 1024
-#: a device certificate's life; the agent renews it at two thirds of it (agent/provisioning.py)
-DEVICE_CERT_DAYS = 90
+#: the largest CSR a device sends (an RSA-4096 request is under 2 KiB in PEM)
+MAX_CSR_BYTES = 8192
 CRL_FILE = "crl.pem"
 #: how long a CRL stays valid; every write re-signs it
 CRL_DAYS = 365
 #: the life of the throwaway certificate that closes a revoked device's session
 KICK_CERT_S = 120
-_CURVES = (ec.SECP256R1, ec.SECP384R1)
 
 
-def load_csr(pem: str | bytes) -> x509.CertificateSigningRequest:
-    """A device's certificate request, checked: PEM, at most MAX_CSR_BYTES, self-signed by its key, an empty
-    subject, an accepted key. ValueError saying which of these it is not."""
-    data = pem.encode("ascii", "replace") if isinstance(pem, str) else bytes(pem)
-    if len(data) > MAX_CSR_BYTES:
-        raise ValueError(f"csr: {len(data)} bytes; a certificate request is at most {MAX_CSR_BYTES} bytes")
-    if b"-----BEGIN CERTIFICATE REQUEST-----" not in data:
-        raise ValueError("csr: not a PEM certificate request (-----BEGIN CERTIFICATE REQUEST-----)")
+def read_csr(pem: str) -> x509.CertificateSigningRequest:
+    """A device's certificate request, checked: PEM of one PKCS#10 request, signed by its own key (an EC P-256/384/521,
+    RSA of 2048 bits or more, or Ed25519 key), with an **empty subject** — the manager names the device.
+    ProvisioningRefused(400) naming what is wrong."""
+    if len(pem.encode("utf-8", "replace")) > MAX_CSR_BYTES:
+        raise ProvisioningRefused(400, f"csr: at most {MAX_CSR_BYTES} bytes")
     try:
-        csr = x509.load_pem_x509_csr(data)
-    except ValueError as exc:
-        raise ValueError(f"csr: not a valid PKCS#10 request ({exc})") from None
-    if not csr.is_signature_valid:
-        raise ValueError("csr: its signature does not verify with its own key")
-    if len(csr.subject) != 0:
-        raise ValueError("csr: the subject must be empty (the manager names the device), got "
-                         f"{csr.subject.rfc4514_string()!r}")
-    key = csr.public_key()
-    if isinstance(key, ec.EllipticCurvePublicKey):
-        if not isinstance(key.curve, _CURVES):
-            raise ValueError(f"csr: EC curve {key.curve.name} is not accepted (P-256 or P-384)")
-    elif isinstance(key, rsa.RSAPublicKey):
-        if key.key_size < 2048:
-            raise ValueError(f"csr: an RSA key of {key.key_size} bits is too short (2048 at least)")
-    else:
-        raise ValueError(f"csr: a {type(key).__name__} is not accepted (EC P-256/P-384 or RSA)")
+        csr = x509.load_pem_x509_csr(pem.encode("ascii"))
+    except (ValueError, UnicodeEncodeError, UnsupportedAlgorithm) as exc:
+        raise ProvisioningRefused(400, f"csr: not a PEM certificate request (PKCS#10): {exc}") from None
+    try:
+        if not csr.is_signature_valid:
+            raise ProvisioningRefused(400, "csr: its signature does not match its public key")
+        key = csr.public_key()
+    except (ValueError, UnsupportedAlgorithm, InvalidSignature) as exc:
+        raise ProvisioningRefused(400, f"csr: its key or signature cannot be read: {exc}") from None
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size < 2048:
+        raise ProvisioningRefused(400, f"csr: an RSA key of {key.key_size} bits; at least 2048")
+    if not isinstance(key, (ec.EllipticCurvePublicKey, rsa.RSAPublicKey, ed25519.Ed25519PublicKey)):
+        raise ProvisioningRefused(400, "csr: the key must be EC, RSA or Ed25519")
+    if len(csr.subject):
+        raise ProvisioningRefused(400, f"csr: the subject must be empty, not {csr.subject.rfc4514_string()!r} — the "
+                                       "manager names devices (the certificate's CN is the device id it gives)")
     return csr
 
 
@@ -104,27 +100,9 @@ def _ca_pair(ca: FleetCA) -> tuple[Any, x509.Certificate]:
 
 
 def sign_csr(ca: FleetCA, csr: x509.CertificateSigningRequest, device_id: str, *,
-             days: float = DEVICE_CERT_DAYS, now: dt.datetime | None = None) -> x509.Certificate:
-    """A client certificate for ``csr``'s key with CN = ``device_id`` (checked: an id, no reserved prefix)."""
-    check_device_common_name(device_id)
-    ca_key, ca_cert = _ca_pair(ca)
-    now = now or dt.datetime.now(dt.timezone.utc)
-    public_key = csr.public_key()
-    agreement = isinstance(public_key, ec.EllipticCurvePublicKey)
-    return (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, device_id)]))
-            .issuer_name(ca_cert.subject).public_key(public_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=agreement,
-                                         key_cert_sign=False, crl_sign=False, encipher_only=False,
-                                         decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+             days: float = DEVICE_CERT_DAYS) -> x509.Certificate:
+    """``FleetCA.sign_csr`` for a device: CN = ``device_id``, checked (an id, no reserved prefix)."""
+    return ca.sign_csr(csr, check_device_common_name(device_id), days=days)
 
 
 def serial_text(cert: x509.Certificate) -> str:
@@ -156,11 +134,17 @@ class DeviceCertificates:
         self.days = days
 
     def issue(self, device_id: str, csr_pem: str | bytes, *, days: float | None = None) -> x509.Certificate:
-        """Sign ``csr_pem`` (checked by :func:`load_csr`) for ``device_id`` and record it; ValueError if refused."""
-        cert = sign_csr(self.ca, load_csr(csr_pem), device_id, days=self.days if days is None else days)
-        self.db.certificates.add({"serial": serial_text(cert), "device_id": device_id, "issued_at": time.time(),
-                                 "not_after": cert.not_valid_after_utc.timestamp(), "revoked_at": None})
+        """Sign ``csr_pem`` (checked by :func:`read_csr`) for ``device_id`` and record it; ProvisioningRefused(400)
+        for a bad request, ValueError for a device id no certificate may carry."""
+        pem = csr_pem.decode("ascii", "replace") if isinstance(csr_pem, bytes) else csr_pem
+        cert = sign_csr(self.ca, read_csr(pem), device_id, days=self.days if days is None else days)
+        self.record(device_id, cert)
         return cert
+
+    def record(self, device_id: str, cert: x509.Certificate) -> None:
+        """Record a certificate issued to ``device_id``, so that revoking the device revokes it."""
+        self.db.certificates.add({"serial": serial_text(cert), "device_id": device_id, "issued_at": time.time(),
+                                  "not_after": cert.not_valid_after_utc.timestamp(), "revoked_at": None})
 
     def issue_with_key(self, device_id: str) -> tuple[bytes, bytes]:
         """A key made here and its recorded certificate (PEM each): for a device set up by hand (``fleet enroll

@@ -29,10 +29,13 @@ from ..updates.signing import PRIVATE_KEY_FILE, SigningKey
 from .access import MANAGER_USER, FleetAccess
 from .api.app import build_app
 from .api.deps import FleetServices
+from .api.rate_limit import RateLimit
 from .artifacts import ArtifactStore
 from .auth import ADMIN_TOKEN_FILE
 from .broker import ManagedMosquitto
+from .broker_auth import DEVICE_CERT_DAYS
 from .changes import ChangeFeed
+from .claims import ClaimService
 from .commands import CommandService
 from .config_rollout import ConfigRollouts
 from .configs import ConfigService
@@ -101,6 +104,12 @@ class FleetSettings:
     sample_max_bytes: int = 4 << 20
     samples_max_bytes: int = 4096 << 20
     samples_retention_days: float = 90.0
+    #: the rate limit on what is not authenticated, per client address (api/rate_limit.py): tokens a second (0: no
+    #: limit) and the most at once
+    unauthenticated_rate: float = RateLimit.rate_per_s
+    unauthenticated_burst: int = RateLimit.burst
+    #: the lifetime of a provisioned device's certificate (claims.py)
+    device_cert_days: float = DEVICE_CERT_DAYS
 
     def http_address(self) -> tuple[str, int]:
         host, _, port = self.http.rpartition(":")
@@ -179,6 +188,8 @@ class FleetManager:
         except OSError as exc:
             raise ConfigError(f"cannot listen on {s.http}: {exc.strerror or exc}") from None
         access.manager_url = self.public_url
+        if access.certificates is not None:
+            access.certificates.days = s.device_cert_days  # enrolment and renewal: as long as provisioning's
         self._spool = Spool(self.data_dir / "commands-out.sqlite3")
         commands = self.commands = CommandService(db, key, self._spool)
         owner = f"{s.client_id()}-{uuid.uuid4().hex[:6]}"  # a restarted manager is a new owner
@@ -188,10 +199,12 @@ class FleetManager:
         live_view = self.live_view = LiveView(db, commands, lambda: self.public_url).start()
         self.diagnosis = DiagnosisService(db, commands, lambda: self.public_url)
         configs = self.configs = ConfigService(db, ConfigRollouts(db, deployments, store))
+        claims = ClaimService(db, access, lambda: self.public_url, cert_days=s.device_cert_days)
         services = FleetServices(access=access, artifacts=store, commands=commands, deployments=deployments,
                                  devices=self.devices, evidence=evidence, changes=changes, live_view=live_view,
                                  metrics=FleetMetrics(self), samples=self.samples, diagnosis=self.diagnosis,
-                                 configs=configs)
+                                 configs=configs, claims=claims,
+                                 rate_limit=RateLimit(s.unauthenticated_rate, s.unauthenticated_burst))
         self.http.start(build_app(services))
         self.ingest = Ingest(db, on_event=deployments.follow_event, on_state=self._on_state,
                              queue_size=s.ingest_queue, batch_size=s.ingest_batch).start()

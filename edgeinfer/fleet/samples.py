@@ -67,11 +67,17 @@ def decode_jpeg(text: str, limit: int) -> bytes:
 def clamped(detections: list[dict], width: int, height: int) -> list[dict]:
     """``detections`` with their boxes cut to the frame: a detector's box may reach past the frame's edge (its
     anchor does), a dataset's may not. So are keypoints, each ``[x, y, v]``: one past the edge is cut to it with
-    ``v`` 0 (not seen, not labelled). A detection without keypoints keeps no ``keypoints`` key."""
+    ``v`` 0 (not seen, not labelled). A detection without keypoints (a mask outline, an oriented box) keeps no key
+    for them."""
     out = []
     for detection in detections:
         x1, y1, x2, y2 = detection["box"]
         entry = {**detection, "box": [min(x1, width), min(y1, height), min(x2, width), min(y2, height)]}
+        for shape in ("polygons", "rotated_box"):
+            if entry.get(shape) is None:
+                entry.pop(shape, None)
+            elif shape == "polygons":
+                entry[shape] = [[[min(x, width), min(y, height)] for x, y in polygon] for polygon in entry[shape]]
         keypoints = entry.pop("keypoints", None)
         if keypoints:
             entry["keypoints"] = [[x, y, v] if x <= width and y <= height else [min(x, width), min(y, height), 0.0]

@@ -11,7 +11,8 @@ folder without it is partial)::
      "captured_at": 1795652031.9, "pipeline": "door", "stream": "", "rule": "uncertain:0.3-0.6",
      "model": {"name": "yolov8n.onnx", "sha256": "<64 hex>", "version": "3"},
      "detections": [{"label": "person", "score": 0.41, "box": [x1, y1, x2, y2],
-                     "keypoints": [[x, y, v], ...]}],
+                     "keypoints": [[x, y, v], ...], "polygons": [[[x, y], ...], ...],
+                     "rotated_box": [cx, cy, w, h, angle]}],
      "frame_id": 812, "source_time": 27.07, "output": <the result's to_dict(): keypoints, masks...>,
      "command_id": "9f1c..."}
 
@@ -23,7 +24,10 @@ It is uploaded as one JSON document to ``PUT /api/devices/<device>/samples/<samp
 the JPEG's pixels; a classifier's top-1 is a box of the whole frame. A pose model's detection carries its
 ``keypoints``, each ``[x, y, v]`` in the JPEG's pixels: in the model's ``detections`` ``v`` is the keypoint's
 confidence (0..1; a keypoint off the frame is cut to it with 0), in a person's ``labels`` COCO's visibility flag
-(0 not labelled, 1 labelled but hidden, 2 labelled and visible); :func:`visibility` reads either as the flag.
+(0 not labelled, 1 labelled but hidden, 2 labelled and visible); :func:`visibility` reads either as the flag. An
+instance-segmentation model's detection carries its mask's outline, ``polygons`` (each ``[[x, y], ...]`` in the
+JPEG's pixels, the largest first, at most ``MAX_POLYGONS`` and ``MAX_POLYGON_POINTS`` points in all), an oriented-box
+model's its ``rotated_box`` (centre x, centre y, width, height in pixels, the angle in radians).
 COCO's 17 keypoints have COCO's names and limbs (``COCO_KEYPOINT_NAMES``, ``COCO_SKELETON``): the device's
 drawing, the dashboard's (through the OpenAPI document) and the exports take them from here.
 
@@ -65,6 +69,10 @@ MAX_DETECTIONS = 1000
 MAX_LABEL = 128
 #: the most keypoints one detection carries (a model's metadata states at most as many, runtime/metadata.py)
 MAX_KEYPOINTS = 1000
+#: an instance mask's outline: at most this many polygons (the largest) and this many points in all, simplified to fit
+#: (a sample's ``polygons``, an event's, a run's JSON: ``pipeline/postprocess.py`` draws them all the same way)
+MAX_POLYGONS = 16
+MAX_POLYGON_POINTS = 256
 #: a model's keypoint at or above this confidence is seen: drawn (the live view, evidence, the dashboard) and
 #: exported as visible; below it, neither (Ultralytics draws from the same confidence)
 KEYPOINT_VISIBLE = 0.5

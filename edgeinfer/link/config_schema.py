@@ -30,24 +30,10 @@ CONFIG_SCHEMA: dict[str, Any] = json.loads(r"""
      "task": {"type": "string", "enum": ["classify", "detect", "pose", "segment", "obb"]},
      "decoder": {
       "type": "string",
-      "enum": [
-       "tflite-ssd",
-       "yolox",
-       "yolo-seg",
-       "yolo-end2end",
-       "yolo",
-       "yolo-pose",
-       "yolo-obb",
-       "yolov5",
-       "dfine",
-       "rf-detr",
-       "detr",
-       "ssd",
-       "ssd-anchors",
-       "movenet",
-       "semantic",
-       "classify"
-      ]
+      "minLength": 1,
+      "maxLength": 4096,
+      "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+      "errorMessage": "must be a decoder's name (a built-in's or an installed plug-in's)"
      },
      "labels": {"type": "string", "minLength": 1, "maxLength": 4096},
      "top_k": {"type": "integer", "minimum": 1, "default": 5},
@@ -115,6 +101,8 @@ CONFIG_SCHEMA: dict[str, Any] = json.loads(r"""
       "items": {"type": "number"},
       "errorMessage": "must be a number or a list of numbers (one per channel)"
      },
+     "channels": {"type": "string", "enum": ["rgb", "bgr"]},
+     "pad": {"type": "string", "enum": ["centre", "corner"]},
      "preprocess_in": {"type": "string", "enum": ["auto", "capture", "inference"], "default": "auto"},
      "reduced_decode": {"type": "boolean", "default": true},
      "keep_frames": {"type": "boolean", "default": false},

@@ -103,15 +103,13 @@ class ModelBinding:
 
         options = self._options
         return read_model(engine, task=options.task, decoder=options.decoder, labels=self.labels,
-                          settings=options.decoder_settings(), resize=options.resize, mean=options.mean,
-                          std=options.std)
+                          settings=options.decoder_settings(), **options.feed_options())
 
     def build(self, engine: Engine, frame_shape: tuple[int, ...], native: tuple[int, int] | None) -> InferencePlan:
         """A new plan for ``engine`` and frames of ``frame_shape`` (decoded from ``native`` when reduced)."""
         reading = self._decoder(engine)
         size = (frame_shape[1], frame_shape[0])
-        pre, pre_staged = (Preprocessor(engine.inputs[0], size, resize=reading.resize, mean=reading.mean,  # type: ignore[arg-type]
-                                        std=reading.std) for _ in range(2))
+        pre, pre_staged = (reading.preprocessor(engine.inputs[0], size) for _ in range(2))
         # results are in the source's own pixels even when its frames arrive reduced
         transform = pre.transform if native is None else pre.transform.for_source_size(*native)
         for index in size_inputs(reading.decoder):  # D-FINE's orig_target_sizes: boxes in input pixels

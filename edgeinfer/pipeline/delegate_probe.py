@@ -184,8 +184,7 @@ def judgement_reading(row: Any, options: PipelineOptions, task: str | None = Non
     settings = DecoderSettings(top_k=5, score_threshold=AP_SCORE_FLOOR, iou_threshold=DEFAULT_NMS_IOU,
                                max_detections=MAX_BOXES)
     return read_model(row, task=task or options.task, decoder=layout or options.decoder,
-                      labels=model_labels(row.model), settings=settings, resize=options.resize, mean=options.mean,
-                      std=options.std)
+                      labels=model_labels(row.model), settings=settings, **options.feed_options())
 
 
 def answers(engine: Engine, reading: ModelReading, judged: JudgementFrames) -> Answers:
@@ -194,15 +193,13 @@ def answers(engine: Engine, reading: ModelReading, judged: JudgementFrames) -> A
     from .binding import size_inputs
     from .engine_worker import BatchRow
     from .postprocess import class_scores
-    from .preprocess import Preprocessor
 
     row = BatchRow(engine, 0)
     kind = "boxes" if reading.gives_boxes else "top1" if reading.task == "classify" else ""
     per_frame: list[Any] = []
     invoke_s = 0.0
     for frame in judged.frames:
-        pre = Preprocessor(row.inputs[0], (frame.shape[1], frame.shape[0]), resize=reading.resize,  # type: ignore[arg-type]
-                           mean=reading.mean, std=reading.std)
+        pre = reading.preprocessor(row.inputs[0], (frame.shape[1], frame.shape[0]))
         transform = pre(frame, row.input_view(0))
         for index in size_inputs(reading.decoder):  # D-FINE's orig_target_sizes, as the binding sets them
             row.input_view(index)[...] = (pre.width, pre.height)
@@ -278,13 +275,13 @@ class DelegateProbe:
     """The probe of one model under one plan: the cached choice, or the candidates measured now."""
 
     def __init__(self, the_plan: Plan, info: ModelInfo, options: PipelineOptions, *, threads: int | None = None,
-                 batch: int | None = None, env: Mapping[str, str] | None = None) -> None:
+                 batch: int | None = None, env: Mapping[str, str] | None = None, capture_threads: int = 0) -> None:
         from ..runtime.selection import runtime_thread_count
 
         self.plan, self.info, self.options = the_plan, info, options
         #: what a run without the probe would give the runtime (``selection.load``'s rule): the candidates are
         #: measured at it, and the choice is kept per it
-        self.threads = runtime_thread_count(the_plan, threads)
+        self.threads = runtime_thread_count(the_plan, threads, capture_threads)
         env = os.environ if env is None else env
         if not options.delegate_probe:
             self.indices, self.skipped = (), "the probe is off (delegate_probe: false, --no-probe)"
@@ -462,11 +459,12 @@ def load_engine(model: str | os.PathLike | ModelInfo, options: PipelineOptions, 
 
     env = os.environ if env is None else env
     if options.delegate or (batch is not None and batch > 1) or not options.delegate_probe or probe_disabled(env):
-        return load(model, options.delegate, threads=threads, batch=batch, env=env)
+        return load(model, options.delegate, threads=threads, batch=batch, env=env, capture_threads=len(sources))
     info = model if isinstance(model, ModelInfo) else inspect_model(Path(model))
-    probe = DelegateProbe(plan(info, None, env=env), info, options, threads=threads, batch=batch, env=env)
+    probe = DelegateProbe(plan(info, None, env=env), info, options, threads=threads, batch=batch, env=env,
+                          capture_threads=len(sources))
     if not probe.wanted:
-        return load(info, None, threads=threads, batch=batch, env=env)
+        return load(info, None, threads=threads, batch=batch, env=env, capture_threads=len(sources))
     result = probe.cached()
     judged: JudgementFrames | None = None
     if result is not None and not result.judged:

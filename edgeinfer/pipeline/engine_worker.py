@@ -147,7 +147,8 @@ class EngineWorker:
         """One decoder per batch row (a decoder reads its row's outputs; the transform comes from the stream)."""
         options = self._options
         return [read_model(BatchRow(engine, b), task=options.task, decoder=options.decoder,  # type: ignore[arg-type]
-                           labels=self._labels, settings=self._settings).decoder for b in range(self.batch)]
+                           labels=self._labels, settings=self._settings, **options.feed_options()).decoder
+                for b in range(self.batch)]
 
     def row(self) -> Engine:
         """What a stream's plans are built against: row 0 of the engine serving it."""

@@ -277,7 +277,8 @@ class StreamEvents:
                     box = getattr(item, "box", None)
                     fired = {"kind": DETECTION, "name": None, "label": label, "track_id": track_id,
                              "score": round(score, 4), "direction": None,
-                             "box": [round(float(v), 1) for v in box] if box is not None else None}
+                             "box": [round(float(v), 1) for v in box] if box is not None else None,
+                             **detection_shapes(item)}
                     self._fire(index, rule, fired, frame_id, timestamp,
                                subject=track_id if track_id is not None else label, source_time=source_time)
 
@@ -447,6 +448,18 @@ def _size(summary: dict, what: str) -> int:
         return Path(summary[what]).stat().st_size
     except OSError:
         return 0
+
+
+def detection_shapes(item: Any) -> dict[str, Any]:
+    """What a detection carries beyond its box, in the sample form (``forms/samples.py``): a pose model's
+    ``keypoints``, a segmentation model's ``polygons``, an oriented box's ``rotated_box`` (none for a class)."""
+    from ..forms.samples import MAX_KEYPOINTS
+    from .postprocess import keypoint_rows
+
+    shapes = dict(item.shapes()) if hasattr(item, "shapes") else {}
+    if getattr(item, "keypoints", ()):
+        shapes["keypoints"] = keypoint_rows(item.keypoints[:MAX_KEYPOINTS])
+    return shapes
 
 
 def scored_items(result: Any) -> Sequence[Any]:

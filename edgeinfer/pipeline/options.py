@@ -19,13 +19,15 @@ from ..forms.regions import task_problem, text_rule
 from ..util.backoff import Backoff
 from ..util.config import bounds, current_names, out_of_bounds
 from .decoders import (
-    DECODER_NAMES,
+    DECODER_NAME_FORM,
+    DECODER_NAME_PATTERN,
     DEFAULT_IOU_THRESHOLD,
     DEFAULT_MAX_DETECTIONS,
     DEFAULT_SCORE_THRESHOLD,
     DecoderSettings,
+    decoder_problem,
 )
-from .preprocess import RESIZE_MODES
+from .preprocess import CHANNEL_ORDERS, PAD_PLACES, RESIZE_MODES
 from .tasks import TASK_NAMES, get_task
 from .zones import DEFAULT_BAND, DEFAULT_HOLD_S, TRIGGERS, named_regions
 
@@ -68,8 +70,11 @@ class PipelineOptions:
     # what to do
     #: None: the task the model's metadata states, else the first output layout that fits (a 1xN output: classify)
     task: str | None = field(default=None, metadata=_choices(*TASK_NAMES))
-    #: how the outputs are read (edgeinfer.pipeline.decoders): None chooses from the outputs and the metadata
-    decoder: str | None = field(default=None, metadata=_choices(*DECODER_NAMES))
+    #: how the outputs are read (edgeinfer.pipeline.decoders): None chooses from the outputs and the metadata. A
+    #: built-in's name or an installed plug-in's: the schema takes any name (the fleet cannot know a device's
+    #: plug-ins), the device checks it is one here
+    decoder: str | None = field(default=None, metadata={
+        "pattern": DECODER_NAME_PATTERN, "form": DECODER_NAME_FORM})
     labels: str | os.PathLike | Labels | None = None
     top_k: int = field(default=5, metadata=bounds(minimum=1))
     score_threshold: float = field(default=DEFAULT_SCORE_THRESHOLD, metadata=bounds(minimum=0, maximum=1))
@@ -103,10 +108,14 @@ class PipelineOptions:
     max_fps: float | None = field(default=None, metadata=bounds(exclusiveMinimum=0))
     max_frames: int | None = field(default=None, metadata=bounds(minimum=1))
     queue_size: int = field(default=DEFAULT_QUEUE_SIZE, metadata=bounds(minimum=1))
-    # preprocessing
+    # preprocessing (None: what the model's metadata states, else its family's: docs/pipeline.md)
     resize: str | None = field(default=None, metadata=_choices(*RESIZE_MODES))
     mean: float | tuple[float, ...] | None = None
     std: float | tuple[float, ...] | None = None
+    #: the channel order the model takes: ``rgb`` or ``bgr``
+    channels: str | None = field(default=None, metadata=_choices(*CHANNEL_ORDERS))
+    #: where a letterbox's border goes: ``centre``, or ``corner`` (the image at the top-left, YOLOX's)
+    pad: str | None = field(default=None, metadata=_choices(*PAD_PLACES))
     preprocess_in: str = field(default="auto", metadata=_choices(*PREPROCESS_PLACES))
     #: frames kept for the caller stay full size; otherwise sources that can decode less may
     reduced_decode: bool = True
@@ -178,6 +187,10 @@ class PipelineOptions:
             problem = out_of_bounds(option.name, value, option.metadata)
             if problem:
                 raise ValueError(problem)
+        if self.decoder is not None:  # a built-in or an installed plug-in (its entry point; not imported here)
+            problem = decoder_problem(self.decoder)
+            if problem:
+                raise ValueError(problem)
         for name in ("line_band", "line_hold_s"):
             if not getattr(self, name) < float("inf"):
                 raise ValueError(f"{name} must be finite and >= 0, not {getattr(self, name)!r}")
@@ -232,6 +245,10 @@ class PipelineOptions:
     def tracking(self) -> bool:
         """Whether the pipeline tracks (asked for, or implied by lines or zones)."""
         return self.track or bool(self.lines) or bool(self.zones)
+
+    def feed_options(self) -> dict[str, Any]:
+        """How frames are fed, as far as the options say (``tasks.read_model``'s keyword arguments)."""
+        return {"resize": self.resize, "mean": self.mean, "std": self.std, "channels": self.channels, "pad": self.pad}
 
     def decoder_settings(self) -> DecoderSettings:
         """The options the task's decoder reads."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..forms.samples import COCO_KEYPOINT_NAMES
+from ..forms.samples import COCO_KEYPOINT_NAMES, MAX_POLYGON_POINTS, MAX_POLYGONS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -90,6 +91,18 @@ class Keypoint:
         return {"name": self.name, "x": round(self.x, 1), "y": round(self.y, 1), "score": round(self.score, 6)}
 
 
+def keypoint_rows(keypoints: Any, width: float = math.inf, height: float = math.inf) -> list[list[float]]:
+    """``[x, y, confidence]`` each in the frame's pixels (a sample's form, an event's); one the model put off the frame
+    is cut to it, unseen (0)."""
+    out = []
+    for k in keypoints:
+        x, y, score = (v if math.isfinite(v) else -1.0 for v in (float(k.x), float(k.y), float(k.score)))
+        inside = 0.0 <= x <= width and 0.0 <= y <= height
+        out.append([round(min(max(x, 0.0), width), 1), round(min(max(y, 0.0), height), 1),
+                    round(min(max(score, 0.0), 1.0), 4) if inside else 0.0])
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class InstanceMask:
     """One instance's mask at source resolution, cropped to its box: ``pixels`` (bool, HxW) covers the source
@@ -103,15 +116,20 @@ class InstanceMask:
     def area(self) -> int:
         return int(self.pixels.sum())
 
-    def polygons(self) -> list[list[tuple[float, float]]]:
-        """The mask's outer contours as polygons in source pixels (largest first)."""
+    def polygons(self, max_points: int | None = None,
+                 max_polygons: int | None = None) -> list[list[tuple[float, float]]]:
+        """The mask's outer contours as polygons in source pixels (largest first): at most ``max_polygons`` of them
+        and ``max_points`` points in all, simplified (Douglas-Peucker, the tolerance doubled until they fit)."""
         import cv2
         import numpy as np
 
         contours, _ = cv2.findContours(self.pixels.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
-        contours = sorted(contours, key=cv2.contourArea, reverse=True)
-        return [[(float(px + self.x), float(py + self.y)) for px, py in contour.reshape(-1, 2)]
-                for contour in contours if len(contour) >= 3]
+        contours = [c for c in sorted(contours, key=cv2.contourArea, reverse=True) if len(c) >= 3][:max_polygons]
+        tolerance = 0.5
+        while max_points is not None and sum(len(c) for c in contours) > max_points:
+            contours = [c for c in (cv2.approxPolyDP(c, tolerance, True) for c in contours) if len(c) >= 3]
+            tolerance *= 2
+        return [[(float(px + self.x), float(py + self.y)) for px, py in contour.reshape(-1, 2)] for contour in contours]
 
     def full(self, width: int, height: int) -> np.ndarray:
         """The mask in a ``height`` x ``width`` frame (a new array)."""
@@ -157,10 +175,19 @@ class Detection:
             data["track_id"] = self.track_id
         if self.keypoints:
             data["keypoints"] = [k.to_dict() for k in self.keypoints]
+        data.update(self.shapes())
+        return data
+
+    def shapes(self) -> dict:
+        """What an oriented-box or instance-segmentation model gives beyond the box, as JSON — ``rotated_box`` (cx,
+        cy, w, h, angle in radians) and ``polygons`` (the mask's outline): the one form a run's JSON, an event and
+        a sample carry them in (``forms.samples``)."""
+        data: dict = {}
         if self.rotated is not None:
             data["rotated_box"] = [round(v, 1) for v in self.rotated[:4]] + [round(self.rotated[4], 5)]
         if self.mask is not None:
-            data["polygons"] = [[[round(x, 1), round(y, 1)] for x, y in polygon] for polygon in self.mask.polygons()]
+            data["polygons"] = [[[round(x, 1), round(y, 1)] for x, y in polygon]
+                                for polygon in self.mask.polygons(MAX_POLYGON_POINTS, MAX_POLYGONS)]
         return data
 
 

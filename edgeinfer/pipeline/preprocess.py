@@ -11,6 +11,11 @@ planes, and each plane written into its channel of the input by one ``cv2.addWei
 channel order, ``(pixel - mean) / std`` and the layout change in that one pass, at about the cost of
 a copy (1.3 ms for a 1280x720 frame into 640x640 where the numpy path took 7.5 and a plain OpenCV +
 numpy loop 10: docs/benchmarks.md, "Preprocessing").
+
+What is fed is a model family's contract (docs/pipeline.md, "What each family is fed"): the channel order
+(``channels``: ``rgb`` or ``bgr``), the resize, where a letterbox's border goes (``pad``: ``centre``, or
+``corner``: the image at the top-left and the whole border bottom-right, YOLOX's ``preproc``) and its grey
+(``pad_value``), and ``(pixel - mean) / std``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import InputMismatch
+from ..runtime.metadata import CHANNEL_ORDERS, PAD_PLACES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,7 +36,10 @@ RESIZE_MODES = ("stretch", "letterbox", "crop")
 #: float inputs with no stated normalisation get (pixel - 127.5) / 127.5, i.e. [-1, 1]
 DEFAULT_FLOAT_MEAN = 127.5
 DEFAULT_FLOAT_STD = 127.5
+#: the letterbox's grey where the model's family or metadata states none (Ultralytics' and YOLOX's)
 LETTERBOX_PAD = 114
+__all__ = ["CHANNEL_ORDERS", "DEFAULT_FLOAT_MEAN", "DEFAULT_FLOAT_STD", "LETTERBOX_PAD", "PAD_PLACES", "RESIZE_MODES",
+           "Preprocessor", "Transform", "input_geometry"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,8 @@ def input_geometry(spec: TensorSpec) -> tuple[int, int, int, str]:
 
 
 class Preprocessor:
-    """Resize / letterbox / centre-crop, BGR→RGB, normalise, quantise, NHWC/NCHW into ``dst``."""
+    """Resize / letterbox (centred or in the corner) / centre-crop, BGR→RGB or not, normalise, quantise, NHWC/NCHW
+    into ``dst``."""
 
     def __init__(
         self,
@@ -79,17 +89,26 @@ class Preprocessor:
         source_size: tuple[int, int],
         *,
         resize: ResizeMode = "stretch",
-        rgb: bool = True,
+        channels: str = "rgb",
         mean: float | tuple[float, ...] | None = None,
         std: float | tuple[float, ...] | None = None,
         interpolation: str = "linear",
+        pad: str = "centre",
+        pad_value: int = LETTERBOX_PAD,
     ) -> None:
         import cv2
         import numpy as np
 
         if resize not in RESIZE_MODES:
             raise ValueError(f"resize must be one of {RESIZE_MODES}, not {resize!r}")
+        if channels not in CHANNEL_ORDERS:
+            raise ValueError(f"channels must be one of {', '.join(CHANNEL_ORDERS)}, not {channels!r}")
+        if pad not in PAD_PLACES:
+            raise ValueError(f"pad must be one of {', '.join(PAD_PLACES)}, not {pad!r}")
+        if isinstance(pad_value, bool) or not isinstance(pad_value, int) or not 0 <= pad_value <= 255:
+            raise ValueError(f"pad_value must be a pixel value in 0..255, not {pad_value!r}")
         self.spec = spec
+        self.channels, self.pad, self.pad_value = channels, pad, pad_value
         self.height, self.width, self.channels, self.layout = input_geometry(spec)
         if self.channels != 3:
             raise ValueError(f"input {spec.name!r} has {self.channels} channels; only 3-channel images are supported")
@@ -97,7 +116,7 @@ class Preprocessor:
         self.resize_mode = resize
         self._cv2 = cv2
         self._interp = {"linear": cv2.INTER_LINEAR, "area": cv2.INTER_AREA, "nearest": cv2.INTER_NEAREST}[interpolation]
-        self._color = cv2.COLOR_BGR2RGB if rgb else None
+        self._color = cv2.COLOR_BGR2RGB if channels == "rgb" else None  # OpenCV's frames are BGR
         self.transform, self._region, self._crop = self._plan()
         rh, rw = self._region[3] - self._region[1], self._region[2] - self._region[0]
         self._resized = np.empty((rh, rw, 3), np.uint8)
@@ -115,6 +134,11 @@ class Preprocessor:
             return Transform(w / sw, h / sh, 0.0, 0.0, sw, sh), (0, 0, w, h), (0, 0, sw, sh)
         if self.resize_mode == "letterbox":
             scale = min(w / sw, h / sh)
+            if self.pad == "corner":
+                # YOLOX's preproc to the pixel: the size truncated, the image at the top-left, and boxes mapped
+                # back by the ratio itself (its demo divides them by it)
+                rw, rh = max(1, int(sw * scale)), max(1, int(sh * scale))
+                return Transform(scale, scale, 0.0, 0.0, sw, sh), (0, 0, rw, rh), (0, 0, sw, sh)
             rw, rh = max(1, round(sw * scale)), max(1, round(sh * scale))
             x0, y0 = (w - rw) // 2, (h - rh) // 2
             return Transform(rw / sw, rh / sh, x0, y0, sw, sh), (x0, y0, x0 + rw, y0 + rh), (0, 0, sw, sh)
@@ -152,8 +176,8 @@ class Preprocessor:
         rh, rw = self._resized.shape[:2]
         self._real = np.empty((self.height, self.width, 3), np.float32)
         self._work = np.empty((rh, rw, 3), np.float32)
-        # the letterbox's grey (114) as the model sees it, normalised and quantised like the pixels
-        self._pad = self._values(np.full((1, 1, 3), LETTERBOX_PAD, np.float32))
+        # the letterbox's grey as the model sees it, normalised and quantised like the pixels
+        self._pad = self._values(np.full((1, 1, 3), self.pad_value, np.float32))
 
     def _plan_fused(self) -> _FusedPlan | None:
         """The one-pass plan for a float32 NCHW input; None for the others (uint8 pixels go straight in,
@@ -163,7 +187,7 @@ class Preprocessor:
         if self._float_plan is None or self.layout != "NCHW" or np.dtype(self.spec.dtype) != np.float32:
             return None
         mean, inv_std = (np.broadcast_to(v, (3,)).astype(np.float64) for v in self._float_plan[:2])
-        canvas = np.full((self.height, self.width, 3), LETTERBOX_PAD, np.uint8)
+        canvas = np.full((self.height, self.width, 3), self.pad_value, np.uint8)
         x0, y0, x1, y1 = self._region
         planes = [np.empty((self.height, self.width), np.uint8) for _ in range(3)]
         # output channel c reads plane 2 - c (BGR -> RGB) or c, scaled by 1/std and shifted by -mean/std
@@ -218,7 +242,7 @@ class Preprocessor:
                 np.copyto(image, pixels)
             else:
                 if not full:
-                    image.fill(LETTERBOX_PAD)
+                    image.fill(self.pad_value)
                 target = image[y0:y1, x0:x1] if self.layout == "NHWC" else image[:, y0:y1, x0:x1].transpose(1, 2, 0)
                 np.copyto(target, pixels)
             return self.transform

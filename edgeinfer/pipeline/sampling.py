@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import re
 import threading
@@ -52,6 +51,7 @@ from ..forms.samples import (
 )
 from ..util.fs import atomic_write_bytes, remove_record
 from .events import DETECTION, EventRule, scored_items
+from .postprocess import keypoint_rows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -414,8 +414,8 @@ class StreamSampler:
 
 def labelled_boxes(result: Any, width: int, height: int) -> list[dict]:
     """The model's output as a dataset's labels (``forms/samples.py``): each detection's label, score and box (and a
-    pose model's keypoints), or a classifier's top-1 as a box of the whole frame; other tasks (semantic masks)
-    none."""
+    pose model's keypoints, a segmentation model's mask outline, an oriented box), or a classifier's top-1 as a box
+    of the whole frame; other tasks (semantic masks) none."""
     items = scored_items(result)
     if items and not hasattr(items[0], "box"):
         return [{"label": str(items[0].label), "score": round(float(items[0].score), 6),
@@ -425,20 +425,10 @@ def labelled_boxes(result: Any, width: int, height: int) -> list[dict]:
         entry = {"label": str(d.label), "score": round(float(d.score), 6),
                  "box": [round(min(max(float(v), 0.0), limit), 1) for v, limit in zip(d.box, (width, height) * 2)]}
         if getattr(d, "keypoints", ()):
-            entry["keypoints"] = _keypoints(d.keypoints[:MAX_KEYPOINTS], width, height)
+            entry["keypoints"] = keypoint_rows(d.keypoints[:MAX_KEYPOINTS], width, height)
+        entry.update(d.shapes() if hasattr(d, "shapes") else {})  # a mask's outline, an oriented box's angle
         labelled.append(entry)
     return labelled
-
-
-def _keypoints(keypoints: Any, width: int, height: int) -> list[list[float]]:
-    """``[x, y, confidence]`` each in the frame's pixels; one the model put off the frame is cut to it, unseen (0)."""
-    out = []
-    for k in keypoints:
-        x, y, score = (v if math.isfinite(v) else -1.0 for v in (float(k.x), float(k.y), float(k.score)))
-        inside = 0.0 <= x <= width and 0.0 <= y <= height
-        out.append([round(min(max(x, 0.0), width), 1), round(min(max(y, 0.0), height), 1),
-                    round(min(max(score, 0.0), 1.0), 4) if inside else 0.0])
-    return out
 
 
 def perceptual_hash(frame: np.ndarray) -> str:

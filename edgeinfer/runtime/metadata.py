@@ -10,10 +10,15 @@ Exporters leave this where each format keeps free-form metadata:
   ``pad_value``, ``mean_values``, ``scale_values``, ``resize_type``; Ultralytics' OpenVINO export writes it);
 * any format: the ``metadata.yaml`` Ultralytics writes beside a model it exports to a folder, which is also
   where a user states what a model of their own does not (the keys above, and edgeinfer's ``mean``, ``std``,
-  ``letterbox``, ``pad_value``).
+  ``letterbox``, ``pad_value``, ``anchors``, ``channels`` — ``rgb`` or ``bgr`` — and ``pad`` — ``centre`` or
+  ``corner``).
 
 Values are read with :func:`ast.literal_eval` and checked; one that does not read as what its key means is
-left out and named in :attr:`ModelMetadata.notes` — a model's metadata never stops it from loading.
+left out and named in :attr:`ModelMetadata.notes` — a model's metadata never stops it from loading. The two
+words that say how frames are fed and have no safe default to fall back to, ``channels`` and ``pad``, are
+also kept in :attr:`ModelMetadata.refused`: a pipeline will not guess them (``tasks.read_model`` raises
+``ModelError`` naming the key), while ``edgeinfer info`` still shows the model and the note. Their choices are
+:data:`CHANNEL_ORDERS` and :data:`PAD_PLACES`, the ones ``--channels``, ``--pad`` and agent.yaml take.
 """
 
 from __future__ import annotations
@@ -39,6 +44,13 @@ _MAX_SMALL = 256
 #: the characters of a value kept in :attr:`ModelMetadata.raw`
 _MAX_RAW = 4096
 _ULTRALYTICS_PAD = 114
+#: the channel orders a model can take its pixels in (OpenCV's frames are BGR)
+CHANNEL_ORDERS = ("rgb", "bgr")
+#: where a letterbox puts the image: in the middle of the border (Ultralytics, MediaPipe), or at the top-left
+#: corner with all the border bottom-right (YOLOX)
+PAD_PLACES = ("centre", "corner")
+#: the keys a pipeline refuses to run with when they do not read (see the module's docstring)
+FEED_WORDS = ("channels", "pad")
 
 
 @dataclass(frozen=True)
@@ -67,10 +79,19 @@ class ModelMetadata:
     #: frames are letterboxed (aspect kept, padded with ``pad_value``) rather than stretched
     letterbox: bool | None = None
     pad_value: int | None = None
+    #: the channel order the model takes (:data:`CHANNEL_ORDERS`)
+    channels: str | None = None
+    #: where the letterbox's border goes (:data:`PAD_PLACES`)
+    pad: str | None = None
+    #: the SSD anchor scheme, as MediaPipe's SsdAnchorsCalculator options (``strides``, ...): kept as stated and
+    #: checked by the decoder that uses it (pipeline/decoders/anchor_schemes.py), which names a wrong key
+    anchors: Any = None
     #: the key/value pairs as read (a value cut at 4096 characters)
     raw: Mapping[str, str] = field(default_factory=dict)
     #: what could not be read, in words
     notes: tuple[str, ...] = ()
+    #: each of :data:`FEED_WORDS` that did not read, and its note: a pipeline refuses the model while it stands
+    refused: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -83,7 +104,8 @@ class ModelMetadata:
                 "imgsz": list(self.imgsz) if self.imgsz else None, "stride": self.stride,
                 "kpt_shape": list(self.kpt_shape) if self.kpt_shape else None, "end2end": self.end2end,
                 "mean": list(self.mean) if self.mean else None, "std": list(self.std) if self.std else None,
-                "letterbox": self.letterbox, "pad_value": self.pad_value, "notes": list(self.notes)}
+                "letterbox": self.letterbox, "pad_value": self.pad_value, "channels": self.channels,
+                "pad": self.pad, "anchors": _plain(self.anchors), "notes": list(self.notes)}
 
 
 # --------------------------------------------------------------------------------------- values
@@ -186,6 +208,21 @@ def _std(value: Any) -> tuple[float, ...] | None:
     return values if values and all(v > 0 for v in values) else None
 
 
+def _word(choices: tuple[str, ...]) -> Callable[[Any], str | None]:
+    """One of ``choices``, in any case."""
+    def read(value: Any) -> str | None:
+        word = value.strip().lower() if isinstance(value, str) else None
+        return word if word in choices else None
+
+    return read
+
+
+def channel_count(value: Any) -> bool:
+    """Whether a ``channels`` value is a number of channels (Ultralytics writes ``channels: 3``), which says nothing
+    of their order."""
+    return _integer(_literal(value)) if isinstance(value, (str, int)) and not isinstance(value, bool) else False
+
+
 #: key -> (reader, the longest text read, what the value must be)
 _READERS: dict[str, tuple[Callable[[Any], Any], int, str]] = {
     "names": (_names, _MAX_VALUE, "a mapping of class ids to names"),
@@ -197,6 +234,8 @@ _READERS: dict[str, tuple[Callable[[Any], Any], int, str]] = {
     "std": (_std, _MAX_SMALL, "one positive number, or one per channel"),
     "letterbox": (_bool, _MAX_SMALL, "true or false"),
     "pad_value": (_pixel, _MAX_SMALL, "a pixel value in 0..255"),
+    "channels": (_word(CHANNEL_ORDERS), _MAX_SMALL, f"one of {', '.join(CHANNEL_ORDERS)}"),
+    "pad": (_word(PAD_PLACES), _MAX_SMALL, f"one of {', '.join(PAD_PLACES)}"),
 }
 _shown = reprlib.Repr()
 _shown.maxlevel, _shown.maxdict, _shown.maxlist, _shown.maxstring, _shown.maxother = 3, 64, 64, 200, 200
@@ -216,6 +255,27 @@ def _read_value(key: str, value: Any, notes: list[str]) -> Any:
     if read is None:
         notes.append(f"metadata {key!r} = {_text(value)[:80]!r} is not {meaning}: ignored")
     return read
+
+
+def _anchors(value: Any, notes: list[str]) -> Any:
+    """An ``anchors`` value as data (a literal parsed), bounded like a small value; checked where it is used."""
+    if isinstance(value, str) and len(value) > _MAX_SMALL * 16:
+        notes.append(f"metadata 'anchors' is {len(value):,} characters long (at most {_MAX_SMALL * 16:,} are read): "
+                     "ignored")
+        return None
+    return _literal(value)
+
+
+def _plain(value: Any, depth: int = 3) -> Any:
+    """``value`` as JSON can hold it (a YAML mapping's values kept, 3 levels and 64 items deep; anything else,
+    or deeper, as text: a YAML file's aliases can make a value that holds itself)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if depth and isinstance(value, Mapping):
+        return {str(k): _plain(v, depth - 1) for k, v in list(value.items())[:64]}
+    if depth and isinstance(value, (list, tuple)):
+        return [_plain(v, depth - 1) for v in value[:64]]
+    return _text(value)
 
 
 def _task(value: Any, notes: list[str]) -> str | None:
@@ -246,9 +306,14 @@ def from_pairs(pairs: Mapping[str, Any], source: str, notes: tuple[str, ...] = (
     ``notes`` are what reading the pairs already found wrong."""
     found_notes = list(notes)
     found: dict[str, Any] = {}
+    refused: dict[str, str] = {}
     for key in _READERS:
-        if key in pairs and (value := _read_value(key, pairs[key], found_notes)) is not None:
+        if key not in pairs or (key == "channels" and channel_count(pairs[key])):
+            continue
+        if (value := _read_value(key, pairs[key], found_notes)) is not None:
             found[key] = value
+        elif key in FEED_WORDS:
+            refused[key] = found_notes[-1]
     if pairs.get("task") is not None and (task := _task(pairs["task"], found_notes)) is not None:
         found["task"] = task
     if found.get("end2end") is None and _exported_with_nms(pairs.get("args")):
@@ -258,16 +323,20 @@ def from_pairs(pairs: Mapping[str, Any], source: str, notes: tuple[str, ...] = (
     if producer and is_rtdetr(pairs):  # Ultralytics' RT-DETR: no NMS, and frames stretched, not letterboxed
         found.setdefault("end2end", False)
         found.setdefault("letterbox", False)
-    if producer:  # Ultralytics' preprocessing, where the pairs do not say: RGB in [0, 1], letterboxed in grey
+    if producer:  # Ultralytics' preprocessing, where the pairs do not say: RGB in [0, 1], letterboxed in grey, centred
         classify = found.get("task") == "classify"  # its classifiers resize and crop
-        for key, value in (("mean", (0.0, 0.0, 0.0)), ("std", (255.0, 255.0, 255.0)),
-                           ("letterbox", not classify), ("pad_value", None if classify else _ULTRALYTICS_PAD)):
+        for key, value in (("mean", (0.0, 0.0, 0.0)), ("std", (255.0, 255.0, 255.0)), ("channels", "rgb"),
+                           ("letterbox", not classify), ("pad_value", None if classify else _ULTRALYTICS_PAD),
+                           ("pad", None if classify else "centre")):
             found.setdefault(key, value)
+    if "anchors" in pairs:
+        found["anchors"] = _anchors(pairs["anchors"], found_notes)
     if ("mean" in found) != ("std" in found):  # one stated: the other is the identity (OpenVINO's convention)
         found.setdefault("mean", (0.0,))
         found.setdefault("std", (1.0,))
     raw = {str(k): _text(v) for k, v in pairs.items()}
-    return ModelMetadata(source=source, producer=producer, raw=raw, notes=tuple(found_notes), **found)
+    return ModelMetadata(source=source, producer=producer, raw=raw, notes=tuple(found_notes), refused=refused,
+                         **found)
 
 
 # -------------------------------------------------------------------------------------- formats
@@ -342,6 +411,9 @@ def _model_info_pairs(info: Any) -> dict[str, Any]:
             pairs[name] = values[key]
     if values.get("resize_type") in _RESIZE_TYPES:
         pairs["letterbox"] = _RESIZE_TYPES[values["resize_type"]]
+    reverse = _bool(values.get("reverse_input_channels", ""))
+    if reverse is not None:
+        pairs["channels"] = "rgb" if reverse else "bgr"
     return pairs
 
 
@@ -360,7 +432,7 @@ def _from_rt_info(root: Any) -> dict | None:
 
 def _known(pairs: Mapping[str, Any] | None) -> bool:
     """Whether ``pairs`` hold a key edgeinfer reads (a graph's metadata_props often hold only a converter's)."""
-    return bool(pairs) and any(key in pairs for key in (*_READERS, "task", "author", "args"))
+    return bool(pairs) and any(key in pairs for key in (*_READERS, "task", "author", "args", "anchors"))
 
 
 def read_metadata(path: str | Path, fmt: str, *, onnx_props: Mapping[str, str] | None = None,

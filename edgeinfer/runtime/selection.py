@@ -354,10 +354,11 @@ def _short(exc: BaseException) -> str:
 def load(model: str | os.PathLike | ModelInfo, delegate: str | None = None, *, threads: int | None = None,
          profile: Profile | str | None = None, root: str | os.PathLike | None = None, strict: bool | None = None,
          profile_dirs: Iterable[str | os.PathLike] = (), env: Mapping[str, str] | None = None,
-         batch: int | None = None) -> Engine:
+         batch: int | None = None, capture_threads: int = 0) -> Engine:
     """Load ``model`` on ``delegate`` (``name`` or ``name:device``), or on the best delegate for this device.
 
-    ``batch`` > 1 asks for that many frames per invoke (a multi-stream pipeline); only delegates
+    ``threads`` unset: the device's thread plan beside ``capture_threads`` busy pipeline threads
+    (``device/cores.py``). ``batch`` > 1 asks for that many frames per invoke (a multi-stream pipeline); only delegates
     whose ``load`` takes ``batch`` can (openvino), the others are passed over with that reason.
 
     With no delegate: ``$EDGEINFER_DELEGATE``, else the device profile's order (detected from
@@ -371,7 +372,7 @@ def load(model: str | os.PathLike | ModelInfo, delegate: str | None = None, *, t
     the_plan = plan(info, delegate, profile=profile, root=root, strict=strict, profile_dirs=profile_dirs, env=env)
     from ..device.cores import runtime_threads
 
-    threads = runtime_threads(threads, the_plan.threads, root=root or "/").threads
+    threads = runtime_threads(threads, the_plan.threads, root=root or "/", capture_threads=capture_threads).threads
     if the_plan.source == "explicit" and len(the_plan.candidates) == 1:
         return _load_the_named_one(the_plan, info, threads, batch)
     if the_plan.intended is None:
@@ -398,12 +399,12 @@ def load_first(the_plan: Plan, info: ModelInfo, *, threads: int | None = None) -
     return _load_first_that_works(the_plan, info, runtime_thread_count(the_plan, threads))
 
 
-def runtime_thread_count(the_plan: Plan, threads: int | None = None) -> int:
+def runtime_thread_count(the_plan: Plan, threads: int | None = None, capture_threads: int = 0) -> int:
     """The threads ``load`` gives the runtime under ``the_plan`` on this machine: ``threads``, else the profile's,
-    else every usable core (``device/cores.py``)."""
+    else the thread plan's beside ``capture_threads`` (``device/cores.py``)."""
     from ..device.cores import runtime_threads
 
-    return runtime_threads(threads, the_plan.threads).threads
+    return runtime_threads(threads, the_plan.threads, capture_threads=capture_threads).threads
 
 
 def _load_first_that_works(the_plan: Plan, info: ModelInfo, threads: int | None, batch: int | None = None,

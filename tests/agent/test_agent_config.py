@@ -146,7 +146,8 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
         "loop": True, "size": "1280x720", "fps": 15,
         "fourcc": "MJPG", "backoff": {"initial_s": 1, "max_s": 30, "give_up_s": 600}, "policy": "latest",
         "max_fps": 5, "max_frames": 100, "queue_size": 4, "resize": "letterbox", "mean": 127.5,
-        "std": [58.4, 57.1, 57.4], "preprocess_in": "inference", "reduced_decode": False, "keep_frames": True,
+        "std": [58.4, 57.1, 57.4], "channels": "bgr", "pad": "corner", "preprocess_in": "inference",
+        "reduced_decode": False, "keep_frames": True,
         "opencv_threads": None, "stats_window": 64,
     }
     assert set(every) == set(PipelineOptions.names())  # a new pipeline option gets a line here
@@ -162,6 +163,7 @@ def test_every_pipeline_option_is_a_key_of_a_pipeline_entry(tmp_path):
     assert (options.backoff.initial_s, options.backoff.max_s, options.backoff.give_up_s) == (1.0, 30.0, 600.0)
     assert (options.policy, options.max_fps, options.max_frames, options.queue_size) == ("latest", 5.0, 100, 4)
     assert (options.mean, options.std) == (127.5, (58.4, 57.1, 57.4))
+    assert (options.channels, options.pad) == ("bgr", "corner")
     assert (options.resize, options.preprocess_in, options.reduced_decode, options.keep_frames) == (
         "letterbox", "inference", False, True)
     assert options.opencv_threads is None and options.stats_window == 64  # null: leave OpenCV's threads alone

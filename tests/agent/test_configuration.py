@@ -222,7 +222,7 @@ def test_a_revision_the_device_cannot_run_is_refused_with_its_reason_and_nothing
     agent = site.start_agent([classifier("main")])
     try:
         assert wait(lambda: site.running() == {"main"}, 90), agent.output()
-        unknown_decoder = {"pipelines": [classifier("main", decoder="yolo9000")]}
+        unknown_decoder = {"pipelines": [classifier("main", decoder="yolo 9000")]}  # not a decoder's name at all
         cases = [  # (document, reason, the detail's start)
             ({"pipelines": [classifier("main", model=str(tmp_path / "missing.tflite"))]}, "model_failed",
              "pipelines[0].model: "),

@@ -30,7 +30,7 @@ from edgeinfer.agent.identity import (
 from edgeinfer.agent.provisioning import CertificateRenewer, provision, renew
 from edgeinfer.errors import ProvisioningRefused
 from edgeinfer.fleet.broker_auth import FleetCA
-from edgeinfer.fleet.device_certs import load_csr, sign_csr
+from edgeinfer.fleet.device_certs import read_csr, sign_csr
 from edgeinfer.util.backoff import Backoff
 
 FAST = Backoff(initial_s=0.01, max_s=0.05, jitter=0.0)
@@ -82,7 +82,7 @@ class Manager:
                 outer.requests.append({"path": self.path, **body})
                 status, answer = outer.script.pop(0) if outer.script else (500, {"error": "script ended"})
                 if answer.get("status") == "approved":
-                    cert = sign_csr(outer.ca, load_csr(body["csr"]), answer["device_id"], days=30)
+                    cert = sign_csr(outer.ca, read_csr(body["csr"]), answer["device_id"], days=30)
                     answer = {**answer, "certificate": cert.public_bytes(serialization.Encoding.PEM).decode(),
                               "ca": outer.ca.ca_file.read_text()}
                 data = json.dumps(answer).encode()

@@ -72,7 +72,8 @@ def test_device_jetson_orin_lists_tensorrt_first(tmp_path):
     assert data["profile"] == "jetson-orin-nx"
     assert [d["name"] for d in data["delegates"][:3]] == ["tensorrt", "onnxruntime-gpu", "onnxruntime"]
     assert data["delegates"][0]["available"] is False
-    assert data["selected"] == "onnxruntime" and data["threads"] == 8
+    assert data["selected"] == "onnxruntime" and data["threads"] is None  # the profile leaves it to the thread plan
+    assert data["runtime_threads"]["source"] in ("usable cores", "thread plan")
 
 
 def test_device_ncs2_selects_openvino(tmp_path):

@@ -31,8 +31,8 @@ def test_info_shows_the_metadata_of_a_pose_model():
     assert _metadata_block(result.stdout) == {
         "heading": "metadata (onnx metadata_props, ultralytics):",
         "task": "pose", "classes": "1: person", "imgsz": "640x640 (height x width)", "stride": "32",
-        "kpt_shape": "17 keypoints x 3 values", "end2end": "no", "normalise": "(pixel - 0) / 255, RGB",
-        "letterbox": "yes, padded with 114"}
+        "kpt_shape": "17 keypoints x 3 values", "end2end": "no", "normalise": "(pixel - 0) / 255", "channels": "RGB",
+        "letterbox": "yes, centre, padded with 114"}
 
 
 def test_info_abbreviates_many_class_names(tmp_path):
@@ -59,7 +59,7 @@ def test_info_json_has_the_metadata_object():
     assert meta == {"source": "onnx metadata_props", "producer": "ultralytics", "task": "detect",
                     "names": {"0": "Normal", "1": "Fall"}, "imgsz": [640, 640], "stride": 32, "kpt_shape": None,
                     "end2end": None, "mean": [0.0, 0.0, 0.0], "std": [255.0, 255.0, 255.0], "letterbox": True,
-                    "pad_value": 114, "notes": []}
+                    "pad_value": 114, "channels": "rgb", "pad": "centre", "anchors": None, "notes": []}
 
 
 def test_info_of_a_dynamic_input_with_no_size(tmp_path):

@@ -84,7 +84,8 @@ def test_edgeinfer_device_says_how_many_threads_the_runtime_gets_and_why(tmp_pat
         assert threads["threads"] == 2 and threads["source"] == "usable cores"
         assert threads["cores"]["online"] == 16 and threads["cores"]["quota"] == 2.0
     else:
-        assert "runtime   2 threads (every usable core: the cgroup's CPU quota of 2 cores)" in done.stdout
+        assert ("runtime   2 threads (every usable core: the cgroup's CPU quota of 2 cores; shared with 1 capture "
+                "thread, as fewer than 2 would be left)\n") in done.stdout
 
 
 def test_a_loaded_engine_gets_every_usable_core_by_default():
@@ -95,5 +96,74 @@ def test_a_loaded_engine_gets_every_usable_core_by_default():
     engine = load(MOBILENET_TINY, "xnnpack")
     try:
         assert engine.threads == usable_cores().usable
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize(("cpus", "capture", "threads", "source"), [
+    (4, 1, 3, "thread plan"),  # a Pi with one camera: the capture thread gets a core of its own
+    (8, 2, 6, "thread plan"),
+    (2, 1, 2, "usable cores"),  # two cores: shared, as one runtime thread would halve every parallel section
+    (4, 3, 2, "thread plan"),  # three cameras on four cores: the runtime keeps two
+    (1, 1, 1, "usable cores"),
+])
+def test_the_thread_plan_gives_the_runtime_what_the_capture_threads_leave(tmp_path, cpus, capture, threads, source):
+    plan = runtime_threads(root=machine(tmp_path, cpus), capture_threads=capture)
+    assert (plan.threads, plan.source, plan.capture_threads) == (threads, source, capture)
+    assert f"{capture} capture thread" in plan.sharing() and f"{threads} thread" in plan.sharing()
+
+
+def test_the_thread_plan_says_how_the_cores_are_shared(tmp_path):
+    own = runtime_threads(root=machine(tmp_path / "pi", 4), capture_threads=1)
+    assert own.describe() == "3 threads (4 usable cores: all 4 CPUs; less 1 capture thread)"
+    assert own.sharing().endswith("each capture thread has a core of its own")
+    shared = runtime_threads(root=machine(tmp_path / "two", 2), capture_threads=1)
+    assert shared.describe() == ("2 threads (every usable core: all 2 CPUs; shared with 1 capture thread, as fewer "
+                                 "than 2 would be left)")
+    assert "3 busy threads on 2 cores" in shared.sharing()
+    kept = runtime_threads(root=machine(tmp_path / "three", 4), capture_threads=3)
+    assert kept.describe() == ("2 threads (4 usable cores: all 4 CPUs; the least the runtime keeps, beside 3 capture "
+                               "threads)")
+    # --threads and the profile still decide when given
+    assert runtime_threads(4, root=machine(tmp_path / "opt", 4), capture_threads=1).threads == 4
+    assert runtime_threads(None, 4, root=machine(tmp_path / "prof", 4), capture_threads=1).threads == 4
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_edgeinfer_device_shares_the_cores_as_a_run_of_n_sources_would(tmp_path, as_json):
+    root = machine(tmp_path, 8)
+    done = subprocess.run([sys.executable, "-m", "edgeinfer", "device", "--root", str(root), "--sources", "2",
+                           *(["--json"] if as_json else [])], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    if as_json:
+        threads = json.loads(done.stdout)["runtime_threads"]
+        assert (threads["threads"], threads["source"], threads["capture_threads"]) == (6, "thread plan", 2)
+        assert "each capture thread has a core of its own" in threads["sharing"]
+    else:
+        assert "runtime   6 threads (8 usable cores: all 8 CPUs; less 2 capture threads)\n" in done.stdout
+        assert ("cores     2 capture threads (decode and preprocess the next frame) beside the runtime's 6"
+                in done.stdout)
+
+
+def test_a_pipeline_gives_its_engine_the_thread_plan_for_its_sources(monkeypatch):
+    """On four usable cores (this machine has two: the count is faked), a run of one source gives the runtime 3
+    threads and two sources 2; a plain load, with no capture beside it, all 4."""
+    from support.assets import MOBILENET_TINY
+
+    from edgeinfer import Pipeline
+    from edgeinfer.capture import SyntheticSource
+    from edgeinfer.device import cores
+    from edgeinfer.pipeline.multi import MultiPipeline
+    from edgeinfer.runtime.selection import load
+
+    monkeypatch.setattr(cores, "usable_cores", lambda root="/": cores.Cores(4, 4, 4, None))
+    with Pipeline(MOBILENET_TINY, SyntheticSource((64, 64)), delegate="xnnpack") as one:
+        assert one.engine.threads == 3
+    two = MultiPipeline(MOBILENET_TINY, [SyntheticSource((64, 64)), SyntheticSource((64, 64))], delegate="xnnpack")
+    with two:
+        assert two.engine.threads == 2
+    engine = load(MOBILENET_TINY, "xnnpack")
+    try:
+        assert engine.threads == 4
     finally:
         engine.close()

@@ -16,14 +16,13 @@ import paho.mqtt.client as mqtt
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from support.fleet import state_message
 from support.ports import free_port
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.client import FleetClient, FleetRequestError
-from edgeinfer.fleet.device_certs import MAX_CSR_BYTES, load_csr, sign_csr
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 from edgeinfer.link.protocol import Topics
 
@@ -160,9 +159,14 @@ def test_a_revoked_certificate_is_cut_off_on_mqtt_and_https(fleet, admin, tmp_pa
 
 def test_an_expired_certificate_is_refused_by_the_broker_and_the_api(fleet, tmp_path):
     key = ec.generate_private_key(ec.SECP256R1())
-    csr = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
+    ca_key = serialization.load_pem_private_key(fleet.access.ca.key_file.read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(fleet.access.ca.ca_file.read_bytes())
     past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=3)
-    cert = sign_csr(fleet.access.ca, csr, "cert-old", days=1, now=past)
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cert-old")]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(past).not_valid_after(past + dt.timedelta(days=1))
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
     folder = tmp_path / "old"
     folder.mkdir()
     (folder / "c.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -173,29 +177,6 @@ def test_an_expired_certificate_is_refused_by_the_broker_and_the_api(fleet, tmp_
     device.close()
     with pytest.raises(OSError):  # the handshake refuses it (TLS 1.3: the server closes before any answer)
         https(fleet, "/api/whoami", str(folder / "c.crt"), str(folder / "c.key"))
-
-
-def _csr(key, subject: x509.Name | None = None) -> bytes:
-    return (x509.CertificateSigningRequestBuilder().subject_name(subject or x509.Name([])).sign(key, hashes.SHA256())
-            .public_bytes(serialization.Encoding.PEM))
-
-
-def test_a_certificate_request_is_checked_before_anything_is_signed():
-    good = ec.generate_private_key(ec.SECP256R1())
-    assert load_csr(_csr(good)).public_key().public_numbers() == good.public_key().public_numbers()
-    named = _csr(good, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cam-other")]))
-    with pytest.raises(ValueError, match="subject must be empty"):
-        load_csr(named)
-    with pytest.raises(ValueError, match="at most"):
-        load_csr(b"-----BEGIN CERTIFICATE REQUEST-----\n" + b"A" * MAX_CSR_BYTES)
-    with pytest.raises(ValueError, match="not a PEM"):
-        load_csr(b"hello")
-    with pytest.raises(ValueError, match="not a valid"):
-        load_csr(b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n")
-    with pytest.raises(ValueError, match="too short"):
-        load_csr(_csr(rsa.generate_private_key(public_exponent=65537, key_size=1024)))
-    with pytest.raises(ValueError, match="not accepted"):
-        load_csr(_csr(ec.generate_private_key(ec.SECP256K1())))
 
 
 def test_fleet_enroll_prints_every_key_a_device_needs_for_both_identities(fleet, tmp_path):
@@ -227,3 +208,28 @@ def test_fleet_enroll_prints_every_key_a_device_needs_for_both_identities(fleet,
         assert device.connected()
     finally:
         device.close()
+
+
+def test_the_agents_first_boot_against_the_real_provisioning_route_and_revocation_of_what_it_got(fleet, admin,
+                                                                                               tmp_path):
+    """The agent's client (agent/provisioning.py) against the manager's own POST /api/v1/provision: the device
+    it provisions connects to the certificate listener with the files it wrote, and revoking it cuts it off."""
+    from edgeinfer.agent.identity import CA_FILE, CERT_FILE, KEY_FILE, identity_dir
+    from edgeinfer.agent.provisioning import provision
+
+    claim = admin.create_claim({"groups": ["lobby"]})
+    folder = identity_dir(tmp_path / "data")
+    keys = provision(fleet.public_url, claim["token"], folder, {"serial": "0000beef", "model": None, "mac": None},
+                     cafile=str(fleet.access.ca.ca_file))
+    assert keys["device_id"] == "cam-0000beef" and keys["broker"] == fleet.access.certificate_broker_url()
+    assert keys["groups"] == ["lobby"] and keys["manager_url"] == fleet.public_url
+    device = CertDevice(fleet, str(folder / CERT_FILE), str(folder / KEY_FILE), str(folder / CA_FILE))
+    try:
+        assert device.connected()
+        admin.revoke_device("cam-0000beef")  # what the claim's approval signed is on the CRL
+        assert wait(lambda: device.disconnected_at is not None, 5)
+    finally:
+        device.close()
+    again = CertDevice(fleet, str(folder / CERT_FILE), str(folder / KEY_FILE), str(folder / CA_FILE))
+    assert not again.connected(2)
+    again.close()

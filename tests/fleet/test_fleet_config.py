@@ -75,7 +75,7 @@ def in_step(fleet, *devices: str) -> bool:
 @pytest.mark.parametrize(("pipeline", "key"), [
     ({"max_fps": -1}, "max_fps"),
     ({"score_threshold": 2}, "score_threshold"),
-    ({"decoder": "yolo-v99"}, "decoder"),
+    ({"decoder": "yolo v99"}, "decoder"),
     ({"mdel": "/m/x.tflite"}, "mdel"),
 ])
 def test_a_layer_the_schema_refuses_is_409_naming_the_key_in_the_words_of_agent_check(fleet, tmp_path, pipeline, key):

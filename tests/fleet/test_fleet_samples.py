@@ -393,3 +393,29 @@ def test_keypoints_are_bounded_cut_to_the_frame_and_each_pose_models_exported_ap
     assert status == 200
     [k1] = fleet.list("device=cam-a")
     assert k1["labels"][0]["keypoints"] == [[W * 0.25, H * 0.5, 2.0], [0.0, 0.0, 0.0]]  # x y only: 0 0 unlabelled
+
+
+def test_a_masks_outline_and_an_oriented_box_are_kept_and_coco_exports_the_outline(fleet, tmp_path):
+    """A segmentation model's ``polygons`` and an oriented-box model's ``rotated_box`` come back as sent (the manager
+    says which field is wrong); COCO's export holds the outline as the annotation's ``segmentation``."""
+    square = [[40.0, 40.0], [120.0, 40.0], [120.0, 100.0], [40.0, 100.0]]
+    mask = {"label": "dog", "score": 0.9, "box": [40.0, 40.0, 120.0, 100.0], "polygons": [square]}
+    ship = {"label": "ship", "score": 0.7, "box": [150.0, 60.0, 250.0, 140.0],
+            "rotated_box": [200.0, 100.0, 90.0, 40.0, 0.5236]}
+    hostile = {"polygons.0: List should have at least 3 items": {**mask, "polygons": [square[:2]]},
+               "polygons.0.0.0: Input should be greater than or equal to 0": {**mask, "polygons": [[[-1.0, 2.0],
+                                                                                                    *square[1:]]]},
+               "rotated_box: List should have at least 5 items": {**ship, "rotated_box": [1.0, 2.0, 3.0, 4.0]},
+               "rotated_box.4: Input should be a valid number": {**ship, "rotated_box": [1.0, 2.0, 3.0, 4.0, "nan"]}}
+    for error, detection in hostile.items():
+        status, answer = fleet.put("cam-a", "p0", sample(91, detections=[detection]))
+        assert status == 400 and error in answer["error"], (error, answer)
+    assert fleet.put("cam-a", "p1", sample(91, detections=[mask, ship]))[0] == 201
+    [stored] = fleet.list()
+    assert stored["detections"] == [mask, ship]
+    archive = export(fleet, "coco")
+    archive.extractall(tmp_path)
+    coco = COCO(str(tmp_path / "annotations.json"))
+    [dog] = coco.loadAnns(coco.getAnnIds(catIds=coco.getCatIds(catNms=["dog"])))
+    assert dog["segmentation"] == [[v for point in square for v in point]] and dog["area"] == 80 * 60
+    assert 80 * 60 <= coco.annToMask(dog).sum() <= 81 * 61  # pycocotools reads it as the square it is

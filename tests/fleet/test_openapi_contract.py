@@ -14,7 +14,8 @@ There is no list of exceptions: what the fuzzer expects comes from the document.
   zip of YOLO labels and a ``jpeg-base64`` string; that a COCO document's annotations name its own images and
   categories; how to read an answer that never ends (the MJPEG live view, a clip played: up to its first part);
 - the things that are stored (a device, an event's evidence, an artifact, a deployment, a sample, a live frame of
-  a pipeline someone watches): a path parameter, a deployment's artifact and devices take them half of the time
+  a pipeline someone watches, a claim a device provisions with): a path parameter, a device's claim, a
+  deployment's artifact and devices take them half of the time
   (schemathesis's dictionaries), so the reading routes answer 200 too and their answers are checked;
 - its own token to revoke, and not to take values from answers: it would otherwise take the admin token's id from
   ``GET /api/tokens`` and revoke the token it runs with (``DELETE /api/tokens/{token_id}``), after which every
@@ -54,6 +55,7 @@ from support.assets import REPO
 from support.fleet import admin_of, api_server, state_message, telemetry_message
 from support.jpegs import JPEGS, MP4_HEAD
 
+from edgeinfer.fleet.api.rate_limit import PROVISION_PATH
 from edgeinfer.fleet.api.sample_schemas import JPEG_BASE64
 from edgeinfer.fleet.api.schemas import DeploymentSpec
 from edgeinfer.fleet.config_layers import LayerKey, Scope
@@ -83,7 +85,7 @@ LAYER = "lobby"
 #: what fills a path parameter when a role is checked (the credential is judged before the parameters)
 PATH_VALUES = {"device_id": DEVICE, "deployment_id": "d" * 32, "token_id": "0" * 12, "sha256": "0" * 64,
                "event_id": EVENT_ID, "pipeline": PIPELINE, "sample_id": SAMPLE_ID, "command_id": "c" * 32,
-               "scope": "group", "name": LAYER, "revision": "1"}
+               "scope": "group", "name": LAYER, "revision": "1", "claim_id": "0" * 12}
 STREAM = "/api/changes"
 #: the change feed's old name, a deprecated alias that answers the same
 OLD_STREAM = "/api/stream"  # its old name
@@ -175,7 +177,7 @@ def contract(tmp_path_factory) -> Contract:
     stop = threading.Event()
     reporter = threading.Thread(target=report, args=(db, boot, stop), name="contract-device", daemon=True)
     try:
-        with api_server(db, folder / "api") as (server, services):
+        with api_server(db, folder / "api", ca=True) as (server, services):
             services.changes.start()
             reporter.start()
             admin = admin_of(folder / "api")
@@ -194,7 +196,10 @@ def contract(tmp_path_factory) -> Contract:
                                              headers={"Authorization": f"Bearer {tokens['viewer']}"})
             with urllib.request.urlopen(request, timeout=10) as response:
                 document = json.loads(response.read())
-            known = {"path.device_id": [DEVICE], "path.event_id": [EVENT_ID], "path.sha256": [sha256],
+            # a claim devices provision with (its id is no dictionary's: the fuzzer would revoke it)
+            claim = services.claims.create(groups=["contract"])["token"]
+            known = {"body.claim": [claim], "path.device_id": [DEVICE], "path.event_id": [EVENT_ID],
+                     "path.sha256": [sha256],
                      "path.deployment_id": [deployment["deployment_id"]], "path.token_id": [spare],
                      "path.pipeline": [PIPELINE], "path.sample_id": [SAMPLE_ID], "body.sha256": [sha256],
                      "path.name": [LAYER], "path.revision": [1]}
@@ -337,9 +342,9 @@ def test_no_route_answers_a_token_below_its_role(contract):
     checked = 0
     for method, path, operation in operations(contract.document):
         role = role_of(operation)
-        if role is None:
-            assert path == "/healthz" or path in CERTIFICATE_ONLY, f"{method} {path} names no token"
-            if path in CERTIFICATE_ONLY:
+        if role is None:  # liveness; a device's provisioning request, whose credential is its claim (in the body)
+            assert path in ("/healthz", PROVISION_PATH) or path in CERTIFICATE_ONLY, f"{method} {path} names no token"
+            if path in CERTIFICATE_ONLY:  # opened by a device's client certificate only (over https)
                 assert contract.call(method, path, None)[0] == 401, (method, path)
             continue
         filled = path.format(**PATH_VALUES)

@@ -150,8 +150,8 @@ REFUSED = [
      "pipelines[0].score_threshold: must be a number <= 1, got 1.5"),
     ({"pipelines": [{"model": MODEL, "source": 0, "task": "dance"}]},
      "pipelines[0].task: must be one of classify, detect, pose, segment, obb, got 'dance'"),
-    ({"pipelines": [{"model": MODEL, "source": 0, "decoder": "yolo9000"}]},
-     "pipelines[0].decoder: must be one of tflite-ssd, "),
+    ({"pipelines": [{"model": MODEL, "source": 0, "decoder": "yolo 9000"}]},
+     "pipelines[0].decoder: must be a decoder's name (a built-in's or an installed plug-in's), got 'yolo 9000'"),
     ({"pipelines": [{"model": MODEL, "source": 0, "modle": "x"}]}, "pipelines[0].modle: unknown key — did you mean "
                                                                    "'model'?"),
     ({"pipelines": [{"model": MODEL, "source": 0, "loop": "yes"}]}, "pipelines[0].loop: must be true or false, got "
@@ -209,6 +209,19 @@ def test_a_refused_document_names_its_key_in_the_same_words_on_the_manager_and_t
     with pytest.raises(ConfigError) as device:
         load_config(path)
     assert str(device.value) == f"{path}: {problems[0]}"
+
+
+def test_a_decoder_the_device_has_not_installed_passes_the_manager_and_the_device_names_those_it_has(tmp_path):
+    """The manager cannot know a device's decoder plug-ins: any decoder's name is its to send; the device refuses
+    one it has neither built in nor installed, listing what it has."""
+    document = {"pipelines": [{"model": MODEL, "source": 0, "decoder": "yolo9000"}]}
+    assert document_problems(document) == []
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({"device_id": "cam-01", **document}))
+    with pytest.raises(ConfigError) as device:
+        load_config(path)
+    assert str(device.value).startswith(f"{path}: pipelines[0].decoder: must be one of tflite-ssd, yolox, ")
+    assert str(device.value).endswith("not 'yolo9000'")
 
 
 def test_agent_check_refuses_with_the_managers_words_and_exit_78(tmp_path):

@@ -20,11 +20,13 @@ import numpy as np
 import pytest
 from support.assets import FACE_DETECTION, FACE_DETECTION_REFERENCE, IMAGES
 from support.detr_models import planted_onnx, reading, write_frame
+from support.mediapipe_models import mediapipe_input
 from support.pipeline import ULTRAFACE
 
 import edgeinfer
 from edgeinfer.pipeline.decoders import DecoderSettings
-from edgeinfer.pipeline.decoders.anchors import SCHEMES, anchor_centres, anchor_count, weighted_nms
+from edgeinfer.pipeline.decoders.anchor_schemes import AnchorScheme, derive_scheme
+from edgeinfer.pipeline.decoders.anchors import weighted_nms
 from edgeinfer.pipeline.postprocess import FACE_KEYPOINT_NAMES
 from edgeinfer.pipeline.preprocess import Transform
 from edgeinfer.pipeline.tasks import read_model
@@ -41,14 +43,7 @@ def _reference(name: str) -> tuple[list[dict], int, int]:
 
 
 def _mediapipe_input(image: np.ndarray, size: int = 128) -> tuple[np.ndarray, Transform]:
-    """MediaPipe's ImageToTensor for a whole image with its aspect ratio kept, and the matching transform."""
-    height, width = image.shape[:2]
-    scale = size / max(width, height)
-    tx, ty = size / 2 - width / 2 * scale, size / 2 - height / 2 * scale
-    matrix = np.array([[scale, 0, tx], [0, scale, ty]], np.float32)
-    rgb = cv2.cvtColor(image, cv2.COLOR_BGR2RGB).astype(np.float32)
-    warped = cv2.warpAffine(rgb, matrix, (size, size), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
-    return warped / 127.5 - 1.0, Transform(scale, scale, tx, ty, width, height)
+    return mediapipe_input(image, size)
 
 
 def _keypoints(found) -> np.ndarray:
@@ -61,12 +56,10 @@ def _iou(a, b) -> float:
     return inter / union
 
 
-def test_the_anchor_schemes_give_mediapipes_counts():
-    counts = {name: anchor_count(size, size, strides, interpolated)
-              for (name, strides, interpolated), size in zip(SCHEMES, (128, 192, 224))}
-    assert list(counts.values()) == [896, 2304, 2254]
-    assert anchor_count(192, 192, *SCHEMES[0][1:]) == 2016  # the palm detector
-    centres = anchor_centres(128, 128, *SCHEMES[0][1:])
+def test_the_short_range_anchors_are_mediapipes():
+    scheme = derive_scheme(128, 128, 896)
+    assert scheme == AnchorScheme((8, 16, 16, 16), (2, 2, 2, 2))
+    centres = scheme.centres(128, 128)
     assert centres.shape == (896, 2)
     # stride 8 first: 2 anchors a cell at the first cell's centre; then stride 16's 6 a cell
     assert centres[:2].tolist() == [[4.0, 4.0], [4.0, 4.0]] and centres[2].tolist() == [12.0, 4.0]
@@ -152,7 +145,7 @@ def _planted_blazeface(tmp_path, regressors, logits, name="blazeface.onnx"):
 
 def test_bad_rows_never_become_faces(tmp_path):
     frame = write_frame(tmp_path / "frame.png")  # 960x540: letterboxed to 128x72 at rows 28-100
-    centres = anchor_centres(128, 128, *SCHEMES[0][1:])
+    centres = derive_scheme(128, 128, 896).centres(128, 128)
     regressors = np.zeros((1, 896, 16), np.float32)
     logits = np.full((1, 896, 1), -20.0, np.float32)
     face, twin = 680, 681  # two anchors of one stride-16 cell, centre (72, 56)

@@ -40,9 +40,19 @@ def test_yolox_objects_come_out_at_their_places(tmp_path, frame, decoded, resize
     model = yolox_model(tmp_path, decoded=decoded)
     chosen = reading(model)
     assert (chosen.task, chosen.layout.name) == ("detect", "yolox")
-    assert (chosen.resize, chosen.mean, chosen.std) == ("letterbox", 0.0, 1.0)  # 0-255 pixels, aspect kept
-    # each object was planted twice (its cell and the next, weaker): NMS leaves one
-    assert_found(detect(model, frame, resize=resize), OBJECTS, resize)
+    # YOLOX's preproc: 0-255 BGR pixels, aspect kept, the image at the top-left of a 114 border
+    assert (chosen.resize, chosen.mean, chosen.std) == ("letterbox", 0.0, 1.0)
+    assert (chosen.channels, chosen.pad, chosen.pad_value) == ("bgr", "corner", 114)
+    # each object was planted twice (its cell and the next, weaker): NMS leaves one; through the corner letterbox
+    # the input's rows 0-360 are the frame, so its boxes come back by YOLOX's ratio alone (and clipped)
+    assert_found(detect(model, frame, resize=resize), OBJECTS, resize, pad="corner")
+
+
+@pytest.mark.parametrize("pad", ["centre", "corner"])
+def test_yolox_boxes_follow_the_border_they_were_fed_with(tmp_path, frame, pad):
+    """Told where the border goes (--pad), the boxes come back through that letterbox, not the family's."""
+    model = yolox_model(tmp_path, decoded=False)
+    assert_found(detect(model, frame, pad=pad), OBJECTS, "letterbox", pad=pad)
 
 
 @pytest.mark.parametrize("decoded", [False, True], ids=["raw", "decoded"])

@@ -101,6 +101,9 @@ def test_the_first_run_measures_onnxruntime_and_openvino_judges_their_answers_an
     assert openvino["verdict"].startswith(("agrees: 1 of 1 boxes found", "disagrees:"))
     assert choice["judged"] is True and "squat.bmp" in choice["judged_on"]
     assert summary["delegate"] == choice["chosen"]  # the run ran on it
+    from edgeinfer.device.cores import runtime_threads
+
+    assert summary["runtime_threads"] == runtime_threads(capture_threads=1).threads  # the thread plan of one source
     assert f"note: delegate {choice['chosen']}, chosen by measurement" in stderr
     assert "ms" in stderr and "of a 2 s budget" in stderr
     [entry] = cache_entries(cache)

@@ -157,7 +157,7 @@ def test_edgeinfer_run_says_how_it_read_the_model_and_takes_a_decoder_and_the_no
     told = _run_cli(YOLO_POSE, "--source", IMAGES / "squat.bmp")
     assert told.returncode == 0, told.stderr
     assert "note: task pose (the model's metadata), outputs read as yolo-pose" in told.stderr
-    assert "frames letterbox, (pixel - 0,0,0) / 255,255,255" in told.stderr
+    assert "frames letterbox (centred, 114), RGB, (pixel - 0,0,0) / 255,255,255" in told.stderr
     wrong = _run_cli(YOLO_POSE, "--source", IMAGES / "squat.bmp", "--decoder", "yolo")
     assert wrong.returncode == 1 and wrong.stderr.count("\n") == 1
     assert "decoder 'yolo' does not fit" in wrong.stderr and "output0 [1, 56, 8400]" in wrong.stderr

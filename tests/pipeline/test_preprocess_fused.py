@@ -1,5 +1,6 @@
-"""The one-pass float NCHW path writes what the numpy path writes: letterbox (both ways round), stretch and crop,
-RGB and BGR, per-channel mean and std — and it allocates nothing per frame."""
+"""The one-pass float NCHW path writes what the numpy path writes: letterbox (both ways round, its border centred or
+bottom-right, grey or black), stretch and crop, RGB and BGR, per-channel mean and std — and it allocates nothing per
+frame."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def both(size: tuple[int, int], **options) -> tuple[Preprocessor, Preprocessor]:
 @pytest.mark.parametrize("options", [
     {"resize": "letterbox", "mean": 0.0, "std": 255.0},
     {"resize": "stretch", "mean": (123.7, 116.3, 103.5), "std": (58.4, 57.1, 57.4)},
-    {"resize": "crop", "rgb": False},
+    {"resize": "crop", "channels": "bgr"},
+    {"resize": "letterbox", "channels": "bgr", "pad": "corner", "mean": 0.0, "std": 1.0, "pad_value": 114},
+    {"resize": "letterbox", "pad": "corner", "pad_value": 0},
 ])
 def test_the_fused_path_writes_what_the_numpy_path_writes(size, options):
     frame = cv2.resize(cv2.imread(str(IMAGES / "kite_and_cold.jpg")), size)

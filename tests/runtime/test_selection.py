@@ -58,7 +58,7 @@ def test_pi4_coral_with_libedgetpu_plans_coral(tmp_path):
         assert the_plan.profile == "raspberry-pi-4-coral-usb"
         assert the_plan.chosen.name == "coral" and the_plan.chosen.device == "usb"
         assert the_plan.fallback_reason is None and not the_plan.is_fallback
-        assert the_plan.threads == 4
+        assert the_plan.threads is None  # the thread plan decides (device/cores.py)
 
 
 def test_pi4_coral_without_libedgetpu_plans_xnnpack_and_names_libedgetpu(tmp_path):
@@ -142,9 +142,12 @@ def test_xnnpack_through_selection_on_this_machine(labels, tmp_path):
 
 def test_onnxruntime_through_selection_on_a_jetson_root(labels, tmp_path):
     """Orin plans tensorrt first; here it is unavailable, so ONNX Runtime runs and says why."""
-    with load(ONNX, root=fake_root(tmp_path, "jetson-orin-nano"), env=NO_ENV) as engine:
+    from edgeinfer.device.cores import usable_cores
+
+    root = fake_root(tmp_path, "jetson-orin-nano")
+    with load(ONNX, root=root, env=NO_ENV) as engine:
         assert engine.delegate == "onnxruntime"
-        assert engine.threads == 6  # the profile's thread count
+        assert engine.threads == usable_cores(root).usable  # the profile leaves it to the thread plan
         assert "tensorrt:fp16" in engine.fallback_reason and "onnxruntime-gpu" in engine.fallback_reason
         assert_reference_top1(engine, labels)
 

@@ -81,7 +81,9 @@ def descendants(pid: int) -> list[int]:
 class Browser:
     """One headless Chromium through chromedriver (a context manager; ``quit()`` when done)."""
 
-    def __init__(self, size: tuple[int, int] = DESKTOP, *, page_load_timeout: float = 30.0) -> None:
+    def __init__(self, size: tuple[int, int] = DESKTOP, *, page_load_timeout: float = 30.0,
+                 accept_insecure_certs: bool = False) -> None:
+        """``accept_insecure_certs``: take a certificate no system CA signed (a manager's own fleet CA, ``--tls``)."""
         if MISSING:
             raise RuntimeError(MISSING)
         from selenium import webdriver
@@ -102,6 +104,7 @@ class Browser:
                          "--hide-scrollbars", "--force-device-scale-factor=1", "--lang=en-US"):
             options.add_argument(argument)
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        options.accept_insecure_certs = accept_insecure_certs
         self.service = Service(str(CHROMEDRIVER), log_output=str(self.log))
         self.console: list[dict] = []  # every console entry read so far, oldest first
         self._expected: list[dict] = []  # entries a test provoked on purpose (expecting())

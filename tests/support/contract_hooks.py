@@ -4,7 +4,8 @@ say, and how it reads an answer that never ends. schemathesis loads this module 
 
 - The bytes of what a media type or a format names: an ``image/jpeg`` snapshot, a ``video/x-motion-jpeg`` or
   ``video/mp4`` clip, an ``application/zip`` of YOLO labels, a string of format ``jpeg-base64`` (a sample's frame in
-  JSON). Without them the fuzzer sends arbitrary bytes under those names, and the manager rightly refuses them.
+  JSON), one of format ``pem-pkcs10`` (a device's certificate request, for its own key, with an empty subject).
+  Without them the fuzzer sends arbitrary bytes under those names, and the manager rightly refuses them.
 - That the annotations of a COCO document name an image and a category of that document, each with as many keypoints
   as its category names and a flag for each (JSON Schema has no way to say so): an annotation's id that names none is
   made to name one, its keypoints as many as they must be; what is invalid stays invalid.
@@ -29,8 +30,10 @@ import schemathesis
 from hypothesis import strategies as st
 
 from edgeinfer.fleet.api.sample_schemas import JPEG_BASE64
+from edgeinfer.fleet.claims import CSR_FORMAT
 
 from .jpegs import JPEGS, MP4_HEAD
+from .provisioning import csr_of, new_key
 
 #: the longest a multipart/x-mixed-replace answer is read
 PART_WAIT_S = 2.0
@@ -43,6 +46,8 @@ MEDIA_TYPES = {
     "video/mp4": st.binary(max_size=64).map(lambda tail: MP4_HEAD + tail),
 }
 schemathesis.openapi.format(JPEG_BASE64, st.sampled_from([base64.b64encode(jpeg).decode() for jpeg in JPEGS]))
+#: a device's certificate request: four keys' (a serial asked for again with another one is a conflict, 409)
+schemathesis.openapi.format(CSR_FORMAT, st.sampled_from([csr_of(new_key()) for _ in range(4)]))
 
 _NAMES = st.lists(st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=12),
                   min_size=1, max_size=4, unique=True)

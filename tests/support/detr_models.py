@@ -42,15 +42,18 @@ def write_frame(path: Path) -> Path:
     return path
 
 
-def in_source(box: Box, resize: str) -> list[float]:
-    """A box in 640x640 input pixels in FRAME's pixels, through a stretch or the centred letterbox."""
+def in_source(box: Box, resize: str, pad: str = "centre") -> list[float]:
+    """A box in 640x640 input pixels in FRAME's pixels, through a stretch or the letterbox (its border centred, or
+    all of it bottom-right: ``pad="corner"``), clipped to the frame."""
     x1, y1, x2, y2 = box
     if resize == "stretch":
         sx, sy, pad_y = FRAME[0] / 640, FRAME[1] / 640, 0.0
-    else:  # letterbox: scale 2/3, the image 360 rows high, centred (140 rows above)
+    else:  # letterbox: scale 2/3, the image 360 rows high, centred (140 rows above) or at the top
         sx = sy = FRAME[0] / 640
-        pad_y = 140.0
-    return [x1 * sx, (y1 - pad_y) * sy, x2 * sx, (y2 - pad_y) * sy]
+        pad_y = 140.0 if pad == "centre" else 0.0
+    xs = [min(max(x * sx, 0.0), FRAME[0]) for x in (x1, x2)]
+    ys = [min(max((y - pad_y) * sy, 0.0), FRAME[1]) for y in (y1, y2)]
+    return [xs[0], ys[0], xs[1], ys[1]]
 
 
 def detect(model: Path, frame: Path, **options: Any) -> Any:
@@ -73,13 +76,14 @@ def reading(model: Path, *, task: str | None = None, decoder: str | None = None,
         return read_model(engine, task=task, decoder=decoder, labels=labels, settings=DecoderSettings())
 
 
-def assert_found(found: Any, objects: Sequence[Planted], resize: str, *, labels: Sequence[str] = ()) -> None:
-    """``found`` are ``objects``, best first, at their places in FRAME's pixels."""
+def assert_found(found: Any, objects: Sequence[Planted], resize: str, *, labels: Sequence[str] = (),
+                 pad: str = "centre") -> None:
+    """``found`` are ``objects``, best first, at their places in FRAME's pixels (``pad``: the letterbox's border)."""
     import pytest
 
     assert [(d.class_id, round(d.score, 4)) for d in found] == [(o.class_id, o.score) for o in objects]
     for detection, obj in zip(found, objects):
-        assert detection.box == pytest.approx(in_source(obj.box, resize), abs=0.01)
+        assert detection.box == pytest.approx(in_source(obj.box, resize, pad), abs=0.01)
         assert detection.label == (labels[obj.class_id] if labels else str(obj.class_id))
 
 

@@ -19,6 +19,7 @@ from edgeinfer.fleet.artifacts import ArtifactStore
 from edgeinfer.fleet.auth import ADMIN_TOKEN_FILE
 from edgeinfer.fleet.broker_auth import hash_password
 from edgeinfer.fleet.changes import ChangeFeed
+from edgeinfer.fleet.claims import ClaimService
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.commands import CommandService
 from edgeinfer.fleet.config_rollout import ConfigRollouts
@@ -134,10 +135,12 @@ DEVICE_LOGIN = ("edgeinfer-test-cam-1", "a-device-password")
 @contextlib.contextmanager
 def api_server(db: FleetDB, folder: Path, *, artifacts: ArtifactStore | None = None,
                evidence: EvidenceLimits | None = None,
-               max_upload_bytes: int = MAX_UPLOAD_BYTES) -> Iterator[tuple[FleetHTTPServer, FleetServices]]:
+               max_upload_bytes: int = MAX_UPLOAD_BYTES,
+               ca: bool = False) -> Iterator[tuple[FleetHTTPServer, FleetServices]]:
     """The fleet manager's HTTP API on ``db`` without a manager or a broker: its real services (tokens and the
     admin token file in ``folder``, a signing key, the artifacts, an evidence store, a command spool; no rollout
-    driver, no MQTT link), served by uvicorn on a free port."""
+    driver, no MQTT link), served by uvicorn on a free port. ``ca``: with the fleet CA in ``folder`` and devices told
+    of an mqtts:// broker, so that claims provision devices (the API stays plain HTTP)."""
     folder.mkdir(parents=True, exist_ok=True)
     key = SigningKey.generate()
     store = artifacts or ArtifactStore(folder / "artifacts")
@@ -147,14 +150,16 @@ def api_server(db: FleetDB, folder: Path, *, artifacts: ArtifactStore | None = N
     try:
         with FleetHTTPServer() as server:
             deployments = DeploymentService(db, key, store, commands, public_url=server.url)
+            access = FleetAccess(db, key, folder, tls=ca,
+                                 device_broker_url="mqtts://127.0.0.1:8883" if ca else None)
             services = FleetServices(
-                access=FleetAccess(db, key, folder, tls=False), artifacts=store, commands=commands,
+                access=access, artifacts=store, commands=commands,
                 deployments=deployments,
                 devices=DeviceService(db, evidence_store), evidence=evidence_store, changes=ChangeFeed(db),
                 live_view=LiveView(db, commands, lambda: server.url), metrics=FleetMetrics(None),
                 samples=SampleStore(db), diagnosis=DiagnosisService(db, commands, lambda: server.url),
                 configs=ConfigService(db, ConfigRollouts(db, deployments, store)),
-                max_upload_bytes=max_upload_bytes)
+                claims=ClaimService(db, access, lambda: server.url), max_upload_bytes=max_upload_bytes)
             services.live_view.start()
             server.start(build_app(services))
             try:

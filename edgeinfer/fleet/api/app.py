@@ -26,6 +26,7 @@ from ..._version import __version__
 from . import (
     access,
     artifacts,
+    claims,
     commands,
     config,
     deployments,
@@ -38,6 +39,8 @@ from . import (
     samples,
 )
 from .deps import FleetServices, Viewer
+from .rate_limit import Buckets, RateLimitMiddleware
+from .responses import ERROR_CONTENT, REASONS
 from .schemas import ErrorBody, describe
 from .web import add_dashboard
 
@@ -47,7 +50,8 @@ DESCRIPTION = ("Devices, telemetry, deployments, configuration, events with thei
                "role the route names (viewer < operator < admin), or, for artifacts and evidence uploads, an enrolled "
                "device's MQTT credential. Every refusal is {\"error\": \"...\"}.")
 ROUTERS = (overview.router, devices.router, commands.router, live_view.router, deployments.router, artifacts.router,
-           events.router, samples.router, diagnosis.router, config.router, access.router, renewal.router)
+           events.router, samples.router, diagnosis.router, config.router, access.router, claims.router,
+           renewal.router)
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -99,6 +103,8 @@ def build_app(services: FleetServices) -> FastAPI:
 
     app.openapi = contract  # type: ignore[method-assign]
     add_dashboard(app)
+    if services.rate_limit is not None and services.rate_limit.enabled:
+        app.add_middleware(RateLimitMiddleware, buckets=Buckets(services.rate_limit))
     return app
 
 
@@ -109,12 +115,14 @@ def document(app: FastAPI) -> dict[str, Any]:
     for path in schema["paths"].values():
         for operation in path.values():
             operation["responses"].pop("422", None)
+            # the rate limit on what is not authenticated may answer any request (api/rate_limit.py)
+            operation["responses"].setdefault("429", {"description": REASONS[429], "content": ERROR_CONTENT})
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     components[ErrorBody.__name__] = ErrorBody.model_json_schema()
     # a body a route reads itself (bounded before it is parsed): its model is the document's all the same
-    for model in (*samples.READ_BODIES, *diagnosis.UPLOADS, *config.UPLOADS):
+    for model in (*samples.READ_BODIES, *diagnosis.UPLOADS, *config.UPLOADS, *claims.UPLOADS):
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")
         for name, definition in body.pop("$defs", {}).items():
             components.setdefault(name, definition)

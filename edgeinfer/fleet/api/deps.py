@@ -26,6 +26,7 @@ from ..access import FleetAccess
 from ..artifacts import ArtifactStore
 from ..auth import Principal, Role
 from ..changes import ChangeFeed
+from ..claims import ClaimService
 from ..commands import CommandService
 from ..configs import ConfigService
 from ..deployments import DeploymentService
@@ -36,6 +37,7 @@ from ..http import PEER_CERTIFICATE
 from ..live_view import LiveView
 from ..metrics import FleetMetrics
 from ..samples import SampleStore
+from .rate_limit import RateLimit, vouch
 
 #: the largest model upload, unless the server is told otherwise
 MAX_UPLOAD_BYTES = 2 << 30
@@ -57,7 +59,10 @@ class FleetServices:
     samples: SampleStore
     diagnosis: DiagnosisService
     configs: ConfigService
+    claims: ClaimService
     max_upload_bytes: int = MAX_UPLOAD_BYTES
+    #: the rate limit on what is not authenticated (rate_limit.py); None: none
+    rate_limit: RateLimit | None = None
 
 
 def services(request: HTTPConnection) -> FleetServices:
@@ -110,6 +115,7 @@ def caller(request: HTTPConnection, fleet: FleetServices, role: Role) -> Caller:
         principal = fleet.access.tokens.authenticate(request.headers.get("authorization"))
     except AuthError as exc:
         raise HTTPException(exc.status, str(exc), headers=BEARER_CHALLENGE) from None
+    vouch(request)  # a valid token, whatever its role: its requests skip the unauthenticated rate limit
     if not principal.may(role):
         raise HTTPException(403, f"the token {principal.name!r} is a {principal.role.value}; this needs {role.value}")
     return Caller(principal, request.client.host if request.client else None, fleet.access)
@@ -163,6 +169,7 @@ def artifact_reader(request: Request, fleet: Services, _token: Annotated[Any, Se
     header = request.headers.get("authorization") or ""
     if grant:
         if fleet.access.tokens.grant_allows(grant, sha256):
+            vouch(request)
             return
         if not header:
             raise HTTPException(401, "the download grant is not valid for this artifact (expired, or forged)")
@@ -174,6 +181,7 @@ def artifact_reader(request: Request, fleet: Services, _token: Annotated[Any, Se
         if identity is None:
             raise HTTPException(401, "the device credential is not valid (revoked, or never enrolled)",
                                 headers={"WWW-Authenticate": 'Basic realm="edgeinfer artifacts"'})
+        vouch(request)
         if fleet.configs.rollouts.holds(sha256) and not fleet.configs.rollouts.holds(sha256, identity):
             raise HTTPException(403, f"this configuration document is not {identity}'s")
         return
@@ -197,6 +205,7 @@ def evidence_uploader(request: Request, fleet: Services, _token: Annotated[Any, 
     if identity is None:
         raise HTTPException(401, "the device credential is not valid (revoked, or never enrolled)",
                             headers={"WWW-Authenticate": 'Basic realm="edgeinfer evidence"'})
+    vouch(request)
     device_id = str(request.path_params.get("device_id", ""))
     if identity != device_id:
         raise HTTPException(403, f"this is the credential of device {identity!r}: it uploads evidence under "

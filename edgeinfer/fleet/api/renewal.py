@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...errors import ProvisioningRefused
 from ..device_certs import MAX_CSR_BYTES
 from .deps import Services, certificate_device
 from .responses import errors
@@ -77,7 +78,7 @@ def renewing_device(request: Request, fleet: Services) -> str:
 def renew(body: RenewRequest, device_id: Annotated[str, Depends(renewing_device)], fleet: Services) -> Any:
     try:
         certificate = fleet.access.certificates.issue(device_id, body.csr)
-    except ValueError as exc:
-        raise HTTPException(400, str(exc)) from None
+    except ProvisioningRefused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
     device = fleet.access.db.get_device(device_id)
     return identity_answer(fleet, device_id, certificate, list((device or {}).get("groups") or []))

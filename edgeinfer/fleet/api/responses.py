@@ -24,6 +24,7 @@ REASONS = {
     409: "It conflicts with what is stored or with where things stand",
     411: "A body without a Content-Length",
     413: "A body larger than this manager takes",
+    429: "Too many unauthenticated requests (or bad credentials) from this address: retry after Retry-After seconds",
 }
 BINARY = {"type": "string", "format": "binary"}
 

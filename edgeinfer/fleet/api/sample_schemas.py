@@ -8,7 +8,15 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
 
-from ...forms.samples import MAX_DETECTIONS, MAX_KEYPOINTS, MAX_LABEL, PHASH_PATTERN, keypoint_drawing
+from ...forms.samples import (
+    MAX_DETECTIONS,
+    MAX_KEYPOINTS,
+    MAX_LABEL,
+    MAX_POLYGON_POINTS,
+    MAX_POLYGONS,
+    PHASH_PATTERN,
+    keypoint_drawing,
+)
 from ...link.protocol import COMMAND_ID_PATTERN
 from .schemas import PRINTABLE_PATTERN, SHA256_PATTERN, JsonObject, Row, Strict, _integral, or_empty
 
@@ -23,11 +31,16 @@ ShortText = Annotated[str, StringConstraints(max_length=128, pattern=PRINTABLE_P
 #: x, y in the frame's pixels, v 0..2 (strict numbers in an array: JSON has no tuple, so only the tuple is lax)
 Keypoint = Annotated[tuple[Coordinate, Coordinate, Annotated[float, Field(ge=0, le=2, allow_inf_nan=False,
                                                                       strict=True)]], Field(strict=False)]
+#: x, y of a mask outline's point in the frame's pixels
+Point = Annotated[tuple[Coordinate, Coordinate], Field(strict=False)]
+#: a number of an oriented box: its centre, size (pixels) or angle (radians)
+Measure = Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False, strict=True)]
 
 
 class Detection(Strict):
-    """One box: its class, its score (none for a person's label), x1, y1, x2, y2 and a pose model's keypoints in
-    the frame's pixels; the document states how the dashboard draws keypoints (``forms.samples.keypoint_drawing``)."""
+    """One box: its class, its score (none for a person's label), x1, y1, x2, y2 and a pose model's keypoints, a
+    segmentation model's mask outline or an oriented box in the frame's pixels; the document states how the
+    dashboard draws keypoints (``forms.samples.keypoint_drawing``)."""
 
     model_config = ConfigDict(json_schema_extra=keypoint_drawing())
 
@@ -37,6 +50,13 @@ class Detection(Strict):
     keypoints: Annotated[list[Keypoint], Field(max_length=MAX_KEYPOINTS, description=(
         "[x, y, v] each in the frame's pixels: v is the model's confidence in detections, COCO's visibility flag "
         "(0 not labelled, 1 hidden, 2 visible) in labels"))] | None = None
+    polygons: Annotated[list[Annotated[list[Point], Field(min_length=3, max_length=MAX_POLYGON_POINTS)]],
+                        Field(max_length=MAX_POLYGONS, description=(
+                            "an instance-segmentation model's mask as its outlines, each [[x, y], ...] in the frame's "
+                            "pixels, the largest first"))] | None = None
+    rotated_box: Annotated[list[Measure], Field(min_length=5, max_length=5, description=(
+        "an oriented-box model's box: centre x, centre y, width, height in the frame's pixels, the angle in "
+        "radians"))] | None = None
 
     @field_validator("box")
     @classmethod

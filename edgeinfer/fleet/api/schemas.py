@@ -41,6 +41,7 @@ from ..canary import (
     DEFAULT_WINDOW_S,
     Thresholds,
 )
+from ..claims import MAC_PATTERN, SERIAL_PATTERN, TEMPLATE_PATTERN
 from ..rollout import DEFAULT_CANARY_PCT, DEFAULT_DEVICE_TIMEOUT_S, DeployableKind, DeploymentStatus
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -68,6 +69,9 @@ PATTERN_WORDS = {
     # SAMPLE_ID_PATTERN is ID_PATTERN's form (the same key: its words are ID_PATTERN's)
     PHASH_PATTERN: "a perceptual hash: 16 hex digits, lower case",
     regions.NAME_PATTERN: regions.NAME_FORM,
+    SERIAL_PATTERN: "a serial: 1-64 of A-Z a-z 0-9 . _ : -",
+    TEMPLATE_PATTERN: "a name template: letters, digits, . _ - around one {serial}",
+    MAC_PATTERN: "a MAC address (six hex pairs, : or - between)",
 }
 
 def _integral(value: Any) -> Any:

@@ -17,6 +17,7 @@ from ...link.vocabulary import TargetState
 from ...util.optional import import_optional
 from ..rollout import DeploymentStatus
 from . import evidence, live_view, rollouts, security, writes
+from .claims import ClaimRows
 from .commands import CommandRows
 from .configs import ConfigRows
 from .diagnosis import DiagnosisRows
@@ -75,6 +76,8 @@ class FleetDB:
         self.diagnosis = DiagnosisRows(self._sa, self.engine, self.t)
         #: the fleet's configuration layers and the documents devices were given (configs.py)
         self.configs = ConfigRows(self._sa, self.engine, self.t)
+        #: claims and devices' provisioning requests (claims.py)
+        self.claims = ClaimRows(self._sa, self.engine, self.t)
         #: the client certificates the fleet's CA issued to devices, and their revocation (device_certs.py)
         self.certificates = security.CertificateRows(self._sa, self.engine, self.t)
 

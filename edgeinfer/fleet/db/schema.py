@@ -34,6 +34,9 @@ class Tables:
     diagnosis: Any
     config_revisions: Any
     config_targets: Any
+    claims: Any
+    claim_serials: Any
+    provisioning: Any
     certificates: Any
 
 
@@ -255,7 +258,8 @@ def tables(sa: Any) -> Tables:
     device_logs, diagnosis = diagnosis_tables(sa, metadata)
     return Tables(metadata, devices, telemetry, rollups, events, deployments, targets, tokens, audit, credentials,
                   evidence, evidence_chunks, live_frames, analytics, samples, commands, command_samples, device_logs,
-                  diagnosis, *config_tables(sa, metadata), certificate_table(sa, metadata))
+                  diagnosis, *config_tables(sa, metadata), *claim_tables(sa, metadata),
+                  certificate_table(sa, metadata))
 
 
 def certificate_table(sa: Any, metadata: Any) -> Any:
@@ -335,3 +339,48 @@ def config_tables(sa: Any, metadata: Any) -> tuple[Any, Any]:
         sa.Index("ix_config_targets_sha256", "sha256"),
     )
     return revisions, targets
+
+
+def claim_tables(sa: Any, metadata: Any) -> tuple[Any, Any, Any]:
+    """Claims (a token baked into an image: the hash only), the serials a claim admits when it names them, and each
+    device's provisioning request, pending, approved or rejected (fleet/claims.py; migration 0013)."""
+    claims = sa.Table(
+        "claims", metadata,
+        sa.Column("claim_id", sa.String(32), primary_key=True),
+        sa.Column("token_hash", sa.String(64), nullable=False),  # SHA-256 of the whole token, never the token
+        sa.Column("fleet", sa.String(128), nullable=False),
+        sa.Column("groups", sa.JSON, nullable=False),
+        sa.Column("approve", sa.String(16), nullable=False),  # auto, manual (claims.Approval)
+        sa.Column("max_devices", sa.Integer),  # null: no bound
+        sa.Column("has_serials", sa.Boolean, nullable=False),  # only the serials in claim_serials
+        sa.Column("name_template", sa.String(128), nullable=False),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("created_by", sa.String(128)),
+        sa.Column("expires_at", sa.Float),
+        sa.Column("revoked_at", sa.Float),
+    )
+    serials = sa.Table(
+        "claim_serials", metadata,
+        sa.Column("claim_id", sa.String(32), primary_key=True),
+        sa.Column("serial", sa.String(64), primary_key=True),
+    )
+    provisioning = sa.Table(
+        "provisioning", metadata,
+        sa.Column("device_id", sa.String(128), primary_key=True),  # the name the manager gave it
+        sa.Column("serial", sa.String(64), nullable=False, unique=True),  # one request per piece of hardware
+        sa.Column("claim_id", sa.String(32), nullable=False, index=True),
+        sa.Column("fleet", sa.String(128), nullable=False),
+        sa.Column("groups", sa.JSON, nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),  # pending, approved, rejected (claims.RequestState)
+        sa.Column("public_key_sha256", sa.String(64), nullable=False),  # the CSR's SubjectPublicKeyInfo
+        sa.Column("csr", sa.Text, nullable=False),
+        sa.Column("hardware", sa.JSON, nullable=False),  # serial, model, mac as the device sent them
+        sa.Column("remote", sa.String(128)),
+        sa.Column("requested_at", sa.Float, nullable=False),
+        sa.Column("decided_at", sa.Float),
+        sa.Column("decided_by", sa.String(128)),
+        sa.Column("certificate", sa.Text),  # PEM, once approved (public: answered again to a restarted agent)
+        sa.Column("cert_serial", sa.String(64)),  # hex
+        sa.Column("not_after", sa.Float),
+    )
+    return claims, serials, provisioning

@@ -4,14 +4,14 @@ detectors built the same way.
 The model gives, per anchor, ``regressors`` ``[1, N, 4 + 2K]`` (centre x, centre y, width, height, then K
 keypoints' x, y, all in input pixels relative to the anchor) and ``classificators`` ``[1, N, 1]`` (a logit).
 The anchors are not in the file: MediaPipe's ``SsdAnchorsCalculator`` makes them from the input size and
-its options. Every detector here uses fixed-size anchors (1 x 1, so only their centres matter) with offset
-0.5; consecutive layers of one stride share a feature map, each adding one anchor a cell and, with an
-interpolated scale, a second. :data:`SCHEMES` lists the options of MediaPipe's graphs; the layout fits when
-one of them gives exactly N anchors for the model's input size (and nothing else is recognised: Ultraface's
-4420 boxes of 4 values and 2 scores is no such count, and stays ``ssd``'s).
+its options. :mod:`.anchor_schemes` generates them the same way — from the options a model's metadata states
+under ``anchors:``, else from the one MediaPipe-shaped scheme whose anchor count is N for the model's input
+(the layout fits only then: Ultraface's 4420 boxes of 4 values and 2 scores is no such model, and stays
+``ssd``'s).
 
 Decoding is MediaPipe's ``TensorsToDetectionsCalculator`` with ``x_scale = y_scale = w_scale = h_scale`` =
-the input size (what its graphs set): centre = anchor centre + offset, size as given. Scores are the
+the model's input size (what each of its detector graphs sets, 128 to 256: the scale is the input, not a
+number per model): centre = anchor centre + offset, size as given. Scores are the
 sigmoid of the logit clipped to +-100, thresholded (``score_threshold``), then MediaPipe's *weighted*
 non-maximum suppression: each box, best first, takes every remaining box whose IoU with it exceeds the
 threshold (MediaPipe's 0.3 while ``iou_threshold`` is left at its default) and becomes their score-weighted
@@ -24,7 +24,9 @@ by under a pixel and 0.002. What moves them is the sampling: MediaPipe warps cor
 scale, the preprocessor resizes centre-aligned (OpenCV) to whole pixels, and BlazeFace, reading a 4-5x
 downscale with no anti-aliasing, answers a different sampling phase with boxes a few pixels and scores a
 few hundredths apart (tests/pipeline/test_decoders_anchors.py measures both: fed MediaPipe's own input,
-this decoder gives MediaPipe's detections to 0.3 pixel and 0.0012).
+this decoder gives MediaPipe's detections to 0.3 pixel and 0.0012). tests/pipeline/test_mediapipe_detectors.py
+holds every MediaPipe detector (face short, full and back-camera range, palm full and lite, pose) to MediaPipe's
+own graphs: fed the numbers MediaPipe feeds, to 0.0002 pixel and 5e-6 in score.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ...errors import AnchorOptionsError
 from ..postprocess import FACE_KEYPOINT_NAMES
+from .anchor_schemes import OPTIONS_KEY, AnchorScheme, derive_scheme, scheme_from_options
 from .base import (
     DEFAULT_IOU_THRESHOLD,
     DecoderInput,
@@ -52,12 +56,6 @@ if TYPE_CHECKING:
     from ..postprocess import Detections
     from ..preprocess import Transform
 
-#: MediaPipe's anchor options per detector family: (name, strides of the layers, interpolated scale)
-SCHEMES: tuple[tuple[str, tuple[int, ...], bool], ...] = (
-    ("BlazeFace short range / palm", (8, 16, 16, 16), True),
-    ("BlazeFace full range", (4,), False),
-    ("BlazePose detector", (8, 16, 32, 32, 32), True),
-)
 #: MediaPipe's weighted NMS threshold (``min_suppression_threshold``) in its detection graphs
 MEDIAPIPE_IOU = 0.3
 #: MediaPipe's ``score_clipping_thresh``
@@ -66,32 +64,20 @@ SCORE_CLIP = 100.0
 MEDIAPIPE = Preprocessing(resize="letterbox", mean=127.5, std=127.5)
 
 
-def anchor_centres(width: int, height: int, strides: tuple[int, ...], interpolated: bool) -> np.ndarray:
-    """(N, 2) anchor centres in input pixels, in MediaPipe's order (feature map, row, column, anchor)."""
-    import numpy as np
-
-    centres = []
-    layer = 0
-    while layer < len(strides):
-        stride = strides[layer]
-        same = 0  # consecutive layers of one stride share a feature map
-        while layer + same < len(strides) and strides[layer + same] == stride:
-            same += 1
-        per_cell = same * (2 if interpolated else 1)
-        columns, rows = math.ceil(width / stride), math.ceil(height / stride)
-        ys, xs = np.meshgrid((np.arange(rows) + 0.5) / rows, (np.arange(columns) + 0.5) / columns, indexing="ij")
-        grid = np.stack([xs * width, ys * height], axis=-1).reshape(-1, 1, 2)
-        centres.append(np.repeat(grid, per_cell, axis=1).reshape(-1, 2))
-        layer += same
-    return np.concatenate(centres).astype(np.float32)
-
-
-def anchor_count(width: int, height: int, strides: tuple[int, ...], interpolated: bool) -> int:
-    """How many anchors :func:`anchor_centres` makes, without making them."""
-    per_stride: dict[int, int] = {}
-    for stride in strides:
-        per_stride[stride] = per_stride.get(stride, 0) + (2 if interpolated else 1)
-    return sum(math.ceil(width / s) * math.ceil(height / s) * n for s, n in per_stride.items())
+def scheme_of(source: DecoderInput, count: int) -> AnchorScheme:
+    """The anchor scheme of ``source``'s model: the one its metadata states (``anchors:``; a wrong option is an
+    AnchorOptionsError naming it), else the MediaPipe scheme that gives ``count`` anchors for its input."""
+    width, height = source.input_size
+    stated = source.metadata.anchors
+    if stated is None:
+        return derive_scheme(width, height, count)
+    scheme = scheme_from_options(stated)
+    made = scheme.count(width, height)
+    if made != count:
+        raise AnchorOptionsError(f"{OPTIONS_KEY}.strides in the model's metadata ({scheme.describe()}) makes {made} "
+                                 f"anchors for its {width}x{height} input; the model has {count}",
+                                 f"{OPTIONS_KEY}.strides")
+    return scheme
 
 
 def _split(source: DecoderInput) -> tuple[int, int, int]:
@@ -120,15 +106,10 @@ class AnchorDecoder:
 
         reg, score, keypoints = _split(source)
         n = source.outputs[score].size
-        width, height = source.input_size
-        counts = {name: anchor_count(width, height, strides, inter) for name, strides, inter in SCHEMES}
-        fitting = [(strides, inter) for name, strides, inter in SCHEMES if counts[name] == n]
-        if not fitting:
-            known = ", ".join(f"{name} {count}" for name, count in counts.items())
-            raise LayoutMismatch(f"{n} anchors is no MediaPipe anchor scheme of a {width}x{height} input ({known})")
+        self.scheme = scheme_of(source, n)
         self.source = source
         self.keypoints = keypoints
-        self._centres = anchor_centres(width, height, *fitting[0])
+        self._centres = self.scheme.centres(*source.input_size)
         self._regressors = source.outputs[reg].reshape(n, -1)
         self._logits = source.outputs[score].reshape(n)
         self._specs = source.specs[reg], source.specs[score]

@@ -44,11 +44,18 @@ class DecoderSettings:
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """How a layout's family feeds its models (None: the task's default / the input type's default)."""
+    """How a layout's family feeds its models, as its exporter's own code does (None: the task's default, the input
+    type's default, RGB, a centred border of grey 114)."""
 
     resize: str | None = None
     mean: float | tuple[float, ...] | None = None
     std: float | tuple[float, ...] | None = None
+    #: ``rgb`` or ``bgr`` (runtime.metadata.CHANNEL_ORDERS)
+    channels: str | None = None
+    #: where a letterbox's border goes: ``centre`` or ``corner`` (runtime.metadata.PAD_PLACES)
+    pad: str | None = None
+    #: the border's pixel value, 0-255
+    pad_value: int | None = None
 
 
 @dataclass(frozen=True, eq=False)

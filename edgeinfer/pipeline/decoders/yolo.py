@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from ..postprocess import Detections
     from ..preprocess import Transform
 
-#: Ultralytics' preprocessing: RGB in [0, 1], letterboxed (its pad grey, 114, is the preprocessor's own)
-ULTRALYTICS = Preprocessing(resize="letterbox", mean=0.0, std=255.0)
+#: Ultralytics' preprocessing (its LetterBox): RGB in [0, 1], letterboxed in the middle of a grey 114 border
+ULTRALYTICS = Preprocessing(resize="letterbox", mean=0.0, std=255.0, channels="rgb", pad="centre", pad_value=114)
 #: the anchor-free heads' strides: P3-P5, P3-P6 (``-p6`` models), P2-P5 (``-p2`` models)
 STRIDES = ((8, 16, 32), (8, 16, 32, 64), (4, 8, 16, 32))
 #: boxes whose every coordinate is at most this are normalised to the input

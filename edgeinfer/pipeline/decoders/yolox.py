@@ -12,11 +12,11 @@ their cell, raw ones are offsets of about a cell from 0 — over a sample of row
 median distance to each hypothesis is near 0.5 for the true one and tens of cells (or hundreds of pixels)
 for the other, whatever the frame shows. :attr:`YoloxDecoder.decoded` says which the last frame was.
 
-**Preprocessing.** Official YOLOX takes BGR pixels 0-255 unnormalised, the image at the top-left of a
-114-grey letterbox. The pipeline's preprocessor feeds RGB and centres its letterbox; the layout asks for
-0-255 (mean 0, std 1) and a letterbox: boxes come back through the transform at the right place, but the
-model sees red and blue swapped (scores of colour-dependent classes drop a little) and a black border in
-place of grey.
+**Preprocessing.** What YOLOX's own ``preproc`` (``yolox.data.data_augment``) feeds, which its models were
+trained on: BGR pixels 0-255 unnormalised, the image resized by ``min(H / h, W / w)`` (its size truncated) at
+the top-left of a 114-grey letterbox, the whole border bottom-right. The layout states exactly that
+(:data:`YOLOX_PIXELS`), so the preprocessor's input is YOLOX's to the bit and boxes come back by YOLOX's ratio;
+fed RGB and a centred border instead, the scores move by tenths and objects are lost (docs/pipeline.md).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from ..preprocess import Transform
 
 STRIDES = (8, 16, 32)
-#: 0-255 pixels, letterboxed (the preprocessor's own RGB and centred border: see the module's docstring)
-YOLOX_PIXELS = Preprocessing(resize="letterbox", mean=0.0, std=1.0)
+#: YOLOX's preproc: BGR 0-255, letterboxed at the top-left corner in grey 114 (see the module's docstring)
+YOLOX_PIXELS = Preprocessing(resize="letterbox", mean=0.0, std=1.0, channels="bgr", pad="corner", pad_value=114)
 #: rows sampled per frame to tell raw offsets from decoded boxes
 SAMPLE_ROWS = 512
 

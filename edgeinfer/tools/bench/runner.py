@@ -63,12 +63,14 @@ def run_benchmark(
     progress: Progress | None = None,
     source: str | int | None = None,
     task: str | None = None,
+    decoder: str | None = None,
 ) -> BenchReport:
     """Benchmark every (model, delegate) pair that can run here, side by side, in one run.
 
     ``seconds`` is the measured time per target, split over ``rounds`` interleaved rounds. With
     ``source``, each target's engine then also runs inside a whole :class:`~edgeinfer.pipeline.Pipeline`
-    (``task``; None: the task each model is read for) on that source for as long, and per-stage timings are
+    (``task``; None: the task each model is read for; ``decoder``: the layout its outputs are read as, a built-in's
+    or an installed plug-in's; None: chosen) on that source for as long, and per-stage timings are
     reported.
     Raises NoDelegateAvailable when nothing can run, BenchmarkError when a worker fails.
     """
@@ -92,7 +94,7 @@ def run_benchmark(
         peaks = [_peak_rss(entry) for entry in measured]  # before any pipeline run, whose frame buffers would count
         pipeline = None
         if source is not None:
-            pipeline = _pipeline_rounds(measured, source, task, seconds, rounds, say)
+            pipeline = _pipeline_rounds(measured, source, task, seconds, rounds, say, decoder)
     results = [_result(entry, threads, peaks[index], cached.get(index, (None, None)))
                for index, entry in enumerate(measured)]
     notes = []
@@ -199,7 +201,7 @@ def _result(entry: _Measured, threads: int, stats: dict[str, Any],
 
 
 def _pipeline_rounds(measured: Sequence[_Measured], source: str | int, task: str | None, seconds: float, rounds: int,
-                     say: Progress) -> tuple[dict[str, Any], ...]:
+                     say: Progress, decoder: str | None = None) -> tuple[dict[str, Any], ...]:
     """Each target's engine inside a whole Pipeline on ``source``, interleaved in rounds like the engines."""
     targets = [entry.target for entry in measured]
     stages: list[dict[str, list[float]]] = [{stage: [] for stage in STAGES} for _ in targets]
@@ -208,10 +210,11 @@ def _pipeline_rounds(measured: Sequence[_Measured], source: str | int, task: str
     elapsed = [0.0] * len(targets)
     cpu = [0.0] * len(targets)
     tasks: list[str | None] = [task] * len(targets)
+    layouts: list[str | None] = [decoder] * len(targets)
     block = seconds / rounds
     for round_index in range(rounds):
         for index in _rotated(len(targets), round_index):
-            command = {"op": "pipeline", "source": source, "task": task, "seconds": block}
+            command = {"op": "pipeline", "source": source, "task": task, "decoder": decoder, "seconds": block}
             reply = measured[index].worker.request(command, block * 20 + 120)
             raise_remote(reply, targets[index])
             for stage in STAGES:
@@ -221,12 +224,14 @@ def _pipeline_rounds(measured: Sequence[_Measured], source: str | int, task: str
             elapsed[index] += reply["elapsed_s"]
             cpu[index] += reply["cpu_s"]
             tasks[index] = reply.get("task", task)
+            layouts[index] = reply.get("layout", decoder)
         say(f"pipeline: round {round_index + 1}/{rounds}")
     rows = []
     for index, target in enumerate(targets):
         rows.append({
             "label": f"{Path(target.model.path).name} · {target.delegate}", "model": target.model.path,
-            "delegate": target.delegate, "source": str(source), "task": tasks[index], "frames": frames[index],
+            "delegate": target.delegate, "source": str(source), "task": tasks[index], "layout": layouts[index],
+            "frames": frames[index],
             "timed_frames": len(stages[index][STAGES[0]]),
             "dropped": dropped[index], "fps": round(frames[index] / elapsed[index], 2) if elapsed[index] else 0.0,
             "cpu_utilization": round(cpu[index] / elapsed[index], 2) if elapsed[index] else 0.0,

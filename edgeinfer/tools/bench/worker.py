@@ -11,8 +11,8 @@ the protocol).
             "description", "rss_before_mb", "rss_after_mb"}
     {"op": "run", "seconds": S}
         -> {"ok": true, "latencies_ms": [...], "wall_s", "cpu_s"}
-    {"op": "pipeline", "source": SRC, "task": TASK, "seconds": S}
-        -> {"ok": true, "stages": {stage: [ms, ...]}, "frames", "dropped", "elapsed_s", "cpu_s"}
+    {"op": "pipeline", "source": SRC, "task": TASK, "decoder": DECODER, "seconds": S}
+        -> {"ok": true, "stages": {stage: [ms, ...]}, "frames", "dropped", "elapsed_s", "cpu_s", "task", "layout"}
        (frames: every result; the stages time those after the first SETTLE, and the run goes on past S
        until one is timed)
     {"op": "stats"} -> {"ok": true, "peak_rss_mb"}
@@ -142,7 +142,8 @@ class _Worker:
                 values.append(round(float(getattr(timings, stage)), 4))
             timed.set()
 
-        pipe = Pipeline(self.engine, cmd["source"], task=cmd.get("task"), loop=True)  # None: the model's task
+        pipe = Pipeline(self.engine, cmd["source"], task=cmd.get("task"), decoder=cmd.get("decoder"),
+                        loop=True)  # None: the model's task, the layout its outputs fit
         try:
             cpu0 = time.process_time()
             start = time.perf_counter()
@@ -161,10 +162,11 @@ class _Worker:
                 raise pipe.error
             dropped = pipe.stats.dropped
             task = pipe.options.task
+            layout = pipe.reading.layout.name
         finally:
             pipe.close()
         return {"ok": True, "stages": samples, "frames": seen[0], "dropped": dropped, "elapsed_s": elapsed,
-                "cpu_s": cpu, "task": task}
+                "cpu_s": cpu, "task": task, "layout": layout}
 
     def close(self) -> None:
         if self.engine is not None:

@@ -34,6 +34,8 @@ class EvaluateOptions:
     delegate: str | None = None
     labels: str | Path | None = None
     task: str | None = None
+    #: the layout the outputs are read as (a built-in decoder's name or an installed plug-in's; None: chosen)
+    decoder: str | None = None
     ignore_unknown: bool = False
     #: score on these of the dataset's classes only (None: every class the model knows)
     classes: frozenset[str] | None = None
@@ -49,7 +51,8 @@ def evaluate_model(model: str | Path, dataset: str | Path | Dataset, options: Ev
     from .scoring import classification_scores, detection_scores
 
     data = dataset if isinstance(dataset, Dataset) else read_dataset(dataset, options.format)
-    under_test = open_model(model, delegate=options.delegate, labels=options.labels, task=options.task)
+    under_test = open_model(model, delegate=options.delegate, labels=options.labels, task=options.task,
+                            decoder=options.decoder)
     try:
         if under_test.kind != data.kind:
             raise DatasetError(f"{Path(model).name} reads as a {under_test.kind} model (task "
@@ -126,7 +129,8 @@ def _known_classes(model: str | Path, data: Dataset, options: EvaluateOptions) -
     classes than the one it is compared with (the headline figure would favour it)."""
     from .runner import open_model
 
-    under_test = open_model(model, delegate=options.delegate, labels=options.labels, task=options.task)
+    under_test = open_model(model, delegate=options.delegate, labels=options.labels, task=options.task,
+                            decoder=options.decoder)
     try:
         return set(match_names(data.names, under_test.names, ignore_unknown=True))
     finally:

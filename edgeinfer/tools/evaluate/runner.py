@@ -43,7 +43,7 @@ class Output:
 
 
 def open_model(model: str | Path, *, delegate: str | None = None, labels: str | Path | None = None,
-               task: str | None = None) -> ModelUnderTest:
+               task: str | None = None, decoder: str | None = None) -> ModelUnderTest:
     """Load ``model`` and read it as a pipeline does, with a low score floor and top-5 for scoring."""
     from ...pipeline.labels import Labels
     from ...pipeline.options import PipelineOptions
@@ -51,7 +51,8 @@ def open_model(model: str | Path, *, delegate: str | None = None, labels: str | 
     from ...runtime.selection import load
 
     engine = load(model, delegate)
-    options = PipelineOptions(task=task, score_threshold=SCORE_FLOOR, max_detections=MAX_DETECTIONS, top_k=5)
+    options = PipelineOptions(task=task, decoder=decoder, score_threshold=SCORE_FLOOR, max_detections=MAX_DETECTIONS,
+                              top_k=5)
     try:
         reading, names = read_run_model(engine, options, Labels.load(labels) if labels else None)
     except Exception:
@@ -80,8 +81,7 @@ def run_images(model: ModelUnderTest, images: list[Path],
             frame = read_image(path)
         size = (frame.shape[1], frame.shape[0])
         if size not in preprocessors:
-            preprocessors[size] = Preprocessor(engine.inputs[0], size, resize=reading.resize,
-                                               mean=reading.mean, std=reading.std)
+            preprocessors[size] = reading.preprocessor(engine.inputs[0], size)
         transform = preprocessors[size](frame, engine.input_view(0))
         engine.invoke()
         yield Output(size, _decode(reading, transform, path))

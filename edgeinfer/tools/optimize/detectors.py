@@ -36,15 +36,18 @@ class DetectorOutputs:
     names: dict[int, str]
 
 
-def read_detector(engine: Engine) -> ModelReading | None:
-    """How the pipeline reads ``engine`` when that gives boxes; None for a classifier or an unknown layout."""
+def read_detector(engine: Engine, decoder: str | None = None) -> ModelReading | None:
+    """How the pipeline reads ``engine`` when that gives boxes; None for a classifier or an unknown layout. A
+    ``decoder`` named (a built-in's or an installed plug-in's) must fit: LayoutMismatch / PluginError otherwise."""
     from ...pipeline.decoders import DecoderSettings, model_labels
     from ...pipeline.tasks import read_model
 
     try:
-        reading = read_model(engine, task=None, decoder=None, labels=model_labels(engine.model),
+        reading = read_model(engine, task=None, decoder=decoder, labels=model_labels(engine.model),
                              settings=DecoderSettings())
     except ValueError:  # no layout fits: judged as before (no top-1 to compare, refused unless forced)
+        if decoder is not None:  # the one the caller named does not fit (or its plug-in does not load): say why
+            raise
         return None
     return reading if reading.gives_boxes else None
 

@@ -79,7 +79,7 @@ class ImageFeeder:
     """
 
     def __init__(self, engine: Engine, options: OptimizeOptions, reading: ModelReading | None = None) -> None:
-        from ...pipeline.preprocess import input_geometry
+        from ...pipeline.preprocess import LETTERBOX_PAD, input_geometry
 
         spec = engine.inputs[0] if engine.inputs else None
         if len(engine.inputs) != 1 or spec is None:
@@ -95,6 +95,9 @@ class ImageFeeder:
         self.mean, self.std = normalisation_value(options.mean), normalisation_value(options.std)
         if reading is not None and options.mean is None and options.std is None:
             self.mean, self.std = normalisation_value(reading.mean), normalisation_value(reading.std)
+        # the channel order and the letterbox's border as the pipeline feeds the model (its family's: YOLOX BGR)
+        self.channels, self.pad, self.pad_value = (reading.channels, reading.pad, reading.pad_value) if reading \
+            else ("rgb", "centre", LETTERBOX_PAD)
         self._preprocessors: dict[tuple[int, int], Any] = {}
 
     def __call__(self, image_path: Path, dst: np.ndarray) -> Transform:
@@ -111,7 +114,8 @@ class ImageFeeder:
             if len(self._preprocessors) > MAX_CACHED_SIZES:
                 self._preprocessors.clear()
             preprocess = self._preprocessors[size] = Preprocessor(
-                self.spec, size, resize=self.resize, mean=self.mean, std=self.std,
+                self.spec, size, resize=self.resize, mean=self.mean, std=self.std, channels=self.channels,
+                pad=self.pad, pad_value=self.pad_value,
             )
         return preprocess(frame, dst)
 
@@ -121,7 +125,10 @@ class ImageFeeder:
 
         return {
             "resize": self.resize,
-            "rgb": True,
+            "rgb": self.channels == "rgb",
+            "channels": self.channels,
+            "pad": self.pad,
+            "pad_value": self.pad_value,
             "mean": DEFAULT_FLOAT_MEAN if self.mean is None else self.mean,
             "std": DEFAULT_FLOAT_STD if self.std is None else self.std,
             "input": self.spec.name,

@@ -121,7 +121,8 @@ def _detector_fields(reading: ModelReading | None, options: OptimizeOptions) -> 
     """The report's fields that say how a detector was judged (none for a classifier)."""
     if reading is None:
         return {}
-    return {"task": reading.task, "box_minimums": options.box_minimums, "score_threshold": options.score_threshold,
+    return {"task": reading.task, "layout": reading.layout.name, "box_minimums": options.box_minimums,
+            "score_threshold": options.score_threshold,
             "iou_threshold": options.iou_threshold}
 
 
@@ -132,7 +133,7 @@ def _optimize_onnx(run: _Run, temp_onnx: Path, output_path: Path) -> _Onnx:
     info, options, say = run.info, run.options, run.say
     say(f"loading {Path(info.path).name} on {options.delegate} ({run.threads} threads)")
     with load(info, options.delegate, threads=run.threads) as original:
-        reading = read_detector(original)
+        reading = read_detector(original, options.decoder)
         feeder = ImageFeeder(original, options, reading)
         preprocessing = feeder.describe()
         if original.inputs[0].dtype not in FLOAT_INPUT_TYPES:

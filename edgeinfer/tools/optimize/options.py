@@ -47,6 +47,8 @@ class OptimizeOptions:
     std: float | tuple[float, ...] | None = None
     #: None: as inference reads the model (its metadata, its layout, else stretch)
     resize: str | None = None
+    #: the layout a detector's outputs are read as (a built-in decoder's name or an installed plug-in's; None: chosen)
+    decoder: str | None = None
     per_channel: bool = True
     activations: str = "uint8"
     #: 7-bit weights (ONNX Runtime's ``reduce_range``): what an x86 CPU without VNNI computes exactly with its fast

@@ -105,6 +105,8 @@ class OptimizeReport:
     seconds: float = 0.0
     #: the task the pipeline reads the model for; a detector's artifacts carry ``accuracy.boxes``
     task: str = "classify"
+    #: the layout a detector's outputs are read as (its decoder: a built-in's or a plug-in's; None for a classifier)
+    layout: str | None = None
     #: a detector's thresholds (figure name -> minimum), the score its boxes are compared at and the NMS IoU they
     #: are kept at
     box_minimums: dict[str, float] = field(default_factory=dict)

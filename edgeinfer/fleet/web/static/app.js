@@ -8,6 +8,7 @@ import { deploymentsPage, deploymentPage } from "./deployments.js";
 import { eventsPage } from "./events.js";
 import { samplesPage } from "./samples.js";
 import { configIndexPage, configLayerPage } from "./config.js";
+import { pendingPage } from "./pending.js";
 
 const $ = (sel) => document.querySelector(sel);
 const view = $("#view");
@@ -141,6 +142,7 @@ const ROUTES = [
   [/^\/samples\/?$/, () => samplesPage, "samples"],
   [/^\/config\/?$/, () => configIndexPage, "config"],
   [/^\/config\/(.+)$/, () => configLayerPage, "config"],
+  [/^\/pending\/?$/, () => pendingPage, "pending"],
 ];
 
 function unmountCurrent() {

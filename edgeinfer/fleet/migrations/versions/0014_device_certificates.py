@@ -1,8 +1,8 @@
 """Devices' client certificates (fleet/device_certs.py): every one the fleet's CA issued, by serial, with its device,
 lifetime and revocation — the certificate revocation list is its revoked rows.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0013"
-down_revision = "0012"
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 
