@@ -208,6 +208,15 @@ def test_fleet_enroll_prints_every_key_a_device_needs_for_both_identities(fleet,
         assert device.connected()
     finally:
         device.close()
+    # and the agent's one HTTP client presents them to the manager (artifacts, evidence, samples, live frames)
+    from edgeinfer.agent.uploads import DeviceHTTP
+
+    sha = FleetClient(fleet.http.url, token=fleet.admin_token, ca=keys["ca"]).upload(Path(__file__))["sha256"]
+    assert DeviceHTTP(None, keys["ca"], (keys["cert"], keys["key"])).send(
+        "GET", f"{fleet.http.url}/artifacts/{sha}", None, {}, timeout=10) == 200
+    with pytest.raises(urllib.error.HTTPError) as refused:  # without its certificate: no way in
+        DeviceHTTP(None, keys["ca"]).send("GET", f"{fleet.http.url}/artifacts/{sha}", None, {}, timeout=10)
+    assert refused.value.code == 401
 
 
 def test_the_agents_first_boot_against_the_real_provisioning_route_and_revocation_of_what_it_got(fleet, admin,
