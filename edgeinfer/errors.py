@@ -41,7 +41,7 @@ where it is data the program received at run time (a frame of the wrong shape), 
     ├── AuthError                     a fleet API request without a usable token (401) or role (403); ``.status``
     ├── FleetRequestError             the fleet manager refused a request; ``.status`` is its HTTP status
     ├── UploadRefused                 the fleet manager refused evidence for good (401/403/409/413); ``.status``
-    ├── ProvisioningRefused           the fleet manager refuses a device's provisioning request (a claim that is
+    ├── ProvisioningRefused           the fleet manager refuses a device's provisioning or renewal request (a claim
     │                                 unknown, expired, revoked or used up; a bad CSR; a serial taken); ``.status``
     ├── RevisionConflict              a fleet configuration layer was saved on a revision that is not its newest
     │                                 (someone saved since it was read: 409)

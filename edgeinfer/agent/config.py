@@ -14,6 +14,8 @@ Example::
     broker: mqtts://broker.example:8883
     ca: /etc/edgeinfer/ca.crt         # mqtts: verify the broker; cert + key: client certificate
     username: cam-01                  # password, or password_file (kept out of the config)
+    # or, one image for many devices: a claim traded for a certificate on first boot (docs/provisioning.md)
+    # claim: eic_...                  # with manager_url; serial: overrides the hardware's serial number
     data_dir: /var/lib/edgeinfer      # spool, command log, model slots
     telemetry_interval_s: 1.0
     spool_max_bytes: 64MiB
@@ -114,6 +116,11 @@ class AgentConfig:
     update_max_latency_factor: float = DEFAULT_UPDATE_MAX_LATENCY_FACTOR
     #: the fleet manager's HTTP API (``https://fleet.example:8443``): where event evidence is uploaded
     manager_url: str | None = None
+    #: a fleet's claim token (one image for many devices): traded for a certificate on first boot
+    #: (agent/provisioning.py); the identity it brings (``<data_dir>/identity/``) is laid over these keys
+    claim: str | None = field(default=None, repr=False)
+    #: the serial number a claim names the device by (default: the hardware's, agent/identity.py)
+    serial: str | None = None
     #: the mapping it was read from: a fleet revision's keys are laid over it (agent/configuration.py)
     data: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -206,6 +213,8 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
         raise ConfigError(f"{file}: the top level must be a mapping of keys (device_id, broker, pipelines, ...)")
     r = ConfigReader(data, "", file, base)
     r.check_unknown(TOP_KEYS)
+    data, provisioned = _with_identity(r, data)
+    r = ConfigReader(data, "", file, base)
     # the keys a fleet document may set are checked first as the fleet's are, by the one schema (same words)
     problems = document_problems(fleet_part(data))
     if problems:
@@ -213,7 +222,8 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
 
     device_id = _device_id(r, hostname)
     fleet = r.identifier("fleet", DEFAULT_FLEET)
-    broker = _broker(r)
+    # a claimed device has no broker before it is provisioned: its CA (for the manager) must not need mqtt://
+    broker = _broker(r, "mqtts://127.0.0.1:8883" if r.get("claim") and not provisioned else DEFAULT_BROKER)
     reconnect_min, reconnect_max = _window(r, "reconnect", DEFAULT_RECONNECT_MIN_S, DEFAULT_RECONNECT_MAX_S)
     restart_min, restart_max = _window(r, "restart", DEFAULT_RESTART_MIN_S, DEFAULT_RESTART_MAX_S)
     data_dir = Path(r.path("data_dir") or DEFAULT_DATA_DIR)
@@ -254,8 +264,24 @@ def parse_config(data: Any, *, file: str = "agent.yaml", base: Path | None = Non
         update_max_latency_factor=float(r.number("update_max_latency_factor", DEFAULT_UPDATE_MAX_LATENCY_FACTOR,
                                                  above=1.0, maximum=1000)),
         manager_url=_manager_url(r),
+        claim=r.string("claim"),
+        serial=r.string("serial"),
         data=dict(data),
     )
+
+
+def _with_identity(r: ConfigReader, data: Mapping[str, Any]) -> tuple[Mapping[str, Any], bool]:
+    """A claimed device's agent.yaml with its identity (``<data_dir>/identity/identity.yaml``) laid over it, and
+    whether there is one (agent/identity.py)."""
+    claim = r.string("claim")
+    if claim is None:
+        return data, False
+    if r.string("manager_url") is None:
+        raise r.fail("claim", "needs manager_url: the fleet manager the claim is traded with")
+    from .identity import identity_dir, read_identity
+
+    identity = read_identity(identity_dir(r.path("data_dir") or DEFAULT_DATA_DIR))
+    return ({**data, **identity}, True) if identity else (data, False)
 
 
 def _device_id(r: ConfigReader, hostname: str | None) -> str:
@@ -269,9 +295,9 @@ def _device_id(r: ConfigReader, hostname: str | None) -> str:
     return device_id
 
 
-def _broker(r: ConfigReader) -> dict[str, Any]:
+def _broker(r: ConfigReader, default: str = DEFAULT_BROKER) -> dict[str, Any]:
     """The broker's URL, TLS files (loaded once, to fail now) and credentials: LinkSettings keywords."""
-    broker = r.string("broker", DEFAULT_BROKER)
+    broker = r.string("broker", default)
     try:
         url = parse_broker_url(broker)
     except ValueError as exc:

@@ -44,6 +44,7 @@ from .log_ring import LogRing
 from .metrics import start_metrics
 from .model_check import ConfigErrors
 from .pipelines import Runners
+from .provisioning import link_tls, start_renewer
 from .runner import PipelineFactory, PipelineRunner, default_pipeline_factory
 from .services import TelemetryFigures
 from .telemetry import (
@@ -170,6 +171,7 @@ class Agent:
         self.uploader: Any = None  # event evidence and samples to the fleet manager (agent/uploads.py)
         self.log_ring = LogRing()  # the recent log lines the fleet may ask for (agent/log_ring.py)
         self.diagnosis: Any = None  # the logs and doctor commands (agent/diagnosis.py)
+        self.renewer: Any = None  # renews a provisioned device's certificate (agent/provisioning.py)
         self.pipelines = Runners(self._make_runner)  # built in open(), once the configuration is known
         self.configuration: Any = None  # the fleet's configuration revisions (agent/configuration.py)
         self._delegates: list[dict[str, Any]] = []
@@ -292,9 +294,10 @@ class Agent:
         self.updates.register(self.commands)
         self.updates.register_kind(DeploymentKind.CONFIG, self.configuration)  # configuration revisions
         offline = encode(self._state_message(online=False, reason="connection lost"))
+        tls = link_tls(config)  # kept: a renewed certificate is loaded into it (agent/provisioning.py)
         self._link = MqttLink(config.link_settings(), spool=self._spool, will=(self.topics.state, offline),
                               subscriptions=[self.topics.cmd], on_message=self._on_message,
-                              on_connected=functools.partial(report_reconnect, self))
+                              on_connected=functools.partial(report_reconnect, self), tls=tls)
         # runners exist before the link connects: a command queued in the persistent session may
         # arrive at once and name a pipeline; commands wait in the router's queue until it starts
         self.uploader = start_uploader(config, self.emit)
@@ -303,6 +306,7 @@ class Agent:
         self.pipelines.build(config, self.config_errors.reporter)
         self._link.set_retained(self.topics.state, encode(self._state_message(online=True)))
         self._link.start()
+        self.renewer = start_renewer(config, tls, self.emit)  # a provisioned device's certificate
         if config.metrics is not None:
             self._metrics = start_metrics(self, *config.metrics)
         self.emit(EventKind.AGENT_STARTED, "info", f"agent {__version__} started on {config.device_id}",
@@ -327,7 +331,8 @@ class Agent:
             self._tick()
         if self.commands is not None:
             self.commands.stop()
-        for service in (self.uploader, self._metrics, self.live_views, self.diagnosis):  # unsent events stay on disk
+        # unsent events stay on disk
+        for service in (self.uploader, self._metrics, self.live_views, self.diagnosis, self.renewer):
             if service is not None:
                 service.close()
         if self._link is not None:

@@ -63,7 +63,13 @@ def download_settings(config: AgentConfig, args: Mapping[str, Any]) -> dict[str,
     manager's artifacts) and the command's grant."""
     mqtt = config.mqtt
     return {"credentials": (mqtt.username, mqtt.password or "") if mqtt.username else None, "cafile": mqtt.ca,
-            "grant": args.get("grant")}
+            "grant": args.get("grant"), "client_cert": client_cert(config)}
+
+
+def client_cert(config: AgentConfig) -> tuple[str, str] | None:
+    """The device's certificate and key files when its identity is a certificate (they open the manager too)."""
+    mqtt = config.mqtt
+    return (mqtt.cert, mqtt.key) if mqtt.cert and mqtt.key else None
 
 
 def downloads_for(config: AgentConfig, args: Mapping[str, Any]) -> Downloads:

@@ -73,10 +73,10 @@ class DeviceUploader:
 
     def __init__(self, manager_url: str, device_id: str, *, credentials: tuple[str, str] | None,
                  cafile: str | None = None, emit: EmitFn | None = None,
-                 backoff: Backoff | None = None) -> None:
+                 backoff: Backoff | None = None, client_cert: tuple[str, str] | None = None) -> None:
         self.base = manager_url.rstrip("/")
         self.device_id = device_id
-        self.http = DeviceHTTP(credentials, cafile)
+        self.http = DeviceHTTP(credentials, cafile, client_cert)
         self._emit = emit
         self._backoff = backoff or Backoff(initial_s=1.0, max_s=60.0, jitter=EQUAL_JITTER)
         self._queue: deque[tuple[str | None, Path, Kind]] = deque()
@@ -254,23 +254,25 @@ class DeviceHTTP:
     as artifact downloads use) and the CA it trusts; urllib, imported at the first request. Evidence uploads and
     the live view's frames go through it."""
 
-    def __init__(self, credentials: tuple[str, str] | None, cafile: str | None = None) -> None:
+    def __init__(self, credentials: tuple[str, str] | None, cafile: str | None = None,
+                 client_cert: tuple[str, str] | None = None) -> None:
         self._headers: dict[str, str] = {}
         if credentials is not None:
             from ..updates.download import basic_auth
 
             self._headers = basic_auth(*credentials)
         self._context = None
-        if cafile:
+        if cafile or client_cert:
             from ..updates.download import https_context
 
-            self._context = https_context(cafile)
+            self._context = https_context(cafile, client_cert)
 
     @classmethod
     def of(cls, config: Any) -> DeviceHTTP:
         """The client of an ``AgentConfig``: the device's MQTT credential and CA also open the fleet manager."""
         mqtt = config.mqtt
-        return cls((mqtt.username, mqtt.password or "") if mqtt.username else None, mqtt.ca)
+        return cls((mqtt.username, mqtt.password or "") if mqtt.username else None, mqtt.ca,
+                   (mqtt.cert, mqtt.key) if mqtt.cert and mqtt.key else None)
 
     def send(self, method: str, url: str, body: Any, headers: dict[str, str], *, timeout: float) -> int:
         """One request with the credential; its status. ``urllib.error.HTTPError`` for a 4xx/5xx answer
@@ -292,6 +294,7 @@ def start_uploader(config: Any, emit: EmitFn | None) -> DeviceUploader | None:
         return None
     mqtt = config.mqtt  # the device's credential and CA also open the fleet manager, as for artifacts
     uploader = DeviceUploader(config.manager_url, config.device_id, emit=emit, cafile=mqtt.ca,
+                              client_cert=(mqtt.cert, mqtt.key) if mqtt.cert and mqtt.key else None,
                               credentials=(mqtt.username, mqtt.password or "") if mqtt.username else None)
     queued = uploader.scan(events, EVIDENCE) + uploader.scan(samples, SAMPLES)
     if queued:

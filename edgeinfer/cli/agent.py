@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -41,6 +41,8 @@ def agent(config_path: str, check: bool) -> None:
 
     try:
         config = load_config(config_path)
+        if config.claim and not check:
+            config = _provisioned(config_path, config)
         if check:
             resolve_profile(config, detect_now=False)  # a named profile must exist
             from ..agent.config_check import check_configuration
@@ -75,6 +77,33 @@ def agent(config_path: str, check: bool) -> None:
         _config_error(daemon.config_errors.error)
     if daemon.exit_status:  # an agent update: the launcher starts the slot its state names now
         sys.exit(daemon.exit_status)
+
+
+def _provisioned(config_path: str, config: Any) -> Any:
+    """A claimed device without its identity yet: trade the claim for one (waiting while it is pending; SIGTERM
+    stops the wait), then the configuration with it (agent/provisioning.py)."""
+    import signal
+    import threading
+
+    from ..agent.config import load_config
+    from ..agent.identity import hardware, identity_dir, read_identity
+    from ..agent.provisioning import provision
+    from ..errors import ConfigError
+
+    folder = identity_dir(config.data_dir)
+    if read_identity(folder) is not None:
+        return config
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        names = hardware(config.sensors.root, serial=config.serial)
+    except ValueError as exc:
+        raise ConfigError(f"{config.path}: serial: {exc}") from None
+    click.echo(f"edgeinfer: provisioning {names['serial']} with {config.manager_url}", err=True)
+    if provision(config.manager_url, config.claim, folder, names, cafile=config.mqtt.ca, stop=stop) is None:
+        sys.exit(0)  # stopped while waiting: the key and request stay, the next start resumes
+    return load_config(config_path)
 
 
 def _config_error(error: ConfigError) -> NoReturn:

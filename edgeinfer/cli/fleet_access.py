@@ -143,33 +143,56 @@ def token_revoke(client: Any, token_id: str, as_json: bool) -> None:
 @click.command("enroll")
 @click.argument("device_ids", metavar="DEVICE_ID...", nargs=-1, required=True)
 @click.option("--fleet", "fleet_name", help="The devices' fleet (default: default).")
+@click.option("--certificate", is_flag=True,
+              help="Issue a key and a client certificate of the fleet's CA instead of a password (the manager runs "
+                   "with --tls): written beside --out as DEVICE_ID.crt, DEVICE_ID.key (0600) and ca.crt.")
 @click.option("--json", "as_json", is_flag=True, help="Print the agent.yaml keys as JSON (a list for several).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write them to this YAML file (mode 0600), to merge into the device's agent.yaml.")
 @client_options
-def enroll(client: Any, device_ids: tuple[str, ...], fleet_name: str | None, as_json: bool, out: Path | None) -> None:
+def enroll(client: Any, device_ids: tuple[str, ...], fleet_name: str | None, certificate: bool, as_json: bool,
+           out: Path | None) -> None:
     """Issue each DEVICE_ID its MQTT credential and open its topics on the managed broker.
 
-    Prints what goes into the device's agent.yaml (broker, username, password, the fleet's update
-    key); the password is shown only now. Enrolling again issues a new password. Several devices
-    are enrolled with one broker reload (a list of YAML documents, or of JSON objects).
+    Prints what goes into the device's agent.yaml — broker, username and password (or, with
+    --certificate, cert, key and ca), manager_url, the fleet's update key; the password (or key) is
+    shown only now. Enrolling again issues a new one. Several devices are enrolled with one broker
+    reload (a list of YAML documents, or of JSON objects). Many devices from one image: a claim
+    instead (docs/provisioning.md).
     """
     from ..util.fs import atomic_write_bytes
 
-    if len(device_ids) == 1:
-        issued: Any = client.enroll(device_ids[0], fleet_name)
-        text = yaml.safe_dump(issued, sort_keys=False)
-    else:
-        issued = client.enroll_many(list(device_ids), fleet_name)
-        text = yaml.safe_dump_all(issued, sort_keys=False)
+    if certificate and out is None:
+        raise click.UsageError("--certificate writes the key and certificate beside --out: give --out FILE")
+    issued = client.enroll_many(list(device_ids), fleet_name, certificate=certificate)
+    issued = [_agent_keys(entry, out.parent if out else None) for entry in issued]
+    text = yaml.safe_dump(issued[0], sort_keys=False) if len(issued) == 1 else yaml.safe_dump_all(issued,
+                                                                                                  sort_keys=False)
     if out is not None:
         atomic_write_bytes(out, text.encode(), mode=0o600)
     if as_json:
-        print_json(issued)
+        print_json(issued[0] if len(issued) == 1 else issued)
     else:
-        click.echo(f"# {', '.join(device_ids)} enrolled: put these keys into its agent.yaml (the password is not "
+        secret = "key" if certificate else "password"
+        click.echo(f"# {', '.join(device_ids)} enrolled: put these keys into its agent.yaml (the {secret} is not "
                    "shown again)", err=True)
         click.echo(text, nl=False)
+
+
+def _agent_keys(entry: dict, folder: Path | None) -> dict:
+    """What enroll answered as agent.yaml keys: a certificate's PEMs written to files in ``folder``, named by
+    ``cert``, ``key`` and ``ca``; nothing left empty."""
+    from ..util.fs import atomic_write_bytes
+
+    pems = {k: entry.pop(k, None) for k in ("certificate", "private_key", "ca_certificate")}
+    if pems["certificate"] and folder is not None:
+        device = entry["device_id"]
+        files = ((f"{device}.crt", pems["certificate"], 0o644), (f"{device}.key", pems["private_key"], 0o600),
+                 ("ca.crt", pems["ca_certificate"], 0o644))
+        for name, pem, mode in files:
+            atomic_write_bytes(folder / name, pem.encode(), mode=mode)
+        entry.update(cert=str(folder / f"{device}.crt"), key=str(folder / f"{device}.key"), ca=str(folder / "ca.crt"))
+    return {k: v for k, v in entry.items() if v is not None}
 
 
 @click.command("revoke")

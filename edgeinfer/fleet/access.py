@@ -1,6 +1,7 @@
 """Who may reach the fleet: the API's tokens, the audit log, devices' MQTT accounts on the managed
-Mosquitto, and the fleet's CA (``fleet serve --tls``). The manager owns one :class:`FleetAccess`;
-the API's access routes call it (``api/access.py``)."""
+Mosquitto, the fleet's CA (``fleet serve --tls``) and the devices' client certificates it issues (with TLS the
+managed Mosquitto has a second listener where a device is its certificate: ``fleet/device_certs.py``). The
+manager owns one :class:`FleetAccess`; the API's access routes call it (``api/access.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ..errors import ConfigError
 from ..link.vocabulary import DEFAULT_FLEET
 from ..updates.signing import SigningKey, VerifyKey
 from .auth import TokenStore
-from .broker import ManagedMosquitto, free_port
+from .broker import CertificateListener, ManagedMosquitto, free_port
 from .broker_auth import (
     AuthFiles,
     FleetCA,
@@ -25,8 +26,10 @@ from .broker_auth import (
     hash_password,
     new_password,
     write_auth_files,
+    write_certificate_acl,
 )
 from .db import FleetDB
+from .device_certs import CRL_FILE, DeviceCertificates
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +63,41 @@ class FleetAccess:
             log.warning("created an admin API token in %s (mode 0600): pass it as --token-file, or create "
                         "tokens with less power: edgeinfer fleet token create", self.admin_token_file)
         self.ca: FleetCA | None = FleetCA(self.data_dir / "tls").ensure() if tls else None
+        #: devices' client certificates (with TLS): issued, recorded, revoked into the broker's CRL
+        self.certificates = (DeviceCertificates(db, self.ca, self.data_dir / "mosquitto" / CRL_FILE)
+                             if self.ca is not None else None)
+        #: how devices reach the manager's HTTP API (the manager sets it once its server is up)
+        self.manager_url: str | None = None
 
     # ------------------------------------------------------------------------- the managed broker
-    def start_broker(self, host: str, port: int) -> ManagedMosquitto:
-        """The managed Mosquitto: accounts for the manager and every enrolled device, no anonymous client."""
+    def start_broker(self, host: str, port: int, certificate_port: int | None = None) -> ManagedMosquitto:
+        """The managed Mosquitto: accounts for the manager and every enrolled device, no anonymous client; with
+        TLS also the certificate listener (``certificate_port``; default: ``port`` + 1, or a free one)."""
         self.manager_password = new_password()  # a new one at every start: only this process needs it
         tls = self.ca.tls_files(self.certificate_hosts) if self.ca is not None else None
-        self.broker = ManagedMosquitto(self.data_dir, host=host, port=port or free_port(),
-                                       auth=self._write_accounts(), tls=tls).start()
+        port = port or free_port()
+        listener = None
+        if self.certificates is not None:
+            self.certificates.write_crl()  # re-signed at every start: a CRL must never expire under the broker
+            listener = CertificateListener(certificate_port or (port + 1 if port < 65535 else free_port()),
+                                           write_certificate_acl(self.data_dir / "mosquitto", [MANAGER_USER]),
+                                           self.certificates.crl_file)
+        self.broker = ManagedMosquitto(self.data_dir, host=host, port=port, auth=self._write_accounts(), tls=tls,
+                                       certificates=listener).start()
         self.broker_url = f"{'mqtts' if tls else 'mqtt'}://{local_host(host)}:{self.broker.port}"
         return self.broker
+
+    @property
+    def certificate_broker(self) -> dict | None:
+        """Where devices connect by certificate, as provisioning answers it (``{"host", "port", "tls": true}``):
+        the managed broker's certificate listener (None without one)."""
+        if self.broker is None or self.broker.certificates is None:
+            return None
+        return {"host": local_host(self.broker.host), "port": self.broker.certificates.port, "tls": True}
+
+    def certificate_broker_url(self) -> str | None:
+        broker = self.certificate_broker
+        return f"mqtts://{broker['host']}:{broker['port']}" if broker else None
 
     def https_files(self) -> tuple[str, str] | None:
         """The API's certificate and key with ``tls`` (the broker's: one certificate for both), else None."""
@@ -95,20 +123,25 @@ class FleetAccess:
                 log.warning("Mosquitto did not reload its accounts (%s); it reads them when it restarts", exc)
 
     # ----------------------------------------------------------------------------- enrolment
-    def enroll_device(self, device_id: str, fleet: str = DEFAULT_FLEET) -> dict:
-        """Issue ``device_id`` a new MQTT password (replacing any earlier one); what its agent.yaml needs."""
-        return self.enroll_devices([device_id], fleet)[0]
+    def enroll_device(self, device_id: str, fleet: str = DEFAULT_FLEET, *, certificate: bool = False) -> dict:
+        """Issue ``device_id`` a new MQTT password (replacing any earlier one), or with ``certificate`` a key and
+        client certificate; what its agent.yaml needs (``manager_url`` included)."""
+        return self.enroll_devices([device_id], fleet, certificate=certificate)[0]
 
-    def enroll_devices(self, device_ids: list[str], fleet: str = DEFAULT_FLEET) -> list[dict]:
+    def enroll_devices(self, device_ids: list[str], fleet: str = DEFAULT_FLEET, *,
+                       certificate: bool = False) -> list[dict]:
         """:meth:`enroll_device` for many devices with one broker reload (provisioning a batch); ids and fleet
         as ``schemas.EnrollBatch`` checks them (``device_username`` refuses others)."""
+        if certificate:
+            return [self._enroll_by_certificate(device_id, fleet) for device_id in device_ids]
         issued, rows, now = [], [], time.time()
         for device_id in device_ids:
             username, password = device_username(fleet, device_id), new_password()
             rows.append({"device_id": device_id, "fleet": fleet, "username": username,
                          "password_hash": hash_password(password), "created_at": now, "revoked_at": None})
             config = {"device_id": device_id, "fleet": fleet, "broker": self.device_broker_url or self.broker_url,
-                      "username": username, "password": password, "update_public_key": self.key.public_key_b64()}
+                      "username": username, "password": password, "update_public_key": self.key.public_key_b64(),
+                      "manager_url": self.manager_url}
             if self.ca is not None:
                 config["ca"] = str(self.ca.ca_file)
             issued.append(config)
@@ -116,12 +149,34 @@ class FleetAccess:
         self._sync_broker()
         return issued
 
+    def _enroll_by_certificate(self, device_id: str, fleet: str) -> dict:
+        """A key and client certificate for one device (nothing on the broker changes: its ACL is patterns)."""
+        if self.certificates is None or self.ca is None:
+            raise ValueError("certificates need the fleet's CA: start the manager with --tls")
+        cert, key = self.certificates.issue_with_key(device_id)
+        return {"device_id": device_id, "fleet": fleet,
+                "broker": self.certificate_broker_url() or self.device_broker_url or self.broker_url,
+                "update_public_key": self.key.public_key_b64(), "manager_url": self.manager_url,
+                "ca": str(self.ca.ca_file), "certificate": cert.decode(), "private_key": key.decode(),
+                "ca_certificate": self.ca.ca_file.read_text()}
+
     def revoke_device(self, device_id: str) -> dict:
-        """The device's credential stops working: the broker refuses (and drops) it, downloads answer 401."""
-        if not self.db.revoke_credential(device_id, time.time()):
+        """The device's credential and certificates stop working: the broker refuses (and drops) it, the API
+        answers 401."""
+        password = self.db.revoke_credential(device_id, time.time())
+        serials = self.certificates.revoke(device_id) if self.certificates is not None else []
+        if not (password or serials):
             raise LookupError(f"device {device_id} is not enrolled (or already revoked)")
         self._sync_broker()
+        if serials:
+            self._close_session(device_id)
         return {"device_id": device_id, "revoked": True}
+
+    def _close_session(self, device_id: str) -> None:
+        """A revoked certificate's open connection: Mosquitto checks the CRL at the handshake only (device_certs)."""
+        broker = self.certificate_broker
+        if broker is not None and self.certificates is not None:
+            self.certificates.kick(broker["host"], broker["port"], device_id)
 
     def list_enrollments(self) -> list[dict]:
         return [{k: v for k, v in c.items() if k != "password_hash"} for c in self.db.list_credentials()]

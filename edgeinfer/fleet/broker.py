@@ -25,6 +25,14 @@ Why these settings:
   certificate) after an enroll or revoke; a restart after a crash reads the same, current, files.
 - ``tls``: the one listener serves TLS 1.2 or newer (``mqtts://``) with a certificate from the
   fleet's CA; there is no plain port next to it, so passwords never cross the network in clear.
+- ``certificates`` (:class:`CertificateListener`, with ``tls``): a second listener where a device is
+  its client certificate — ``require_certificate``, ``use_identity_as_username`` (the CN is the user
+  name and, by ``use_username_as_clientid``, the client id), the pattern ACL of
+  :func:`.broker_auth.certificate_acl_text` and a ``crlfile``. ``per_listener_settings`` keeps each
+  listener's accounts and ACL its own: the password accounts' ACL does not apply to certificates, nor
+  the patterns to password accounts. Mosquitto 2.0.11 re-reads the CRL on SIGHUP (:meth:`reload`) and
+  then refuses a revoked certificate's handshake, but checks no connection already open: the fleet
+  manager closes a revoked device's session itself (``fleet/device_certs.py``, ``kick``).
 """
 
 from __future__ import annotations
@@ -40,11 +48,15 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..util.backoff import Backoff
 from .broker_auth import AuthFiles, TLSFiles
+
+#: the managed broker's certificate listener, when there is one
+CERTIFICATE_PORT_OFFSET = 1
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +88,28 @@ def _port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+@dataclass(frozen=True)
+class CertificateListener:
+    """The listener where devices connect by client certificate: its port, pattern ACL and CRL."""
+
+    port: int
+    acl_file: Path
+    crl_file: Path
+
+
 class ManagedMosquitto:
     """One Mosquitto process for the fleet manager: config, persistence, supervision."""
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", port: int = 1883, executable: str | None = None,
                  max_queued_messages: int = 1_000_000, extra_config: Sequence[str] = (),
-                 auth: AuthFiles | None = None, tls: TLSFiles | None = None, allow_anonymous: bool = False) -> None:
+                 auth: AuthFiles | None = None, tls: TLSFiles | None = None, allow_anonymous: bool = False,
+                 certificates: CertificateListener | None = None) -> None:
+        if certificates is not None and tls is None:
+            raise ConfigError("a certificate listener needs TLS (tls=TLSFiles)")
         self.folder = Path(data_dir) / "mosquitto"
         self.auth = auth
         self.tls = tls
+        self.certificates = certificates
         self.allow_anonymous = allow_anonymous
         self.host = host
         self.port = port or free_port(host)
@@ -106,6 +131,11 @@ class ManagedMosquitto:
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
     @property
+    def certificate_url(self) -> str | None:
+        """Where devices connect by client certificate (None: no such listener)."""
+        return f"mqtts://{self.host}:{self.certificates.port}" if self.certificates else None
+
+    @property
     def pid(self) -> int | None:
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
@@ -114,10 +144,12 @@ class ManagedMosquitto:
         lines = [
             "# Written by edgeinfer (fleet serve) at every start: edit the fleet manager's options, not this file.",
             f"user {getpass.getuser()}",
+            *(["per_listener_settings true"] if self.certificates else []),
             f"listener {self.port} {self.host}",
             "protocol mqtt",
             *self._tls_lines(),
             *self._auth_lines(),
+            *self._certificate_lines(),
             "persistence true",
             f"persistence_location {self.folder}/",
             f"persistence_file {self.persistence_file.name}",
@@ -138,6 +170,14 @@ class ManagedMosquitto:
         return [f"cafile {self.tls.cafile}", f"certfile {self.tls.certfile}", f"keyfile {self.tls.keyfile}",
                 "tls_version tlsv1.2"]  # the minimum (Mosquitto 2): 1.3 is served too
 
+    def _certificate_lines(self) -> list[str]:
+        if self.certificates is None:
+            return []
+        c = self.certificates
+        return [f"listener {c.port} {self.host}", "protocol mqtt", *self._tls_lines(), "require_certificate true",
+                "use_identity_as_username true", "use_username_as_clientid true", f"crlfile {c.crl_file}",
+                "allow_anonymous false", f"acl_file {c.acl_file}"]
+
     def _auth_lines(self) -> list[str]:
         lines = [f"allow_anonymous {'true' if self.allow_anonymous else 'false'}"]
         if self.auth is not None:
@@ -150,7 +190,8 @@ class ManagedMosquitto:
         if self.auth is None and not self.allow_anonymous:
             raise ConfigError("the managed Mosquitto needs accounts (auth=AuthFiles) — or allow_anonymous=True "
                               "for an open broker")
-        paths = [*(vars(self.auth).values() if self.auth else ()), *(vars(self.tls).values() if self.tls else ())]
+        paths = [*(vars(self.auth).values() if self.auth else ()), *(vars(self.tls).values() if self.tls else ()),
+                 *((self.certificates.acl_file, self.certificates.crl_file) if self.certificates else ())]
         for path in paths:
             if not os.access(path, os.R_OK):
                 raise ConfigError(f"Mosquitto (running as {getpass.getuser()}) cannot read {path}")
@@ -185,9 +226,10 @@ class ManagedMosquitto:
                               f"{exc.strerror or exc}") from None
 
     def _launch(self, executable: str, timeout: float) -> None:
-        if _port_open(self.host, self.port):
-            raise ConfigError(f"Mosquitto could not start on {self.host}:{self.port}: something else listens there "
-                              "(Address already in use) — choose another --broker-port, or pass --broker for it")
+        for port in (self.port, *((self.certificates.port,) if self.certificates else ())):
+            if _port_open(self.host, port):
+                raise ConfigError(f"Mosquitto could not start on {self.host}:{port}: something else listens there "
+                                  "(Address already in use) — choose another --broker-port, or pass --broker for it")
         with open(self.log_file, "ab") as out:
             logged = out.tell()  # what this run logs starts here (the log is kept across restarts)
             proc = subprocess.Popen([executable, "-c", str(self.config_file)], stdout=out, stderr=subprocess.STDOUT,
@@ -198,7 +240,8 @@ class ManagedMosquitto:
         # Mosquitto opens its listeners before it installs its signal handlers, and says "running" after: a
         # SIGUSR1 (save) or SIGHUP (reload) in between would end it (their default action), which a loaded
         # machine made happen — so the broker is started once it has said so, not once its port answers
-        while not (_port_open(self.host, self.port) and self._logged_running(logged)):
+        last_port = self.certificates.port if self.certificates else self.port
+        while not (_port_open(self.host, last_port) and self._logged_running(logged)):
             if proc.poll() is not None or time.monotonic() > deadline:
                 if proc.poll() is None:
                     proc.kill()
@@ -232,7 +275,7 @@ class ManagedMosquitto:
                           f"{self._log_tail()}")
 
     def reload(self, timeout: float = 5.0) -> None:
-        """Make Mosquitto re-read its password, ACL and certificate files (SIGHUP) and wait until it has.
+        """Make Mosquitto re-read its password, ACL, certificate and CRL files (SIGHUP) and wait until it has.
 
         Mosquitto logs "Reloading config." as it starts reloading, within one turn of its main loop;
         the save asked for after that line runs in a later turn, so once it lands the reload is done.

@@ -12,6 +12,9 @@ Interface (the database and ``fleet enroll/revoke`` sit on top of it)::
     DeviceAccount(username, fleet, device_id, password_hash)
     ManagerAccount(username, password_hash)
     write_auth_files(folder, manager | [managers], devices) -> AuthFiles(password_file, acl_file)
+    certificate_acl_text(managers) -> str                    # the certificate listener's ACL: patterns, any fleet size
+    write_certificate_acl(folder, managers) -> Path          # <folder>/acl-certificates
+    check_device_common_name(device_id) -> str               # a device certificate's CN (no reserved prefix)
     TLSFiles(cafile, certfile, keyfile)
     FleetCA(folder).ensure() -> FleetCA; .ca_file; .server_cert(hosts) -> (cert, key);
         .client_cert(common_name) -> (cert PEM, key PEM); .tls_files(hosts) -> TLSFiles;
@@ -43,6 +46,15 @@ Why these choices:
 - Names are limited to ``[A-Za-z0-9._-]`` (fleet, device id: 64 characters, as the link protocol;
   usernames: 140, room for ``edgeinfer-<fleet>-<id>``): nothing that could end a line, a field
   (``:``) or add an MQTT wildcard to the files Mosquitto parses.
+- Certificate identity (a second listener, ``require_certificate`` and ``use_identity_as_username``): a
+  device's certificate's CN is its device id, and one ACL of *patterns* serves every device —
+  ``pattern write edgeinfer/v1/+/%u/state`` and so on — so the file has the same size for ten devices or
+  100,000 and enrolling one rewrites nothing. The fleet level is ``+``: Mosquitto's patterns know only
+  ``%u`` and ``%c``, so a device id is unique across the manager's fleets (the credentials' table keys
+  it so already). A manager connecting by certificate has its own ``user`` section (CN
+  ``edgeinfer-manager``); no device certificate may carry a CN starting ``edgeinfer-``
+  (:func:`check_device_common_name`), so none can take a manager's rights. Mosquitto refuses any client
+  whose username holds ``/``, ``+`` or ``#`` from every ACL check, which the id's form excludes anyway.
 - Files are written to a temporary file and renamed (Mosquitto never reads half a file, on reload
   or on a restart after a crash), mode 0600: Mosquitto runs as the caller (see broker.py).
 """
@@ -209,6 +221,44 @@ def write_auth_files(folder: Path, manager: ManagerAccount | Iterable[ManagerAcc
     atomic_write_bytes(files.password_file, passwd.encode("ascii"), mode=0o600)
     atomic_write_bytes(files.acl_file, acl_text(managers, devices).encode("ascii"), mode=0o600)
     return files
+
+
+# ------------------------------------------------------------------------ certificate identity
+#: CNs with this prefix are the fleet's own (managers, the broker): never a device's
+RESERVED_PREFIX = "edgeinfer-"
+CERTIFICATE_ACL = "acl-certificates"
+
+
+def check_device_common_name(device_id: str) -> str:
+    """``device_id`` as a device certificate's CN: an id (``[A-Za-z0-9._-]``, 64 at most) not starting
+    ``edgeinfer-`` (the managers' names); ValueError otherwise."""
+    _check(device_id, "device id")
+    if device_id.lower().startswith(RESERVED_PREFIX):
+        raise ValueError(f"device id {device_id!r}: names starting {RESERVED_PREFIX!r} are the fleet's own")
+    return device_id
+
+
+def certificate_acl_text(managers: Sequence[str] = ("edgeinfer-manager",)) -> str:
+    """The ACL of a listener where the certificate's CN is the username: a ``user`` section per manager CN
+    and the devices' topics as patterns (``%u``: the device id) — the same text for any number of devices."""
+    lines = ["# Written by edgeinfer: certificate identity (the CN is the user name). Devices are patterns:",
+             "# this file does not grow with the fleet."]
+    for manager in managers:
+        _check(manager, "manager name", USERNAME_RE)
+        lines += ["", f"user {manager}", f"topic read {TOPIC_ROOT}/#", f"topic write {TOPIC_ROOT}/+/+/cmd"]
+    lines.append("")
+    lines += [f"pattern write {TOPIC_ROOT}/+/%u/{kind}" for kind in DEVICE_WRITES]
+    lines += [f"pattern read {TOPIC_ROOT}/+/%u/{kind}" for kind in DEVICE_READS]
+    return "\n".join(lines) + "\n"
+
+
+def write_certificate_acl(folder: Path, managers: Sequence[str] = ("edgeinfer-manager",)) -> Path:
+    """Write ``<folder>/acl-certificates`` (atomically, mode 0600); its path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / CERTIFICATE_ACL
+    atomic_write_bytes(path, certificate_acl_text(managers).encode("ascii"), mode=0o600)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------- TLS

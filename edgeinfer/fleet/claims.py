@@ -30,9 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from ..errors import ProvisioningRefused
 from ..link.protocol import ID_PATTERN
@@ -41,6 +39,7 @@ from ..link.vocabulary import DEFAULT_FLEET, Word
 from .access import FleetAccess
 from .broker_auth import DEVICE_CERT_DAYS
 from .db import FleetDB
+from .device_certs import read_csr
 
 
 class Approval(Word):
@@ -73,8 +72,6 @@ TEMPLATE_PATTERN = r"^[A-Za-z0-9._-]{0,40}\{serial\}[A-Za-z0-9._-]{0,40}$"
 DEFAULT_TEMPLATE = "cam-{serial}"
 #: the OpenAPI format of a CSR's PEM (what JSON Schema cannot check: the contract test's fuzzer is told how to make one)
 CSR_FORMAT = "pem-pkcs10"
-#: the largest CSR a device sends (an RSA-4096 request is under 2 KiB in PEM)
-MAX_CSR_BYTES = 8192
 #: serials one claim may list
 MAX_SERIALS = 100_000
 #: how long a pending device waits between two polls (its Retry-After)
@@ -104,32 +101,6 @@ def device_names(template: str, serial: str) -> Iterator[str]:
         suffix = f"-{n}"
         yield base[:64 - len(suffix)] + suffix
         n += 1
-
-
-def read_csr(pem: str) -> x509.CertificateSigningRequest:
-    """A device's certificate request, checked: PEM of one PKCS#10 request, signed by its own key (an EC P-256/384/521,
-    RSA of 2048 bits or more, or Ed25519 key), with an **empty subject** — the manager names the device.
-    ProvisioningRefused(400) naming what is wrong."""
-    if len(pem.encode("utf-8", "replace")) > MAX_CSR_BYTES:
-        raise ProvisioningRefused(400, f"csr: at most {MAX_CSR_BYTES} bytes")
-    try:
-        csr = x509.load_pem_x509_csr(pem.encode("ascii"))
-    except (ValueError, UnicodeEncodeError, UnsupportedAlgorithm) as exc:
-        raise ProvisioningRefused(400, f"csr: not a PEM certificate request (PKCS#10): {exc}") from None
-    try:
-        if not csr.is_signature_valid:
-            raise ProvisioningRefused(400, "csr: its signature does not match its public key")
-        key = csr.public_key()
-    except (ValueError, UnsupportedAlgorithm, InvalidSignature) as exc:
-        raise ProvisioningRefused(400, f"csr: its key or signature cannot be read: {exc}") from None
-    if isinstance(key, rsa.RSAPublicKey) and key.key_size < 2048:
-        raise ProvisioningRefused(400, f"csr: an RSA key of {key.key_size} bits; at least 2048")
-    if not isinstance(key, (ec.EllipticCurvePublicKey, rsa.RSAPublicKey, ed25519.Ed25519PublicKey)):
-        raise ProvisioningRefused(400, "csr: the key must be EC, RSA or Ed25519")
-    if len(csr.subject):
-        raise ProvisioningRefused(400, f"csr: the subject must be empty, not {csr.subject.rfc4514_string()!r} — the "
-                                       "manager names devices (the certificate's CN is the device id it gives)")
-    return csr
 
 
 def public_key_sha256(csr: x509.CertificateSigningRequest) -> str:
@@ -172,8 +143,12 @@ class ClaimService:
 
     # ------------------------------------------------------------------------------------------ claims
     def _broker(self, status: int = 409) -> dict[str, Any]:
-        """Where a provisioned device connects (the URL enrolled devices are told), as the answer says it;
+        """Where a provisioned device connects (the managed broker's certificate listener, else the URL enrolled
+        devices are told), as the answer says it;
         ProvisioningRefused(``status``) on a manager that cannot sign certificates."""
+        listener = self.access.certificate_broker  # the managed broker's: where a certificate is the identity
+        if listener is not None and self.access.device_broker_url is None:
+            return listener
         url = self.access.device_broker_url or self.access.broker_url
         parsed = parse_broker_url(url) if url else None
         if parsed is None or not parsed.tls or self.access.ca is None:
@@ -273,6 +248,8 @@ class ClaimService:
         assert self.access.ca is not None
         cert = self.access.ca.sign_csr(x509.load_pem_x509_csr(request["csr"].encode("ascii")), device_id,
                                        days=self.cert_days)
+        assert self.access.certificates is not None  # with the CA (checked above)
+        self.access.certificates.record(device_id, cert)  # revocable: the CRL lists what was recorded
         decided = self.rows.decide(device_id, RequestState.APPROVED.value, {
             "decided_at": time.time(), "decided_by": by,
             "certificate": cert.public_bytes(serialization.Encoding.PEM).decode("ascii"),

@@ -188,11 +188,13 @@ class FleetClient:
     def revoke_token(self, token_id: str) -> dict:
         return self._post(f"/api/tokens/{_quote(token_id)}", method="DELETE")
 
-    def enroll(self, device_id: str, fleet: str | None = None) -> dict:
-        return self._post(f"/api/devices/{_quote(device_id)}/enroll", {"fleet": fleet} if fleet else {})
+    def enroll(self, device_id: str, fleet: str | None = None, *, certificate: bool = False) -> dict:
+        body = {**({"fleet": fleet} if fleet else {}), **({"certificate": True} if certificate else {})}
+        return self._post(f"/api/devices/{_quote(device_id)}/enroll", body)
 
-    def enroll_many(self, device_ids: list[str], fleet: str | None = None) -> list[dict]:
-        return self._post("/api/enrollments", {"devices": list(device_ids), **({"fleet": fleet} if fleet else {})})
+    def enroll_many(self, device_ids: list[str], fleet: str | None = None, *, certificate: bool = False) -> list[dict]:
+        return self._post("/api/enrollments", {"devices": list(device_ids), **({"fleet": fleet} if fleet else {}),
+                                               **({"certificate": True} if certificate else {})})
 
     def revoke_device(self, device_id: str) -> dict:
         return self._post(f"/api/devices/{_quote(device_id)}/revoke")

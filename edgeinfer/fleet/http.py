@@ -5,6 +5,14 @@ event loop in a named daemon thread, on a socket bound when the server is made (
 taken port fails at once, and the URL is known before the app that needs it is built), without
 installing signal handlers (the CLI owns SIGTERM). ``close()`` is graceful: no new connections,
 in-flight requests get a few seconds to finish.
+
+With ``client_ca`` (the fleet's CA) the TLS handshake asks for a client certificate and verifies one that is
+presented (``CERT_OPTIONAL``: browsers and token clients present none; an expired or foreign certificate fails
+the handshake). uvicorn (0.54) puts no peer certificate into the ASGI scope (the ASGI TLS extension is not
+implemented there yet): :class:`_PeerCertificateProtocol` reads the verified certificate once per connection and
+gives it to every request of that connection as ``scope["state"][PEER_CERTIFICATE]`` (DER bytes) — uvicorn
+copies the protocol's ``app_state`` into each request's scope. Who it is, and whether it is revoked, the API
+decides (``api/deps.py``, ``fleet/device_certs.py``).
 """
 
 from __future__ import annotations
@@ -12,16 +20,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import threading
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FleetHTTPServer"]
+__all__ = ["PEER_CERTIFICATE", "FleetHTTPServer"]
 
 GRACEFUL_S = 5.0
+#: the key of a request's ``scope["state"]`` that holds the client's verified certificate (DER), if it gave one
+PEER_CERTIFICATE = "edgeinfer.peer_certificate"
+
+
+class _PeerCertificateProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol, with the TLS peer's certificate in each request's ``scope["state"]``."""
+
+    def connection_made(self, transport: Any) -> None:  # after the handshake: the certificate is verified
+        super().connection_made(transport)
+        ssl_object = transport.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if der:
+            self.app_state = {**self.app_state, PEER_CERTIFICATE: der}
 
 
 class _Server(uvicorn.Server):
@@ -33,8 +57,11 @@ class FleetHTTPServer:
     """Serves an app on ``host:port`` (``https`` with ``tls``: certificate and key files). ``start(app)``,
     then ``close()`` (or use it as a context manager once started)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, tls: tuple[str, str] | None = None) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, tls: tuple[str, str] | None = None,
+                 client_ca: str | None = None) -> None:
+        """``client_ca`` (with ``tls``): ask clients for a certificate of this CA (optional; verified if given)."""
         self.tls = tls
+        self.client_ca = client_ca if tls else None
         self._sock = socket.create_server((host, port), reuse_port=False)  # OSError when taken: the caller says so
         #: the app served, once started
         self.app: ASGIApp | None = None
@@ -63,7 +90,9 @@ class FleetHTTPServer:
         certfile, keyfile = self.tls or (None, None)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=30,
-                                ssl_certfile=certfile, ssl_keyfile=keyfile)
+                                ssl_certfile=certfile, ssl_keyfile=keyfile,
+                                **({"ssl_cert_reqs": ssl.CERT_OPTIONAL, "ssl_ca_certs": self.client_ca,
+                                    "http": _PeerCertificateProtocol} if self.client_ca else {}))
         server = self._server = _Server(config)
 
         def serve() -> None:

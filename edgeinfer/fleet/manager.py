@@ -183,9 +183,13 @@ class FleetManager:
         changes = self.changes = ChangeFeed(db).start()
         host, port = s.http_address()
         try:
-            self.http = FleetHTTPServer(host, port, tls=access.https_files())
+            self.http = FleetHTTPServer(host, port, tls=access.https_files(),
+                                        client_ca=str(access.ca.ca_file) if access.ca is not None else None)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {s.http}: {exc.strerror or exc}") from None
+        access.manager_url = self.public_url
+        if access.certificates is not None:
+            access.certificates.days = s.device_cert_days  # enrolment and renewal: as long as provisioning's
         self._spool = Spool(self.data_dir / "commands-out.sqlite3")
         commands = self.commands = CommandService(db, key, self._spool)
         owner = f"{s.client_id()}-{uuid.uuid4().hex[:6]}"  # a restarted manager is a new owner

@@ -41,12 +41,16 @@ def basic_auth(username: str, password: str) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
-def https_context(cafile: str) -> ssl.SSLContext:
-    """A client context that verifies an https fleet manager against ``cafile`` (the fleet's CA). ``ssl`` is
-    imported here: an agent on plain MQTT and HTTP never loads OpenSSL (edgeinfer/util/defer.py)."""
+def https_context(cafile: str | None, client_cert: tuple[str, str] | None = None) -> ssl.SSLContext:
+    """A client context that verifies an https fleet manager against ``cafile`` (the fleet's CA) and, with
+    ``client_cert`` (certificate and key files), presents the device's certificate. ``ssl`` is imported here: an
+    agent on plain MQTT and HTTP never loads OpenSSL (edgeinfer/util/defer.py)."""
     import ssl
 
-    return ssl.create_default_context(cafile=cafile)
+    context = ssl.create_default_context(cafile=cafile)
+    if client_cert is not None:
+        context.load_cert_chain(*client_cert)
+    return context
 
 
 def _announced_total(response, have: int) -> int | None:

@@ -39,9 +39,9 @@ class Downloads:
     command's download grant (``?grant=``)."""
 
     def __init__(self, *, credentials: tuple[str, str] | None = None, cafile: str | None = None,
-                 grant: str | None = None) -> None:
+                 grant: str | None = None, client_cert: tuple[str, str] | None = None) -> None:
         self.headers = basic_auth(*credentials) if credentials else {}
-        self.context = https_context(cafile) if cafile else None
+        self.context = https_context(cafile, client_cert) if cafile or client_cert else None
         self.grant = grant
 
     def fetch(self, manifest: Manifest, target: Path, progress: Callable[[int], None] | None = None) -> Path:
@@ -59,15 +59,16 @@ class Updater:
     def __init__(self, slots: ModelSlots, verify_key: VerifyKey, *, delegate: str | None = None,
                  validate_timeout_s: float = DEFAULT_VALIDATE_TIMEOUT_S,
                  credentials: tuple[str, str] | None = None, cafile: str | None = None,
-                 grant: str | None = None) -> None:
+                 grant: str | None = None, client_cert: tuple[str, str] | None = None) -> None:
         """``credentials``: the device's MQTT user name and password, shown to the fleet manager (Basic)
         when downloading; ``grant``: a download grant from the deploy command (``?grant=``);
-        ``cafile``: the CA that signed an https fleet manager (the fleet's CA)."""
+        ``cafile``: the CA that signed an https fleet manager (the fleet's CA); ``client_cert``: the device's
+        certificate and key files (a device whose identity is its certificate)."""
         self.slots = slots
         self.verify_key = verify_key
         self.delegate = delegate
         self.validate_timeout_s = validate_timeout_s
-        self.downloads = Downloads(credentials=credentials, cafile=cafile, grant=grant)
+        self.downloads = Downloads(credentials=credentials, cafile=cafile, grant=grant, client_cert=client_cert)
 
     def check(self, manifest_data: dict, signature: str) -> Manifest:
         """Signature, expiry, replay and downgrade checks; raises UpdateRejected with its reason."""

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, HTTPException, Path, Query
 
 from ...link.protocol import ID_PATTERN
-from ...link.vocabulary import DEFAULT_FLEET
 from ..auth import TOKEN_ID_PATTERN
 from .deps import Admin, Services
 from .responses import errors
@@ -66,23 +65,35 @@ def list_enrollments(_who: Admin, fleet: Services) -> Any:
 
 
 @router.post("/api/devices/{device_id}/enroll", status_code=201, response_model=Enrolled,
-             responses=errors(400, 401, 403), summary="Issue a device's MQTT credential (admin)",
-             description="Answers what goes into the device's agent.yaml; the password is shown only here. "
-                         "Enrolling again issues a new password.")
+             responses=errors(400, 401, 403, 409), summary="Issue a device's MQTT credential (admin)",
+             description="Answers what goes into the device's agent.yaml; the password (or, with `certificate`, "
+                         "the private key) is shown only here. Enrolling again issues a new one.")
 def enroll(device_id: DeviceId, who: Admin, fleet: Services,
            body: Annotated[EnrollArgs | None, Body()] = None) -> Any:
-    issued = fleet.access.enroll_device(device_id, body.fleet if body is not None else DEFAULT_FLEET)
-    who.audit("device.enroll", device_id, fleet=issued["fleet"])
+    args = body or EnrollArgs()
+    issued = _enrolled(lambda: fleet.access.enroll_device(device_id, args.fleet, certificate=args.certificate))
+    who.audit("device.enroll", device_id, fleet=issued["fleet"], certificate=args.certificate)
     return issued
 
 
-@router.post("/api/enrollments", status_code=201, response_model=list[Enrolled], responses=errors(400, 401, 403),
+def _enrolled(enroll: Any) -> Any:
+    """What ``enroll()`` issues; 409 when it cannot where things stand (a certificate from a manager without the
+    fleet's CA, a device id the fleet keeps for its own names)."""
+    try:
+        return enroll()
+    except ValueError as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
+@router.post("/api/enrollments", status_code=201, response_model=list[Enrolled],
+             responses=errors(400, 401, 403, 409),
              summary="Enrol many devices with one broker reload (admin)",
              description=f"At most {MAX_DEVICES:,} devices; answers a list, each entry what "
                          "/api/devices/{device_id}/enroll answers.")
 def enroll_many(batch: EnrollBatch, who: Admin, fleet: Services) -> Any:
-    issued = fleet.access.enroll_devices(batch.devices, batch.fleet)
-    fleet.access.record_audit(*(who.entry("device.enroll", e["device_id"], fleet=e["fleet"]) for e in issued))
+    issued = _enrolled(lambda: fleet.access.enroll_devices(batch.devices, batch.fleet, certificate=batch.certificate))
+    fleet.access.record_audit(*(who.entry("device.enroll", e["device_id"], fleet=e["fleet"],
+                                          certificate=batch.certificate) for e in issued))
     return issued
 
 

@@ -35,6 +35,7 @@ from . import (
     events,
     live_view,
     overview,
+    renewal,
     samples,
 )
 from .deps import FleetServices, Viewer
@@ -49,7 +50,8 @@ DESCRIPTION = ("Devices, telemetry, deployments, configuration, events with thei
                "role the route names (viewer < operator < admin), or, for artifacts and evidence uploads, an enrolled "
                "device's MQTT credential. Every refusal is {\"error\": \"...\"}.")
 ROUTERS = (overview.router, devices.router, commands.router, live_view.router, deployments.router, artifacts.router,
-           events.router, samples.router, diagnosis.router, config.router, access.router, claims.router)
+           events.router, samples.router, diagnosis.router, config.router, access.router, claims.router,
+           renewal.router)
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

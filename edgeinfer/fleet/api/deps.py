@@ -33,6 +33,7 @@ from ..deployments import DeploymentService
 from ..devices import DeviceService
 from ..diagnosis import DiagnosisService
 from ..evidence import EvidenceStore
+from ..http import PEER_CERTIFICATE
 from ..live_view import LiveView
 from ..metrics import FleetMetrics
 from ..samples import SampleStore
@@ -143,6 +144,19 @@ def basic_credentials(header: str) -> tuple[str, str] | None:
     return (username, password) if sep and username else None
 
 
+def certificate_device(request: HTTPConnection, fleet: FleetServices) -> str | None:
+    """The device id of the client certificate the TLS handshake verified (``fleet/http.py``), if the client gave
+    one; HTTPException 401 when it gave one the fleet does not accept (revoked, expired, not a device's)."""
+    der = request.scope.get("state", {}).get(PEER_CERTIFICATE)
+    if not der:
+        return None
+    certificates = fleet.access.certificates
+    identity = certificates.identity(der) if certificates is not None else None
+    if identity is None:
+        raise HTTPException(401, "the device certificate is not valid (revoked, expired, or not a device's)")
+    return identity
+
+
 def artifact_reader(request: Request, fleet: Services, _token: Annotated[Any, Security(BEARER[Role.VIEWER])],
                     _device: Annotated[Any, Security(DEVICE_LOGIN)], _grant: Annotated[Any, Security(GRANT)]) -> None:
     """A download grant for this artifact, an enrolled device's MQTT credential (Basic), or a viewer token: any one
@@ -159,9 +173,11 @@ def artifact_reader(request: Request, fleet: Services, _token: Annotated[Any, Se
             return
         if not header:
             raise HTTPException(401, "the download grant is not valid for this artifact (expired, or forged)")
-    if header[:6].lower() == "basic ":
+    identity = certificate_device(request, fleet) if not header else None
+    if header[:6].lower() == "basic " or identity is not None:
         login = basic_credentials(header)
-        identity = fleet.access.tokens.device_identity(*login) if login is not None else None
+        if identity is None:
+            identity = fleet.access.tokens.device_identity(*login) if login is not None else None
         if identity is None:
             raise HTTPException(401, "the device credential is not valid (revoked, or never enrolled)",
                                 headers={"WWW-Authenticate": 'Basic realm="edgeinfer artifacts"'})
@@ -180,10 +196,12 @@ def evidence_uploader(request: Request, fleet: Services, _token: Annotated[Any, 
     """None for a device uploading under its own id (Basic), the :class:`Caller` of an operator's token;
     HTTPException 401 / 403 otherwise."""
     header = request.headers.get("authorization") or ""
-    if header[:6].lower() != "basic ":
+    identity = certificate_device(request, fleet) if not header else None
+    if header[:6].lower() != "basic " and identity is None:
         return caller(request, fleet, Role.OPERATOR)
-    login = basic_credentials(header)
-    identity = fleet.access.tokens.device_identity(*login) if login is not None else None
+    if identity is None:
+        login = basic_credentials(header)
+        identity = fleet.access.tokens.device_identity(*login) if login is not None else None
     if identity is None:
         raise HTTPException(401, "the device credential is not valid (revoked, or never enrolled)",
                             headers={"WWW-Authenticate": 'Basic realm="edgeinfer evidence"'})

@@ -17,13 +17,13 @@ from ..claims import (
     DEFAULT_TEMPLATE,
     MAC_PATTERN,
     MAX_CLAIM_S,
-    MAX_CSR_BYTES,
     MAX_SERIALS,
     SERIAL_PATTERN,
     TEMPLATE_PATTERN,
     Approval,
     RequestState,
 )
+from ..device_certs import MAX_CSR_BYTES
 from .schemas import PRINTABLE_PATTERN, Row, Strict, _integral
 
 #: how a device's request body may be at most (its CSR, its claim, its hardware)

@@ -402,9 +402,11 @@ class TokenCreated(Token):
 
 
 class EnrollArgs(Strict):
-    """The fleet a device is enrolled in."""
+    """The fleet a device is enrolled in, and its identity: a password, or a client certificate."""
 
     fleet: FleetName = DEFAULT_FLEET
+    certificate: bool = Field(False, description="issue a key and a client certificate of the fleet's CA (the "
+                                                 "manager needs --tls) instead of a password")
 
 
 class EnrollBatch(Strict):
@@ -412,6 +414,7 @@ class EnrollBatch(Strict):
 
     devices: list[DeviceId] = Field(min_length=1, max_length=MAX_DEVICES, json_schema_extra={"uniqueItems": True})
     fleet: FleetName = DEFAULT_FLEET
+    certificate: bool = Field(False, description="as EnrollArgs.certificate")
 
     @field_validator("devices")
     @classmethod
@@ -422,15 +425,21 @@ class EnrollBatch(Strict):
 
 
 class Enrolled(Row):
-    """A device's MQTT credential: what goes into its agent.yaml (the password is shown only here)."""
+    """A device's credential: what goes into its agent.yaml (the password, or the private key, is shown only here).
+    A password: ``username`` and ``password``. A certificate: ``certificate``, ``private_key`` and
+    ``ca_certificate`` (PEM: the files the agent's ``cert``, ``key`` and ``ca`` keys name)."""
 
     device_id: str
     fleet: str
     broker: str | None
-    username: str
-    password: str
+    username: str | None = None
+    password: str | None = None
     update_public_key: str
+    manager_url: str | None = None
     ca: str | None = None
+    certificate: str | None = None
+    private_key: str | None = None
+    ca_certificate: str | None = None
 
 
 class Enrollment(Row):

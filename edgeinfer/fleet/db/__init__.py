@@ -78,6 +78,8 @@ class FleetDB:
         self.configs = ConfigRows(self._sa, self.engine, self.t)
         #: claims and devices' provisioning requests (claims.py)
         self.claims = ClaimRows(self._sa, self.engine, self.t)
+        #: the client certificates the fleet's CA issued to devices, and their revocation (device_certs.py)
+        self.certificates = security.CertificateRows(self._sa, self.engine, self.t)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -37,6 +37,7 @@ class Tables:
     claims: Any
     claim_serials: Any
     provisioning: Any
+    certificates: Any
 
 
 def tables(sa: Any) -> Tables:
@@ -257,7 +258,20 @@ def tables(sa: Any) -> Tables:
     device_logs, diagnosis = diagnosis_tables(sa, metadata)
     return Tables(metadata, devices, telemetry, rollups, events, deployments, targets, tokens, audit, credentials,
                   evidence, evidence_chunks, live_frames, analytics, samples, commands, command_samples, device_logs,
-                  diagnosis, *config_tables(sa, metadata), *claim_tables(sa, metadata))
+                  diagnosis, *config_tables(sa, metadata), *claim_tables(sa, metadata),
+                  certificate_table(sa, metadata))
+
+
+def certificate_table(sa: Any, metadata: Any) -> Any:
+    """Every client certificate the fleet's CA issued to a device (fleet/device_certs.py): revoked ones make the CRL."""
+    return sa.Table(
+        "device_certificates", metadata,
+        sa.Column("serial", sa.String(64), primary_key=True),  # hex, as the CRL lists it
+        sa.Column("device_id", sa.String(128), nullable=False, index=True),
+        sa.Column("issued_at", sa.Float, nullable=False),
+        sa.Column("not_after", sa.Float, nullable=False),
+        sa.Column("revoked_at", sa.Float),
+    )
 
 
 def diagnosis_tables(sa: Any, metadata: Any) -> tuple[Any, Any]:

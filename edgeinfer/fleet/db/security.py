@@ -1,4 +1,4 @@
-"""API tokens (hashes only), the audit log and devices' MQTT credentials in the fleet database."""
+"""API tokens (hashes only), the audit log, devices' MQTT credentials and certificates in the fleet database."""
 
 from __future__ import annotations
 
@@ -73,3 +73,55 @@ def get_credential_by_username(sa: Any, engine: Any, t: Tables, username: str) -
     with engine.connect() as conn:
         row = conn.execute(sa.select(t.credentials).where(t.credentials.c.username == username)).mappings().first()
     return dict(row) if row else None
+
+
+def add_certificate(engine: Any, t: Tables, row: dict) -> None:
+    with engine.begin() as conn:
+        conn.execute(t.certificates.insert().values(**row))
+
+
+def revoke_certificates(sa: Any, engine: Any, t: Tables, device_id: str, now: float) -> list[str]:
+    """Revoke every unrevoked certificate of ``device_id``; their serials."""
+    c = t.certificates.c
+    live = (c.device_id == device_id) & c.revoked_at.is_(None)
+    with engine.begin() as conn:
+        serials = [r[0] for r in conn.execute(sa.select(c.serial).where(live))]
+        conn.execute(t.certificates.update().where(live).values(revoked_at=now))
+    return serials
+
+
+def revoked_certificates(sa: Any, engine: Any, t: Tables, now: float) -> list[dict]:
+    """The revoked certificates not yet expired (an expired one needs no CRL entry: it is refused anyway)."""
+    c = t.certificates.c
+    with engine.connect() as conn:
+        query = sa.select(c.serial, c.revoked_at).where(c.revoked_at.is_not(None) & (c.not_after > now))
+        return [dict(r) for r in conn.execute(query.order_by(c.serial)).mappings()]
+
+
+def certificate(sa: Any, engine: Any, t: Tables, serial: str) -> dict | None:
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(t.certificates).where(t.certificates.c.serial == serial)).mappings().first()
+    return dict(row) if row else None
+
+
+
+class CertificateRows:
+    """The client certificates the fleet's CA issued to devices (``device_certificates``), by serial."""
+
+    def __init__(self, sa: Any, engine: Any, t: Tables) -> None:
+        self._sa, self.engine, self.t = sa, engine, t
+
+    def add(self, row: dict) -> None:
+        """Record a certificate: serial (hex), device_id, issued_at, not_after, revoked_at."""
+        add_certificate(self.engine, self.t, row)
+
+    def revoke(self, device_id: str, now: float) -> list[str]:
+        """Revoke every unrevoked certificate of ``device_id``; their serials."""
+        return revoke_certificates(self._sa, self.engine, self.t, device_id, now)
+
+    def revoked(self, now: float) -> list[dict]:
+        """The revoked certificates still within their lifetime (serial, revoked_at): the CRL's entries."""
+        return revoked_certificates(self._sa, self.engine, self.t, now)
+
+    def get(self, serial: str) -> dict | None:
+        return certificate(self._sa, self.engine, self.t, serial)

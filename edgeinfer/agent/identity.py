@@ -1,0 +1,170 @@
+"""The device's own identity by certificate: its key, its request, what the manager signed, and its hardware's name.
+
+Everything lives in ``<data_dir>/identity/`` (docs/provisioning.md)::
+
+    device.key      the private key (EC P-256), made here, mode 0600 — it never leaves the device
+    request.csr     the certificate request (empty subject: the manager names the device), kept so that a
+                    restarted agent sends the very same request while it is pending
+    device.crt      the client certificate the manager signed (CN = the device id)
+    ca.crt          the fleet's CA (verifies the broker and the manager; signed the certificate)
+    identity.yaml   agent.yaml keys (device_id, broker, ca, cert, key, manager_url, update_public_key, groups)
+                    laid over agent.yaml — written last, so its presence says the identity is whole
+
+Each file is written atomically (``util/fs.py``): a power cut leaves the old file or the new one, never half.
+:func:`hardware` reads what names the board under a root folder (``/`` on a device, a fake tree in tests,
+like ``device/host.py``): the serial from the device tree, ``/proc/cpuinfo`` or ``/etc/machine-id``, the
+device tree's model, the MAC of the first network interface that is not the loopback.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..util.fs import atomic_write_bytes
+
+IDENTITY_DIR = "identity"
+KEY_FILE = "device.key"
+REQUEST_FILE = "request.csr"
+CERT_FILE = "device.crt"
+CA_FILE = "ca.crt"
+IDENTITY_FILE = "identity.yaml"
+#: the agent.yaml keys an identity sets (identity.yaml's keys)
+IDENTITY_KEYS = ("device_id", "broker", "ca", "cert", "key", "manager_url", "update_public_key", "groups")
+#: ``serial:`` in agent.yaml, else this variable, names the device for tests and simulations
+SERIAL_ENV = "EDGEINFER_SERIAL"
+_SERIAL_FILES = ("proc/device-tree/serial-number", "sys/firmware/devicetree/base/serial-number")
+_MODEL_FILES = ("proc/device-tree/model", "sys/firmware/devicetree/base/model")
+
+
+def identity_dir(data_dir: str | os.PathLike[str]) -> Path:
+    return Path(data_dir) / IDENTITY_DIR
+
+
+# ------------------------------------------------------------------------------------------ hardware
+def _read(root: Path, relative: str) -> str | None:
+    try:
+        text = (root / relative).read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return None
+    text = text.replace("\x00", "").strip()
+    return text or None
+
+
+def _cpuinfo_serial(root: Path) -> str | None:
+    for line in (_read(root, "proc/cpuinfo") or "").splitlines():
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "serial" and value.strip().strip("0"):
+            return value.strip()
+    return None
+
+
+def _first_mac(root: Path) -> str | None:
+    try:
+        interfaces = sorted(p.name for p in (root / "sys/class/net").iterdir())
+    except OSError:
+        return None
+    for name in interfaces:
+        mac = _read(root, f"sys/class/net/{name}/address")
+        if name != "lo" and mac and mac.strip("0:"):
+            return mac.lower()
+    return None
+
+
+def hardware(root: str | os.PathLike[str] = "/", *, serial: str | None = None) -> dict[str, str | None]:
+    """What names this board: ``{"serial", "model", "mac"}``. ``serial`` (agent.yaml's ``serial:`` or
+    ``$EDGEINFER_SERIAL``) wins over what the hardware says; ValueError when nothing gives a serial."""
+    base = Path(root)
+    found = (serial or os.environ.get(SERIAL_ENV) or next(filter(None, (_read(base, f) for f in _SERIAL_FILES)), None)
+             or _cpuinfo_serial(base) or _read(base, "etc/machine-id"))
+    if not found:
+        raise ValueError(f"no serial number under {base} (device tree, /proc/cpuinfo, /etc/machine-id): "
+                         f"set serial: in agent.yaml")
+    model = next(filter(None, (_read(base, f) for f in _MODEL_FILES)), None)
+    return {"serial": found[:128], "model": model[:128] if model else None, "mac": _first_mac(base)}
+
+
+# ------------------------------------------------------------------------------------ key and request
+def device_key(folder: Path) -> Any:
+    """The device's private key: read, or made once (EC P-256, written 0600 before anything else exists)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    path = folder / KEY_FILE
+    if path.exists():
+        return serialization.load_pem_private_key(path.read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    atomic_write_bytes(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()), mode=0o600)
+    return key
+
+
+def certificate_request(folder: Path) -> str:
+    """The PEM request for the device's key, made once and kept (a pending device asks again with the same one);
+    one made for another key (the key was replaced) is made again."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    key = device_key(folder)
+    path = folder / REQUEST_FILE
+    if path.exists():
+        text = path.read_text()
+        try:
+            if x509.load_pem_x509_csr(text.encode()).public_key() == key.public_key():
+                return text
+        except ValueError:
+            pass
+    csr = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
+    text = csr.public_bytes(serialization.Encoding.PEM).decode()
+    atomic_write_bytes(path, text.encode(), mode=0o644)
+    return text
+
+
+# ------------------------------------------------------------------------------------------ identity
+def write_identity(folder: Path, answer: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep what the manager answered (``status: approved``): the certificate and CA, then ``identity.yaml``
+    (last: its presence says the identity is whole). The agent.yaml keys it sets."""
+    import yaml
+
+    broker = answer["broker"]
+    atomic_write_bytes(folder / CA_FILE, str(answer["ca"]).encode(), mode=0o644)
+    atomic_write_bytes(folder / CERT_FILE, str(answer["certificate"]).encode(), mode=0o644)
+    keys = {"device_id": answer["device_id"], "broker": f"mqtts://{broker['host']}:{int(broker['port'])}",
+            "ca": str(folder / CA_FILE), "cert": str(folder / CERT_FILE), "key": str(folder / KEY_FILE),
+            "manager_url": answer.get("manager_url"), "update_public_key": answer.get("update_key"),
+            "groups": list(answer.get("groups") or [])}
+    keys = {k: v for k, v in keys.items() if v is not None}
+    atomic_write_bytes(folder / IDENTITY_FILE, yaml.safe_dump(keys, sort_keys=False).encode(), mode=0o644)
+    return keys
+
+
+def read_identity(folder: Path) -> dict[str, Any] | None:
+    """identity.yaml's agent.yaml keys, or None when the device has no whole identity yet."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((folder / IDENTITY_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, yaml.YAMLError) as exc:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"{folder / IDENTITY_FILE}: cannot read the device's identity ({exc})") from None
+    return {k: v for k, v in (data or {}).items() if k in IDENTITY_KEYS}
+
+
+def certificate_life(path: Path) -> tuple[dt.datetime, dt.datetime]:
+    """(not before, not after) of the certificate in ``path`` (UTC)."""
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    return cert.not_valid_before_utc, cert.not_valid_after_utc
+
+
+def renewal_time(not_before: dt.datetime, not_after: dt.datetime) -> dt.datetime:
+    """When a certificate is renewed: at two thirds of its life (a third left to retry in)."""
+    return not_before + (not_after - not_before) * 2 / 3
