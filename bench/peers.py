@@ -1,11 +1,14 @@
 """edgeinfer against the loop users write and against Ultralytics' own predict, on the same ONNX file.
 
-Three programs, each a process of its own, on every frame of a 1280x720 clip (H.264 in MP4, MJPEG in AVI),
-ONNX Runtime at the same intra-op thread count in all three:
+Four programs, each a process of its own, on every frame of a 1280x720 clip (H.264 in MP4, MJPEG in AVI),
+at the same intra-op thread count; the first three on ONNX Runtime:
 
 * **plain** — the ~40-line OpenCV + ONNX Runtime loop a user writes (bench/peer_programs.py ``plain_loop``);
-* **edgeinfer** — ``edgeinfer run MODEL --source CLIP --json --threads N`` at Ultralytics' thresholds
-  (``--score-threshold 0.25 --iou 0.7 --max-detections 300``), as a new user would run it;
+* **edgeinfer** — ``edgeinfer run MODEL --source CLIP --json --threads N --delegate onnxruntime`` at
+  Ultralytics' thresholds (``--score-threshold 0.25 --iou 0.7 --max-detections 300``): the same runtime;
+* **chosen** — the same ``edgeinfer run`` without ``--delegate``, as a new user runs it: on the runtime the
+  delegate probe chose by measurement on this machine (cached per model, runtime versions and threads; its
+  first run measures), the one it ran on kept from its summary line;
 * **ultralytics** — ``YOLO(MODEL, task=...).predict(CLIP, stream=True, conf=0.25, iou=0.7, max_det=300)`` in
   a bench-only environment (``--setup-ultralytics`` makes it; bench/peer_programs.py says how its threads
   are set). Left out, and said so, when that environment is missing.
@@ -16,14 +19,15 @@ last one), **CPU ms per frame** over the same span (the child's user + system ti
 /proc/PID/stat), **peak RSS** (the child's rusage at exit), the time from start to the first result, and how
 many cores the rest of the machine used meanwhile. Rounds alternate the programs (the order rotating); the
 table gives medians over the rounds and, for the ratios, the median and min-max of the per-round ratios
-(each round's edgeinfer run over the same round's peer run). **Box agreement**: edgeinfer's boxes (and the
-plain loop's) against Ultralytics' on every frame, matched by class at IoU >= 0.5 (tools/optimize's
+(each round's edgeinfer run over the same round's peer run; the chosen runtime's over Ultralytics', goal
+2x). **Box agreement**: edgeinfer's boxes (both runs, and the plain loop's) against Ultralytics' on every
+frame, matched by class at IoU >= 0.5 (tools/optimize's
 ``box_agreement``): recall = Ultralytics' boxes found, precision = boxes found that Ultralytics has too.
 Without Ultralytics, the plain loop's boxes are the reference.
 
     PYTHONPATH=. python bench/peers.py [--models pose,fall] [--threads 1,2] [--codecs h264,mjpeg]
                                        [--rounds 5] [--frames 150] [--warmup 15] [--json out.json]
-                                       [--programs plain,edgeinfer,ultralytics] [--ultralytics-python PY]
+                                       [--programs plain,edgeinfer,ultralytics,chosen] [--ultralytics-python PY]
     PYTHONPATH=. python bench/peers.py --setup-ultralytics   # make the bench-only Ultralytics environment
     PYTHONPATH=. python bench/peers.py --report a.json b.json  # one table from earlier runs
 """
@@ -75,13 +79,16 @@ PROGRAMS_FILE = BENCH / "peer_programs.py"
 #: the models: short name -> (file in the shared assets, Ultralytics task)
 MODELS = {"pose": ("yolo11n-pose.onnx", "pose"), "fall": ("yolo_fall_detection.onnx", "detect")}
 CODECS = ("h264", "mjpeg")
-PROGRAMS = ("plain", "edgeinfer", "ultralytics")
+PROGRAMS = ("plain", "edgeinfer", "ultralytics", "chosen")
+#: the programs that are edgeinfer runs (their result lines read alike)
+EDGEINFER_PROGRAMS = ("edgeinfer", "chosen")
 #: Ultralytics' predict defaults, given to all three programs
 THRESHOLDS = {"conf": 0.25, "iou": 0.7, "max_det": 300}
 SIZE = (1280, 720)
 FPS = 30
 #: the goals of issue 37 (ratios of steady fps; agreement as recall and precision)
 GOAL_RATIO = 1.1
+GOAL_CHOSEN_RATIO = 2.0  # the runtime chosen by measurement over Ultralytics
 GOAL_AGREEMENT = 0.99
 
 # ---------------------------------------------------------------------------------------------- the clips
@@ -164,9 +171,11 @@ def program_command(program: str, model: Path, task: str, clip: Path, threads: i
                     ultralytics_python: Path) -> list[str]:
     """The command line that runs ``program`` over ``clip``."""
     conf, iou, max_det = (str(THRESHOLDS[k]) for k in ("conf", "iou", "max_det"))
-    if program == "edgeinfer":
+    if program in EDGEINFER_PROGRAMS:
+        same_runtime = ["--delegate", "onnxruntime"] if program == "edgeinfer" else []
         return [sys.executable, "-m", "edgeinfer", "run", str(model), "--source", str(clip), "--json",
-                "--threads", str(threads), "--score-threshold", conf, "--iou", iou, "--max-detections", max_det]
+                "--threads", str(threads), "--score-threshold", conf, "--iou", iou, "--max-detections", max_det,
+                *same_runtime]
     python = sys.executable if program == "plain" else str(ultralytics_python)
     return [python, str(PROGRAMS_FILE), program, str(model), str(clip), "--threads", str(threads), "--task", task,
             "--conf", conf, "--iou", iou, "--max-det", max_det]
@@ -194,6 +203,7 @@ class Run:
     first_result_s: float
     other_load_cores: float
     boxes: list[list[Box]] = field(repr=False)
+    delegate: str | None = None  # what an edgeinfer run ran on (its summary line)
 
 
 class ProgramFailed(RuntimeError):
@@ -201,7 +211,7 @@ class ProgramFailed(RuntimeError):
 
 
 def _boxes(program: str, line: dict) -> list[Box]:
-    if program == "edgeinfer":
+    if program in EDGEINFER_PROGRAMS:
         return [Box(tuple(d["box"]), d["score"], d["class_id"]) for d in line["result"]]
     return [Box(tuple(b[:4]), b[4], int(b[5])) for b in line["boxes"]]
 
@@ -212,11 +222,14 @@ def run_program(program: str, command: list[str], warmup: int) -> Run:
         started = time.perf_counter()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, env=program_env(program))
         window = Window(pid=process.pid)
-        lines, first = [], None
+        lines, first, delegate = [], None, None
         assert process.stdout is not None
         for raw in process.stdout:
+            if raw.startswith(b'{"type": "summary"'):
+                delegate = json.loads(raw).get("delegate")
+                continue
             if not raw.startswith((b'{"frame"', b'{"type": "result"')):
-                continue  # edgeinfer's summary line
+                continue
             lines.append(raw)
             if first is None:
                 first = time.perf_counter() - started
@@ -233,7 +246,7 @@ def run_program(program: str, command: list[str], warmup: int) -> Run:
     steady = len(lines) - warmup
     parsed = [json.loads(raw) for raw in lines]
     return Run(program, len(lines), steady / window.wall, window.cpu / steady * 1e3, usage.ru_maxrss / 1024,
-               first or 0.0, window.foreign_cores, [_boxes(program, line) for line in parsed])
+               first or 0.0, window.foreign_cores, [_boxes(program, line) for line in parsed], delegate)
 
 
 # ----------------------------------------------------------------------------------------------- the bench
@@ -304,13 +317,16 @@ def bench_case(case: Case, programs: list[str], rounds: int, frames: int, warmup
             for key in ("fps", "cpu_ms_per_frame", "rss_mib", "first_result_s", "other_load_cores")}
         result["programs"][name]["fps_all"] = [round(r.fps, 3) for r in done]
         result["programs"][name]["cpu_ms_per_frame_all"] = [round(r.cpu_ms_per_frame, 1) for r in done]
-    edge = runs.get("edgeinfer", [])
-    for peer in ("plain", "ultralytics"):
-        pairs = list(zip(edge, runs.get(peer, [])))  # the same rounds
-        if pairs:
-            result["ratios"][f"edgeinfer / {peer}"] = _spread([e.fps / p.fps for e, p in pairs])
+        delegates = sorted({r.delegate for r in done if r.delegate})
+        if delegates:
+            result["programs"][name]["delegates"] = delegates
+    for edge_name, peers in (("edgeinfer", ("plain", "ultralytics")), ("chosen", ("ultralytics", "plain"))):
+        for peer in peers:
+            pairs = list(zip(runs.get(edge_name, []), runs.get(peer, [])))  # the same rounds
+            if pairs:
+                result["ratios"][f"{edge_name} / {peer}"] = _spread([e.fps / p.fps for e, p in pairs])
     reference = "ultralytics" if runs.get("ultralytics") else "plain"
-    for name in ("edgeinfer", "plain"):
+    for name in ("edgeinfer", "chosen", "plain"):
         if name != reference and runs.get(name) and runs.get(reference):
             result["agreement"][f"{name} vs {reference}"] = agreement(runs[reference][0].boxes, runs[name][0].boxes)
     return result
@@ -325,21 +341,30 @@ def _figures(result: dict, key: str, spec: str) -> str:
     return " / ".join(_fmt(result["programs"].get(p, {}).get(key), spec) for p in PROGRAMS)
 
 
-def _ratio(result: dict, peer: str) -> str:
-    spread = result["ratios"].get(f"edgeinfer / {peer}")
+def _ratio(result: dict, peer: str, program: str = "edgeinfer", goal: float = GOAL_RATIO) -> str:
+    spread = result["ratios"].get(f"{program} / {peer}")
     if spread is None:
         return "—"
-    return f"{spread['median']:.2f}x ({spread['min']:.2f}–{spread['max']:.2f}) {verdict(spread)}"
+    return f"{spread['median']:.2f}x ({spread['min']:.2f}–{spread['max']:.2f}) {verdict(spread, goal)}"
 
 
-def verdict(spread: dict) -> str:
-    """Against GOAL_RATIO: met by every round, missed by every round, or not settled (the rounds straddle it:
-    the median says which way it leans)."""
-    if spread["min"] >= GOAL_RATIO:
+def verdict(spread: dict, goal: float = GOAL_RATIO) -> str:
+    """Against ``goal``: met by every round, missed by every round, or not settled (the rounds straddle it: the
+    median says which way it leans)."""
+    if spread["min"] >= goal:
         return "met"
-    if spread["max"] < GOAL_RATIO:
+    if spread["max"] < goal:
         return "**missed**"
-    return f"**not settled** (median {'above' if spread['median'] >= GOAL_RATIO else 'below'})"
+    return f"**not settled** (median {'above' if spread['median'] >= goal else 'below'})"
+
+
+def _chosen(result: dict) -> str:
+    """The runtime the probe chose and its ratio over Ultralytics (goal GOAL_CHOSEN_RATIO)."""
+    runs = result["programs"].get("chosen")
+    if not runs:
+        return "—"
+    return (f"{', '.join(runs.get('delegates', ['?']))}: "
+            f"{_ratio(result, 'ultralytics', 'chosen', GOAL_CHOSEN_RATIO)}")
 
 
 def _cpu_ratio(result: dict) -> str:
@@ -362,8 +387,8 @@ def _agreement(result: dict) -> str:
             parts.append(f"{label}: no boxes")
             continue
         verdict = "met" if min(found["recall"], found["precision"]) >= GOAL_AGREEMENT else "**missed**"
-        parts.append(f"{label}: {found['recall']:.1%} / {found['precision']:.1%} {verdict}"
-                     if label.startswith("edgeinfer") else f"{label}: {found['recall']:.1%} / {found['precision']:.1%}")
+        figures = f"{label}: {found['recall']:.1%} / {found['precision']:.1%}"
+        parts.append(f"{figures} {verdict}" if label.startswith(EDGEINFER_PROGRAMS) else figures)
     return "; ".join(parts) or "—"
 
 
@@ -372,14 +397,16 @@ def report(results: list[dict], log) -> None:
     log("\n== summary: medians over the rounds; ratios of steady fps, median (min–max) of the rounds, goal "
         f">= {GOAL_RATIO}x met when every round meets it; boxes: recall / precision against the reference, goal "
         f">= {GOAL_AGREEMENT:.0%}\n")
-    log("| model, threads, codec | steady fps plain / edgeinfer / Ultralytics | edgeinfer ÷ plain | "
-        "edgeinfer ÷ Ultralytics | CPU ms/frame p / e / U | edgeinfer's CPU/frame | peak RSS MiB p / e / U | "
-        "first result s p / e / U | boxes (recall / precision) | other load, cores |")
-    log("|---|---|---|---|---|---|---|---|---|---|")
+    log("| model, threads, codec | steady fps p / e / U / c | edgeinfer ÷ plain | "
+        "edgeinfer ÷ Ultralytics | the chosen runtime ÷ Ultralytics (goal 2x) | CPU ms/frame p / e / U / c | "
+        "edgeinfer's CPU/frame | peak RSS MiB p / e / U / c | first result s p / e / U / c | "
+        "boxes (recall / precision) | other load, cores |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|")
     for result in results:
         load = statistics.median(p["other_load_cores"] for p in result["programs"].values())
         log(f"| {result['case']} | {_figures(result, 'fps', '.2f')} | {_ratio(result, 'plain')} | "
-            f"{_ratio(result, 'ultralytics')} | {_figures(result, 'cpu_ms_per_frame', '.0f')} | {_cpu_ratio(result)} | "
+            f"{_ratio(result, 'ultralytics')} | {_chosen(result)} | {_figures(result, 'cpu_ms_per_frame', '.0f')} | "
+            f"{_cpu_ratio(result)} | "
             f"{_figures(result, 'rss_mib', '.0f')} | {_figures(result, 'first_result_s', '.1f')} | "
             f"{_agreement(result)} | {load:.1f} |")
     for result in results:
