@@ -236,3 +236,37 @@ def test_a_manual_claim_keeps_a_device_pending_through_a_restart_until_an_admin_
         agent.kill()
         if restarted is not None:
             restarted.terminate()
+
+
+def test_the_agents_http_client_presents_the_renewed_certificate_without_a_restart(fleet, admin, tmp_path):
+    """Uploads, live frames and diagnosis go through one DeviceHTTP made at the agent's start; a renewal replaces the
+    certificate file (atomically) and the old certificate expires later: the client must present the new one."""
+    import datetime as dt
+
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    from edgeinfer.agent.identity import device_key
+    from edgeinfer.agent.provisioning import provision
+    from edgeinfer.agent.uploads import DeviceHTTP
+    from edgeinfer.util.fs import atomic_write_bytes
+
+    claim = admin.create_claim({"groups": [GROUP]})["token"]
+    folder = identity_dir(tmp_path / "data")
+    keys = provision(fleet.public_url, claim, folder, {"serial": "e2e-renew", "model": None, "mac": None},
+                     cafile=str(fleet.access.ca.ca_file))
+    sha = admin.upload(Path(__file__))["sha256"]
+    renewed = (folder / CERT_FILE).read_bytes()  # what the renewal wrote; the agent started with an older one:
+    ca_key = serialization.load_pem_private_key(fleet.access.ca.key_file.read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(fleet.access.ca.ca_file.read_bytes())
+    past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=3)
+    older = (x509.CertificateBuilder()
+             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, keys["device_id"])]))
+             .issuer_name(ca_cert.subject).public_key(device_key(folder).public_key())
+             .serial_number(x509.random_serial_number()).not_valid_before(past)
+             .not_valid_after(past + dt.timedelta(days=1))  # expired since: the broker and the manager refuse it
+             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+             .sign(ca_key, hashes.SHA256()))
+    atomic_write_bytes(folder / CERT_FILE, older.public_bytes(serialization.Encoding.PEM))
+    http = DeviceHTTP(None, str(folder / CA_FILE), (str(folder / CERT_FILE), str(folder / KEY_FILE)))
+    atomic_write_bytes(folder / CERT_FILE, renewed)  # the renewal, as write_identity does it
+    assert http.send("GET", f"{fleet.http.url}/artifacts/{sha}", None, {}, timeout=10) == 200
