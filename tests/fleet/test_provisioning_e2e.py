@@ -270,3 +270,35 @@ def test_the_agents_http_client_presents_the_renewed_certificate_without_a_resta
     http = DeviceHTTP(None, str(folder / CA_FILE), (str(folder / CERT_FILE), str(folder / KEY_FILE)))
     atomic_write_bytes(folder / CERT_FILE, renewed)  # the renewal, as write_identity does it
     assert http.send("GET", f"{fleet.http.url}/artifacts/{sha}", None, {}, timeout=10) == 200
+
+
+def test_a_renewal_answers_the_broker_and_manager_a_first_boot_was_told(tmp_path):
+    """A manager that tells devices of another broker address (``fleet serve --device-broker-url``: a name the
+    devices resolve, a load balancer): the renewed identity keeps it, as the first boot's did."""
+    from support.provisioning import new_key, provision
+
+    from edgeinfer.agent.identity import write_identity
+    from edgeinfer.agent.provisioning import renew
+    from edgeinfer.util.fs import atomic_write_bytes
+
+    settings = FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0", tls=True,
+                             data_dir=tmp_path / "fleet", device_broker_url="mqtts://devices.example:8883")
+    with FleetManager(settings) as manager:
+        admin = FleetClient(manager.http.url, token=manager.admin_token, ca=str(manager.access.ca.ca_file))
+        claim = admin.create_claim({"groups": [GROUP]})["token"]
+        key = new_key()
+        status, first, _ = provision(manager, claim, "e2e-lb", key)
+        assert status == 200 and first["broker"] == {"host": "devices.example", "port": 8883, "tls": True}
+        folder = identity_dir(tmp_path / "data")
+        folder.mkdir(parents=True)
+        from cryptography.hazmat.primitives import serialization
+
+        atomic_write_bytes(folder / KEY_FILE, key.private_bytes(serialization.Encoding.PEM,
+                                                                serialization.PrivateFormat.PKCS8,
+                                                                serialization.NoEncryption()), mode=0o600)
+        before = write_identity(folder, first)
+        after, answer = renew(folder, manager.public_url)
+        assert answer.status == 200
+        assert {k: answer.body[k] for k in ("broker", "manager_url", "update_key", "groups", "ca")} == \
+            {k: first[k] for k in ("broker", "manager_url", "update_key", "groups", "ca")}
+        assert after == before
