@@ -251,8 +251,12 @@ SAMPLES = Kind("sample", SAMPLE_META_NAME, DeviceUploader.upload_sample, EventKi
 
 class DeviceHTTP:
     """The device's one HTTP client to the fleet manager: its Basic credential (the MQTT user name and password,
-    as artifact downloads use) and the CA it trusts; urllib, imported at the first request. Evidence uploads and
-    the live view's frames go through it."""
+    as artifact downloads use) or its client certificate, and the CA it trusts; urllib, imported at the first
+    request. Evidence uploads and the live view's frames go through it.
+
+    A renewal replaces the certificate file (atomically, agent/provisioning.py) while this client lives as long
+    as the agent: each request looks at the file (one ``stat``) and loads a changed certificate, so the renewed
+    one is presented from the next request on — the old one expires later, and the manager refuses it then."""
 
     def __init__(self, credentials: tuple[str, str] | None, cafile: str | None = None,
                  client_cert: tuple[str, str] | None = None) -> None:
@@ -261,11 +265,37 @@ class DeviceHTTP:
             from ..updates.download import basic_auth
 
             self._headers = basic_auth(*credentials)
+        self._cafile = cafile
+        self._client_cert = client_cert
+        self._lock = threading.Lock()
+        self._loaded: tuple[int, int, int] | None = None  # the certificate file the context holds (inode, mtime, size)
         self._context = None
         if cafile or client_cert:
-            from ..updates.download import https_context
+            self._context = self._load()
 
-            self._context = https_context(cafile, client_cert)
+    def _cert_file_now(self) -> tuple[int, int, int] | None:
+        if self._client_cert is None:
+            return None
+        try:
+            found = Path(self._client_cert[0]).stat()
+        except OSError:
+            return None
+        return found.st_ino, found.st_mtime_ns, found.st_size
+
+    def _load(self) -> Any:
+        from ..updates.download import https_context
+
+        self._loaded = self._cert_file_now()
+        return https_context(self._cafile, self._client_cert)
+
+    def _current_context(self) -> Any:
+        """The TLS context, its certificate loaded again when the file changed since (a renewal)."""
+        if self._client_cert is not None and self._cert_file_now() != self._loaded:
+            with self._lock:
+                if self._cert_file_now() != self._loaded:
+                    self._context = self._load()
+                    log.info("presenting the renewed device certificate %s to the fleet manager", self._client_cert[0])
+        return self._context
 
     @classmethod
     def of(cls, config: Any) -> DeviceHTTP:
@@ -280,7 +310,7 @@ class DeviceHTTP:
         import urllib.request
 
         request = urllib.request.Request(url, data=body, method=method, headers={**self._headers, **headers})
-        with urllib.request.urlopen(request, timeout=timeout, context=self._context) as answer:
+        with urllib.request.urlopen(request, timeout=timeout, context=self._current_context()) as answer:
             answer.read()
             return int(answer.status)
 

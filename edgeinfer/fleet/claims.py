@@ -135,6 +135,7 @@ class ClaimService:
     def __init__(self, db: FleetDB, access: FleetAccess, public_url: Callable[[], str], *,
                  cert_days: float = DEVICE_CERT_DAYS, pending_retry_s: int = PENDING_RETRY_S) -> None:
         """``public_url``: how devices reach this manager's API (asked when needed: known once it listens)."""
+        self.db = db
         self.rows = db.claims
         self.access = access
         self.public_url = public_url
@@ -232,11 +233,27 @@ class ClaimService:
         return Provisioned(200, self._approved(request))
 
     def _approved(self, request: dict) -> dict[str, Any]:
+        return self.identity(request["device_id"], request["certificate"], request["not_after"], request["groups"])
+
+    def identity(self, device_id: str, certificate_pem: str, not_after: float, groups: Sequence[str]) -> dict[str, Any]:
+        """What a device keeps (docs/provisioning.md): the one answer of an approval and of a renewal
+        (``api/renewal.py``), so that a renewed identity tells the same broker, manager and groups."""
         assert self.access.ca is not None
-        return {"status": "approved", "device_id": request["device_id"], "certificate": request["certificate"],
+        return {"status": "approved", "device_id": device_id, "certificate": certificate_pem,
                 "ca": self.access.ca.ca_file.read_text(), "broker": self._broker(), "manager_url": self.public_url(),
-                "update_key": self.access.key.public_key_b64(), "groups": list(request["groups"]),
-                "not_after": _iso(request["not_after"])}
+                "update_key": self.access.key.public_key_b64(), "groups": list(groups), "not_after": _iso(not_after)}
+
+    def renew(self, device_id: str, csr_pem: str) -> dict[str, Any]:
+        """A new certificate for the key of ``csr_pem`` (``device_id``'s, its current certificate authenticated it)
+        and the answer a first boot got, its groups those its claim gave it (enrolled by hand: those it reports).
+        ProvisioningRefused: 400 for a bad request, 409 on a manager that cannot tell it a broker."""
+        self._broker()  # said before a certificate is signed
+        assert self.access.certificates is not None
+        certificate = self.access.certificates.issue(device_id, csr_pem)
+        request = self.rows.request(device_id)
+        groups = request["groups"] if request is not None else (self.db.get_device(device_id) or {}).get("groups")
+        return self.identity(device_id, certificate.public_bytes(serialization.Encoding.PEM).decode("ascii"),
+                             certificate.not_valid_after_utc.timestamp(), list(groups or []))
 
     def _approve(self, device_id: str, by: str) -> dict:
         request = self.rows.request(device_id)

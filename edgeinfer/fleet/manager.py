@@ -199,7 +199,7 @@ class FleetManager:
         live_view = self.live_view = LiveView(db, commands, lambda: self.public_url).start()
         self.diagnosis = DiagnosisService(db, commands, lambda: self.public_url)
         configs = self.configs = ConfigService(db, ConfigRollouts(db, deployments, store))
-        claims = ClaimService(db, access, lambda: self.public_url, cert_days=s.device_cert_days)
+        claims = self.claims = ClaimService(db, access, lambda: self.public_url, cert_days=s.device_cert_days)
         services = FleetServices(access=access, artifacts=store, commands=commands, deployments=deployments,
                                  devices=self.devices, evidence=evidence, changes=changes, live_view=live_view,
                                  metrics=FleetMetrics(self), samples=self.samples, diagnosis=self.diagnosis,

@@ -79,8 +79,7 @@ class MqttLink:
 
     def __init__(self, settings: LinkSettings, *, spool: Spool | None = None,
                  will: tuple[str, bytes] | None = None, subscriptions: Sequence[str] = (),
-                 on_message: MessageCallback | None = None,
-                 on_connected: Callable[[float | None], None] | None = None,
+                 on_message: MessageCallback | None = None, on_connected: Callable[[float | None], None] | None = None,
                  on_delivery: DeliveryCallback | None = None,
                  tls: ssl.SSLContext | None = None, name: str = "edgeinfer-mqtt") -> None:
         paho_client.require_paho()
@@ -115,6 +114,7 @@ class MqttLink:
         self._connecting_since: float | None = None
         self._reconnect = ReconnectSchedule(settings)
         self._refused: str | None = None
+        self._socket_errors = paho_client.SocketErrors()  # why paho lost a socket (its return code does not say)
         self._refused_protocol = False
 
     # ------------------------------------------------------------------------------ public API
@@ -206,7 +206,7 @@ class MqttLink:
             return
         rc = network_round(self._client, self.status, self._inbox)
         if rc != 0:
-            self._lost(self._refused or f"connection lost ({paho_client.error_string(rc)})")
+            self._lost(self._refused or self._socket_errors.lost(rc))  # why: an SSL alert (a revoked certificate)
             return
         if not self.status.connected:
             if self._connecting_since is not None and now - self._connecting_since > self.settings.connect_timeout_s:
@@ -245,8 +245,8 @@ class MqttLink:
 
     # ------------------------------------------------------------------------------ the connection
     def _new_client(self) -> Any:
-        client = paho_client.new_client(self.settings, self._protocol, username=self._username,
-                                        password=self._password, tls=self._tls, will=self._will)
+        client = paho_client.new_client(self.settings, self._protocol, username=self._username, password=self._password,
+                                        tls=self._tls, will=self._will, errors=self._socket_errors)
         client.on_connect = self._handle_connect
         client.on_disconnect = self._handle_disconnect
         client.on_publish = self._handle_publish

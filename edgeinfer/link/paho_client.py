@@ -206,8 +206,29 @@ def _client_class() -> type:
     return Client
 
 
+class SocketErrors:
+    """paho's logger (``enable_logger``) that keeps the last error paho says and nothing else: why a socket died
+    — an SSL alert from the broker (``certificate revoked``), a reset — which paho's return code does not say
+    (``The connection was lost.``). Its other messages (one a packet) are dropped at once."""
+
+    ERROR = 40  # logging.ERROR: paho's MQTT_LOG_ERR
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def log(self, level: int, message: str, *args: Any) -> None:
+        if level >= self.ERROR:
+            self.last = message % args if args else message
+
+    def lost(self, rc: int) -> str:
+        """Why the connection was lost (paho's return code ``rc``, and the error it said since the last call)."""
+        said, why, self.last = error_string(rc), self.last, None
+        return f"connection lost ({said.rstrip('.') + ': ' + why if why else said})"
+
+
 def new_client(settings: LinkSettings, protocol: str, *, username: str | None, password: str | None,
-               tls: ssl.SSLContext | None, will: tuple[str, bytes] | None) -> Any:
+               tls: ssl.SSLContext | None, will: tuple[str, bytes] | None,
+               errors: SocketErrors | None = None) -> Any:
     """A paho client for MQTT ``protocol`` ("5" or "3.1.1") with a persistent session; it never reconnects
     by itself (the link does, with its own backoff)."""
     import paho.mqtt.client as paho
@@ -230,6 +251,8 @@ def new_client(settings: LinkSettings, protocol: str, *, username: str | None, p
         client.tls_set_context(tls)
     if will is not None:
         client.will_set(will[0], will[1], qos=1, retain=True)
+    if errors is not None:
+        client.enable_logger(errors)
     return client
 
 

@@ -178,10 +178,7 @@ def fleet(tmp_path_factory):
 
 def provisioned(fleet, folder, device_id: str) -> None:
     """A device's identity folder as a first boot leaves it, its certificate issued by the manager's CA."""
-    from edgeinfer.fleet.api.renewal import identity_answer
-
-    cert = fleet.access.certificates.issue(device_id, certificate_request(folder))
-    write_identity(folder, identity_answer(fleet, device_id, cert, []))
+    write_identity(folder, fleet.claims.renew(device_id, certificate_request(folder)))
 
 
 def test_renewal_gives_the_same_key_a_new_certificate_over_the_managers_https(fleet, tmp_path):

@@ -8,7 +8,6 @@ device: the new certificate's CN is the current one's). The answer is the one a 
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -51,18 +50,6 @@ class ProvisionedIdentity(BaseModel):
     not_after: str
 
 
-def identity_answer(fleet: Any, device_id: str, certificate: Any, groups: list[str]) -> dict[str, Any]:
-    """The approved answer for ``device_id``'s new ``certificate`` (a cryptography Certificate)."""
-    from cryptography.hazmat.primitives import serialization
-
-    access = fleet.access
-    return {"status": "approved", "device_id": device_id,
-            "certificate": certificate.public_bytes(serialization.Encoding.PEM).decode(),
-            "ca": access.ca.ca_file.read_text(), "broker": access.certificate_broker,
-            "manager_url": access.manager_url, "update_key": access.key.public_key_b64(), "groups": groups,
-            "not_after": certificate.not_valid_after_utc.astimezone(dt.timezone.utc).isoformat()}
-
-
 def renewing_device(request: Request, fleet: Services) -> str:
     """The device whose certificate the handshake verified (a dependency: before the body is read); 401 without."""
     device_id = certificate_device(request, fleet)
@@ -71,14 +58,12 @@ def renewing_device(request: Request, fleet: Services) -> str:
     return device_id
 
 
-@router.post("/api/v1/provision/renew", response_model=ProvisionedIdentity, responses=errors(400, 401),
+@router.post("/api/v1/provision/renew", response_model=ProvisionedIdentity, responses=errors(400, 401, 409),
              summary="A device renews its client certificate (its current certificate authenticates it)",
              description="Over HTTPS with the device's client certificate (valid, not revoked); the body is a "
                          "request with an empty subject. Answers as a first boot's approval does.")
 def renew(body: RenewRequest, device_id: Annotated[str, Depends(renewing_device)], fleet: Services) -> Any:
     try:
-        certificate = fleet.access.certificates.issue(device_id, body.csr)
+        return fleet.claims.renew(device_id, body.csr)  # the answer of a first boot's approval (fleet/claims.py)
     except ProvisioningRefused as exc:
         raise HTTPException(exc.status, str(exc)) from None
-    device = fleet.access.db.get_device(device_id)
-    return identity_answer(fleet, device_id, certificate, list((device or {}).get("groups") or []))
