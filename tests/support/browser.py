@@ -146,6 +146,34 @@ class Browser:
     def get(self, url: str) -> None:
         self.driver.get(url)
 
+    def fresh(self, size: tuple[int, int] = DESKTOP) -> Browser:
+        """This browser as a new one would be for the next test (a Chromium start is ~4 CPU-seconds): one window
+        of ``size`` on a blank page, the pages left before their origins' cookies, storages and the cache are
+        cleared (left first: a request a page was about to make would go out without its token, a 401 in the
+        console), and a console of its own (what the pages before logged is read and dropped)."""
+        driver = self.driver
+        handles = driver.window_handles
+        origins = set()
+        for handle in handles:
+            driver.switch_to.window(handle)
+            origin = driver.execute_script("return location.origin")
+            if origin and origin.startswith("http"):
+                origins.add(origin)
+        for handle in handles[1:]:
+            driver.switch_to.window(handle)
+            driver.close()
+        driver.switch_to.window(handles[0])
+        driver.get("about:blank")
+        for origin in sorted(origins):
+            driver.execute_cdp_cmd("Storage.clearDataForOrigin", {"origin": origin, "storageTypes": "all"})
+        driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+        driver.execute_cdp_cmd("Network.clearBrowserCache", {})
+        self.read_console()
+        self.console.clear()
+        self._expected.clear()
+        self.set_window_size(*size)
+        return self
+
     # ------------------------------------------------------------------------------ the console
     def read_console(self) -> list[dict]:
         """Read what the browser logged since the last read (Chromium hands each entry out once); keep it."""
