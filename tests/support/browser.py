@@ -15,6 +15,7 @@ printed) — never a skip: ``make test`` installs both, so a test that needs the
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import http.server
@@ -247,6 +248,41 @@ class Browser:
 
     def __exit__(self, *exc: object) -> None:
         self.quit()
+
+
+_shared: Browser | None = None
+_shared_in_use = False
+
+
+@contextlib.contextmanager
+def shared_browser(size: tuple[int, int] = DESKTOP) -> Iterator[Browser]:
+    """This process's one Chromium for the block, as a new one would be (:meth:`Browser.fresh`): the browser tests
+    that each took a Chromium of their own started one a block, ~4 CPU-seconds each. A block inside another one, or
+    after a Chromium that no longer answers, gets a Chromium of its own; the shared one quits when the process ends."""
+    global _shared, _shared_in_use
+    if _shared_in_use:
+        with Browser(size) as own:
+            yield own
+        return
+    if _shared is not None:
+        try:
+            _shared.fresh(size)
+        except Exception:  # it died, or a page of the block before holds it (an alert): a new one
+            _shared.quit()
+            _shared = None
+    if _shared is None:
+        _shared = Browser(size)
+        atexit.register(_shared.quit)
+    _shared_in_use = True
+    try:
+        yield _shared
+    finally:
+        _shared_in_use = False
+        try:  # its pages left as a quit leaves them: their requests and streams end with the block
+            _shared.fresh(size)
+        except Exception:
+            _shared.quit()
+            _shared = None
 
 
 def _running(pid: int) -> bool:
