@@ -2,7 +2,7 @@
 
 ``hostile_payloads(kind)`` (kind: ``state``, ``telemetry``, ``events`` or ``cmd``), a Hypothesis strategy, and
 ``seeded_payload(kind, rng)``, the same generators making their choices from a seeded ``random.Random``
-(``support.choices``: a hundred thousand payloads cost a fifth of what Hypothesis's draws of them do), make them from
+(``support.choices``: a hundred thousand payloads cost a quarter of what Hypothesis's draws of them do), make them from
 these families:
 
 - ``random_bytes``: arbitrary bytes;
