@@ -370,13 +370,15 @@ def test_real_agents_a_much_slower_model_is_aborted_and_the_canary_rolled_back(t
 
 @pytest.mark.parametrize("streams", [0, 2], ids=["one-source", "two-sources"])
 def test_real_agents_a_model_that_answers_other_classes_is_aborted_on_drift(tmp_path, broker, manager, clip, streams):
-    """Judged on the window's output summary: a pipeline's own, or the aggregate of its streams' (``sources``)."""
-    agents = start_agents(tmp_path, broker, manager, clip, V2_LARGE, 4, streams)
+    """Judged on the window's output summary: a pipeline's own, or the aggregate of its streams' (``sources``). The
+    fleet runs the small ImageNet classifier (four agents of V2_LARGE at 8 fps were most of this module's CPU); the
+    bird model, many times slower, is let through on latency so that the drift alone stops it."""
+    agents = start_agents(tmp_path, broker, manager, clip, V1_SMALL, 4, streams)
     try:
         assert wait(lambda: all(((manager.db.get_device(a.device_id) or {}).get("last_telemetry") or {})
                                 .get("pipelines", [{}])[0].get("outputs") for a in agents), 30)
         result = deploy_cli(manager, BIRDS, "--version", "2", "--all", "--canary", "25", "--canary-window", "4s",
-                            "--device-timeout", "60", "--max-latency-regression", "300")
+                            "--device-timeout", "60", "--max-latency-regression", "100000")
         assert result.returncode == 1, result.stdout + result.stderr
         assert "output drift" in result.stdout, result.stdout + result.stderr
         (deployment,) = manager.db.list_deployments()

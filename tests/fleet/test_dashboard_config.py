@@ -76,11 +76,17 @@ def page(tmp_path_factory):
             yield Dashboard(manager, fleet.simulation, [*fleet.ids, REAL], tokens, names, clients), clip, agent
 
 
+@pytest.fixture(scope="module")
+def chromium():
+    with Browser(DESKTOP) as shared:
+        yield shared
+
+
 @pytest.fixture
-def browser():
-    """A Chromium of its own for each test (a page of the test before cannot answer 401 when this one signs in)."""
-    with Browser(DESKTOP) as chromium:
-        yield chromium
+def browser(chromium):
+    """The module's Chromium as a new one for each test (Browser.fresh: the pages before left, their storages cleared,
+    a console of its own): one start, not eight."""
+    return chromium.fresh(DESKTOP)
 
 
 # ---------------------------------------------------------------------------------- in the page
@@ -397,13 +403,13 @@ def test_a_configuration_the_device_cannot_run_is_refused_and_the_page_shows_the
     assert not browser.errors(), browser.errors()
 
 
-def test_the_tab_at_phone_width(page, tmp_path):
+def test_the_tab_at_phone_width(page, browser, tmp_path):
     dashboard, _clip, _agent = page
-    with Browser(PHONE) as phone:
-        open_layer(phone, dashboard, "operator", "group", GROUP)
-        type_into(field(phone, "pipelines[0].max_fps"), "8")
-        wait_js(phone, "return document.querySelectorAll('[data-testid=cfg-diff] tr[data-path]').length === 1", 10)
-        assert phone.driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
-        time.sleep(0.3)
-        screenshot(phone, tmp_path / "dashboard-config-phone.png")  # a look, not one of the docs' images
-        assert not phone.errors(), phone.errors()
+    phone = browser.fresh(PHONE)  # the module's Chromium at a phone's width
+    open_layer(phone, dashboard, "operator", "group", GROUP)
+    type_into(field(phone, "pipelines[0].max_fps"), "8")
+    wait_js(phone, "return document.querySelectorAll('[data-testid=cfg-diff] tr[data-path]').length === 1", 10)
+    assert phone.driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth + 1")
+    time.sleep(0.3)
+    screenshot(phone, tmp_path / "dashboard-config-phone.png")  # a look, not one of the docs' images
+    assert not phone.errors(), phone.errors()

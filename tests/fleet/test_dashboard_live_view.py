@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.browser import DESKTOP, PHONE, Browser, screenshot, wait_for, wait_js, wait_text
+from support.browser import DESKTOP, PHONE, screenshot, shared_browser, wait_for, wait_js, wait_text
 from support.dashboard import go, running_dashboard, sign_in
 from support.fleet import state_message
 from support.jpegs import noise_jpeg
@@ -50,7 +50,7 @@ def test_the_device_page_shows_moving_frames_and_an_operator_draws_a_line(dash):
     feeder = threading.Thread(target=feed, args=(dashboard.manager.http.url, login, stop), daemon=True)
     feeder.start()
     try:
-        with Browser(DESKTOP) as browser:
+        with shared_browser(DESKTOP) as browser:
             sign_in(browser, dashboard, "operator")
             go(browser, dashboard, f"#/devices/{DEVICE}")
             wait_for(browser, "[data-testid=live-button][data-pipeline=main]").click()
@@ -87,7 +87,7 @@ def test_the_device_page_shows_moving_frames_and_an_operator_draws_a_line(dash):
         applied = {"pipeline": "main", "stream": "", "revision": 1, "lines": entry["detail"]["lines"], "zones": {}}
         dashboard.manager.db.store_events([("dash", DEVICE, {"event": "analytics_changed", "ts": time.time(),
                                                              "data": applied})])
-        with Browser(DESKTOP) as browser:  # a viewer sees the line, and nothing to edit it with
+        with shared_browser(DESKTOP) as browser:  # a viewer sees the line, and nothing to edit it with
             sign_in(browser, dashboard, "viewer")
             go(browser, dashboard, f"#/devices/{DEVICE}")
             wait_for(browser, "[data-testid=live-button][data-pipeline=main]").click()
@@ -138,7 +138,7 @@ def test_a_frame_from_the_past_is_marked_stale_or_offline_with_its_age(dash):
 
     feeder = threading.Thread(target=device_sends, daemon=True)
     feeder.start()
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         sign_in(browser, dashboard, "viewer")
         go(browser, dashboard, f"#/devices/{device}")
         wait_for(browser, "[data-testid=live-button][data-pipeline=main]").click()
@@ -207,7 +207,7 @@ def test_a_device_page_opened_before_its_device_registers_shows_it_once_it_does(
     becomes the device's page when the device registers — the live stream's update, no reload."""
     dashboard, _ = dash
     manager, device = dashboard.manager, "cam-later"
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         sign_in(browser, dashboard, "viewer")
         # the page asks for the device, and is told 404 until it registers (what the console logs of those)
         with browser.expecting(rf"/api/devices/{device} .*404"):

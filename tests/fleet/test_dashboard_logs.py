@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from support.agent import AgentProcess, write_config
 from support.assets import MODELS
-from support.browser import DESKTOP, Browser, wait_for, wait_js, wait_text
+from support.browser import DESKTOP, Browser, shared_browser, wait_for, wait_js, wait_text
 from support.dashboard import Dashboard, fill, go, settle, sign_in
 from support.ports import free_port
 from support.processes import edgeinfer_cmd, env_with_repo, wait_until
@@ -60,7 +60,7 @@ def open_device(browser: Browser, dashboard: Dashboard, role: str) -> None:
 
 def test_an_operator_reads_filters_and_follows_a_devices_logs_and_runs_its_doctor(page):
     dashboard, _agent = page
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         open_device(browser, dashboard, "operator")
         wait_text(browser, "[data-testid=logs-status]", lambda t: "Refresh asks the device" in t, 15)
         assert (dashboard.manager.db.diagnosis.state(DEVICE) or {}).get("logs_requested_at") is None  # opening the
@@ -109,7 +109,7 @@ def test_a_viewer_gets_no_logs_card(page):
         with pytest.raises(FleetRequestError) as refused:
             read(DEVICE)
         assert refused.value.status == 403
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         open_device(browser, dashboard, "viewer")
         settle(1.0)
         for testid in ("logs-card", "log-lines", "logs-follow", "doctor-run"):
@@ -123,7 +123,7 @@ def test_an_offline_device_is_said_plainly_with_the_lines_received_before(page):
     manager = dashboard.manager
     assert wait_until(lambda: not manager.db.get_device(DEVICE)["online"], 30, 0.2)
     stored = len(manager.db.diagnosis.lines(DEVICE, limit=1000))
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         open_device(browser, dashboard, "operator")
         text = wait_text(browser, "[data-testid=logs-status]", lambda t: "offline" in t, 15)
         assert text.startswith(f"{DEVICE} is offline since ") and text.endswith(

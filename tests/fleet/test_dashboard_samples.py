@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 import pytest
 from support.assets import IMAGES, REFERENCES
-from support.browser import DESKTOP, Browser, screenshot, wait_for, wait_js, wait_text
+from support.browser import DESKTOP, Browser, screenshot, shared_browser, wait_for, wait_js, wait_text
 from support.dashboard import fill, go, running_dashboard, settle, sign_in
 from support.live_view import basic
 
@@ -118,7 +118,7 @@ def newest_first(*photos: str) -> list[str]:
 
 def test_the_grid_draws_each_samples_boxes_on_its_frame(dash):
     stored = {f"{s['device_id']}/{s['sample_id']}": s for s in api(dash, "samples")}
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         sign_in(browser, dash, "operator")
         go(browser, dash, "#/samples")
         wait_keys(browser, newest_first())
@@ -156,7 +156,7 @@ def test_the_grid_draws_each_samples_boxes_on_its_frame(dash):
 
 
 def test_filters_narrow_the_grid_and_live_in_the_hash(dash):
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         sign_in(browser, dash, "operator")
         go(browser, dash, "#/samples")
         wait_keys(browser, newest_first())
@@ -191,7 +191,7 @@ def test_filters_narrow_the_grid_and_live_in_the_hash(dash):
 
 
 def test_an_operator_marks_a_selection_reviewed_and_deletes_one(dash):
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         sign_in(browser, dash, "operator")
         go(browser, dash, "#/samples?device=cam-yard&reviewed=false")
         wait_keys(browser, newest_first("pets", "cat", "parrot"))
@@ -244,7 +244,7 @@ def test_the_export_carries_the_filters_and_a_viewer_changes_nothing(dash):
     expected = len(call(dash, "GET", "samples/export?format=yolo&device=cam-door", role="viewer"))
     everything = len(call(dash, "GET", "samples/export?format=yolo", role="viewer"))
     assert expected < everything
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         sign_in(browser, dash, "viewer")
         go(browser, dash, "#/samples?device=cam-door")
         wait_keys(browser, newest_first("grace_hopper", "face", "kite_and_cold"))
@@ -275,7 +275,7 @@ def test_more_pages_in_the_next_samples(dash):
                 "detections": [{"label": "box", "score": 0.5, "box": [10, 10, 60, 60]}]}
         assert upload(dash.manager.http.url, login, "cam-bulk", f"b{index:02d}", body) == 201
     newest = [f"cam-bulk/b{index:02d}" for index in reversed(range(50))]
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         sign_in(browser, dash, "viewer")
         go(browser, dash, "#/samples?pipeline=bulk")
         wait_keys(browser, newest[:48])
@@ -315,7 +315,7 @@ def test_a_pose_samples_skeleton_is_drawn_on_its_frame(dash):
     call(dash, "PATCH", "devices/cam-gym/samples/squat",
          {"labels": [{"label": "person", "box": squat["detections"][0]["box"], "keypoints": corrected}]})
     label_limbs = sorted(f"{a}-{b}" for a, b in COCO_SKELETON if 16 not in (a, b))
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         sign_in(browser, dash, "viewer")
         go(browser, dash, "#/samples?pipeline=gym")
         wait_keys(browser, ["cam-gym/squat", "cam-gym/grace_hopper"])

@@ -13,7 +13,7 @@ import uuid
 
 import paho.mqtt.client as mqtt
 import pytest
-from support.browser import DESKTOP, Browser, wait_for, wait_js, wait_text
+from support.browser import DESKTOP, Browser, shared_browser, wait_for, wait_js, wait_text
 from support.dashboard import go, running_dashboard, settle, sign_in
 from support.fleet import state_message
 from support.processes import wait_until as wait
@@ -107,7 +107,7 @@ def test_an_operator_captures_the_next_frames_of_a_pipeline_and_of_one_stream(da
     dashboard, device = dash
     pinned = VerifyKey(dashboard.manager.key.public_key_b64())
     before = captures(dashboard)
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         open_device(browser, dashboard, "operator")
         shown = browser.driver.execute_script(
             "return Array.from(document.querySelectorAll('[data-testid=sampling-form]'))"
@@ -157,7 +157,7 @@ def test_an_operator_captures_the_next_frames_of_a_pipeline_and_of_one_stream(da
 def test_a_number_out_of_bounds_is_refused_in_the_page(dash, frames, words):
     dashboard, device = dash
     before, told = captures(dashboard), len(device.commands)
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         open_device(browser, dashboard, "operator")
         with browser.expecting(r"\b400\b"):  # the refused request is a console error, on purpose
             capture(browser, "door", "", frames)
@@ -176,7 +176,7 @@ def test_a_number_out_of_bounds_is_refused_in_the_page(dash, frames, words):
 
 def test_a_viewer_sees_no_sampling_control(dash):
     dashboard, _device = dash
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         open_device(browser, dashboard, "viewer")
         settle(0.5)
         for testid in ("sampling-card", "sampling-form", "sampling-frames", "sampling-submit"):

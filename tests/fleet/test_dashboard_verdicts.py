@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from support.agent import AgentProcess, write_config
 from support.assets import IMAGES
-from support.browser import DESKTOP, Browser, screenshot, wait_for, wait_js, wait_text
+from support.browser import DESKTOP, Browser, screenshot, shared_browser, wait_for, wait_js, wait_text
 from support.dashboard import Dashboard, go, sign_in
 from support.metadata import ssd_with_coco_names
 from support.ports import free_port
@@ -145,7 +145,7 @@ def test_a_capture_of_near_duplicates_says_so_in_the_cli_and_on_the_capture_card
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "5 frames sampled: 0 stored, 5 near-duplicates of stored samples"
     assert len(FleetClient(url, token=operator).samples(device=DEVICE)) == 1  # the scene, once
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         sign_in(browser, dashboard, "operator")
         go(browser, dashboard, f"#/devices/{DEVICE}")
         box = wait_for(browser, '[data-testid=sampling-form][data-pipeline="door"] [data-testid=sampling-frames]', 20)
@@ -166,7 +166,7 @@ def test_the_editor_shows_an_applied_save_then_a_refused_one_with_the_devices_wo
     def analytics() -> dict:
         return api._request("GET", f"/api/devices/{DEVICE}/pipelines/door/analytics")
 
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         _open_live(browser, dashboard)
         _draw_line(browser, (0.2, 0.5), (0.8, 0.5))
         wait_for(browser, "[data-testid=save-analytics]").click()
@@ -176,7 +176,7 @@ def test_the_editor_shows_an_applied_save_then_a_refused_one_with_the_devices_wo
         assert not browser.errors(), browser.errors()
     # the agent comes back pinning another fleet key: it refuses every signed command (a fleet re-keyed, say)
     here.start(SigningKey.generate().public_key_b64())
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         _open_live(browser, dashboard)  # the manager's last frame: the device sends none (it refuses live_view)
         wait_js(browser, "return document.querySelectorAll('[data-testid=live-overlay] .shape.line').length === 1",
                 10)  # what the device applied
@@ -214,7 +214,7 @@ def test_a_deployment_the_device_refuses_shows_its_reason_in_its_words_on_the_pa
     sha256, _size = here.manager.store.put(here.model)
     deployment = here.manager.deployments.create(DeploymentSpec(sha256=sha256, version=2, devices=[DEVICE],
                                                                 canary_pct=100, canary_analysis=False))
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         sign_in(browser, dashboard, "viewer")
         go(browser, dashboard, f"#/deployments/{deployment['deployment_id']}")
         item = f"li[data-device-id={DEVICE}]"

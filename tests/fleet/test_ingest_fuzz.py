@@ -4,12 +4,18 @@ The payloads come from ``support.hostile`` (each one refused by the protocol's e
 100,000 of them go through the manager's real ingest path — ``Ingest.deliver``, the bounded queue, the writer
 thread's topic parsing, decoding, validation, counting and acknowledgement — onto a real SQLite FleetDB. Then
 5,000 go through real parts: a paho client, Mosquitto as ``fleet serve`` runs it, and a FleetManager.
+
+In-process, Hypothesis chooses (family, seed) pairs and :func:`seeded_messages` expands each into :data:`FANOUT`
+messages of that family, made by the same generators from a seeded Random (as tests/agent/test_command_fuzz.py does):
+Hypothesis drawing each of the 100,000 payloads itself was two thirds of the test's CPU. A failure shrinks to the
+pairs, and ``seeded_messages(family, seed)`` rebuilds their messages. Through the broker, Hypothesis draws each one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import random
 import sys
 import threading
 import time
@@ -20,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from support.fleet import running_fleet
-from support.hostile import KNOWN_GOOD, hostile_payloads
+from support.hostile import KNOWN_GOOD, WEIGHTED, hostile_payloads, seeded_payload
 from support.processes import wait_until as wait
 
 from edgeinfer.fleet.broker import ManagedMosquitto
@@ -33,8 +39,10 @@ FLEET, KNOWN = "f", "cam-known"
 #: valid ids (refused by the topic check, before the payload is read)
 OTHER_DEVICES = ("cam-1", "cam-2", "x", "A.b_c-9", "9" * 64, "plant-7.line_3", "-lead", "x" * 65, "sp ace",
                  "\u00fc", "a$b", "")
-BATCH = 100  # payloads per Hypothesis test case: ~50 bytes of its 8 KiB entropy budget each
-IN_PROCESS_BATCHES = 1_000  # 100,000 payloads
+BATCH = 100  # payloads per Hypothesis test case through the broker: ~50 bytes of its 8 KiB entropy budget each
+PAIRS = 100  # (family, seed) pairs per Hypothesis test case in-process
+FANOUT = 10  # messages each pair stands for: 1000 a test case
+IN_PROCESS_BATCHES = 100  # 100,000 payloads
 THROUGH_BROKER = 5_000
 #: the interpreter's recursion limit as the manager runs with it (Hypothesis raises it while a test case runs,
 #: and the limit is the whole process's: decoders that recurse in C fail at a depth that depends on it)
@@ -48,7 +56,8 @@ THROUGH_BROKER_BOUND_S = 900
 
 
 _KINDS = st.sampled_from(INGEST_KINDS)
-_DEVICES = st.sampled_from((KNOWN,) * len(OTHER_DEVICES) + OTHER_DEVICES)  # half of them the known device
+KNOWN_AND_OTHERS = (KNOWN,) * len(OTHER_DEVICES) + OTHER_DEVICES  # half of them the known device
+_DEVICES = st.sampled_from(KNOWN_AND_OTHERS)
 
 
 @st.composite
@@ -56,6 +65,22 @@ def hostile_messages(draw) -> tuple[str, bytes]:
     """``(topic, payload)``: a hostile payload on a state/telemetry/events topic, half of them the known device's."""
     kind = draw(_KINDS)
     return f"edgeinfer/v1/{FLEET}/{draw(_DEVICES)}/{kind}", draw(hostile_payloads(kind))
+
+
+def seeded_messages(family: str, seed: int) -> list[tuple[str, bytes]]:
+    """The :data:`FANOUT` messages (family, seed) stands for: ``hostile_messages``'s topics, ``family``'s payloads."""
+    rng = random.Random(f"{family}:{seed}")
+    messages = []
+    for _ in range(FANOUT):
+        kind = rng.choice(INGEST_KINDS)
+        device = rng.choice(KNOWN_AND_OTHERS)
+        messages.append((f"edgeinfer/v1/{FLEET}/{device}/{kind}", seeded_payload(kind, rng, (family,))))
+    return messages
+
+
+#: a family as often as its weight (the large payloads rarer); seeds unique within a test case
+_PAIRS = st.lists(st.tuples(st.sampled_from(WEIGHTED), st.integers(0, 2**32 - 1)), min_size=PAIRS, max_size=PAIRS,
+                  unique=True)
 
 
 def valid(kind: str, device: str = KNOWN, **changes) -> bytes:
@@ -126,6 +151,12 @@ def culprits(batch: list[tuple[str, bytes]]) -> list[str]:
     return found
 
 
+def pair_culprits(pairs: list[tuple[str, int]]) -> dict[tuple[str, int], list[str]]:
+    """:func:`culprits` by the (family, seed) pair whose messages they are (``seeded_messages`` rebuilds them)."""
+    found = {pair: culprits(seeded_messages(*pair)) for pair in pairs}
+    return {pair: messages for pair, messages in found.items() if messages}
+
+
 class Acks:
     """Deliveries that count their acknowledgements (ingest acknowledges every message once its batch is done)."""
 
@@ -169,10 +200,11 @@ def test_100k_hostile_payloads_are_counted_invalid_and_change_nothing(tmp_path):
             assert [row[0] for row in before["devices"]] == [KNOWN]
 
             @settings(max_examples=IN_PROCESS_BATCHES, deadline=None, derandomize=True, database=None,
-                      suppress_health_check=[HealthCheck.too_slow])  # 100 payloads a test case, by design
-            @given(st.lists(hostile_messages(), min_size=BATCH, max_size=BATCH))
-            def hostile_batch(batch: list[tuple[str, bytes]]) -> None:
+                      suppress_health_check=[HealthCheck.too_slow])  # 1000 payloads a test case, by design
+            @given(_PAIRS)
+            def hostile_batch(pairs: list[tuple[str, int]]) -> None:
                 nonlocal sent
+                batch = [message for family, seed in pairs for message in seeded_messages(family, seed)]
                 if crashes:  # a previous batch killed the writer (Hypothesis replays while shrinking)
                     crashes.clear()
                     ingest[0] = _run_ingest(db, followed)
@@ -183,18 +215,18 @@ def test_100k_hostile_payloads_are_counted_invalid_and_change_nothing(tmp_path):
                     for topic, payload in batch:
                         ingest[0].deliver(topic, payload, acks)
                     sent += len(batch)
-                    done = acks.wait_for(len(batch), 30, crashes)
-                assert not crashes, f"the ingest writer died: {crashes}; culprits: {culprits(batch)}"
+                    done = acks.wait_for(len(batch), 120, crashes)
+                assert not crashes, f"the ingest writer died: {crashes}; culprits: {pair_culprits(pairs)}"
                 assert done and acks.count == len(batch), f"{acks.count} of {len(batch)} acknowledged"
                 after = (stats.invalid, sum(stats.stored.values()), stats.duplicates, stats.write_errors)
-                assert after == (counts[0] + len(batch), *counts[1:]), (counts, after, culprits(batch))
+                assert after == (counts[0] + len(batch), *counts[1:]), (counts, after, pair_culprits(pairs))
 
             started = time.perf_counter()
             hostile_batch()
             elapsed = time.perf_counter() - started
             print(f"\n{sent} hostile payloads through Ingest.deliver in {elapsed:.1f} s "
                   f"({sent / elapsed:,.0f}/s): {ingest[0].stats.invalid} counted invalid")
-            assert sent == BATCH * IN_PROCESS_BATCHES
+            assert sent == PAIRS * FANOUT * IN_PROCESS_BATCHES
             assert ingest[0].stats.invalid == sent and sum(ingest[0].stats.stored.values()) == 3
             assert snapshot(db) == before and len(followed) == followed_before
             assert sum(ingest[0].stats.received.values()) == sent + 3

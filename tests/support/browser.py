@@ -15,6 +15,7 @@ printed) — never a skip: ``make test`` installs both, so a test that needs the
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import http.server
@@ -146,6 +147,34 @@ class Browser:
     def get(self, url: str) -> None:
         self.driver.get(url)
 
+    def fresh(self, size: tuple[int, int] = DESKTOP) -> Browser:
+        """This browser as a new one would be for the next test (a Chromium start is ~4 CPU-seconds): one window
+        of ``size`` on a blank page, the pages left before their origins' cookies, storages and the cache are
+        cleared (left first: a request a page was about to make would go out without its token, a 401 in the
+        console), and a console of its own (what the pages before logged is read and dropped)."""
+        driver = self.driver
+        handles = driver.window_handles
+        origins = set()
+        for handle in handles:
+            driver.switch_to.window(handle)
+            origin = driver.execute_script("return location.origin")
+            if origin and origin.startswith("http"):
+                origins.add(origin)
+        for handle in handles[1:]:
+            driver.switch_to.window(handle)
+            driver.close()
+        driver.switch_to.window(handles[0])
+        driver.get("about:blank")
+        for origin in sorted(origins):
+            driver.execute_cdp_cmd("Storage.clearDataForOrigin", {"origin": origin, "storageTypes": "all"})
+        driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+        driver.execute_cdp_cmd("Network.clearBrowserCache", {})
+        self.read_console()
+        self.console.clear()
+        self._expected.clear()
+        self.set_window_size(*size)
+        return self
+
     # ------------------------------------------------------------------------------ the console
     def read_console(self) -> list[dict]:
         """Read what the browser logged since the last read (Chromium hands each entry out once); keep it."""
@@ -219,6 +248,41 @@ class Browser:
 
     def __exit__(self, *exc: object) -> None:
         self.quit()
+
+
+_shared: Browser | None = None
+_shared_in_use = False
+
+
+@contextlib.contextmanager
+def shared_browser(size: tuple[int, int] = DESKTOP) -> Iterator[Browser]:
+    """This process's one Chromium for the block, as a new one would be (:meth:`Browser.fresh`): the browser tests
+    that each took a Chromium of their own started one a block, ~4 CPU-seconds each. A block inside another one, or
+    after a Chromium that no longer answers, gets a Chromium of its own; the shared one quits when the process ends."""
+    global _shared, _shared_in_use
+    if _shared_in_use:
+        with Browser(size) as own:
+            yield own
+        return
+    if _shared is not None:
+        try:
+            _shared.fresh(size)
+        except Exception:  # it died, or a page of the block before holds it (an alert): a new one
+            _shared.quit()
+            _shared = None
+    if _shared is None:
+        _shared = Browser(size)
+        atexit.register(_shared.quit)
+    _shared_in_use = True
+    try:
+        yield _shared
+    finally:
+        _shared_in_use = False
+        try:  # its pages left as a quit leaves them: their requests and streams end with the block
+            _shared.fresh(size)
+        except Exception:
+            _shared.quit()
+            _shared = None
 
 
 def _running(pid: int) -> bool:

@@ -1,6 +1,9 @@
-"""Hypothesis strategies for hostile MQTT payloads: bytes that the protocol must refuse for a message kind.
+"""Hostile MQTT payloads: bytes that the protocol must refuse for a message kind.
 
-``hostile_payloads(kind)`` (kind: ``state``, ``telemetry``, ``events`` or ``cmd``) draws from these families:
+``hostile_payloads(kind)`` (kind: ``state``, ``telemetry``, ``events`` or ``cmd``), a Hypothesis strategy, and
+``seeded_payload(kind, rng)``, the same generators making their choices from a seeded ``random.Random``
+(``support.choices``: a hundred thousand payloads cost a quarter of what Hypothesis's draws of them do), make them from
+these families:
 
 - ``random_bytes``: arbitrary bytes;
 - ``invalid_utf8``: a known-good message with a malformed UTF-8 sequence spliced in (a stray byte, an
@@ -33,15 +36,16 @@ Not here, on purpose:
 - a ``device``/``fleet`` in the body that differs from the topic's: the protocol's validator does not
   compare them (the fleet manager files a message under its topic's ids), so such a message is valid.
 
-The strategies spend little of Hypothesis's entropy budget (8 KiB a test case) per payload — a few small
-choices each, the big payloads built from them — so that lists of a hundred fit in one test case.
+The families make few, small choices per payload — the big payloads built from them — so that lists of a hundred
+fit in one Hypothesis test case (its budget: 8 KiB of choices).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
@@ -49,6 +53,8 @@ from hypothesis import strategies as st
 
 from edgeinfer.link import protocol
 from edgeinfer.link.protocol import MAX_COUNT, MAX_PAYLOAD_BYTES, SCHEMAS, make_command, schema_errors
+
+from .choices import Choices, Drawn, Seeded
 
 KINDS = tuple(SCHEMAS)  # state, telemetry, events, cmd
 _BOOT = "0123456789abcdef" * 2
@@ -228,63 +234,97 @@ def _encode(message: Any, ascii_only: bool = True) -> bytes:
 
 
 # --------------------------------------------------------------------------------------------- wrong values
+# Generators take their choices from a ``Choices`` (support.choices): Hypothesis's draws, or a seeded Random.
 
-_JSON_LEAVES = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-                | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12))
-_JSON_VALUES = st.recursive(_JSON_LEAVES, lambda inner: st.lists(inner, max_size=3)
-                            | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=4)
+def _json_leaf(c: Choices) -> Any:
+    how = c.integer(0, 4)
+    if how == 0:
+        return None
+    if how == 1:
+        return c.boolean()
+    if how == 2:
+        return c.integer(-(2**70), 2**70)
+    if how == 3:
+        return c.floating()
+    return c.text(12)
+
+
+def _json_value(c: Choices, depth: int = 0) -> Any:
+    """A small JSON value of any type: a leaf, or a list or object of up to three values (two levels at most)."""
+    how = c.integer(0, 2) if depth < 2 else 0
+    if how == 0:
+        return _json_leaf(c)
+    if how == 1:
+        return [_json_value(c, depth + 1) for _ in range(c.integer(0, 3))]
+    return {c.text(6): _json_value(c, depth + 1) for _ in range(c.integer(0, 3))}
+
+
 #: values of each JSON type (a float is never an integer here: the validator wants a Python int)
-_OF_TYPE: dict[str, st.SearchStrategy[Any]] = {
-    "null": st.none(),
-    "boolean": st.booleans(),
-    "integer": st.integers(-(2**70), 2**70),
-    "number": st.floats(allow_nan=False, allow_infinity=False),
-    "string": st.text(max_size=12),
-    "array": st.lists(_JSON_LEAVES, max_size=3),
-    "object": st.dictionaries(st.text(max_size=6), _JSON_LEAVES, max_size=3),
+_OF_TYPE: dict[str, Callable[[Choices], Any]] = {
+    "null": lambda c: None,
+    "boolean": lambda c: c.boolean(),
+    "integer": lambda c: c.integer(-(2**70), 2**70),
+    "number": lambda c: c.floating(),
+    "string": lambda c: c.text(12),
+    "array": lambda c: [_json_leaf(c) for _ in range(c.integer(0, 3))],
+    "object": lambda c: {c.text(6): _json_leaf(c) for _ in range(c.integer(0, 3))},
 }
 _EDGES = [None, True, False, 0, -1, 1, 1.5, -0.5, 2**53 + 1, 2**63, -(2**63) - 1, 1e308, -1e308, 5e-324, "", "1",
           "x" * 200, "null", "true", [], [None], {}, {"": None}, "\u0000", "\u202e", "A" * 65]
 #: characters that no id, name, hash or boot id pattern of the protocol allows first (or at all)
 _FOREIGN = " /+#!$\u00e9\u0000\ufeff\n"
+Option = Callable[[Choices], Any]
+
+
+def _one_of(values: list[Any]) -> Option:
+    return lambda c: c.pick(values)
 
 
 @cache
-def _wrong_values_of(schema_json: str) -> st.SearchStrategy[Any]:
-    """Values that break the schema by construction (so the filter behind them rarely has to retry)."""
+def _wrong_options(schema_json: str) -> tuple[Option, ...]:
+    """Ways to make a value that breaks the schema by construction (so the check behind them rarely retries)."""
     schema = json.loads(schema_json)
 
     def breaking(values: list[Any]) -> list[Any]:
         return [v for v in values if schema_errors(v, schema)]
 
-    options: list[st.SearchStrategy[Any]] = []
+    options: list[Option] = []
     allowed = _types(schema)
     if allowed:
-        others = [strategy for name, strategy in _OF_TYPE.items()
+        others = [make for name, make in _OF_TYPE.items()
                   if name not in allowed and not (name == "integer" and "number" in allowed)]
-        options.append(st.one_of(others))
-    if "const" in schema or "enum" in schema:
-        values = [schema["const"]] if "const" in schema else list(schema["enum"])
-        options.append(st.sampled_from(breaking([v for value in values for v in _near(value)])))
+        options.append(lambda c: c.pick(others)(c))
+    if ("const" in schema or "enum" in schema) and (near := breaking(
+            [v for value in ([schema["const"]] if "const" in schema else list(schema["enum"])) for v in _near(value)])):
+        options.append(_one_of(near))
     if "minimum" in schema or "exclusiveMinimum" in schema:
         low = schema.get("minimum", schema.get("exclusiveMinimum"))
-        options.append(st.integers(max_value=low - 1) | st.floats(max_value=low - 1e-9, allow_infinity=False,
-                                                                   allow_nan=False))
+        options.append(lambda c: c.integer(None, low - 1) if c.boolean() else c.floating(None, low - 1e-9))
         if "exclusiveMinimum" in schema:
-            options.append(st.just(schema["exclusiveMinimum"]))
+            options.append(_one_of([schema["exclusiveMinimum"]]))
     if "maximum" in schema:
         high = schema["maximum"]
-        options.append(st.integers(min_value=int(high) + 1) | st.floats(min_value=high * 1.000001 + 1,
-                                                                         allow_infinity=False))
-    if "integer" in allowed:
-        options.append(st.sampled_from(breaking([0.5, 1.25, 2.0**60 + 0.5, 3.5e15, 1.0, "7", True])))
+        options.append(lambda c: c.integer(int(high) + 1, None) if c.boolean() else
+                       c.floating(high * 1.000001 + 1, None))
+    if "integer" in allowed and (fractions := breaking([0.5, 1.25, 2.0**60 + 0.5, 3.5e15, 1.0, "7", True])):
+        options.append(_one_of(fractions))
     if "pattern" in schema:
-        options.append(st.sampled_from(breaking(_near_pattern(schema["pattern"])))
-                       | st.text(alphabet=_FOREIGN, max_size=8))
-    edges = breaking(_EDGES)
-    if edges:
-        options.append(st.sampled_from(edges))
-    return st.one_of(options).filter(lambda v: bool(schema_errors(v, schema)))
+        near_pattern = breaking(_near_pattern(schema["pattern"]))
+        options.append(lambda c: c.pick(near_pattern) if c.boolean() else c.text(8, alphabet=_FOREIGN))
+    if edges := breaking(_EDGES):
+        options.append(_one_of(edges))
+    return tuple(options)
+
+
+def wrong_value(c: Choices, schema: Mapping[str, Any]) -> Any:
+    """A value (as decoded JSON) that breaks ``schema`` by the exact validator (tried again while it does not; the
+    payload's own check, :func:`refused`, catches one that never did)."""
+    options = _wrong_options(json.dumps(schema, sort_keys=True))
+    for _ in range(20):
+        value = c.pick(options)(c)
+        if schema_errors(value, schema):
+            break
+    return value
 
 
 def _near(value: Any) -> list[Any]:
@@ -300,59 +340,38 @@ def _near_pattern(pattern: str) -> list[str]:
             good[:-1] + "\u00e9", "\ufeff" + good, good + "\u0000", "a" * 129, "Ping!", "1abc", "", good + "\n\n"]
 
 
-def wrong_value(schema: Mapping[str, Any]) -> st.SearchStrategy[Any]:
-    """A value (as decoded JSON) that breaks ``schema`` by the exact validator."""
-    return _wrong_values_of(json.dumps(schema, sort_keys=True))
-
-
 # ------------------------------------------------------------------------------------------------ families
-# Strategies are built once and choices are drawn as indexes: a strategy built per draw (st.sampled_from of a
-# fresh list) costs Hypothesis more than the payload does.
+# Each family is a function of (choices, kind): the same definition draws through Hypothesis (hostile_payloads)
+# or expands a seed (seeded_payload). Choices are indexes into tuples built once.
 
-@cache
-def _ints(low: int, high: int) -> st.SearchStrategy[int]:
-    return st.integers(low, high)
-
-
-def _pick(draw: Callable, options: Sequence[Any]) -> Any:
-    """One of ``options`` (shrinking towards the first)."""
-    return options[draw(_ints(0, len(options) - 1))]
-
-
-_BOOLS = st.booleans()
-
-
-def random_bytes(kind: str) -> st.SearchStrategy[bytes]:
-    return st.binary(min_size=1, max_size=48)
+def random_bytes(c: Choices, kind: str) -> bytes:
+    return c.binary(1, 48)
 
 
 _BAD_UTF8 = (b"\xff", b"\xfe", b"\x80", b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\xaf", b"\xed\xa0\x80", b"\xed\xbf\xbf",
              b"\xf4\x90\x80\x80", b"\xf8\x88\x80\x80\x80", b"\xe2\x82", b"\xf0\x9f\x98", b"\xc3")
 
 
-@st.composite
-def invalid_utf8(draw: Callable, kind: str) -> bytes:
-    encoded = _encode(_pick(draw, ANATOMY[kind]).sample)
-    at = draw(_ints(0, len(encoded)))
-    return encoded[:at] + _pick(draw, _BAD_UTF8) + encoded[at:]
+def invalid_utf8(c: Choices, kind: str) -> bytes:
+    encoded = _encode(c.pick(ANATOMY[kind]).sample)
+    at = c.integer(0, len(encoded))
+    return encoded[:at] + c.pick(_BAD_UTF8) + encoded[at:]
 
 
 _NOT_JSON_TEXT = ("{", "}", "[", "{}}", "{,}", "{'v': 1}", "{v: 1}", "undefined", "None", "True", "0x10", "+1", ".5",
                   "01", "1.", "--1", '"unterminated', "\\u0041", "/* */{}", "{} // c", '{"a" 1}', "\ufeff{}",
                   '{"a":1,}', "[1,]", "\u0000", " ")
 _TRAILERS = ("x", "}", "]", ",", ",{}", "\u0000", "//", "{}", "1")
-_SHORT_TEXT = st.text(min_size=1, max_size=24)
 
 
-@st.composite
-def not_json(draw: Callable, kind: str) -> bytes:
-    sample = _pick(draw, ANATOMY[kind]).sample
+def not_json(c: Choices, kind: str) -> bytes:
+    sample = c.pick(ANATOMY[kind]).sample
     text = json.dumps(sample)
-    how = draw(_ints(0, 9))
+    how = c.integer(0, 9)
     if how == 0:  # truncated
-        return text[: draw(_ints(1, len(text) - 1))].encode()
+        return text[: c.integer(1, len(text) - 1)].encode()
     if how == 1:  # trailing garbage
-        return (text + _pick(draw, _TRAILERS)).encode()
+        return (text + c.pick(_TRAILERS)).encode()
     if how == 2:  # single quotes
         return text.replace('"', "'").encode()
     if how == 3:  # a trailing comma
@@ -366,8 +385,8 @@ def not_json(draw: Callable, kind: str) -> bytes:
     if how == 7:  # Python's repr
         return repr(sample).encode()
     if how == 8:
-        return _pick(draw, _NOT_JSON_TEXT).encode()
-    return draw(_SHORT_TEXT).encode("utf-8", "surrogatepass")
+        return c.pick(_NOT_JSON_TEXT).encode()
+    return c.text(24, low=1).encode("utf-8", "surrogatepass")
 
 
 @cache
@@ -377,20 +396,18 @@ def _top_levels(kind: str) -> tuple[Any, ...]:
             [1, 2, 3])
 
 
-@st.composite
-def wrong_top_level(draw: Callable, kind: str) -> bytes:
-    value = _pick(draw, _top_levels(kind)) if draw(_BOOLS) else draw(_JSON_VALUES)
+def wrong_top_level(c: Choices, kind: str) -> bytes:
+    value = c.pick(_top_levels(kind)) if c.boolean() else _json_value(c)
     return _encode(value)
 
 
 _NON_FINITE = ("NaN", "Infinity", "-Infinity", "-NaN", "nan", "inf", "-inf", "+Infinity", "[NaN]", '{"x": Infinity}')
 
 
-@st.composite
-def non_finite(draw: Callable, kind: str) -> bytes:
-    anatomy = _pick(draw, ANATOMY[kind])
-    path = _pick(draw, anatomy.numbers or [p for p, _ in anatomy.typed])
-    return anatomy.with_fragment(path, _pick(draw, _NON_FINITE))
+def non_finite(c: Choices, kind: str) -> bytes:
+    anatomy = c.pick(ANATOMY[kind])
+    path = c.pick(anatomy.numbers or [p for p, _ in anatomy.typed])
+    return anatomy.with_fragment(path, c.pick(_NON_FINITE))
 
 
 def _huge(digits: int) -> tuple[str, ...]:
@@ -400,11 +417,10 @@ def _huge(digits: int) -> tuple[str, ...]:
             "1.7976931348623157e309")
 
 
-@st.composite
-def huge_numbers(draw: Callable, kind: str) -> bytes:
-    anatomy = _pick(draw, ANATOMY[kind])
-    path = _pick(draw, [p for p, _ in anatomy.bounded] or [("ts",)])  # every schema bounds its ts
-    return anatomy.with_fragment(path, _pick(draw, _huge(draw(_ints(17, 400)))))
+def huge_numbers(c: Choices, kind: str) -> bytes:
+    anatomy = c.pick(ANATOMY[kind])
+    path = c.pick([p for p, _ in anatomy.bounded] or [("ts",)])  # every schema bounds its ts
+    return anatomy.with_fragment(path, c.pick(_huge(c.integer(17, 400))))
 
 
 _NESTS = (("[", "]", 1), ('{"a":', "}", 1), ('{"a":[', "]}", 2))  # (opener, closer, levels each)
@@ -413,37 +429,39 @@ _BAD_V = (2, 0, "1", None)
 #: levels of nesting: a few; at and around the parsers' limits (orjson's 1024, Python's recursion limit of 1000,
 #: which C decoders share with the caller's stack), each of those levels as likely; or many
 _LIMITS = (255, 256, 257, 511, 512, 513, *range(985, 1_030))
-_LEVELS = st.sampled_from(_LIMITS) | st.integers(1, 64) | st.integers(1_030, 130_000)
 
 
-@st.composite
-def deep_nesting(draw: Callable, kind: str) -> bytes:
-    anatomy = _pick(draw, ANATOMY[kind])
-    levels = draw(_LEVELS)
-    opener, closer, each = _pick(draw, _NESTS)
+def _levels(c: Choices) -> int:
+    how = c.integer(0, 2)
+    return c.pick(_LIMITS) if how == 0 else c.integer(1, 64) if how == 1 else c.integer(1_030, 130_000)
+
+
+def deep_nesting(c: Choices, kind: str) -> bytes:
+    anatomy = c.pick(ANATOMY[kind])
+    levels = _levels(c)
+    opener, closer, each = c.pick(_NESTS)
     depth = min(levels // each or 1, 300_000 // len(opener + closer))  # at most ~300 kB: past the limit, not far
-    inner = _pick(draw, _INNER) or ("1" if opener == '{"a":' else "")
+    inner = c.pick(_INNER) or ("1" if opener == '{"a":' else "")
     nested = opener * depth + inner + closer * depth
-    where = draw(_ints(0, 2))
+    where = c.integer(0, 2)
     if where == 0:  # at the top level: not an object, or not this message
         return nested.encode()
     if where == 1:  # in place of a value that cannot be an array or an object
-        return anatomy.with_fragment(_pick(draw, anatomy.scalar)[0], nested)
+        return anatomy.with_fragment(c.pick(anatomy.scalar)[0], nested)
     # in a free-form object ("data", "spool", "args"...) of a message broken elsewhere (its v)
-    broken = Anatomy(kind, anatomy.replaced(("v",), _pick(draw, _BAD_V)))
+    broken = Anatomy(kind, anatomy.replaced(("v",), c.pick(_BAD_V)))
     if not anatomy.free:
-        return broken.with_fragment(_pick(draw, anatomy.scalar)[0], nested)
-    return broken.with_fragment((*_pick(draw, anatomy.free), "deep"), nested)
+        return broken.with_fragment(c.pick(anatomy.scalar)[0], nested)
+    return broken.with_fragment((*c.pick(anatomy.free), "deep"), nested)
 
 
 _PAD_CHARS = ("x", " ", "\u00e9", "\u20ac", "\U0001f600")  # 1 to 4 bytes in UTF-8
 
 
-@st.composite
-def oversized(draw: Callable, kind: str) -> bytes:
-    sample = _pick(draw, ANATOMY[kind]).sample
-    char = _pick(draw, _PAD_CHARS)
-    room = MAX_PAYLOAD_BYTES - len(_encode({**sample, "pad": ""}, ascii_only=False)) + draw(_ints(1, 4096))
+def oversized(c: Choices, kind: str) -> bytes:
+    sample = c.pick(ANATOMY[kind]).sample
+    char = c.pick(_PAD_CHARS)
+    room = MAX_PAYLOAD_BYTES - len(_encode({**sample, "pad": ""}, ascii_only=False)) + c.integer(1, 4096)
     filler = char * -(-room // len(char.encode()))  # bytes just past the limit: fewer characters than that
     return _encode({**sample, "pad": filler}, ascii_only=False)
 
@@ -452,15 +470,14 @@ _SURROGATE_ESCAPES = ("\\ud800", "\\udbff", "\\udc00", "\\udfff", "\\udc00\\ud80
                       "\\ud83d\\ud83d\\ude00")
 
 
-@st.composite
-def lone_surrogates(draw: Callable, kind: str) -> bytes:
-    anatomy = _pick(draw, ANATOMY[kind])
-    escaped = f'"{_pick(draw, _SURROGATE_ESCAPES)}"'
-    raw = protocol.orjson is None or draw(_BOOLS)  # json (no orjson) reads escapes as valid strings
-    if draw(_BOOLS):  # in a string value
-        payload = anatomy.with_fragment(_pick(draw, anatomy.strings), escaped)
+def lone_surrogates(c: Choices, kind: str) -> bytes:
+    anatomy = c.pick(ANATOMY[kind])
+    escaped = f'"{c.pick(_SURROGATE_ESCAPES)}"'
+    raw = protocol.orjson is None or c.boolean()  # json (no orjson) reads escapes as valid strings
+    if c.boolean():  # in a string value
+        payload = anatomy.with_fragment(c.pick(anatomy.strings), escaped)
     else:  # in a key
-        parent = _pick(draw, [(), *anatomy.free])
+        parent = c.pick([(), *anatomy.free])
         text = json.dumps(anatomy.replaced((*parent, _HOLE), 1)).replace(_HOLE_JSON, escaped, 1)
         payload = text.encode()
     return _raw_surrogates(payload.decode()) if raw else payload
@@ -475,48 +492,46 @@ def _raw_surrogates(text: str) -> bytes:
 _EXTRA_KEYS = ("sudo", "extra", "", "__proto__", "constructor", "x" * 100, "$where", "\u00e9")
 
 
-@st.composite
-def mutated(draw: Callable, kind: str) -> bytes:
-    anatomy = _pick(draw, ANATOMY[kind])
-    op = draw(_ints(0, 2 if anatomy.closed else 1))
+def mutated(c: Choices, kind: str) -> bytes:
+    anatomy = c.pick(ANATOMY[kind])
+    op = c.integer(0, 2 if anatomy.closed else 1)
     if op == 0:  # a required key removed
-        message = anatomy.removed(*_pick(draw, anatomy.required))
+        message = anatomy.removed(*c.pick(anatomy.required))
     elif op == 1:  # a value of the wrong type, out of range, not matching its pattern, not its const/enum
-        path, schema = _pick(draw, anatomy.typed)
-        message = anatomy.replaced(path, draw(wrong_value(schema)))
+        path, schema = c.pick(anatomy.typed)
+        message = anatomy.replaced(path, wrong_value(c, schema))
     else:  # an unknown key where the schema forbids it, or one whose value breaks additionalProperties
-        path, schema = _pick(draw, anatomy.closed)
+        path, schema = c.pick(anatomy.closed)
         extra = schema["additionalProperties"]
-        key = _pick(draw, _EXTRA_KEYS)
+        key = c.pick(_EXTRA_KEYS)
         if key in schema.get("properties", {}):
             key += "_"
-        message = anatomy.replaced((*path, key), draw(_JSON_VALUES) if extra is False else draw(wrong_value(extra)))
-    return _encode(message, ascii_only=draw(_BOOLS))
+        message = anatomy.replaced((*path, key), _json_value(c) if extra is False else wrong_value(c, extra))
+    return _encode(message, ascii_only=c.boolean())
 
 
 _WRONG_TYPES = ("state", "telemetry", "event", "events", "cmd", "command", "STATE", "Telemetry", "", None, 1)
 _WRONG_VERSIONS = (0, 2, -1, 1.5, "1", "v1", None, [1], {"v": 1}, 10**20)
 
 
-@st.composite
-def wrong_envelope(draw: Callable, kind: str) -> bytes:
-    anatomy = _pick(draw, ANATOMY[kind])
-    if draw(_BOOLS):
+def wrong_envelope(c: Choices, kind: str) -> bytes:
+    anatomy = c.pick(ANATOMY[kind])
+    if c.boolean():
         const = SCHEMAS[kind]["properties"]["type"]["const"]
-        return _encode(anatomy.replaced(("type",), _pick(draw, [t for t in _WRONG_TYPES if t != const])))
-    return _encode(anatomy.replaced(("v",), _pick(draw, _WRONG_VERSIONS)))
+        return _encode(anatomy.replaced(("type",), c.pick([t for t in _WRONG_TYPES if t != const])))
+    return _encode(anatomy.replaced(("v",), c.pick(_WRONG_VERSIONS)))
 
 
-@st.composite
-def other_kinds(draw: Callable, kind: str) -> bytes:
-    sample = dict(_pick(draw, KNOWN_GOOD[_pick(draw, [k for k in KINDS if k != kind])]))
-    if draw(_BOOLS):
+def other_kinds(c: Choices, kind: str) -> bytes:
+    sample = dict(c.pick(KNOWN_GOOD[c.pick([k for k in KINDS if k != kind])]))
+    if c.boolean():
         sample["type"] = SCHEMAS[kind]["properties"]["type"]["const"]  # relabelled: the rest is still wrong
     return _encode(sample)
 
 
-#: family -> (strategy for a kind, weight): the large payloads (oversized, deep) rarer, to keep batches fast
-FAMILIES: dict[str, tuple[Callable[[str], st.SearchStrategy[bytes]], int]] = {
+Family = Callable[[Choices, str], bytes]
+#: family -> (its generator, weight): the large payloads (oversized, deep) rarer, to keep batches fast
+FAMILIES: dict[str, tuple[Family, int]] = {
     "random_bytes": (random_bytes, 2),
     "invalid_utf8": (invalid_utf8, 2),
     "not_json": (not_json, 3),
@@ -530,21 +545,40 @@ FAMILIES: dict[str, tuple[Callable[[str], st.SearchStrategy[bytes]], int]] = {
     "wrong_envelope": (wrong_envelope, 2),
     "other_kinds": (other_kinds, 2),
 }
+#: every family's name as often as its weight (Hypothesis's st.sampled_from of it draws by weight)
+WEIGHTED: tuple[str, ...] = tuple(name for name, (_, weight) in FAMILIES.items() for _ in range(weight))
+
+
+def _table(kind: str, families: tuple[str, ...] | None) -> tuple[Family, ...]:
+    if kind not in SCHEMAS:
+        raise ValueError(f"unknown message kind {kind!r}; one of {', '.join(SCHEMAS)}")
+    return tuple(FAMILIES[name][0] for name in (families or WEIGHTED))
+
+
+def _hostile(kind: str, payload: bytes) -> bool:
+    return payload != b"" and refused(kind, payload)
 
 
 @cache
 def hostile_payloads(kind: str, families: tuple[str, ...] | None = None) -> st.SearchStrategy[bytes]:
-    """Payloads that the protocol must refuse as ``kind`` messages (each checked with :func:`refused`);
-    ``families``: only those of :data:`FAMILIES` (default: all, weighted)."""
-    if kind not in SCHEMAS:
-        raise ValueError(f"unknown message kind {kind!r}; one of {', '.join(SCHEMAS)}")
-    table: list[st.SearchStrategy[bytes]] = []
-    for name in families or tuple(FAMILIES):
-        make, weight = FAMILIES[name]
-        table += [make(kind)] * (1 if families else weight)
+    """Payloads that the protocol must refuse as ``kind`` messages (each checked with :func:`refused`), drawn by
+    Hypothesis; ``families``: only those of :data:`FAMILIES` (default: all, weighted)."""
+    table = _table(kind, families)
 
     @st.composite
     def payloads(draw: Callable) -> bytes:
-        return draw(_pick(draw, table))
+        c = Drawn(draw)
+        return c.pick(table)(c, kind)
 
-    return payloads().filter(lambda payload: payload != b"" and refused(kind, payload))
+    return payloads().filter(lambda payload: _hostile(kind, payload))
+
+
+def seeded_payload(kind: str, rng: random.Random, families: tuple[str, ...] | None = None) -> bytes:
+    """A payload the protocol must refuse as a ``kind`` message (checked with :func:`refused`), made by the same
+    families from ``rng``'s choices: the same state of ``rng``, the same payload."""
+    table, c = _table(kind, families), Seeded(rng)
+    for _ in range(1000):  # a family's rare miss (a wrong value that was right after all) is made again
+        payload = c.pick(table)(c, kind)
+        if _hostile(kind, payload):
+            return payload
+    raise AssertionError(f"{families or 'the families'} made no payload that {kind} refuses in 1000 tries")
