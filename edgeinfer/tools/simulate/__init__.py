@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import ClosedError
+from ...errors import ClosedError, ConfigError
 from ...link.settings import parse_broker_url
 from ...link.vocabulary import DEFAULT_FLEET, Command, TargetState
 from ...util.backoff import EQUAL_JITTER, Backoff
@@ -68,6 +68,10 @@ class SimulationSettings:
     #: device id -> (MQTT user name, password) or (user name, password, fleet), from `edgeinfer fleet enroll
     #: --json` (a broker with accounts)
     credentials: Mapping[str, tuple[str, ...]] | None = field(default=None, repr=False)
+    #: device id -> the agent.yaml keys of a provisioned identity (``cert``, ``key``, ``ca``, ``groups``: what
+    #: :func:`.provision.provision_fleet` returns): each device connects with its own certificate (``broker`` is the
+    #: certificate listener, mqtts://), and the device ids are these
+    identities: Mapping[str, Mapping[str, Any]] | None = field(default=None, repr=False)
     #: how devices run a deployed model, by its artifact sha256 or its model name: "slow:5", "drift",
     #: "errors:0.5", "healthy" (:class:`Behaviour`); a model named nowhere runs healthy
     behaviours: Mapping[str, str] = field(default_factory=dict)
@@ -82,6 +86,13 @@ class SimulationSettings:
             raise ValueError(f"config refuse rate must be within 0..1, not {self.config_refuse_rate}")
         if self.interval_s <= 0:
             raise ValueError(f"interval must be > 0 s, not {self.interval_s}")
+        if self.identities is not None:
+            if self.credentials is not None:
+                raise ValueError("credentials or identities (certificates), not both")
+            if len(self.identities) != self.devices:
+                raise ValueError(f"{len(self.identities)} identities for {self.devices} devices")
+            if not parse_broker_url(self.broker).tls:
+                raise ValueError(f"devices with certificates connect to an mqtts:// broker, not {self.broker}")
         if self.credentials is not None:
             missing = [d for d in self.device_ids() if d not in self.credentials]
             if missing:
@@ -96,7 +107,14 @@ class SimulationSettings:
             Behaviour.parse(spec)  # ValueError names the shapes it takes
 
     def device_ids(self) -> list[str]:
+        if self.identities is not None:
+            return list(self.identities)
         return [f"{self.prefix}-{i:05d}" for i in range(self.devices)]
+
+    def groups_of(self, device_id: str) -> tuple[str, ...]:
+        """The groups ``device_id`` reports: its identity's (the claim's), else ``groups``."""
+        identity = (self.identities or {}).get(device_id)
+        return tuple(identity.get("groups") or ()) if identity else self.groups
 
     def fleet_of(self, device_id: str) -> str:
         """The fleet ``device_id`` publishes in: its credential's, else ``fleet``, else DEFAULT_FLEET."""
@@ -123,12 +141,16 @@ class SimulationReport:
     updates_active: int
     updates_failed: int
     elapsed_s: float
+    #: seconds from the start until every device had connected once (None: some never did)
+    all_online_s: float | None = None
     connect_times: list[float] = field(default_factory=list, repr=False)
     per_device: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "connect_times"}
         out["elapsed_s"] = round(self.elapsed_s, 3)
+        if self.all_online_s is not None:
+            out["all_online_s"] = round(self.all_online_s, 3)
         return out
 
 
@@ -153,7 +175,8 @@ class Simulation:
         self.broker = parse_broker_url(settings.broker)
         behaviours = {model: Behaviour.parse(spec) for model, spec in settings.behaviours.items()}
         self.devices = [SimDevice(device_id, settings.fleet_of(device_id),
-                                  fails(device_id, settings.seed, settings.fail_rate), groups=settings.groups,
+                                  fails(device_id, settings.seed, settings.fail_rate),
+                                  groups=settings.groups_of(device_id),
                                   behaviours=behaviours, config_refuses=fails(f"config:{device_id}", settings.seed,
                                                                               settings.config_refuse_rate))
                         for device_id in settings.device_ids()]
@@ -171,6 +194,7 @@ class Simulation:
         self._started_at: float | None = None
         self._ended_at: float | None = None
         self.connect_times: list[float] = []
+        self.first_connects: list[float] = []  # when each device connected for the first time
         self.commands = 0
         self.updates = {"active": 0, "failed": 0}
         self.rollbacks = 0
@@ -239,12 +263,15 @@ class Simulation:
         end = self._ended_at or time.monotonic()
         total = lambda name: sum(getattr(d.counters, name) for d in self.devices)  # noqa: E731
         times = list(self.connect_times)
+        firsts = list(self.first_connects)
+        all_online = max(firsts) - (self._started_at or end) if firsts and len(firsts) == len(self.devices) else None
         return SimulationReport(
             devices=len(self.devices), published=total("published"), acked=total("acked"),
             refused=total("refused"), dropped=total("dropped"),
             online=self.online, connects=total("connects"), peak_connects_per_s=peak_per_second(times),
             commands=self.commands, updates_active=self.updates["active"], updates_failed=self.updates["failed"],
-            elapsed_s=end - (self._started_at or end), connect_times=times, per_device=per_device)
+            elapsed_s=end - (self._started_at or end), all_online_s=all_online, connect_times=times,
+            per_device=per_device)
 
     def __enter__(self) -> Simulation:
         return self
@@ -296,6 +323,11 @@ class Simulation:
         if self.settings.credentials:
             username, password = self.settings.credentials[device.device_id][:2]
             client.username_pw_set(username, password)
+        if self.settings.identities:  # the device's own certificate, as the agent presents it (link/settings.py)
+            from ...link.settings import tls_context
+
+            identity = self.settings.identities[device.device_id]
+            client.tls_set_context(tls_context(identity.get("ca"), identity.get("cert"), identity.get("key")))
         client.max_inflight_messages_set(50)
         client.max_queued_messages_set(0)
         client.will_set(device.topics.state, device.state(online=False), qos=1, retain=True)
@@ -336,6 +368,8 @@ class Simulation:
                                       properties=props)
             else:
                 device.client.reconnect()
+        except ConfigError as exc:  # its certificate, key or CA unreadable: asking again changes nothing
+            log.warning("%s: cannot connect: %s", device.device_id, exc)
         except (OSError, ValueError) as exc:
             log.debug("%s: connect failed: %s", device.device_id, exc)
             self._retry(device)
@@ -364,6 +398,7 @@ class Simulation:
         client.subscribe(device.topics.cmd, qos=1)
         client.publish(device.topics.state, device.state(), qos=1, retain=True)
         if device.counters.connects == 1:
+            self.first_connects.append(time.monotonic())
             phase = self._rng.uniform(0, self.settings.interval_s)
             self._later(phase, lambda: self._tick(device))
 
