@@ -42,6 +42,9 @@ from .device import Behaviour, SimDevice, fails
 
 log = logging.getLogger(__name__)
 
+#: the longest the network thread runs due timers before it reads its sockets again
+TIMER_SLICE_S = 0.05
+
 __all__ = ["Behaviour", "Simulation", "SimulationReport", "SimulationSettings"]
 
 
@@ -295,7 +298,9 @@ class Simulation:
                 for key, mask in self._selector.select(wait):
                     self._pump(key.data, mask)
                 now = time.monotonic()
-                while self._timers and self._timers[0][0] <= now:
+                # due timers, for a slice of time: a TLS connect blocks for its handshake, and a thousand of them
+                # run back to back would leave the devices already connected unread (their CONNACKs waiting)
+                while self._timers and self._timers[0][0] <= now and time.monotonic() - now < TIMER_SLICE_S:
                     heapq.heappop(self._timers)[2]()
                 if now - last_misc >= 1.0:  # keepalive pings and paho's retries
                     last_misc = now
