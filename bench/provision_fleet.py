@@ -123,7 +123,7 @@ def run(workdir: Path, devices: int, concurrency: int, profile: Path | None, hol
         cpu_before = {"manager": cpu_s(manager_pid), "mosquitto": cpu_s(mosquitto_pid)}
         if profile is not None:
             spy_cmd = [str(Path(sys.executable).with_name("py-spy")), "record", "-o", str(profile), "-p",
-                       str(manager_pid), "-r", "50", "--nonblocking"]
+                       str(manager_pid), "-r", "50", "--nonblocking", "--gil"]
             spy = subprocess.Popen(spy_cmd + (["--format", "raw"] if profile.suffix == ".txt" else []),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         load_before = loadavg()

@@ -20,6 +20,7 @@ class ClaimRows:
         self.sa, self.engine = sa, engine
         self.claims, self.serials, self.requests = tables.claims, tables.claim_serials, tables.provisioning
         self._taken = (tables.devices, tables.credentials)  # device ids in use besides the requests'
+        self.certificates = tables.certificates
 
     # ----------------------------------------------------------------------------------------- claims
     def insert_claim(self, row: dict, serials: Iterable[str]) -> None:
@@ -77,11 +78,13 @@ class ClaimRows:
             return [dict(row) for row in conn.execute(query).mappings()]
 
     def add_request(self, claim_id: str, row: dict, admit: Callable[[dict, int, bool], None],
-                    names: Iterable[str]) -> dict | None:
+                    names: Iterable[str], approve: Callable[[str], tuple[dict, dict]] | None = None) -> dict | None:
         """Insert a request under its claim, locked: ``admit(claim, used, listed)`` raises to refuse (the claim's row,
         its pending and approved requests, whether the serial is on its list); the device id is the first of
-        ``names`` no device, credential or request holds. The row as stored, or None when another request for
-        this serial committed first (read it again)."""
+        ``names`` no device, credential or request holds. ``approve(device_id)``, for a request approved at once,
+        gives the request's approved columns and its certificate's row, written in the same transaction (one commit
+        a device, not three). The row as stored, or None when another request for this serial committed first (read
+        it again)."""
         sa, c, r = self.sa, self.claims.c, self.requests.c
         try:
             with self.engine.begin() as conn:
@@ -93,6 +96,10 @@ class ClaimRows:
                     (self.serials.c.claim_id == claim_id) & (self.serials.c.serial == row["serial"]))).first()
                 admit(dict(claim), int(used), listed is not None)
                 row = {**row, "device_id": self._free_name(conn, names)}
+                if approve is not None:
+                    approved, certificate = approve(row["device_id"])
+                    row.update(approved)
+                    conn.execute(self.certificates.insert().values(**certificate))
                 conn.execute(self.requests.insert().values(**row))
         except sa.exc.IntegrityError:
             return None
