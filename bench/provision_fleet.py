@@ -44,6 +44,19 @@ def cpu_s(pid: int) -> float:
     return sum(int(v) for v in fields[11:15]) / TICKS
 
 
+def postgres_cpu_s(data: Path) -> float:
+    """CPU seconds of a PostgreSQL cluster: its postmaster (with the backends that exited) and its live backends."""
+    postmaster = int((data / "postmaster.pid").read_text().split()[0])
+    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+    total = 0.0
+    for pid in (postmaster, *map(int, children)):
+        try:
+            total += cpu_s(pid)
+        except (OSError, IndexError):
+            pass  # exited meanwhile (its time is in the postmaster's now)
+    return total
+
+
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -58,7 +71,10 @@ class Manager:
     def __init__(self, workdir: Path, db_url: str) -> None:
         self.workdir = workdir
         self.log = workdir / "serve.log"
+        from support.ports import free_port
+
         self.cmd = [sys.executable, "-m", "edgeinfer", "fleet", "serve", "--tls", "--http", "127.0.0.1:0",
+                    "--broker-port", str(free_port()),
                     "--data-dir", str(workdir), "--db", db_url, "--unauthenticated-rate", "0"]
         self.proc: subprocess.Popen | None = None
         self.url = ""
@@ -120,7 +136,8 @@ def run(workdir: Path, devices: int, concurrency: int, profile: Path | None, hol
         broker_dir = manager.workdir / "mosquitto"
         before = sizes(broker_dir)
         manager_pid, mosquitto_pid = manager.proc.pid, manager.mosquitto_pid()
-        cpu_before = {"manager": cpu_s(manager_pid), "mosquitto": cpu_s(mosquitto_pid)}
+        cpu_before = {"manager": cpu_s(manager_pid), "mosquitto": cpu_s(mosquitto_pid),
+                      "postgres": postgres_cpu_s(postgres.data)}
         if profile is not None:
             spy_cmd = [str(Path(sys.executable).with_name("py-spy")), "record", "-o", str(profile), "-p",
                        str(manager_pid), "-r", "50", "--nonblocking", "--gil"]
@@ -143,7 +160,8 @@ def run(workdir: Path, devices: int, concurrency: int, profile: Path | None, hol
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
         cpu = {"manager": cpu_s(manager_pid) - cpu_before["manager"],
-               "mosquitto": cpu_s(mosquitto_pid) - cpu_before["mosquitto"]}
+               "mosquitto": cpu_s(mosquitto_pid) - cpu_before["mosquitto"],
+               "postgres": postgres_cpu_s(postgres.data) - cpu_before["postgres"]}
         if done.returncode != 0:
             raise SystemExit(f"fleet simulate failed ({done.returncode}): "
                              f"{(workdir / 'simulate.err').read_text()[-3000:]}")
@@ -167,6 +185,8 @@ def run(workdir: Path, devices: int, concurrency: int, profile: Path | None, hol
             "manager_cpu_s": round(cpu["manager"], 1), "manager_cpu_ms_per_device": round(1000 * cpu["manager"] / n, 2),
             "mosquitto_cpu_s": round(cpu["mosquitto"], 1),
             "mosquitto_cpu_ms_per_device": round(1000 * cpu["mosquitto"] / n, 2),
+            "postgres_cpu_s": round(cpu["postgres"], 1),
+            "postgres_cpu_ms_per_device": round(1000 * cpu["postgres"] / n, 2),
             "simulate_wall_s": round(wall, 1), "broker_files_before": before, "broker_files_after": after,
             "broker_files_same_size": before == after, "load_before": load_before, "load_after": loadavg(),
             "cpus": os.cpu_count()}

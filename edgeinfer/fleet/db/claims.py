@@ -21,6 +21,7 @@ class ClaimRows:
         self.claims, self.serials, self.requests = tables.claims, tables.claim_serials, tables.provisioning
         self._taken = (tables.devices, tables.credentials)  # device ids in use besides the requests'
         self.certificates = tables.certificates
+        self._holders: Any = None  # the statement that finds who holds a device id (made once)
 
     # ----------------------------------------------------------------------------------------- claims
     def insert_claim(self, row: dict, serials: Iterable[str]) -> None:
@@ -92,9 +93,9 @@ class ClaimRows:
                                      ).mappings().one()
                 used = conn.execute(sa.select(sa.func.count()).select_from(self.requests)
                                     .where((r.claim_id == claim_id) & (r.state != "rejected"))).scalar_one()
-                listed = conn.execute(sa.select(self.serials.c.serial).where(
+                listed = claim["has_serials"] and conn.execute(sa.select(self.serials.c.serial).where(
                     (self.serials.c.claim_id == claim_id) & (self.serials.c.serial == row["serial"]))).first()
-                admit(dict(claim), int(used), listed is not None)
+                admit(dict(claim), int(used), bool(listed))
                 row = {**row, "device_id": self._free_name(conn, names)}
                 if approve is not None:
                     approved, certificate = approve(row["device_id"])
@@ -106,9 +107,13 @@ class ClaimRows:
         return row
 
     def _free_name(self, conn: Any, names: Iterable[str]) -> str:
+        sa = self.sa
+        if self._holders is None:  # one statement for the three tables (a fleet provisions thousands at once)
+            name = sa.bindparam("name")
+            self._holders = sa.union_all(*(sa.select(table.c.device_id).where(table.c.device_id == name)
+                                           for table in (self.requests, *self._taken))).limit(1)
         for name in names:
-            if all(conn.execute(self.sa.select(table.c.device_id).where(table.c.device_id == name)).first() is None
-                   for table in (self.requests, *self._taken)):
+            if conn.execute(self._holders, {"name": name}).first() is None:
                 return name
         raise RuntimeError("no free name")  # names() is endless
 
