@@ -26,22 +26,27 @@ import heapq
 import itertools
 import json
 import logging
+import queue
 import random
 import selectors
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import ClosedError, ConfigError
+from ...errors import ClosedError
 from ...link.settings import parse_broker_url
 from ...link.vocabulary import DEFAULT_FLEET, Command, TargetState
 from ...util.backoff import EQUAL_JITTER, Backoff
+from .connections import DeviceConnections
 from .device import Behaviour, SimDevice, fails
 
 log = logging.getLogger(__name__)
 
+#: threads that make TLS devices' first connections (their handshakes wait on the broker, not on this process)
+CONNECTORS = 8
 #: the longest the network thread runs due timers before it reads its sockets again
 TIMER_SLICE_S = 0.05
 
@@ -167,7 +172,7 @@ def peak_per_second(times: list[float]) -> int:
     return best
 
 
-class Simulation:
+class Simulation(DeviceConnections):
     """``start()`` (or ``run()``), then ``stop()`` (graceful) or ``kill()`` (abrupt: Last Wills fire)."""
 
     def __init__(self, settings: SimulationSettings) -> None:
@@ -190,6 +195,12 @@ class Simulation:
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
         self._stop = threading.Event()
+        # TLS: a device's first connection (its context, the TCP connect and the handshake, which paho does blocking)
+        # is made on a small pool, so that thousands of handshakes neither wait one behind the other nor hold up
+        # the network thread; a failed one comes back through _failed to be retried there
+        self._connector = (ThreadPoolExecutor(CONNECTORS, thread_name_prefix="edgeinfer-simulate-connect")
+                           if self.broker.tls else None)
+        self._failed: queue.SimpleQueue[SimDevice] = queue.SimpleQueue()
         self._producing = True
         self._turns = 0  # turns of the network thread's loop (stop() waits for one after it stops producing)
         self._abrupt = False
@@ -294,6 +305,8 @@ class Simulation:
         try:
             while not self._stop.is_set():
                 self._turns += 1
+                while not self._failed.empty():
+                    self._retry(self._failed.get())
                 wait = min(0.05, max(0.0, self._timers[0][0] - time.monotonic())) if self._timers else 0.05
                 for key, mask in self._selector.select(wait):
                     self._pump(key.data, mask)
@@ -318,79 +331,6 @@ class Simulation:
             rc = client.loop_write()
         if rc != 0:
             self._lost(device)
-
-    def _new_client(self, device: SimDevice) -> Any:
-        import paho.mqtt.client as paho
-        from paho.mqtt.enums import CallbackAPIVersion
-
-        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"{device.fleet}-{device.device_id}",
-                             protocol=paho.MQTTv5, userdata=device, reconnect_on_failure=False)
-        if self.settings.credentials:
-            username, password = self.settings.credentials[device.device_id][:2]
-            client.username_pw_set(username, password)
-        if self.settings.identities:  # the device's own certificate, as the agent presents it (link/settings.py)
-            from ...link.settings import tls_context
-
-            identity = self.settings.identities[device.device_id]
-            client.tls_set_context(tls_context(identity.get("ca"), identity.get("cert"), identity.get("key")))
-        client.max_inflight_messages_set(50)
-        client.max_queued_messages_set(0)
-        client.will_set(device.topics.state, device.state(online=False), qos=1, retain=True)
-        client.on_connect = self._on_connect
-        client.on_publish = self._on_publish
-        client.on_message = self._on_message
-        client.on_socket_open = lambda c, d, sock: self._selector.register(sock, selectors.EVENT_READ, d)
-        client.on_socket_close = lambda c, d, sock: self._unregister(sock)
-        client.on_socket_register_write = lambda c, d, sock: self._watch(sock, d, write=True)
-        client.on_socket_unregister_write = lambda c, d, sock: self._watch(sock, d, write=False)
-        return client
-
-    def _unregister(self, sock: Any) -> None:
-        try:
-            self._selector.unregister(sock)
-        except (KeyError, ValueError):
-            pass
-
-    def _watch(self, sock: Any, device: SimDevice, *, write: bool) -> None:
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
-        try:
-            self._selector.modify(sock, events, device)
-        except (KeyError, ValueError):
-            pass
-
-    def _connect(self, device: SimDevice) -> None:
-        if self._stop.is_set():
-            return
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
-
-        try:
-            if device.client is None:
-                device.client = self._new_client(device)
-                props = Properties(PacketTypes.CONNECT)
-                props.SessionExpiryInterval = 24 * 3600
-                device.client.connect(self.broker.host, self.broker.port, keepalive=30, clean_start=False,
-                                      properties=props)
-            else:
-                device.client.reconnect()
-        except ConfigError as exc:  # its certificate, key or CA unreadable: asking again changes nothing
-            log.warning("%s: cannot connect: %s", device.device_id, exc)
-        except (OSError, ValueError) as exc:
-            log.debug("%s: connect failed: %s", device.device_id, exc)
-            self._retry(device)
-
-    def _retry(self, device: SimDevice) -> None:
-        device.reconnect_attempt += 1
-        self._later(self._backoff.delay(device.reconnect_attempt, self._rng), lambda: self._connect(device))
-
-    def _lost(self, device: SimDevice) -> None:
-        if device.connected:
-            device.connected = False
-            device.reconnect_attempt = 0
-        sock = device.client.socket() if device.client is not None else None
-        if sock is not None:
-            self._unregister(sock)
-        self._retry(device)
 
     def _on_connect(self, client: Any, device: SimDevice, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
@@ -468,6 +408,8 @@ class Simulation:
         device.client.publish(device.topics.state, device.state(), qos=1, retain=True)
 
     def _shutdown(self) -> None:
+        if self._connector is not None:
+            self._connector.shutdown(wait=True, cancel_futures=True)
         for device in self.devices:
             client = device.client
             if client is None:
