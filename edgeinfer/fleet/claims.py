@@ -195,6 +195,13 @@ class ClaimService:
         csr = read_csr(csr_pem)
         self._broker(403)
         key_sha256, serial = public_key_sha256(csr), hardware["serial"]
+        auto = claim["approve"] == Approval.AUTO
+        approve = self._approving(csr, claim) if auto else None
+        actions = ("provision.request", *(["provision.approve"] if auto else []))
+
+        def audit(made: dict) -> list[dict]:  # written in the request's transaction
+            return self.access.db.audit_rows([_device_entry(action, made, claim["approve"]) for action in actions])
+
         for _attempt in range(3):  # a request for the same serial committed between our read and our insert
             request = self.rows.request_for(serial)
             if request is not None:
@@ -202,13 +209,9 @@ class ClaimService:
             row = {"serial": serial, "claim_id": claim["claim_id"], "fleet": claim["fleet"], "groups": claim["groups"],
                    "state": RequestState.PENDING.value, "public_key_sha256": key_sha256, "csr": csr_pem,
                    "hardware": hardware, "remote": remote, "requested_at": time.time()}
-            auto = claim["approve"] == Approval.AUTO
             made = self.rows.add_request(claim["claim_id"], row, _admit, device_names(claim["name_template"], serial),
-                                         self._approving(csr, claim) if auto else None)
+                                         approve, audit)
             if made is not None:
-                entries = [_device_entry(action, made, claim["approve"])
-                           for action in ("provision.request", *(["provision.approve"] if auto else []))]
-                self.access.record_audit(*entries)
                 return self._answer_existing(made, claim, key_sha256)
         raise ProvisioningRefused(409, f"hardware.serial {serial!r}: requests for it keep colliding; ask again")
 

@@ -20,7 +20,7 @@ class ClaimRows:
         self.sa, self.engine = sa, engine
         self.claims, self.serials, self.requests = tables.claims, tables.claim_serials, tables.provisioning
         self._taken = (tables.devices, tables.credentials)  # device ids in use besides the requests'
-        self.certificates = tables.certificates
+        self.certificates, self.audit = tables.certificates, tables.audit
         self._holders: Any = None  # the statement that finds who holds a device id (made once)
 
     # ----------------------------------------------------------------------------------------- claims
@@ -79,13 +79,14 @@ class ClaimRows:
             return [dict(row) for row in conn.execute(query).mappings()]
 
     def add_request(self, claim_id: str, row: dict, admit: Callable[[dict, int, bool], None],
-                    names: Iterable[str], approve: Callable[[str], tuple[dict, dict]] | None = None) -> dict | None:
+                    names: Iterable[str], approve: Callable[[str], tuple[dict, dict]] | None = None,
+                    audit: Callable[[dict], list[dict]] = lambda row: []) -> dict | None:
         """Insert a request under its claim, locked: ``admit(claim, used, listed)`` raises to refuse (the claim's row,
         its pending and approved requests, whether the serial is on its list); the device id is the first of
         ``names`` no device, credential or request holds. ``approve(device_id)``, for a request approved at once,
-        gives the request's approved columns and its certificate's row, written in the same transaction (one commit
-        a device, not three). The row as stored, or None when another request for this serial committed first (read
-        it again)."""
+        gives the request's approved columns and its certificate's row, written in the same transaction, as are the
+        ``audit_log`` rows ``audit(row)`` gives (one commit a device, not four). The row as stored, or None when
+        another request for this serial committed first (read it again)."""
         sa, c, r = self.sa, self.claims.c, self.requests.c
         try:
             with self.engine.begin() as conn:
@@ -102,6 +103,9 @@ class ClaimRows:
                     row.update(approved)
                     conn.execute(self.certificates.insert().values(**certificate))
                 conn.execute(self.requests.insert().values(**row))
+                entries = audit(row)
+                if entries:
+                    conn.execute(self.audit.insert(), entries)
         except sa.exc.IntegrityError:
             return None
         return row
