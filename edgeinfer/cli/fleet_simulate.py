@@ -1,11 +1,16 @@
-"""``edgeinfer fleet simulate``: simulated agents for load tests and demos."""
+"""``edgeinfer fleet simulate``: simulated agents for load tests and demos; with ``--claim``, provisioned first
+through the real flow (claim, key pair, CSR, ``POST /api/v1/provision``, certificate), then connected with their
+certificates."""
 
 from __future__ import annotations
 
 import json
 import signal
 import sys
+import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -14,7 +19,8 @@ from .output import handle_errors, print_json
 
 @click.command("simulate")
 @click.option("--devices", "count", type=click.IntRange(min=1), required=True, help="How many devices.")
-@click.option("--broker", required=True, envvar="EDGEINFER_BROKER", help="The broker, mqtt://HOST:PORT.")
+@click.option("--broker", envvar="EDGEINFER_BROKER",
+              help="The broker, mqtt://HOST:PORT (required without --claim; with it, the manager's answer says it).")
 @click.option("--fleet", "fleet_name",
               help="Their fleet (the topic level). Default: the fleet each device's --credentials names, else "
                    "default (as `fleet enroll`). A --fleet that contradicts the credentials is an error.")
@@ -32,6 +38,23 @@ from .output import handle_errors, print_json
 @click.option("--credentials", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="For a broker with accounts (the managed Mosquitto): the JSON list `edgeinfer fleet enroll "
                    "PREFIX-00000 PREFIX-00001 ... --json` printed for these devices.")
+@click.option("--claim", help="Provision the devices first with this claim token (`fleet claim create`), as agents "
+                               "do on first boot: each makes its key, sends its CSR to --manager-url and connects "
+                               "with the certificate it gets (the manager's certificate listener). Device ids are "
+                               "the manager's.")
+@click.option("--manager-url", envvar="EDGEINFER_FLEET_URL", help="With --claim: the manager, https://HOST:PORT.")
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False),
+              help="With --claim: the fleet CA that verifies the manager (the claim's fleet-ca.crt).")
+@click.option("--serial-prefix", default="sim-", show_default=True,
+              help="With --claim: the devices' serials are PREFIX00000, PREFIX00001, ...")
+@click.option("--identity-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="With --claim: keep each device's key and certificate in DIR/SERIAL/identity/ (a second run "
+                   "resumes with them). Default: a temporary folder, removed at the end.")
+@click.option("--concurrency", type=click.IntRange(1, 1024), default=32, show_default=True,
+              help="With --claim: provisioning requests in flight at once.")
+@click.option("--provision-timeout", type=click.FloatRange(min=0.1),
+              help="With --claim: seconds to wait for every device's certificate (default: as long as it takes; a "
+                   "pending device waits for approval as the agent does).")
 @click.option("--behaviour", "behaviours", multiple=True, metavar="MODEL=BEHAVIOUR",
               help="How devices run a deployed model, by its sha256 or file name: slow[:FACTOR] (inference FACTOR "
                    "times slower, default 5), drift (answers in another class order), errors:SHARE (that share of "
@@ -40,9 +63,70 @@ from .output import handle_errors, print_json
 @handle_errors
 def simulate(count: int, broker: str, fleet_name: str | None, prefix: str, interval: float, duration: float | None,
              fail_rate: float, config_refuse_rate: float, seed: int, groups: tuple[str, ...], credentials: Path | None,
-             behaviours: tuple[str, ...], as_json: bool) -> None:
+             claim: str | None, manager_url: str | None, ca: str | None, serial_prefix: str, identity_dir: Path | None,
+             concurrency: int, provision_timeout: float | None, behaviours: tuple[str, ...], as_json: bool) -> None:
     """Run simulated agents on one thread: real protocol, telemetry, births and Last Wills, deploy answers (models,
-    configurations)."""
+    configurations). With --claim, each is provisioned first, as an agent's first boot does."""
+    if claim is None:
+        if broker is None:
+            raise click.UsageError("--broker is required (or --claim and --manager-url: provisioned devices)")
+        _simulate(count, broker, fleet_name, prefix, interval, duration, fail_rate, config_refuse_rate, seed, groups,
+                  credentials, behaviours, as_json, None, None)
+        return
+    if manager_url is None:
+        raise click.UsageError("--claim needs --manager-url (where the devices ask: the claim's manager_url)")
+    if credentials is not None:
+        raise click.UsageError("--claim or --credentials, not both (certificates or password accounts)")
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-simulate-") as temporary:
+        provisioned = _provision(count, claim, manager_url, ca, serial_prefix, identity_dir or Path(temporary),
+                                 concurrency, provision_timeout, as_json)
+        if not provisioned.identities:
+            if as_json:
+                print_json({"provisioning": provisioned.to_dict()})
+            raise click.ClickException(f"no device was provisioned ({_refusals(provisioned)})")
+        broker = next(iter(provisioned.identities.values()))["broker"]
+        _simulate(len(provisioned.identities), broker, fleet_name, prefix, interval, duration, fail_rate,
+                  config_refuse_rate, seed, groups, None, behaviours, as_json, provisioned, provisioned.identities)
+
+
+def _provision(count: int, claim: str, manager_url: str, ca: str | None, serial_prefix: str, folder: Path,
+               concurrency: int, timeout_s: float | None, as_json: bool) -> Any:
+    from ..tools.simulate.provision import ProvisionSettings, provision_fleet
+
+    try:
+        settings = ProvisionSettings(manager_url=manager_url, claim=claim, devices=count, folder=folder, ca=ca,
+                                     serial_prefix=serial_prefix, concurrency=concurrency, timeout_s=timeout_s)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def progress(done: int, devices: int) -> None:
+        click.echo(f"  provisioning: {done}/{devices} answered", err=True)
+
+    try:
+        report = provision_fleet(settings, stop=stop, on_progress=progress)
+    except KeyboardInterrupt:
+        stop.set()
+        raise
+    if not as_json:
+        click.echo(f"provisioned {report.provisioned} of {report.devices} devices in {report.elapsed_s:.1f} s "
+                   f"({1000 * report.elapsed_s / max(1, report.provisioned):.1f} ms a device; latency p50 "
+                   f"{report.latency_ms.get('p50', 0):.0f} ms); {_refusals(report)}", err=True)
+    return report
+
+
+def _refusals(report: Any) -> str:
+    if not report.refused and not report.failed:
+        return "none refused"
+    said = [f"{n} refused: {reason} (e.g. {report.refusal_examples[reason]})" for reason, n in report.refused.items()]
+    return "; ".join(said + ([f"{report.failed} unanswered or pending"] if report.failed else []))
+
+
+def _simulate(count: int, broker: str, fleet_name: str | None, prefix: str, interval: float, duration: float | None,
+              fail_rate: float, config_refuse_rate: float, seed: int, groups: tuple[str, ...],
+              credentials: Path | None, behaviours: tuple[str, ...], as_json: bool, provisioned: Any,
+              identities: dict[str, dict[str, Any]] | None) -> None:
     from ..tools.simulate import Simulation, SimulationSettings
 
     accounts = _credentials(credentials) if credentials else None
@@ -57,7 +141,7 @@ def simulate(count: int, broker: str, fleet_name: str | None, prefix: str, inter
         settings = SimulationSettings(broker=broker, devices=count, fleet=fleet_name, prefix=prefix,
                                       interval_s=interval, duration_s=duration, fail_rate=fail_rate,
                                       config_refuse_rate=config_refuse_rate, seed=seed,
-                                      groups=groups, credentials=accounts, behaviours=models)
+                                      groups=groups, credentials=accounts, behaviours=models, identities=identities)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     simulation = Simulation(settings)
@@ -77,12 +161,16 @@ def simulate(count: int, broker: str, fleet_name: str | None, prefix: str, inter
         simulation.stop()
         report = simulation.report()
     if as_json:
-        print_json(report.to_dict())
+        print_json({**report.to_dict(), **({"provisioning": provisioned.to_dict()} if provisioned else {})})
     else:
         click.echo(f"{report.devices} devices: published {report.published}, acked {report.acked}, refused "
                    f"{report.refused}, dropped {report.dropped}, connects {report.connects} (peak "
                    f"{report.peak_connects_per_s}/s), updates active {report.updates_active}, failed "
                    f"{report.updates_failed}")
+    if provisioned is not None and (provisioned.refused or provisioned.failed):
+        click.echo(f"edgeinfer: error: {provisioned.devices - provisioned.provisioned} of {provisioned.devices} "
+                   f"devices were not provisioned: {_refusals(provisioned)}", err=True)
+        sys.exit(1)
     if report.refused:  # the broker stored none of these: a load test that did not happen, whatever else it says
         fleets = sorted({d.fleet for d in simulation.devices})
         click.echo(f"edgeinfer: error: the broker refused {report.refused} of {report.published} telemetry messages "

@@ -196,6 +196,13 @@ class ClaimService:
         csr = read_csr(csr_pem)
         self._broker(403)
         key_sha256, serial = public_key_sha256(csr), hardware["serial"]
+        auto = claim["approve"] == Approval.AUTO
+        approve = self._approving(csr, claim) if auto else None
+        actions = ("provision.request", *(["provision.approve"] if auto else []))
+
+        def audit(made: dict) -> list[dict]:  # written in the request's transaction
+            return self.access.db.audit_rows([_device_entry(action, made, claim["approve"]) for action in actions])
+
         for _attempt in range(3):  # a request for the same serial committed between our read and our insert
             request = self.rows.request_for(serial)
             if request is not None:
@@ -203,9 +210,9 @@ class ClaimService:
             row = {"serial": serial, "claim_id": claim["claim_id"], "fleet": claim["fleet"], "groups": claim["groups"],
                    "state": RequestState.PENDING.value, "public_key_sha256": key_sha256, "csr": csr_pem,
                    "hardware": hardware, "remote": remote, "requested_at": time.time()}
-            made = self.rows.add_request(claim["claim_id"], row, _admit, device_names(claim["name_template"], serial))
+            made = self.rows.add_request(claim["claim_id"], row, _admit, device_names(claim["name_template"], serial),
+                                         approve, audit)
             if made is not None:
-                self.access.record_audit(_device_entry("provision.request", made, claim["approve"]))
                 return self._answer_existing(made, claim, key_sha256)
         raise ProvisioningRefused(409, f"hardware.serial {serial!r}: requests for it keep colliding; ask again")
 
@@ -262,17 +269,34 @@ class ClaimService:
         if request["state"] != RequestState.PENDING:
             return request
         self._broker()  # a manager that cannot sign says so before the request changes
-        assert self.access.ca is not None
-        cert = self.access.ca.sign_csr(x509.load_pem_x509_csr(request["csr"].encode("ascii")), device_id,
-                                       days=self.cert_days)
+        cert, columns = self._signed(x509.load_pem_x509_csr(request["csr"].encode("ascii")), device_id, by)
         assert self.access.certificates is not None  # with the CA (checked above)
         self.access.certificates.record(device_id, cert)  # revocable: the CRL lists what was recorded
-        decided = self.rows.decide(device_id, RequestState.APPROVED.value, {
-            "decided_at": time.time(), "decided_by": by,
-            "certificate": cert.public_bytes(serialization.Encoding.PEM).decode("ascii"),
-            "cert_serial": format(cert.serial_number, "x"), "not_after": cert.not_valid_after_utc.timestamp()})
+        decided = self.rows.decide(device_id, RequestState.APPROVED.value, columns)
         assert decided is not None
         return decided
+
+    def _signed(self, csr: x509.CertificateSigningRequest, device_id: str,
+                by: str) -> tuple[x509.Certificate, dict[str, Any]]:
+        """The certificate for ``device_id``'s request, and the request's columns once approved with it."""
+        assert self.access.ca is not None
+        cert = self.access.ca.sign_csr(csr, device_id, days=self.cert_days)
+        return cert, {"decided_at": time.time(), "decided_by": by,
+                      "certificate": cert.public_bytes(serialization.Encoding.PEM).decode("ascii"),
+                      "cert_serial": format(cert.serial_number, "x"),
+                      "not_after": cert.not_valid_after_utc.timestamp()}
+
+    def _approving(self, csr: x509.CertificateSigningRequest, claim: dict) -> Callable[[str], tuple[dict, dict]]:
+        """For a claim that approves at once: what signs a new request inside its own transaction (its approved
+        columns, and the row that records the certificate, revocable) — one commit a device, not three."""
+        assert self.access.certificates is not None  # with the CA (the caller checked _broker)
+        certificates = self.access.certificates
+
+        def approve(device_id: str) -> tuple[dict, dict]:
+            cert, columns = self._signed(csr, device_id, f"claim {claim['claim_id']} (auto)")
+            return {**columns, "state": RequestState.APPROVED.value}, certificates.row(device_id, cert)
+
+        return approve
 
     def approve(self, device_id: str, by: str) -> dict:
         """Sign a pending device's certificate (its next poll gets it). LookupError: no such request;

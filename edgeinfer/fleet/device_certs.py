@@ -143,8 +143,14 @@ class DeviceCertificates:
 
     def record(self, device_id: str, cert: x509.Certificate) -> None:
         """Record a certificate issued to ``device_id``, so that revoking the device revokes it."""
-        self.db.certificates.add({"serial": serial_text(cert), "device_id": device_id, "issued_at": time.time(),
-                                  "not_after": cert.not_valid_after_utc.timestamp(), "revoked_at": None})
+        self.db.certificates.add(self.row(device_id, cert))
+
+    @staticmethod
+    def row(device_id: str, cert: x509.Certificate) -> dict:
+        """The ``certificates`` row that records ``cert`` (what :meth:`record` writes; a provisioning request approved
+        at once writes it in the request's own transaction)."""
+        return {"serial": serial_text(cert), "device_id": device_id, "issued_at": time.time(),
+                "not_after": cert.not_valid_after_utc.timestamp(), "revoked_at": None}
 
     def issue_with_key(self, device_id: str) -> tuple[bytes, bytes]:
         """A key made here and its recorded certificate (PEM each): for a device set up by hand (``fleet enroll

@@ -243,9 +243,14 @@ class FleetDB:
 
     def audit_many(self, entries: list[dict], *, now: float | None = None) -> None:
         """:meth:`audit` for several entries (keys as its arguments), in one transaction."""
+        security.audit(self.engine, self.t, self.audit_rows(entries, now=now))
+
+    @staticmethod
+    def audit_rows(entries: list[dict], *, now: float | None = None) -> list[dict]:
+        """The ``audit_log`` rows of entries (keys as :meth:`audit`'s arguments): what :meth:`audit_many` writes, and
+        what a transaction that audits its own change writes (a device's provisioning request)."""
         ts = time.time() if now is None else now
-        security.audit(self.engine, self.t, [{**entry, "ts": ts, "detail": entry.get("detail") or {}}
-                                             for entry in entries])
+        return [{**entry, "ts": ts, "detail": entry.get("detail") or {}} for entry in entries]
 
     def list_audit(self, limit: int = 100) -> list[dict]:
         """The newest ``limit`` audit entries, oldest first."""

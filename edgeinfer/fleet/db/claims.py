@@ -20,6 +20,8 @@ class ClaimRows:
         self.sa, self.engine = sa, engine
         self.claims, self.serials, self.requests = tables.claims, tables.claim_serials, tables.provisioning
         self._taken = (tables.devices, tables.credentials)  # device ids in use besides the requests'
+        self.certificates, self.audit = tables.certificates, tables.audit
+        self._holders: Any = None  # the statement that finds who holds a device id (made once)
 
     # ----------------------------------------------------------------------------------------- claims
     def insert_claim(self, row: dict, serials: Iterable[str]) -> None:
@@ -77,11 +79,14 @@ class ClaimRows:
             return [dict(row) for row in conn.execute(query).mappings()]
 
     def add_request(self, claim_id: str, row: dict, admit: Callable[[dict, int, bool], None],
-                    names: Iterable[str]) -> dict | None:
+                    names: Iterable[str], approve: Callable[[str], tuple[dict, dict]] | None = None,
+                    audit: Callable[[dict], list[dict]] = lambda row: []) -> dict | None:
         """Insert a request under its claim, locked: ``admit(claim, used, listed)`` raises to refuse (the claim's row,
         its pending and approved requests, whether the serial is on its list); the device id is the first of
-        ``names`` no device, credential or request holds. The row as stored, or None when another request for
-        this serial committed first (read it again)."""
+        ``names`` no device, credential or request holds. ``approve(device_id)``, for a request approved at once,
+        gives the request's approved columns and its certificate's row, written in the same transaction, as are the
+        ``audit_log`` rows ``audit(row)`` gives (one commit a device, not four). The row as stored, or None when
+        another request for this serial committed first (read it again)."""
         sa, c, r = self.sa, self.claims.c, self.requests.c
         try:
             with self.engine.begin() as conn:
@@ -89,19 +94,30 @@ class ClaimRows:
                                      ).mappings().one()
                 used = conn.execute(sa.select(sa.func.count()).select_from(self.requests)
                                     .where((r.claim_id == claim_id) & (r.state != "rejected"))).scalar_one()
-                listed = conn.execute(sa.select(self.serials.c.serial).where(
+                listed = claim["has_serials"] and conn.execute(sa.select(self.serials.c.serial).where(
                     (self.serials.c.claim_id == claim_id) & (self.serials.c.serial == row["serial"]))).first()
-                admit(dict(claim), int(used), listed is not None)
+                admit(dict(claim), int(used), bool(listed))
                 row = {**row, "device_id": self._free_name(conn, names)}
+                if approve is not None:
+                    approved, certificate = approve(row["device_id"])
+                    row.update(approved)
+                    conn.execute(self.certificates.insert().values(**certificate))
                 conn.execute(self.requests.insert().values(**row))
+                entries = audit(row)
+                if entries:
+                    conn.execute(self.audit.insert(), entries)
         except sa.exc.IntegrityError:
             return None
         return row
 
     def _free_name(self, conn: Any, names: Iterable[str]) -> str:
+        sa = self.sa
+        if self._holders is None:  # one statement for the three tables (a fleet provisions thousands at once)
+            name = sa.bindparam("name")
+            self._holders = sa.union_all(*(sa.select(table.c.device_id).where(table.c.device_id == name)
+                                           for table in (self.requests, *self._taken))).limit(1)
         for name in names:
-            if all(conn.execute(self.sa.select(table.c.device_id).where(table.c.device_id == name)).first() is None
-                   for table in (self.requests, *self._taken)):
+            if conn.execute(self._holders, {"name": name}).first() is None:
                 return name
         raise RuntimeError("no free name")  # names() is endless
 

@@ -26,11 +26,13 @@ import heapq
 import itertools
 import json
 import logging
+import queue
 import random
 import selectors
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +40,15 @@ from ...errors import ClosedError
 from ...link.settings import parse_broker_url
 from ...link.vocabulary import DEFAULT_FLEET, Command, TargetState
 from ...util.backoff import EQUAL_JITTER, Backoff
+from .connections import DeviceConnections
 from .device import Behaviour, SimDevice, fails
 
 log = logging.getLogger(__name__)
+
+#: threads that make TLS devices' first connections (their handshakes wait on the broker, not on this process)
+CONNECTORS = 8
+#: the longest the network thread runs due timers before it reads its sockets again
+TIMER_SLICE_S = 0.05
 
 __all__ = ["Behaviour", "Simulation", "SimulationReport", "SimulationSettings"]
 
@@ -68,6 +76,10 @@ class SimulationSettings:
     #: device id -> (MQTT user name, password) or (user name, password, fleet), from `edgeinfer fleet enroll
     #: --json` (a broker with accounts)
     credentials: Mapping[str, tuple[str, ...]] | None = field(default=None, repr=False)
+    #: device id -> the agent.yaml keys of a provisioned identity (``cert``, ``key``, ``ca``, ``groups``: what
+    #: :func:`.provision.provision_fleet` returns): each device connects with its own certificate (``broker`` is the
+    #: certificate listener, mqtts://), and the device ids are these
+    identities: Mapping[str, Mapping[str, Any]] | None = field(default=None, repr=False)
     #: how devices run a deployed model, by its artifact sha256 or its model name: "slow:5", "drift",
     #: "errors:0.5", "healthy" (:class:`Behaviour`); a model named nowhere runs healthy
     behaviours: Mapping[str, str] = field(default_factory=dict)
@@ -82,6 +94,13 @@ class SimulationSettings:
             raise ValueError(f"config refuse rate must be within 0..1, not {self.config_refuse_rate}")
         if self.interval_s <= 0:
             raise ValueError(f"interval must be > 0 s, not {self.interval_s}")
+        if self.identities is not None:
+            if self.credentials is not None:
+                raise ValueError("credentials or identities (certificates), not both")
+            if len(self.identities) != self.devices:
+                raise ValueError(f"{len(self.identities)} identities for {self.devices} devices")
+            if not parse_broker_url(self.broker).tls:
+                raise ValueError(f"devices with certificates connect to an mqtts:// broker, not {self.broker}")
         if self.credentials is not None:
             missing = [d for d in self.device_ids() if d not in self.credentials]
             if missing:
@@ -96,7 +115,14 @@ class SimulationSettings:
             Behaviour.parse(spec)  # ValueError names the shapes it takes
 
     def device_ids(self) -> list[str]:
+        if self.identities is not None:
+            return list(self.identities)
         return [f"{self.prefix}-{i:05d}" for i in range(self.devices)]
+
+    def groups_of(self, device_id: str) -> tuple[str, ...]:
+        """The groups ``device_id`` reports: its identity's (the claim's), else ``groups``."""
+        identity = (self.identities or {}).get(device_id)
+        return tuple(identity.get("groups") or ()) if identity else self.groups
 
     def fleet_of(self, device_id: str) -> str:
         """The fleet ``device_id`` publishes in: its credential's, else ``fleet``, else DEFAULT_FLEET."""
@@ -123,12 +149,16 @@ class SimulationReport:
     updates_active: int
     updates_failed: int
     elapsed_s: float
+    #: seconds from the start until every device had connected once (None: some never did)
+    all_online_s: float | None = None
     connect_times: list[float] = field(default_factory=list, repr=False)
     per_device: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "connect_times"}
         out["elapsed_s"] = round(self.elapsed_s, 3)
+        if self.all_online_s is not None:
+            out["all_online_s"] = round(self.all_online_s, 3)
         return out
 
 
@@ -142,7 +172,7 @@ def peak_per_second(times: list[float]) -> int:
     return best
 
 
-class Simulation:
+class Simulation(DeviceConnections):
     """``start()`` (or ``run()``), then ``stop()`` (graceful) or ``kill()`` (abrupt: Last Wills fire)."""
 
     def __init__(self, settings: SimulationSettings) -> None:
@@ -153,7 +183,8 @@ class Simulation:
         self.broker = parse_broker_url(settings.broker)
         behaviours = {model: Behaviour.parse(spec) for model, spec in settings.behaviours.items()}
         self.devices = [SimDevice(device_id, settings.fleet_of(device_id),
-                                  fails(device_id, settings.seed, settings.fail_rate), groups=settings.groups,
+                                  fails(device_id, settings.seed, settings.fail_rate),
+                                  groups=settings.groups_of(device_id),
                                   behaviours=behaviours, config_refuses=fails(f"config:{device_id}", settings.seed,
                                                                               settings.config_refuse_rate))
                         for device_id in settings.device_ids()]
@@ -164,6 +195,12 @@ class Simulation:
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
         self._stop = threading.Event()
+        # TLS: a device's first connection (its context, the TCP connect and the handshake, which paho does blocking)
+        # is made on a small pool, so that thousands of handshakes neither wait one behind the other nor hold up
+        # the network thread; a failed one comes back through _failed to be retried there
+        self._connector = (ThreadPoolExecutor(CONNECTORS, thread_name_prefix="edgeinfer-simulate-connect")
+                           if self.broker.tls else None)
+        self._failed: queue.SimpleQueue[SimDevice] = queue.SimpleQueue()
         self._producing = True
         self._turns = 0  # turns of the network thread's loop (stop() waits for one after it stops producing)
         self._abrupt = False
@@ -171,6 +208,7 @@ class Simulation:
         self._started_at: float | None = None
         self._ended_at: float | None = None
         self.connect_times: list[float] = []
+        self.first_connects: list[float] = []  # when each device connected for the first time
         self.commands = 0
         self.updates = {"active": 0, "failed": 0}
         self.rollbacks = 0
@@ -239,12 +277,15 @@ class Simulation:
         end = self._ended_at or time.monotonic()
         total = lambda name: sum(getattr(d.counters, name) for d in self.devices)  # noqa: E731
         times = list(self.connect_times)
+        firsts = list(self.first_connects)
+        all_online = max(firsts) - (self._started_at or end) if firsts and len(firsts) == len(self.devices) else None
         return SimulationReport(
             devices=len(self.devices), published=total("published"), acked=total("acked"),
             refused=total("refused"), dropped=total("dropped"),
             online=self.online, connects=total("connects"), peak_connects_per_s=peak_per_second(times),
             commands=self.commands, updates_active=self.updates["active"], updates_failed=self.updates["failed"],
-            elapsed_s=end - (self._started_at or end), connect_times=times, per_device=per_device)
+            elapsed_s=end - (self._started_at or end), all_online_s=all_online, connect_times=times,
+            per_device=per_device)
 
     def __enter__(self) -> Simulation:
         return self
@@ -264,11 +305,15 @@ class Simulation:
         try:
             while not self._stop.is_set():
                 self._turns += 1
+                while not self._failed.empty():
+                    self._retry(self._failed.get())
                 wait = min(0.05, max(0.0, self._timers[0][0] - time.monotonic())) if self._timers else 0.05
                 for key, mask in self._selector.select(wait):
                     self._pump(key.data, mask)
                 now = time.monotonic()
-                while self._timers and self._timers[0][0] <= now:
+                # due timers, for a slice of time: a TLS connect blocks for its handshake, and a thousand of them
+                # run back to back would leave the devices already connected unread (their CONNACKs waiting)
+                while self._timers and self._timers[0][0] <= now and time.monotonic() - now < TIMER_SLICE_S:
                     heapq.heappop(self._timers)[2]()
                 if now - last_misc >= 1.0:  # keepalive pings and paho's retries
                     last_misc = now
@@ -287,72 +332,6 @@ class Simulation:
         if rc != 0:
             self._lost(device)
 
-    def _new_client(self, device: SimDevice) -> Any:
-        import paho.mqtt.client as paho
-        from paho.mqtt.enums import CallbackAPIVersion
-
-        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"{device.fleet}-{device.device_id}",
-                             protocol=paho.MQTTv5, userdata=device, reconnect_on_failure=False)
-        if self.settings.credentials:
-            username, password = self.settings.credentials[device.device_id][:2]
-            client.username_pw_set(username, password)
-        client.max_inflight_messages_set(50)
-        client.max_queued_messages_set(0)
-        client.will_set(device.topics.state, device.state(online=False), qos=1, retain=True)
-        client.on_connect = self._on_connect
-        client.on_publish = self._on_publish
-        client.on_message = self._on_message
-        client.on_socket_open = lambda c, d, sock: self._selector.register(sock, selectors.EVENT_READ, d)
-        client.on_socket_close = lambda c, d, sock: self._unregister(sock)
-        client.on_socket_register_write = lambda c, d, sock: self._watch(sock, d, write=True)
-        client.on_socket_unregister_write = lambda c, d, sock: self._watch(sock, d, write=False)
-        return client
-
-    def _unregister(self, sock: Any) -> None:
-        try:
-            self._selector.unregister(sock)
-        except (KeyError, ValueError):
-            pass
-
-    def _watch(self, sock: Any, device: SimDevice, *, write: bool) -> None:
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
-        try:
-            self._selector.modify(sock, events, device)
-        except (KeyError, ValueError):
-            pass
-
-    def _connect(self, device: SimDevice) -> None:
-        if self._stop.is_set():
-            return
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
-
-        try:
-            if device.client is None:
-                device.client = self._new_client(device)
-                props = Properties(PacketTypes.CONNECT)
-                props.SessionExpiryInterval = 24 * 3600
-                device.client.connect(self.broker.host, self.broker.port, keepalive=30, clean_start=False,
-                                      properties=props)
-            else:
-                device.client.reconnect()
-        except (OSError, ValueError) as exc:
-            log.debug("%s: connect failed: %s", device.device_id, exc)
-            self._retry(device)
-
-    def _retry(self, device: SimDevice) -> None:
-        device.reconnect_attempt += 1
-        self._later(self._backoff.delay(device.reconnect_attempt, self._rng), lambda: self._connect(device))
-
-    def _lost(self, device: SimDevice) -> None:
-        if device.connected:
-            device.connected = False
-            device.reconnect_attempt = 0
-        sock = device.client.socket() if device.client is not None else None
-        if sock is not None:
-            self._unregister(sock)
-        self._retry(device)
-
     def _on_connect(self, client: Any, device: SimDevice, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
             log.warning("%s: the broker refused the connection: %s", device.device_id, reason)
@@ -364,6 +343,7 @@ class Simulation:
         client.subscribe(device.topics.cmd, qos=1)
         client.publish(device.topics.state, device.state(), qos=1, retain=True)
         if device.counters.connects == 1:
+            self.first_connects.append(time.monotonic())
             phase = self._rng.uniform(0, self.settings.interval_s)
             self._later(phase, lambda: self._tick(device))
 
@@ -428,6 +408,8 @@ class Simulation:
         device.client.publish(device.topics.state, device.state(), qos=1, retain=True)
 
     def _shutdown(self) -> None:
+        if self._connector is not None:
+            self._connector.shutdown(wait=True, cancel_futures=True)
         for device in self.devices:
             client = device.client
             if client is None:
