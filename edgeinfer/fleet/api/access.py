@@ -64,7 +64,9 @@ def list_enrollments(_who: Admin, fleet: Services) -> Any:
     return fleet.access.list_enrollments()
 
 
+# exclude_none: the answer is what goes into agent.yaml, so an identity's keys only (no `certificate: null`)
 @router.post("/api/devices/{device_id}/enroll", status_code=201, response_model=Enrolled,
+             response_model_exclude_none=True,
              responses=errors(400, 401, 403, 409), summary="Issue a device's MQTT credential (admin)",
              description="Answers what goes into the device's agent.yaml; the password (or, with `certificate`, "
                          "the private key) is shown only here. Enrolling again issues a new one.")
@@ -86,6 +88,7 @@ def _enrolled(enroll: Any) -> Any:
 
 
 @router.post("/api/enrollments", status_code=201, response_model=list[Enrolled],
+             response_model_exclude_none=True,
              responses=errors(400, 401, 403, 409),
              summary="Enrol many devices with one broker reload (admin)",
              description=f"At most {MAX_DEVICES:,} devices; answers a list, each entry what "
