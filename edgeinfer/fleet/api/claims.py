@@ -121,14 +121,7 @@ def list_requests(_who: Admin, fleet: Services,
              summary="Approve a pending device: its certificate is signed, its next poll gets it (admin)",
              description="Approving an approved device answers it as it is; 409: it was rejected.")
 def approve(device_id: DeviceId, who: Admin, fleet: Services) -> Any:
-    try:
-        decided = fleet.claims.approve(device_id, who.principal.name)
-    except LookupError as exc:
-        raise HTTPException(404, str(exc.args[0])) from None
-    except ProvisioningRefused as exc:
-        raise _refused(exc) from None
-    who.audit("provision.approve", device_id, serial=decided["serial"], claim_id=decided["claim_id"])
-    return decided
+    return _decide("approve", device_id, who, fleet)
 
 
 @router.post("/api/provisioning/{device_id}/reject", response_model=ProvisioningRequest,
@@ -136,11 +129,17 @@ def approve(device_id: DeviceId, who: Admin, fleet: Services) -> Any:
              summary="Reject a pending device for good: its requests answer 403 (admin)",
              description="Rejecting a rejected device answers it as it is; 409: it was approved (revoke it instead).")
 def reject(device_id: DeviceId, who: Admin, fleet: Services) -> Any:
+    return _decide("reject", device_id, who, fleet)
+
+
+def _decide(decision: str, device_id: str, who: Any, fleet: Any) -> Any:
+    """An operator's ``decision`` ("approve" or "reject") on a device's request: 404 unknown, the refusal's status
+    when it cannot be taken, audited as ``provision.<decision>``."""
     try:
-        decided = fleet.claims.reject(device_id, who.principal.name)
+        decided = getattr(fleet.claims, decision)(device_id, who.principal.name)
     except LookupError as exc:
         raise HTTPException(404, str(exc.args[0])) from None
     except ProvisioningRefused as exc:
         raise _refused(exc) from None
-    who.audit("provision.reject", device_id, serial=decided["serial"], claim_id=decided["claim_id"])
+    who.audit(f"provision.{decision}", device_id, serial=decided["serial"], claim_id=decided["claim_id"])
     return decided
