@@ -6,11 +6,15 @@
 * ``ultralytics``: Ultralytics' ``YOLO(model, task=...).predict(clip, stream=True)`` on the same ONNX file,
   so it runs on ONNX Runtime as well. Runs in a bench-only environment that has Ultralytics (peers.py
   ``--setup-ultralytics`` makes it): this file imports nothing from edgeinfer.
+* ``runtime``: no video at all — the plain loop's session invoked again and again on the clip's first frame,
+  preprocessed once (``runtime_alone``). Its rate is the ceiling of every program on this runtime at this thread
+  count: a program that hid all its decoding, preprocessing and decoding of outputs behind inference would run
+  at it, never faster. Its boxes are the first frame's each time (not the clip's): peers.py does not compare them.
 
 Either prints one JSON line per frame, ``{"frame": i, "boxes": [[x1, y1, x2, y2, score, class], ...]}``
 (source pixels), as soon as the frame is done: peers.py times the lines as they arrive.
 
-    python bench/peer_programs.py plain|ultralytics MODEL CLIP --threads N [--conf 0.25 --iou 0.7 --max-det 300]
+    python bench/peer_programs.py plain|ultralytics|runtime MODEL CLIP --threads N [--conf 0.25 --iou 0.7 --max-det 300]
                                   [--limit FRAMES] [--task pose|detect]
 """
 
@@ -46,8 +50,11 @@ def nms(boxes: np.ndarray, scores: np.ndarray, iou: float) -> list[int]:
 
 
 def plain_loop(model: str, clip: str, threads: int, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
-               limit: int | None = None) -> Iterator[Boxes]:
-    """A YOLO ONNX export over a video with OpenCV and ONNX Runtime, as a user writes it: boxes per frame."""
+               limit: int | None = None, runtime_alone: bool = False) -> Iterator[Boxes]:
+    """A YOLO ONNX export over a video with OpenCV and ONNX Runtime, as a user writes it: boxes per frame.
+
+    ``runtime_alone``: read and preprocess only the first frame, then invoke the session on it ``limit`` times
+    (the ceiling of any program on this runtime and thread count: see the module's docstring)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -56,20 +63,24 @@ def plain_loop(model: str, clip: str, threads: int, conf: float = 0.25, iou: flo
     name, size = session.get_inputs()[0].name, session.get_inputs()[0].shape[2]  # 1x3x640x640
     classes = len(ast.literal_eval(session.get_modelmeta().custom_metadata_map["names"]))
     cap = cv2.VideoCapture(clip)
-    frames = 0
+    frames, blob = 0, None
     while limit is None or frames < limit:
-        ok, frame = cap.read()
-        if not ok:
-            break
+        if blob is None or not runtime_alone:
+            ok, frame = cap.read()
+            if not ok:
+                break
+            h, w = frame.shape[:2]
+            scale = min(size / w, size / h)
+            nw, nh = round(w * scale), round(h * scale)
+            top, left = (size - nh) // 2, (size - nw) // 2
+            canvas = np.full((size, size, 3), 114, np.uint8)
+            canvas[top:top + nh, left:left + nw] = cv2.resize(frame, (nw, nh), interpolation=cv2.INTER_LINEAR)
+            blob = np.ascontiguousarray(canvas[:, :, ::-1].transpose(2, 0, 1)[None], np.float32) / 255.0
         frames += 1
-        h, w = frame.shape[:2]
-        scale = min(size / w, size / h)
-        nw, nh = round(w * scale), round(h * scale)
-        top, left = (size - nh) // 2, (size - nw) // 2
-        canvas = np.full((size, size, 3), 114, np.uint8)
-        canvas[top:top + nh, left:left + nw] = cv2.resize(frame, (nw, nh), interpolation=cv2.INTER_LINEAR)
-        blob = np.ascontiguousarray(canvas[:, :, ::-1].transpose(2, 0, 1)[None], np.float32) / 255.0
         out = session.run(None, {name: blob})[0][0].T  # 8400 x (cx, cy, w, h, class scores[, keypoints])
+        if runtime_alone:  # the ceiling: inference only, nothing decoded
+            yield []
+            continue
         scores = out[:, 4:4 + classes]
         best, cls = scores.max(1), scores.argmax(1)
         out, best, cls = out[best > conf], best[best > conf], cls[best > conf]
@@ -115,7 +126,7 @@ def ultralytics_loop(model: str, clip: str, threads: int, task: str, conf: float
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("program", choices=("plain", "ultralytics"))
+    parser.add_argument("program", choices=("plain", "ultralytics", "runtime"))
     parser.add_argument("model")
     parser.add_argument("clip")
     parser.add_argument("--threads", type=int, required=True)
@@ -126,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="detect", help="ultralytics: the model's task (pose, detect)")
     args = parser.parse_args(argv)
     common = {"conf": args.conf, "iou": args.iou, "max_det": args.max_det, "limit": args.limit}
-    if args.program == "plain":
-        frames = plain_loop(args.model, args.clip, args.threads, **common)
+    if args.program in ("plain", "runtime"):
+        frames = plain_loop(args.model, args.clip, args.threads, **common, runtime_alone=args.program == "runtime")
     else:
         frames = ultralytics_loop(args.model, args.clip, args.threads, args.task, **common)
     for index, boxes in enumerate(frames):

@@ -1,7 +1,7 @@
 """edgeinfer against the loop users write and against Ultralytics' own predict, on the same ONNX file.
 
-Four programs, each a process of its own, on every frame of a 1280x720 clip (H.264 in MP4, MJPEG in AVI),
-at the same intra-op thread count; the first three on ONNX Runtime:
+Five programs, each a process of its own, on every frame of a 1280x720 clip (H.264 in MP4, MJPEG in AVI),
+at the same intra-op thread count; all but "chosen" on ONNX Runtime:
 
 * **plain** — the ~40-line OpenCV + ONNX Runtime loop a user writes (bench/peer_programs.py ``plain_loop``);
 * **edgeinfer** — ``edgeinfer run MODEL --source CLIP --json --threads N --delegate onnxruntime`` at
@@ -11,7 +11,10 @@ at the same intra-op thread count; the first three on ONNX Runtime:
   first run measures), the one it ran on kept from its summary line;
 * **ultralytics** — ``YOLO(MODEL, task=...).predict(CLIP, stream=True, conf=0.25, iou=0.7, max_det=300)`` in
   a bench-only environment (``--setup-ultralytics`` makes it; bench/peer_programs.py says how its threads
-  are set). Left out, and said so, when that environment is missing.
+  are set). Left out, and said so, when that environment is missing;
+* **runtime** — the ceiling: the plain loop's session invoked as many times as the clip has frames on its first
+  frame, preprocessed once; no decoding, preprocessing or output decoding. No program on this runtime and thread
+  count can run faster, so "the runtime alone ÷ plain" is the most any program could lead the plain loop by.
 
 Each program prints one JSON line per frame as it finishes it; this process times the lines as they come.
 Per run: **steady fps** (frames after the warm-up over the time from the warm-up's last result to the
@@ -27,7 +30,7 @@ Without Ultralytics, the plain loop's boxes are the reference.
 
     PYTHONPATH=. python bench/peers.py [--models pose,fall] [--threads 1,2] [--codecs h264,mjpeg]
                                        [--rounds 5] [--frames 150] [--warmup 15] [--json out.json]
-                                       [--programs plain,edgeinfer,ultralytics,chosen] [--ultralytics-python PY]
+                                       [--programs plain,edgeinfer,ultralytics,chosen,runtime] [--ultralytics-python PY]
     PYTHONPATH=. python bench/peers.py --setup-ultralytics   # make the bench-only Ultralytics environment
     PYTHONPATH=. python bench/peers.py --report a.json b.json  # one table from earlier runs
 """
@@ -79,7 +82,7 @@ PROGRAMS_FILE = BENCH / "peer_programs.py"
 #: the models: short name -> (file in the shared assets, Ultralytics task)
 MODELS = {"pose": ("yolo11n-pose.onnx", "pose"), "fall": ("yolo_fall_detection.onnx", "detect")}
 CODECS = ("h264", "mjpeg")
-PROGRAMS = ("plain", "edgeinfer", "ultralytics", "chosen")
+PROGRAMS = ("plain", "edgeinfer", "ultralytics", "chosen", "runtime")
 #: the programs that are edgeinfer runs (their result lines read alike)
 EDGEINFER_PROGRAMS = ("edgeinfer", "chosen")
 #: Ultralytics' predict defaults, given to all three programs
@@ -168,17 +171,18 @@ def bench_clip(codec: str, count: int, size: tuple[int, int] = SIZE, cache: Path
 
 # ------------------------------------------------------------------------------------------- the programs
 def program_command(program: str, model: Path, task: str, clip: Path, threads: int,
-                    ultralytics_python: Path) -> list[str]:
-    """The command line that runs ``program`` over ``clip``."""
+                    ultralytics_python: Path, limit: int | None = None) -> list[str]:
+    """The command line that runs ``program`` over ``clip`` (``runtime``: ``limit`` invokes, the clip's length)."""
     conf, iou, max_det = (str(THRESHOLDS[k]) for k in ("conf", "iou", "max_det"))
     if program in EDGEINFER_PROGRAMS:
         same_runtime = ["--delegate", "onnxruntime"] if program == "edgeinfer" else []
         return [sys.executable, "-m", "edgeinfer", "run", str(model), "--source", str(clip), "--json",
                 "--threads", str(threads), "--score-threshold", conf, "--iou", iou, "--max-detections", max_det,
                 *same_runtime]
-    python = sys.executable if program == "plain" else str(ultralytics_python)
+    python = str(ultralytics_python) if program == "ultralytics" else sys.executable
+    invokes = ["--limit", str(limit)] if program == "runtime" and limit else []
     return [python, str(PROGRAMS_FILE), program, str(model), str(clip), "--threads", str(threads), "--task", task,
-            "--conf", conf, "--iou", iou, "--max-det", max_det]
+            "--conf", conf, "--iou", iou, "--max-det", max_det, *invokes]
 
 
 def program_env(program: str) -> dict[str, str]:
@@ -293,7 +297,7 @@ def bench_case(case: Case, programs: list[str], rounds: int, frames: int, warmup
                 continue
             if quiet_wait:
                 wait_quiet(quiet_wait)
-            command = program_command(name, model, task, clip, case.threads, ultralytics_python)
+            command = program_command(name, model, task, clip, case.threads, ultralytics_python, warmup + frames)
             try:
                 run = run_program(name, command, warmup)
             except ProgramFailed as exc:
@@ -320,7 +324,8 @@ def bench_case(case: Case, programs: list[str], rounds: int, frames: int, warmup
         delegates = sorted({r.delegate for r in done if r.delegate})
         if delegates:
             result["programs"][name]["delegates"] = delegates
-    for edge_name, peers in (("edgeinfer", ("plain", "ultralytics")), ("chosen", ("ultralytics", "plain"))):
+    for edge_name, peers in (("edgeinfer", ("plain", "ultralytics", "runtime")), ("chosen", ("ultralytics", "plain")),
+                             ("runtime", ("plain", "ultralytics"))):
         for peer in peers:
             pairs = list(zip(runs.get(edge_name, []), runs.get(peer, [])))  # the same rounds
             if pairs:
@@ -341,11 +346,13 @@ def _figures(result: dict, key: str, spec: str) -> str:
     return " / ".join(_fmt(result["programs"].get(p, {}).get(key), spec) for p in PROGRAMS)
 
 
-def _ratio(result: dict, peer: str, program: str = "edgeinfer", goal: float = GOAL_RATIO) -> str:
+def _ratio(result: dict, peer: str, program: str = "edgeinfer", goal: float | None = GOAL_RATIO) -> str:
+    """A ratio's median (min–max) over the rounds, and its verdict against ``goal`` (None: a figure, no goal)."""
     spread = result["ratios"].get(f"{program} / {peer}")
     if spread is None:
         return "—"
-    return f"{spread['median']:.2f}x ({spread['min']:.2f}–{spread['max']:.2f}) {verdict(spread, goal)}"
+    figures = f"{spread['median']:.2f}x ({spread['min']:.2f}–{spread['max']:.2f})"
+    return figures if goal is None else f"{figures} {verdict(spread, goal)}"
 
 
 def verdict(spread: dict, goal: float = GOAL_RATIO) -> str:
@@ -397,15 +404,18 @@ def report(results: list[dict], log) -> None:
     log("\n== summary: medians over the rounds; ratios of steady fps, median (min–max) of the rounds, goal "
         f">= {GOAL_RATIO}x met when every round meets it; boxes: recall / precision against the reference, goal "
         f">= {GOAL_AGREEMENT:.0%}\n")
-    log("| model, threads, codec | steady fps p / e / U / c | edgeinfer ÷ plain | "
-        "edgeinfer ÷ Ultralytics | the chosen runtime ÷ Ultralytics (goal 2x) | CPU ms/frame p / e / U / c | "
-        "edgeinfer's CPU/frame | peak RSS MiB p / e / U / c | first result s p / e / U / c | "
-        "boxes (recall / precision) | other load, cores |")
-    log("|---|---|---|---|---|---|---|---|---|---|---|")
+    log("| model, threads, codec | steady fps p / e / U / c / r | edgeinfer ÷ plain | "
+        "edgeinfer ÷ Ultralytics | the chosen runtime ÷ Ultralytics (goal 2x) | "
+        "the ceiling: the runtime alone ÷ plain, ÷ Ultralytics | edgeinfer ÷ the runtime alone | "
+        "CPU ms/frame p / e / U / c / r | edgeinfer's CPU/frame | peak RSS MiB p / e / U / c / r | "
+        "first result s p / e / U / c / r | boxes (recall / precision) | other load, cores |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for result in results:
         load = statistics.median(p["other_load_cores"] for p in result["programs"].values())
         log(f"| {result['case']} | {_figures(result, 'fps', '.2f')} | {_ratio(result, 'plain')} | "
-            f"{_ratio(result, 'ultralytics')} | {_chosen(result)} | {_figures(result, 'cpu_ms_per_frame', '.0f')} | "
+            f"{_ratio(result, 'ultralytics')} | {_chosen(result)} | "
+            f"{_ratio(result, 'plain', 'runtime', None)}, {_ratio(result, 'ultralytics', 'runtime', None)} | "
+            f"{_ratio(result, 'runtime', 'edgeinfer', None)} | {_figures(result, 'cpu_ms_per_frame', '.0f')} | "
             f"{_cpu_ratio(result)} | "
             f"{_figures(result, 'rss_mib', '.0f')} | {_figures(result, 'first_result_s', '.1f')} | "
             f"{_agreement(result)} | {load:.1f} |")

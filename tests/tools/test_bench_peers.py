@@ -47,15 +47,18 @@ def assert_measured(case: dict, programs: tuple[str, ...]) -> None:
 
 
 def test_the_plain_loop_and_edgeinfer_run_on_both_codecs_and_their_boxes_agree(tmp_path):
-    results, log = run_bench(tmp_path, "--programs", "plain,edgeinfer,chosen", "--codecs", "h264,mjpeg")
+    results, log = run_bench(tmp_path, "--programs", "plain,edgeinfer,chosen,runtime", "--codecs", "h264,mjpeg")
     assert [r["codec"] for r in results] == ["h264", "mjpeg"]
     clips = sorted(p.suffix for p in (tmp_path / "clips").iterdir())
     assert clips == [".avi", ".mp4"], clips
     for case in results:
-        assert_measured(case, ("plain", "edgeinfer", "chosen"))
+        assert_measured(case, ("plain", "edgeinfer", "chosen", "runtime"))
         assert case["programs"]["edgeinfer"]["delegates"] == ["onnxruntime"]  # the plain loop's runtime
         assert case["programs"]["chosen"]["delegates"]  # what the run without --delegate ran on, from its summary
-        assert set(case["ratios"]) == {"edgeinfer / plain", "chosen / plain"}
+        # the ceiling (the runtime alone) is a ratio of its own and a peer of edgeinfer's, never a box reference
+        assert set(case["ratios"]) == {"edgeinfer / plain", "chosen / plain", "edgeinfer / runtime",
+                                       "runtime / plain"}
+        assert set(case["agreement"]) == {"edgeinfer vs plain", "chosen vs plain"}
         ratio = case["ratios"]["edgeinfer / plain"]
         assert ratio["min"] <= ratio["median"] <= ratio["max"] and len(ratio["all"]) == 1
         found = case["agreement"]["edgeinfer vs plain"]  # no Ultralytics here: the plain loop is the reference
@@ -93,7 +96,8 @@ def test_ultralytics_runs_on_the_same_file_and_its_boxes_are_the_reference(tmp_p
     if not python.exists():
         pytest.skip(f"no bench-only Ultralytics environment at {python} (bench/peers.py --setup-ultralytics makes "
                     "it; EDGEINFER_ULTRALYTICS_PYTHON names another)")
-    results, _ = run_bench(tmp_path, "--codecs", "h264", "--ultralytics-python", str(python))
+    results, _ = run_bench(tmp_path, "--codecs", "h264", "--ultralytics-python", str(python),
+                           "--programs", "plain,edgeinfer,ultralytics,chosen")
     case = results[0]
     assert_measured(case, ("plain", "edgeinfer", "ultralytics", "chosen"))
     assert set(case["ratios"]) == {"edgeinfer / plain", "edgeinfer / ultralytics", "chosen / ultralytics",
