@@ -16,9 +16,9 @@ from support.browser import (
     DESKTOP,
     PHONE,
     PNG_SIGNATURE,
-    Browser,
     png_size,
     screenshot,
+    shared_browser,
     text_of,
     wait_for,
     wait_js,
@@ -44,7 +44,7 @@ def dash(tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser():
     """One Chromium for the module: its console is collected from the first page to the last."""
-    with Browser(DESKTOP) as chromium:
+    with shared_browser(DESKTOP) as chromium:
         yield chromium
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support import scenes
 from support.agent import AgentProcess, write_config
-from support.browser import DESKTOP, PHONE, Browser, screenshot, text_of, wait_for, wait_js, wait_text
+from support.browser import DESKTOP, PHONE, Browser, screenshot, shared_browser, text_of, wait_for, wait_js, wait_text
 from support.dashboard import Dashboard, go, settle, sign_in
 from support.fleet import simulated_fleet
 from support.pipeline import ULTRAFACE
@@ -78,7 +78,7 @@ def page(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def chromium():
-    with Browser(DESKTOP) as shared:
+    with shared_browser(DESKTOP) as shared:
         yield shared
 
 

@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support.browser import DESKTOP, Browser, wait_for, wait_js, wait_text
+from support.browser import DESKTOP, shared_browser, wait_for, wait_js, wait_text
 from support.dashboard import go, running_dashboard, sign_in
 
 from edgeinfer.fleet.api.schemas import DeploymentSpec
@@ -35,7 +35,7 @@ def test_the_deployments_list_and_page_say_each_deployment_s_kind(dash, tmp_path
     model_file = tmp_path / "m.tflite"
     model_file.write_bytes(b"TFL3" + b"\0" * 60)
     model = admin.upload(model_file)
-    with Browser(DESKTOP) as browser:
+    with shared_browser(DESKTOP) as browser:
         sign_in(browser, dash, "viewer")
         go(browser, dash, "#/deployments")
         wait_for(browser, "[data-testid=deployments]", 15)

@@ -14,7 +14,7 @@ from typing import Any
 from support import scenes
 from support.agent import AgentProcess, write_config
 from support.assets import MODELS
-from support.browser import DESKTOP, Browser, wait_for, wait_js, wait_text
+from support.browser import DESKTOP, Browser, shared_browser, wait_for, wait_js, wait_text
 from support.dashboard import Dashboard, go, sign_in
 from support.ports import free_port
 from support.processes import wait_until
@@ -106,7 +106,7 @@ def test_a_line_drawn_on_a_pose_pipeline_in_the_editor_is_applied_by_the_device_
             pipelines=[{"name": "people", "model": str(YOLO_POSE), "source": str(clip), "loop": True,
                         "max_fps": 10, "score_threshold": 0.4, "threads": 1}])
         dashboard = Dashboard(manager, None, [DEVICE], tokens, {})
-        with AgentProcess(config, tmp_path / "agent.log") as agent, Browser(DESKTOP) as browser:
+        with AgentProcess(config, tmp_path / "agent.log") as agent, shared_browser(DESKTOP) as browser:
             def running_pose() -> bool:
                 state = (_get(url, f"/api/devices/{DEVICE}", tokens["viewer"]) or {}).get("state") or {}
                 return any(p.get("task") == "pose" and p.get("status") == "running" for p in state.get("pipelines", []))

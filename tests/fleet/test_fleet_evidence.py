@@ -504,13 +504,13 @@ def _shown_event(fleet, seq: int, event_id: str, snapshot: bytes, clip_file: tup
 
 
 def test_the_dashboard_shows_the_snapshot_and_plays_the_clip(fleet):
-    from support.browser import Browser, wait_for, wait_js
+    from support.browser import shared_browser, wait_for, wait_js
     from support.dashboard import go, sign_in
 
     shown = new_event_id(30)
     snapshot, (movie, parts) = jpeg(200, 150, 40), clip(8, 41, 120, 90)
     dash, item = _shown_event(fleet, 10, shown, snapshot, ("clip.mjpeg", movie), frames=8, duration_s=1.0)
-    with Browser() as browser:
+    with shared_browser() as browser:
         sign_in(browser, dash, "viewer")
         go(browser, dash, "#/events")
         wait_for(browser, item, 15)
@@ -641,12 +641,12 @@ def test_events_from_a_file_source_land_with_wall_clock_time_and_their_source_ti
 def test_the_events_page_says_when_a_file_sources_events_happened_and_where_in_the_file(fleet, scene_run):
     """The Events page in Chromium, with the real agent's events from a file: each says it happened seconds ago
     (it said "20785 d ago", the clip's time read as a date) and, as a file's, where in the clip."""
-    from support.browser import Browser, wait_for
+    from support.browser import shared_browser, wait_for
     from support.dashboard import Dashboard, go, sign_in
 
     dash = Dashboard(fleet.manager, None, ["cam-e2e"], fleet.tokens,
                      {role: f"evidence-{role}" for role in fleet.tokens})
-    with Browser() as browser:
+    with shared_browser() as browser:
         sign_in(browser, dash, "viewer")
         go(browser, dash, "#/events")
         for event in scene_run.listed:
@@ -685,7 +685,7 @@ def test_an_mp4_clip_and_the_plain_snapshot_are_stored_and_served_as_what_they_a
 
 
 def test_the_dashboard_plays_an_mp4_clip_in_a_video_element(fleet, tmp_path):
-    from support.browser import Browser, wait_for, wait_js
+    from support.browser import shared_browser, wait_for, wait_js
     from support.dashboard import go, sign_in
 
     from edgeinfer.pipeline.evidence import EncodedFrame
@@ -696,7 +696,7 @@ def test_the_dashboard_plays_an_mp4_clip_in_a_video_element(fleet, tmp_path):
     write_clip(tmp_path, [EncodedFrame(i, i / 5, jpeg(320, 240, 60 + i)) for i in range(10)])
     shown, snapshot, movie = new_event_id(40), jpeg(200, 150, 59), (tmp_path / "clip.mp4").read_bytes()
     dash, item = _shown_event(fleet, 20, shown, snapshot, ("clip.mp4", movie), frames=10, duration_s=1.8)
-    with Browser() as browser:
+    with shared_browser() as browser:
         sign_in(browser, dash, "viewer")
         go(browser, dash, "#/events")
         wait_for(browser, item, 15)
