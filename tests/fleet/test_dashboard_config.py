@@ -60,7 +60,7 @@ def page(tmp_path_factory):
             telemetry_interval_s=0.5, profile="none", reconnect_min_s=0.1, reconnect_max_s=1.0,
             update_public_key=manager.key.public_key_b64(),
             pipelines=[{"name": "main", "model": str(ULTRAFACE), "source": str(clip), "task": "detect", "loop": True,
-                        "max_fps": 5, "threads": 1}])
+                        "max_fps": 1, "threads": 1}])  # 1 fps: it only has to be running, for the whole module
         with AgentProcess(config, folder / "agent.log") as agent:
             first = admin.save_config("group", GROUP, {"pipelines": [PIPELINE]}, revision=0, message="first",
                                       rollout=FAST)
