@@ -31,7 +31,9 @@ class ClaimRows:
         # cache-keyed again each time); a bindparam is never a column's name, which an UPDATE keeps for its SET
         c, r, s = self.claims.c, self.requests.c, self.serials.c
         claim, serial, name = sa.bindparam("claim"), sa.bindparam("serial_"), sa.bindparam("name")
-        self._claim = sa.select(self.claims).where(c.claim_id == claim)
+        self._claim_and_request = (  # a device's first statement: its claim, and its request if it made one
+            sa.select(self.claims, *(column.label(f"request_{column.name}") for column in self.requests.c))
+            .select_from(self.claims.outerjoin(self.requests, r.serial == serial)).where(c.claim_id == claim))
         self._request_for = sa.select(self.requests).where(r.serial == serial)
         self._take_place = (self.claims.update().where(c.claim_id == claim).values(used=c.used + 1)
                             .returning(*self.claims.c))  # locks the claim's row (PostgreSQL) till the commit
@@ -65,10 +67,20 @@ class ClaimRows:
             if listed:
                 conn.execute(self.serials.insert(), listed)
 
-    def claim(self, claim_id: str) -> dict | None:
+    def claim_and_request(self, claim_id: str, serial: str) -> tuple[dict | None, dict | None]:
+        """A claim's row (None: no such claim), and the request made for ``serial`` (:meth:`request_for`), in one
+        statement: every device's request asks both."""
         with self._connection() as conn:
-            row = conn.execute(self._claim, {"claim": claim_id}).mappings().first()
-        return dict(row) if row else None
+            row = conn.execute(self._claim_and_request, {"claim": claim_id, "serial_": serial}).mappings().first()
+        if row is None:
+            return None, None
+        claim, request = {}, {}
+        for key, value in row.items():
+            if key.startswith("request_"):
+                request[key[8:]] = value
+            else:
+                claim[key] = value
+        return claim, request if request["serial"] is not None else None
 
     def list_claims(self) -> list[dict]:
         """Every claim with ``used`` (its pending and approved requests) and ``serials`` (how many it lists)."""
