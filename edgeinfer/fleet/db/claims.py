@@ -34,6 +34,7 @@ class ClaimRows:
         self._claim_and_request = (  # a device's first statement: its claim, and its request if it made one
             sa.select(self.claims, *(column.label(f"request_{column.name}") for column in self.requests.c))
             .select_from(self.claims.outerjoin(self.requests, r.serial == serial)).where(c.claim_id == claim))
+        self._columns = tuple(tuple(column.name for column in table.c) for table in (self.claims, self.requests))
         self._request_for = sa.select(self.requests).where(r.serial == serial)
         self._take_place = (self.claims.update().where(c.claim_id == claim).values(used=c.used + 1)
                             .returning(*self.claims.c))  # locks the claim's row (PostgreSQL) till the commit
@@ -74,13 +75,9 @@ class ClaimRows:
             row = conn.execute(self._claim_and_request, {"claim": claim_id, "serial_": serial}).mappings().first()
         if row is None:
             return None, None
-        claim, request = {}, {}
-        for key, value in row.items():
-            if key.startswith("request_"):
-                request[key[8:]] = value
-            else:
-                claim[key] = value
-        return claim, request if request["serial"] is not None else None
+        claim = {name: row[name] for name in self._columns[0]}
+        request = {name: row[f"request_{name}"] for name in self._columns[1]}
+        return claim, request if request["serial"] is not None else None  # the outer join's nulls: none made
 
     def list_claims(self) -> list[dict]:
         """Every claim with ``used`` (its pending and approved requests) and ``serials`` (how many it lists)."""
