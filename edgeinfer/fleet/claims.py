@@ -39,6 +39,7 @@ from ..link.vocabulary import DEFAULT_FLEET, Word
 from .access import FleetAccess
 from .broker_auth import DEVICE_CERT_DAYS
 from .db import FleetDB
+from .db.claims import ClaimRows
 from .device_certs import read_csr
 
 
@@ -192,37 +193,42 @@ class ClaimService:
     # ------------------------------------------------------------------------------------ provisioning
     def provision(self, claim_token: str, csr_pem: str, hardware: dict[str, Any], remote: str | None) -> Provisioned:
         """A device's request (or its poll): see the module's docstring; ProvisioningRefused otherwise."""
-        claim = self._claim_of(claim_token)
-        csr = read_csr(csr_pem)
-        self._broker(403)
-        key_sha256, serial = public_key_sha256(csr), hardware["serial"]
-        auto = claim["approve"] == Approval.AUTO
-        approve = self._approving(csr, claim) if auto else None
-        actions = ("provision.request", *(["provision.approve"] if auto else []))
+        with self.rows.one_connection() as rows:  # one checkout and one transaction for the request, not three
+            claim, request = self._claim_of(claim_token, rows, hardware["serial"])
+            csr = read_csr(csr_pem)
+            self._broker(403)
+            key_sha256, serial = public_key_sha256(csr), hardware["serial"]
+            auto = claim["approve"] == Approval.AUTO
+            approve = self._approving(csr, claim) if auto else None
+            actions = ("provision.request", *(["provision.approve"] if auto else []))
 
-        def audit(made: dict) -> list[dict]:  # written in the request's transaction
-            return self.access.db.audit_rows([_device_entry(action, made, claim["approve"]) for action in actions])
+            def audit(made: dict) -> list[dict]:  # written in the request's transaction
+                return self.access.db.audit_rows([_device_entry(action, made, claim["approve"]) for action in actions])
 
-        for _attempt in range(3):  # a request for the same serial committed between our read and our insert
-            request = self.rows.request_for(serial)
-            if request is not None:
-                return self._answer_existing(request, claim, key_sha256)
-            row = {"serial": serial, "claim_id": claim["claim_id"], "fleet": claim["fleet"], "groups": claim["groups"],
-                   "state": RequestState.PENDING.value, "public_key_sha256": key_sha256, "csr": csr_pem,
-                   "hardware": hardware, "remote": remote, "requested_at": time.time()}
-            made = self.rows.add_request(claim["claim_id"], row, _admit, device_names(claim["name_template"], serial),
-                                         approve, audit)
-            if made is not None:
-                return self._answer_existing(made, claim, key_sha256)
-        raise ProvisioningRefused(409, f"hardware.serial {serial!r}: requests for it keep colliding; ask again")
+            for attempt in range(3):  # a request for the same serial committed between our read and our insert
+                if attempt:
+                    request = rows.request_for(serial)
+                if request is not None:
+                    break
+                row = {"serial": serial, "claim_id": claim["claim_id"], "fleet": claim["fleet"],
+                       "groups": claim["groups"], "state": RequestState.PENDING.value, "public_key_sha256": key_sha256,
+                       "csr": csr_pem, "hardware": hardware, "remote": remote, "requested_at": time.time()}
+                request = rows.add_request(claim["claim_id"], row, _admit,
+                                           device_names(claim["name_template"], serial), approve, audit)
+                if request is not None:
+                    break
+            else:
+                raise ProvisioningRefused(409, f"hardware.serial {serial!r}: requests for it keep colliding; ask again")
+        return self._answer_existing(request, claim, key_sha256)  # its connection back in the pool first
 
-    def _claim_of(self, token: str) -> dict:
+    def _claim_of(self, token: str, rows: ClaimRows, serial: str) -> tuple[dict, dict | None]:
+        """The token's claim, and the request made for ``serial`` if there is one (read with it)."""
         match = CLAIM_TOKEN_RE.fullmatch(token)
-        claim = self.rows.claim(match.group(1)) if match else None
+        claim, request = rows.claim_and_request(match.group(1), serial) if match else (None, None)
         # compare even without a row, so an unknown id costs what a wrong secret costs
         if not hmac.compare_digest(claim["token_hash"] if claim else "0" * 64, token_hash(token)) or claim is None:
             raise ProvisioningRefused(401, "claim: not a claim this manager issued")
-        return claim
+        return claim, request
 
     def _answer_existing(self, request: dict, claim: dict, key_sha256: str) -> Provisioned:
         """The answer to a request already stored: a poll of it, or another device's (409)."""

@@ -138,3 +138,56 @@ def test_fleet_db_upgrade_and_current_commands(tmp_path):
     bad = subprocess.run(edgeinfer_cmd("fleet", "db", "upgrade", "--db", "sqlite:////nonexistent/dir/x.db"),
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "cannot open fleet database" in bad.stderr
+
+
+def test_a_claims_places_are_counted_from_its_requests_made_before_and_kept_as_devices_come_and_are_rejected(db_url):
+    """Migration 0015: ``claims.used`` counted from the requests a database at 0014 holds (pending and approved, not
+    rejected), then kept by every request admitted, refused (its place given back) and rejected (its place freed)."""
+    from alembic import command
+
+    from edgeinfer.errors import ProvisioningRefused
+    from edgeinfer.fleet.claims import _admit
+    from edgeinfer.fleet.db.migrate import _config
+    from edgeinfer.fleet.db.schema import tables
+
+    t = tables(sa)
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        command.upgrade(_config(conn), "0014")
+        conn.execute(t.claims.insert(), {"claim_id": "c1", "token_hash": "0" * 64, "fleet": "f", "groups": ["g"],
+                                         "approve": "manual", "max_devices": 3, "has_serials": False,
+                                         "name_template": "cam-{serial}", "created_at": 1.0})
+        conn.execute(t.provisioning.insert(), [request(f"s{n}", f"cam-s{n}", state) for n, state in
+                                               enumerate(("pending", "approved", "rejected"))])
+    engine.dispose()
+    db = FleetDB(db_url)
+    try:
+        def used() -> int:
+            with db.engine.connect() as conn:
+                return conn.execute(sa.select(db.t.claims.c.used)).scalar_one()
+
+        def add(serial: str) -> dict | None:
+            return db.claims.add_request("c1", request(serial), _admit, iter([f"cam-{serial}", f"cam-{serial}-2"]))
+
+        assert used() == 2 and db.claims.list_claims()[0]["used"] == 2
+        assert add("s3")["device_id"] == "cam-s3" and used() == 3
+        with pytest.raises(ProvisioningRefused, match="exhausted"):
+            add("s4")
+        assert used() == 3 and db.claims.request_for("s4") is None  # refused: nothing kept, no place taken
+        assert db.claims.decide("cam-s0", "rejected", {"decided_at": 2.0, "decided_by": "op"})["state"] == "rejected"
+        assert used() == 2
+        assert db.claims.decide("cam-s0", "rejected", {"decided_at": 3.0, "decided_by": "op"})["decided_at"] == 2.0
+        assert used() == 2  # rejected once: freed once
+        assert db.claims.decide("cam-s3", "approved", {"decided_at": 2.0})["state"] == "approved" and used() == 2
+        assert add("s1") is None and used() == 2  # its serial is taken: the insert's place given back
+        assert add("s4")["device_id"] == "cam-s4" and used() == 3
+    finally:
+        db.close()
+
+
+def request(serial: str, device_id: str | None = None, state: str = "pending") -> dict:
+    """A provisioning request's row (``device_id``: as stored; None: for ``ClaimRows.add_request`` to name)."""
+    row = {"serial": serial, "claim_id": "c1", "fleet": "f", "groups": ["g"], "state": state,
+           "public_key_sha256": "0" * 64, "csr": "-", "hardware": {"serial": serial}, "remote": None,
+           "requested_at": 1.0}
+    return row if device_id is None else {**row, "device_id": device_id}

@@ -1,11 +1,16 @@
 """Claims and provisioning requests in the fleet database (fleet/claims.py says what they mean): ``claims`` (the token's
 hash only), ``claim_serials`` and ``provisioning``. A request is made in one transaction with its claim's row locked
-(PostgreSQL: ``FOR UPDATE``; SQLite writes one at a time), so several managers never admit more devices than a claim
-allows; the serial's and the device id's uniqueness are the table's, so two managers never give one twice."""
+(its ``used`` count taken by an ``UPDATE``: PostgreSQL locks the row; SQLite writes one at a time), so several managers
+never admit more devices than a claim allows; the serial's and the device id's uniqueness are the table's, so two
+managers never give one twice. ``claims.used`` counts a claim's pending and approved requests (migration 0015): the
+request's insert adds one, a rejection frees it, in the same transaction — a lock held for O(1), not a count of
+every request the claim made."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import copy
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 #: what a request's row is listed with (not its CSR)
@@ -21,30 +26,64 @@ class ClaimRows:
         self.claims, self.serials, self.requests = tables.claims, tables.claim_serials, tables.provisioning
         self._taken = (tables.devices, tables.credentials)  # device ids in use besides the requests'
         self.certificates, self.audit = tables.certificates, tables.audit
-        self._holders: Any = None  # the statement that finds who holds a device id (made once)
+        self._bound: Any = None  # the connection of :meth:`one_connection`'s rows
+        # what a device's request runs, made once (a fleet provisions thousands at once: no statement built and
+        # cache-keyed again each time); a bindparam is never a column's name, which an UPDATE keeps for its SET
+        c, r, s = self.claims.c, self.requests.c, self.serials.c
+        claim, serial, name = sa.bindparam("claim"), sa.bindparam("serial_"), sa.bindparam("name")
+        self._claim_and_request = (  # a device's first statement: its claim, and its request if it made one
+            sa.select(self.claims, *(column.label(f"request_{column.name}") for column in self.requests.c))
+            .select_from(self.claims.outerjoin(self.requests, r.serial == serial)).where(c.claim_id == claim))
+        self._columns = tuple(tuple(column.name for column in table.c) for table in (self.claims, self.requests))
+        self._request_for = sa.select(self.requests).where(r.serial == serial)
+        self._take_place = (self.claims.update().where(c.claim_id == claim).values(used=c.used + 1)
+                            .returning(*self.claims.c))  # locks the claim's row (PostgreSQL) till the commit
+        self._listed = sa.select(s.serial).where((s.claim_id == claim) & (s.serial == serial))
+        self._holders = sa.union_all(*(sa.select(table.c.device_id).where(table.c.device_id == name)
+                                       for table in (self.requests, *self._taken))).limit(1)
+        self._inserts = {table.name: table.insert() for table in (self.requests, self.certificates, self.audit)}
+
+    @contextmanager
+    def one_connection(self) -> Iterator[ClaimRows]:
+        """These rows on one pooled connection, for what one device's request reads and writes: one checkout (and
+        pre-ping) and one transaction, not one a call. :meth:`add_request` commits; the rest rolls back on leaving."""
+        with self.engine.connect() as conn:
+            bound = copy.copy(self)
+            bound._bound = conn
+            yield bound
+
+    @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        if self._bound is not None:
+            yield self._bound
+        else:
+            with self.engine.connect() as conn:
+                yield conn
 
     # ----------------------------------------------------------------------------------------- claims
     def insert_claim(self, row: dict, serials: Iterable[str]) -> None:
         with self.engine.begin() as conn:
-            conn.execute(self.claims.insert().values(**row))
+            conn.execute(self.claims.insert(), row)
             listed = [{"claim_id": row["claim_id"], "serial": s} for s in dict.fromkeys(serials)]
             if listed:
                 conn.execute(self.serials.insert(), listed)
 
-    def claim(self, claim_id: str) -> dict | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(self.sa.select(self.claims).where(self.claims.c.claim_id == claim_id)).mappings().first()
-        return dict(row) if row else None
+    def claim_and_request(self, claim_id: str, serial: str) -> tuple[dict | None, dict | None]:
+        """A claim's row (None: no such claim), and the request made for ``serial`` (:meth:`request_for`), in one
+        statement: every device's request asks both."""
+        with self._connection() as conn:
+            row = conn.execute(self._claim_and_request, {"claim": claim_id, "serial_": serial}).mappings().first()
+        if row is None:
+            return None, None
+        claim = {name: row[name] for name in self._columns[0]}
+        request = {name: row[f"request_{name}"] for name in self._columns[1]}
+        return claim, request if request["serial"] is not None else None  # the outer join's nulls: none made
 
     def list_claims(self) -> list[dict]:
         """Every claim with ``used`` (its pending and approved requests) and ``serials`` (how many it lists)."""
-        sa, r, s = self.sa, self.requests.c, self.serials.c
-        used = (sa.select(r.claim_id, sa.func.count().label("n")).where(r.state != "rejected")
-                .group_by(r.claim_id).subquery())
+        sa, s = self.sa, self.serials.c
         listed = sa.select(s.claim_id, sa.func.count().label("n")).group_by(s.claim_id).subquery()
-        query = (sa.select(self.claims, sa.func.coalesce(used.c.n, 0).label("used"),
-                           sa.func.coalesce(listed.c.n, 0).label("serials"))
-                 .outerjoin(used, used.c.claim_id == self.claims.c.claim_id)
+        query = (sa.select(self.claims, sa.func.coalesce(listed.c.n, 0).label("serials"))
                  .outerjoin(listed, listed.c.claim_id == self.claims.c.claim_id)
                  .order_by(self.claims.c.created_at))
         with self.engine.connect() as conn:
@@ -61,8 +100,8 @@ class ClaimRows:
     # ---------------------------------------------------------------------------------------- requests
     def request_for(self, serial: str) -> dict | None:
         """The request made for this serial (any state), with its CSR and certificate."""
-        with self.engine.connect() as conn:
-            row = conn.execute(self.sa.select(self.requests).where(self.requests.c.serial == serial)).mappings().first()
+        with self._connection() as conn:
+            row = conn.execute(self._request_for, {"serial_": serial}).mappings().first()
         return dict(row) if row else None
 
     def request(self, device_id: str) -> dict | None:
@@ -87,35 +126,32 @@ class ClaimRows:
         gives the request's approved columns and its certificate's row, written in the same transaction, as are the
         ``audit_log`` rows ``audit(row)`` gives (one commit a device, not four). The row as stored, or None when
         another request for this serial committed first (read it again)."""
-        sa, c, r = self.sa, self.claims.c, self.requests.c
-        try:
-            with self.engine.begin() as conn:
-                claim = conn.execute(sa.select(self.claims).where(c.claim_id == claim_id).with_for_update()
-                                     ).mappings().one()
-                used = conn.execute(sa.select(sa.func.count()).select_from(self.requests)
-                                    .where((r.claim_id == claim_id) & (r.state != "rejected"))).scalar_one()
-                listed = claim["has_serials"] and conn.execute(sa.select(self.serials.c.serial).where(
-                    (self.serials.c.claim_id == claim_id) & (self.serials.c.serial == row["serial"]))).first()
-                admit(dict(claim), int(used), bool(listed))
+        with self._connection() as conn:
+            try:
+                # the place taken first: the UPDATE locks the claim's row, and answers it as it now is
+                claim = dict(conn.execute(self._take_place, {"claim": claim_id}).mappings().one())
+                listed = claim["has_serials"] and conn.execute(self._listed, {"claim": claim_id,
+                                                                              "serial_": row["serial"]}).first()
+                admit(claim, claim["used"] - 1, bool(listed))
                 row = {**row, "device_id": self._free_name(conn, names)}
                 if approve is not None:
                     approved, certificate = approve(row["device_id"])
                     row.update(approved)
-                    conn.execute(self.certificates.insert().values(**certificate))
-                conn.execute(self.requests.insert().values(**row))
+                    conn.execute(self._inserts[self.certificates.name], certificate)
+                conn.execute(self._inserts[self.requests.name], row)
                 entries = audit(row)
                 if entries:
-                    conn.execute(self.audit.insert(), entries)
-        except sa.exc.IntegrityError:
-            return None
+                    conn.execute(self._inserts[self.audit.name], entries)
+                conn.commit()
+            except self.sa.exc.IntegrityError:
+                conn.rollback()  # the connection asks again in a new transaction
+                return None
+            except BaseException:
+                conn.rollback()  # refused: the place taken is given back
+                raise
         return row
 
     def _free_name(self, conn: Any, names: Iterable[str]) -> str:
-        sa = self.sa
-        if self._holders is None:  # one statement for the three tables (a fleet provisions thousands at once)
-            name = sa.bindparam("name")
-            self._holders = sa.union_all(*(sa.select(table.c.device_id).where(table.c.device_id == name)
-                                           for table in (self.requests, *self._taken))).limit(1)
         for name in names:
             if conn.execute(self._holders, {"name": name}).first() is None:
                 return name
@@ -123,10 +159,14 @@ class ClaimRows:
 
     def decide(self, device_id: str, state: str, values: dict) -> dict | None:
         """Move a pending request to ``state`` with ``values`` (who, when, the certificate); the row as it is now
-        (unchanged when it was not pending), or None when there is no such request."""
-        r = self.requests.c
+        (unchanged when it was not pending), or None when there is no such request. A rejection frees its claim's
+        place, in the same transaction."""
+        sa, c, r = self.sa, self.claims.c, self.requests.c
         with self.engine.begin() as conn:
-            conn.execute(self.requests.update().where((r.device_id == device_id) & (r.state == "pending"))
-                         .values(state=state, **values))
-            row = conn.execute(self.sa.select(self.requests).where(r.device_id == device_id)).mappings().first()
+            row = conn.execute(self.requests.update().where((r.device_id == device_id) & (r.state == "pending"))
+                               .values(state=state, **values).returning(*self.requests.c)).mappings().first()
+            if row is None:  # not pending (or no such request): as it is
+                row = conn.execute(sa.select(self.requests).where(r.device_id == device_id)).mappings().first()
+            elif state == "rejected":
+                conn.execute(self.claims.update().where(c.claim_id == row["claim_id"]).values(used=c.used - 1))
         return dict(row) if row else None

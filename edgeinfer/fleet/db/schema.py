@@ -343,7 +343,7 @@ def config_tables(sa: Any, metadata: Any) -> tuple[Any, Any]:
 
 def claim_tables(sa: Any, metadata: Any) -> tuple[Any, Any, Any]:
     """Claims (a token baked into an image: the hash only), the serials a claim admits when it names them, and each
-    device's provisioning request, pending, approved or rejected (fleet/claims.py; migration 0013)."""
+    device's provisioning request, pending, approved or rejected (fleet/claims.py; migrations 0013, 0015)."""
     claims = sa.Table(
         "claims", metadata,
         sa.Column("claim_id", sa.String(32), primary_key=True),
@@ -358,6 +358,8 @@ def claim_tables(sa: Any, metadata: Any) -> tuple[Any, Any, Any]:
         sa.Column("created_by", sa.String(128)),
         sa.Column("expires_at", sa.Float),
         sa.Column("revoked_at", sa.Float),
+        # its pending and approved requests (migration 0015): what its max_devices bounds, kept by fleet/db/claims.py
+        sa.Column("used", sa.Integer, nullable=False, server_default="0"),
     )
     serials = sa.Table(
         "claim_serials", metadata,
