@@ -270,3 +270,26 @@ def test_the_server_runs_on_uvloop_and_httptools_and_without_them_and_verifies_c
     served = json.loads(done.stdout)
     assert served["loop"].split(".")[0] == loop and served["parser"] == parser
     assert served["peer"] == hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
+
+
+@pytest.mark.parametrize("path", ["/api/v1/provision", "/api/v1/provision/renew"])
+def test_a_devices_provisioning_request_is_matched_against_the_provisioning_routes_only(server, monkeypatch, path):
+    """A fleet coming up sends thousands of these: the API matches them before the dashboard's ~70 routes, which it
+    tried one by one first (api/app.py, ROUTERS); the request is still answered by its route (400 here: no body)."""
+    from fastapi.routing import APIRoute
+
+    from edgeinfer.fleet.api import claims, renewal
+
+    tried = []
+    matches = APIRoute.matches
+
+    def counted(route, scope):
+        if scope.get("path") == path:
+            tried.append(route.path)
+        return matches(route, scope)
+
+    monkeypatch.setattr(APIRoute, "matches", counted)
+    status, _, body = get(f"{server.url}{path}", method="POST", headers={"Content-Length": "0"})
+    assert status in (400, 401) and b"error" in body
+    provisioning_routes = {route.path for router in (claims.router, renewal.router) for route in router.routes}
+    assert tried[-1] == path and set(tried) <= provisioning_routes, tried
