@@ -16,7 +16,7 @@ decides (``api/deps.py``, ``fleet/device_certs.py``).
 
 uvicorn's fast parts when they are installed (the ``fleet`` extra installs both): **httptools** (llhttp, Node.js's
 HTTP/1.1 parser, in C) instead of h11 (pure Python), and **uvloop** (libuv's event loop, whose TLS transport is
-Cython) instead of asyncio's loop (docs/fleet.md, *Scale*: what they save a request). Without them — a platform with
+Cython) instead of asyncio's loop (docs/fleet.md, *HTTP server*: what they save). Without them — a platform with
 no wheel — the manager serves the same API on h11 and asyncio: nothing here or in the app depends on which runs.
 """
 
