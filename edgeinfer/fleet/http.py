@@ -13,11 +13,16 @@ implemented there yet): :class:`_PeerCertificateProtocol` reads the verified cer
 gives it to every request of that connection as ``scope["state"][PEER_CERTIFICATE]`` (DER bytes) — uvicorn
 copies the protocol's ``app_state`` into each request's scope. Who it is, and whether it is revoked, the API
 decides (``api/deps.py``, ``fleet/device_certs.py``).
+
+uvicorn's fast parts when they are installed (the ``fleet`` extra installs both): **httptools** (llhttp, Node.js's
+HTTP/1.1 parser, in C) instead of h11 (pure Python), and **uvloop** (libuv's event loop, whose TLS transport is
+Cython) instead of asyncio's loop (docs/fleet.md, *HTTP server*: what they save). Without them — a platform with
+no wheel — the manager serves the same API on h11 and asyncio: nothing here or in the app depends on which runs.
 """
 
 from __future__ import annotations
 
-import asyncio
+import importlib
 import logging
 import socket
 import ssl
@@ -33,6 +38,20 @@ log = logging.getLogger(__name__)
 __all__ = ["PEER_CERTIFICATE", "FleetHTTPServer"]
 
 GRACEFUL_S = 5.0
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+#: the HTTP parser uvicorn runs: uvicorn's own choice (``AutoHTTPProtocol``), httptools (C) when installed, else h11
+HTTP_PARSER = "httptools" if AutoHTTPProtocol.__name__ == "HttpToolsProtocol" else "h11"
+#: the event loop of the server's thread: uvloop when installed, else asyncio's
+EVENT_LOOP = "uvloop" if _importable("uvloop") else "asyncio"
 #: the key of a request's ``scope["state"]`` that holds the client's verified certificate (DER), if it gave one
 PEER_CERTIFICATE = "edgeinfer.peer_certificate"
 
@@ -88,15 +107,16 @@ class FleetHTTPServer:
             return self
         self.app = app
         certfile, keyfile = self.tls or (None, None)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", loop=EVENT_LOOP,
+                                http=_PeerCertificateProtocol if self.client_ca else AutoHTTPProtocol,
                                 timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=30,
                                 ssl_certfile=certfile, ssl_keyfile=keyfile,
-                                **({"ssl_cert_reqs": ssl.CERT_OPTIONAL, "ssl_ca_certs": self.client_ca,
-                                    "http": _PeerCertificateProtocol} if self.client_ca else {}))
+                                **({"ssl_cert_reqs": ssl.CERT_OPTIONAL, "ssl_ca_certs": self.client_ca}
+                                   if self.client_ca else {}))
         server = self._server = _Server(config)
 
         def serve() -> None:
-            asyncio.run(server.serve(sockets=[self._sock]))
+            server.run(sockets=[self._sock])  # on a new loop of EVENT_LOOP (uvicorn's loop factory)
 
         self._thread = threading.Thread(target=serve, name="edgeinfer-fleet-http", daemon=True)
         self._thread.start()

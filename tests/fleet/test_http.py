@@ -9,6 +9,8 @@ import http.client
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -212,3 +214,82 @@ def download_while_closing(server: FleetHTTPServer, sha: str) -> None:
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2)
     server.close()  # idempotent
+
+
+#: a manager's HTTPS server in a child process — with uvicorn's C parts importable or hidden (``sys.modules[name] =
+#: None`` makes ``import name`` fail) — answering what served the request and whose client certificate it verified
+SERVE_ONE = """
+import asyncio, hashlib, json, ssl, sys, urllib.request
+folder, hidden = sys.argv[1], sys.argv[2:]
+for name in hidden:
+    sys.modules[name] = None
+from edgeinfer.fleet import http
+
+async def app(scope, receive, send):
+    der = scope["state"].get(http.PEER_CERTIFICATE)
+    body = json.dumps({"loop": type(asyncio.get_running_loop()).__module__,
+                       "parser": getattr(http, "HTTP_PARSER", None),
+                       "peer": hashlib.sha256(der).hexdigest() if der else None}).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+with http.FleetHTTPServer(tls=(folder + "/server.crt", folder + "/server.key"), client_ca=folder + "/ca.crt") as server:
+    server.start(app)
+    context = ssl.create_default_context(cafile=folder + "/ca.crt")
+    context.load_cert_chain(folder + "/device.crt", folder + "/device.key")
+    with urllib.request.urlopen(server.url + "/", timeout=10, context=context) as answer:
+        print(answer.read().decode())
+"""
+
+
+@pytest.mark.parametrize(("hidden", "loop", "parser"), [((), "uvloop", "httptools"),
+                                                        (("uvloop", "httptools"), "asyncio", "h11")])
+def test_the_server_runs_on_uvloop_and_httptools_and_without_them_and_verifies_client_certificates(
+        tmp_path, hidden, loop, parser):
+    """uvloop and httptools (the fleet extra's) serve the manager when importable; hidden, asyncio and h11 do — and
+    either way the TLS client certificate a device authenticates with reaches the request (fleet/http.py)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from edgeinfer.fleet.broker_auth import FleetCA
+    from edgeinfer.fleet.device_certs import read_csr
+
+    ca = FleetCA(tmp_path).ensure()
+    ca.server_cert(["127.0.0.1"])
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
+    cert = ca.sign_csr(read_csr(csr.public_bytes(serialization.Encoding.PEM).decode()), "cam-1", days=1)
+    (tmp_path / "device.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "device.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                            serialization.PrivateFormat.PKCS8,
+                                                            serialization.NoEncryption()))
+    done = subprocess.run([sys.executable, "-c", SERVE_ONE, str(tmp_path), *hidden], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    served = json.loads(done.stdout)
+    assert served["loop"].split(".")[0] == loop and served["parser"] == parser
+    assert served["peer"] == hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
+
+
+@pytest.mark.parametrize("path", ["/api/v1/provision", "/api/v1/provision/renew"])
+def test_a_devices_provisioning_request_is_matched_against_the_provisioning_routes_only(server, monkeypatch, path):
+    """A fleet coming up sends thousands of these: the API matches them before the dashboard's ~70 routes, which it
+    tried one by one first (api/app.py, ROUTERS); the request is still answered by its route (400 here: no body)."""
+    from fastapi.routing import APIRoute
+
+    from edgeinfer.fleet.api import claims, renewal
+
+    tried = []
+    matches = APIRoute.matches
+
+    def counted(route, scope):
+        if scope.get("path") == path:
+            tried.append(route.path)
+        return matches(route, scope)
+
+    monkeypatch.setattr(APIRoute, "matches", counted)
+    status, _, body = get(f"{server.url}{path}", method="POST", headers={"Content-Length": "0"})
+    assert status in (400, 401) and b"error" in body
+    provisioning_routes = {route.path for router in (claims.router, renewal.router) for route in router.routes}
+    assert tried[-1] == path and set(tried) <= provisioning_routes, tried
