@@ -103,15 +103,20 @@ class ManagerHTTP:
 
     def __init__(self, manager_url: str, *, cafile: str | None = None, cert: str | None = None,
                  key: str | None = None, timeout_s: float = 30.0) -> None:
+        import urllib.request
+
         self.manager_url = manager_url.rstrip("/")
         self.timeout_s = timeout_s
-        self._context = None
+        self._opener = None  # None: urllib's own (an http:// manager)
         if manager_url.startswith("https://"):
             import ssl
 
-            self._context = ssl.create_default_context(cafile=cafile)
+            context = ssl.create_default_context(cafile=cafile)
             if cert and key:
-                self._context.load_cert_chain(cert, key)
+                context.load_cert_chain(cert, key)
+            # the opener urlopen(context=...) would build for every request (its ten handlers, the proxies read
+            # from the environment), built once: each request still opens its own connection and handshake
+            self._opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
 
     def post(self, path: str, body: dict[str, Any]) -> Answer:
         """POST ``body`` as JSON; the answer, whatever its status. OSError when no answer came."""
@@ -122,7 +127,9 @@ class ManagerHTTP:
         request = urllib.request.Request(f"{self.manager_url}{path}", data=json.dumps(body).encode(), method="POST",
                                          headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._context) as reply:
+            opened = (self._opener.open(request, timeout=self.timeout_s) if self._opener is not None
+                      else urllib.request.urlopen(request, timeout=self.timeout_s))
+            with opened as reply:
                 return _answer(reply.status, reply.headers, reply.read())
         except urllib.error.HTTPError as exc:
             return _answer(exc.code, exc.headers, exc.read())

@@ -1,14 +1,16 @@
-"""``edgeinfer fleet simulate``: simulated agents for load tests and demos; with ``--claim``, provisioned first
-through the real flow (claim, key pair, CSR, ``POST /api/v1/provision``, certificate), then connected with their
-certificates."""
+"""``edgeinfer fleet simulate``: simulated agents for load tests and demos; with ``--claim``, provisioned through the
+real flow (claim, key pair, CSR, ``POST /api/v1/provision``, certificate), each connected with its certificate as soon
+as it has one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,27 +72,74 @@ def simulate(count: int, broker: str, fleet_name: str | None, prefix: str, inter
     if claim is None:
         if broker is None:
             raise click.UsageError("--broker is required (or --claim and --manager-url: provisioned devices)")
-        _simulate(count, broker, fleet_name, prefix, interval, duration, fail_rate, config_refuse_rate, seed, groups,
-                  credentials, behaviours, as_json, None, None)
+        settings = _settings(count, broker, fleet_name, prefix, interval, duration, fail_rate, config_refuse_rate,
+                             seed, groups, _credentials(credentials) if credentials else None, behaviours, None)
+        from ..tools.simulate import Simulation
+
+        _simulate(Simulation(settings), as_json, None)
         return
     if manager_url is None:
         raise click.UsageError("--claim needs --manager-url (where the devices ask: the claim's manager_url)")
     if credentials is not None:
         raise click.UsageError("--claim or --credentials, not both (certificates or password accounts)")
+    # checked before any device is provisioned; the broker is the one the manager's answers name
+    settings = _settings(count, "mqtts://broker.invalid:8883", fleet_name, prefix, interval, duration, fail_rate,
+                         config_refuse_rate, seed, groups, None, behaviours, {})
+    joining = _Joining(settings, since=time.monotonic())
     with tempfile.TemporaryDirectory(prefix="edgeinfer-simulate-") as temporary:
-        provisioned = _provision(count, claim, manager_url, ca, serial_prefix, identity_dir or Path(temporary),
-                                 concurrency, provision_timeout, as_json)
+        try:
+            provisioned = _provision(count, claim, manager_url, ca, serial_prefix, identity_dir or Path(temporary),
+                                     concurrency, provision_timeout, as_json, joining)
+        except BaseException:
+            joining.stop()
+            raise
         if not provisioned.identities:
+            joining.stop()
             if as_json:
                 print_json({"provisioning": provisioned.to_dict()})
             raise click.ClickException(f"no device was provisioned ({_refusals(provisioned)})")
-        broker = next(iter(provisioned.identities.values()))["broker"]
-        _simulate(len(provisioned.identities), broker, fleet_name, prefix, interval, duration, fail_rate,
-                  config_refuse_rate, seed, groups, None, behaviours, as_json, provisioned, provisioned.identities)
+        joining.simulation.done_joining()
+        _simulate(joining.simulation, as_json, provisioned)
+
+
+class _Joining:
+    """The simulation that provisioned devices join, each as soon as it has its certificate (on the provisioning
+    thread that got it): made and started with the first, whose answer names the broker; its clock runs from the
+    start of the provisioning (``since``), so that its ``all_online_s`` is the whole fleet's time to be connected."""
+
+    def __init__(self, settings: Any, since: float) -> None:
+        self.settings = settings
+        self.since = since
+        self.simulation: Any = None
+        self.halted = False
+        self._lock = threading.Lock()
+
+    def join(self, identity: dict[str, Any]) -> None:
+        from ..tools.simulate import Simulation
+
+        with self._lock:
+            if self.simulation is None:
+                self.simulation = Simulation(dataclasses.replace(self.settings, broker=identity["broker"]))
+                self.simulation.start(since=self.since)
+                if self.halted:
+                    self.simulation._stop.set()
+        self.simulation.join(identity)
+
+    def halt(self) -> None:
+        """SIGTERM: the simulation stops (and connects no more devices) as soon as the provisioning has (no lock:
+        a signal handler may interrupt join())."""
+        self.halted = True
+        if self.simulation is not None:
+            self.simulation._stop.set()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self.simulation is not None:
+                self.simulation.stop(drain_s=0.0)
 
 
 def _provision(count: int, claim: str, manager_url: str, ca: str | None, serial_prefix: str, folder: Path,
-               concurrency: int, timeout_s: float | None, as_json: bool) -> Any:
+               concurrency: int, timeout_s: float | None, as_json: bool, joining: _Joining) -> Any:
     from ..tools.simulate.provision import ProvisionSettings, provision_fleet
 
     try:
@@ -99,13 +148,18 @@ def _provision(count: int, claim: str, manager_url: str, ca: str | None, serial_
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def terminate(*_: Any) -> None:
+        stop.set()
+        joining.halt()
+
+    signal.signal(signal.SIGTERM, terminate)
 
     def progress(done: int, devices: int) -> None:
         click.echo(f"  provisioning: {done}/{devices} answered", err=True)
 
     try:
-        report = provision_fleet(settings, stop=stop, on_progress=progress)
+        report = provision_fleet(settings, stop=stop, on_progress=progress, on_provisioned=joining.join)
     except KeyboardInterrupt:
         stop.set()
         raise
@@ -123,13 +177,13 @@ def _refusals(report: Any) -> str:
     return "; ".join(said + ([f"{report.failed} unanswered or pending"] if report.failed else []))
 
 
-def _simulate(count: int, broker: str, fleet_name: str | None, prefix: str, interval: float, duration: float | None,
+def _settings(count: int, broker: str, fleet_name: str | None, prefix: str, interval: float, duration: float | None,
               fail_rate: float, config_refuse_rate: float, seed: int, groups: tuple[str, ...],
-              credentials: Path | None, behaviours: tuple[str, ...], as_json: bool, provisioned: Any,
-              identities: dict[str, dict[str, Any]] | None) -> None:
-    from ..tools.simulate import Simulation, SimulationSettings
+              accounts: dict[str, tuple[str, ...]] | None, behaviours: tuple[str, ...],
+              identities: dict[str, dict[str, Any]] | None) -> Any:
+    """The simulation's settings from the options; with ``identities`` (provisioned devices), they join it."""
+    from ..tools.simulate import SimulationSettings
 
-    accounts = _credentials(credentials) if credentials else None
     models = {}
     for item in behaviours:
         model, sep, behaviour = item.partition("=")
@@ -138,13 +192,17 @@ def _simulate(count: int, broker: str, fleet_name: str | None, prefix: str, inte
                                      param_hint="--behaviour")
         models[model.strip()] = behaviour.strip()
     try:
-        settings = SimulationSettings(broker=broker, devices=count, fleet=fleet_name, prefix=prefix,
-                                      interval_s=interval, duration_s=duration, fail_rate=fail_rate,
-                                      config_refuse_rate=config_refuse_rate, seed=seed,
-                                      groups=groups, credentials=accounts, behaviours=models, identities=identities)
+        return SimulationSettings(broker=broker, devices=count, fleet=fleet_name, prefix=prefix,
+                                  interval_s=interval, duration_s=duration, fail_rate=fail_rate,
+                                  config_refuse_rate=config_refuse_rate, seed=seed, groups=groups,
+                                  credentials=accounts, behaviours=models, identities=identities,
+                                  joining=identities is not None)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    simulation = Simulation(settings)
+
+
+def _simulate(simulation: Any, as_json: bool, provisioned: Any) -> None:
+    """Run ``simulation`` (started already when provisioned devices joined it) and say how it went."""
     signal.signal(signal.SIGTERM, lambda *_: simulation._stop.set())
     last = {"published": 0, "elapsed": 0.0}
 

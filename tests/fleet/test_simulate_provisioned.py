@@ -1,6 +1,7 @@
 """`edgeinfer fleet simulate --claim`: simulated devices provisioned through the real flow — each makes its key, sends
 its CSR with the claim to a real fleet manager (``--tls``, PostgreSQL, its managed Mosquitto), gets its certificate and
-connects to the certificate listener with it — and the broker's password and ACL files do not grow."""
+connects to the certificate listener with it as soon as it has it, while others still wait — and the broker's password
+and ACL files do not grow."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ from support.ports import free_port
 from support.processes import edgeinfer_cmd, env_with_repo
 from support.processes import wait_until as wait
 
+from edgeinfer.agent.identity import identity_dir
+from edgeinfer.agent.provisioning import provision
 from edgeinfer.fleet.client import FleetClient
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.tools.simulate.provision import hardware_of
 
 DEVICES = 20
 #: the broker's configuration files that grow with password accounts (the CRL aside: revocations grow it)
@@ -42,9 +46,9 @@ def broker_files(fleet) -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in BROKER_FILES}
 
 
-def simulate(fleet, claim: str, folder: Path, *more: str) -> subprocess.Popen:
+def simulate(fleet, claim: str, folder: Path, *more: str, devices: int = DEVICES) -> subprocess.Popen:
     return subprocess.Popen(
-        edgeinfer_cmd("fleet", "simulate", "--devices", str(DEVICES), "--claim", claim, "--manager-url",
+        edgeinfer_cmd("fleet", "simulate", "--devices", str(devices), "--claim", claim, "--manager-url",
                       fleet.http.url, "--ca", str(fleet.access.ca.ca_file), "--identity-dir", str(folder),
                       "--interval", "0.5", "--json", *more),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_with_repo())
@@ -111,3 +115,33 @@ def test_a_second_fleet_with_the_same_serials_is_refused_and_says_why(fleet, tmp
     assert resumed.returncode == 0, err
     assert json.loads(out)["provisioning"]["resumed"] == DEVICES
     assert os.path.exists(tmp_path / "a" / "twice-00000" / "identity" / "identity.yaml")
+
+
+def test_a_device_connects_as_soon_as_it_has_its_certificate_while_others_still_wait(fleet, tmp_path):
+    admin = FleetClient(fleet.http.url, token=fleet.admin_token, ca=str(fleet.access.ca.ca_file))
+    auto = admin.create_claim({"groups": ["sim"]})["token"]
+    manual = admin.create_claim({"groups": ["sim"], "approve": "manual"})["token"]
+    # two devices already hold their certificates (the agent's own first boot, before this run: a restarted simulator
+    # keeps them); the other two ask a claim that an operator must approve, and nobody does
+    for serial in ("early-00000", "early-00001"):
+        provision(fleet.http.url, auto, identity_dir(tmp_path / "ids" / serial), hardware_of(serial),
+                  cafile=str(fleet.access.ca.ca_file))
+    run = simulate(fleet, manual, tmp_path / "ids", "--serial-prefix", "early-", "--duration", "300", devices=4)
+    ready = ["cam-early-00000", "cam-early-00001"]
+
+    def ready_online_while_others_pend() -> bool:
+        rows = {d["device_id"]: d for d in fleet.db.list_devices()}
+        pending = {r["serial"] for r in admin.provisioning("pending")}
+        return (pending == {"early-00002", "early-00003"}
+                and all(i in rows and rows[i]["online"] and rows[i]["last_telemetry"] for i in ready))
+
+    try:
+        assert wait(ready_online_while_others_pend, 60, 0.5), f"not connected while others wait ({run.poll()})"
+    finally:
+        run.send_signal(signal.SIGTERM)  # the pending two are given up: counted as failed, exit 1
+        out, err = run.communicate(timeout=60)
+    assert run.returncode == 1, err
+    report = json.loads(out)
+    assert report["provisioning"]["resumed"] == 2 and report["provisioning"]["failed"] == 2
+    assert sorted(report["per_device"]) == ready and report["all_online_s"] is not None and report["acked"] > 0
+    assert "2 unanswered or pending" in err

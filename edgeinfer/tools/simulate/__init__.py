@@ -80,6 +80,9 @@ class SimulationSettings:
     #: :func:`.provision.provision_fleet` returns): each device connects with its own certificate (``broker`` is the
     #: certificate listener, mqtts://), and the device ids are these
     identities: Mapping[str, Mapping[str, Any]] | None = field(default=None, repr=False)
+    #: devices join while it runs (:meth:`Simulation.join`: each as soon as it is provisioned), ``devices`` of them at
+    #: most; ``identities`` are those there from the start (they may be none)
+    joining: bool = False
     #: how devices run a deployed model, by its artifact sha256 or its model name: "slow:5", "drift",
     #: "errors:0.5", "healthy" (:class:`Behaviour`); a model named nowhere runs healthy
     behaviours: Mapping[str, str] = field(default_factory=dict)
@@ -97,10 +100,12 @@ class SimulationSettings:
         if self.identities is not None:
             if self.credentials is not None:
                 raise ValueError("credentials or identities (certificates), not both")
-            if len(self.identities) != self.devices:
+            if len(self.identities) > self.devices or (len(self.identities) < self.devices and not self.joining):
                 raise ValueError(f"{len(self.identities)} identities for {self.devices} devices")
             if not parse_broker_url(self.broker).tls:
                 raise ValueError(f"devices with certificates connect to an mqtts:// broker, not {self.broker}")
+        elif self.joining:
+            raise ValueError("devices that join are provisioned ones: joining needs identities ({} while none are)")
         if self.credentials is not None:
             missing = [d for d in self.device_ids() if d not in self.credentials]
             if missing:
@@ -118,11 +123,6 @@ class SimulationSettings:
         if self.identities is not None:
             return list(self.identities)
         return [f"{self.prefix}-{i:05d}" for i in range(self.devices)]
-
-    def groups_of(self, device_id: str) -> tuple[str, ...]:
-        """The groups ``device_id`` reports: its identity's (the claim's), else ``groups``."""
-        identity = (self.identities or {}).get(device_id)
-        return tuple(identity.get("groups") or ()) if identity else self.groups
 
     def fleet_of(self, device_id: str) -> str:
         """The fleet ``device_id`` publishes in: its credential's, else ``fleet``, else DEFAULT_FLEET."""
@@ -149,8 +149,14 @@ class SimulationReport:
     updates_active: int
     updates_failed: int
     elapsed_s: float
-    #: seconds from the start until every device had connected once (None: some never did)
+    #: seconds from the start (:meth:`Simulation.start`'s ``since``: a provisioned fleet's, the start of its
+    #: provisioning) until every device had connected once (None: some never did, or devices may still join)
     all_online_s: float | None = None
+    #: CPU seconds of the TLS devices' first connections (each device's TLS context, its TCP connection and
+    #: handshake, its CONNECT) on the threads that made them; the CONNACK and what follows are the network thread's
+    connect_cpu_s: float = 0.0
+    #: CPU seconds of the network thread (every device's reads and writes, telemetry, timers, keepalives)
+    network_cpu_s: float = 0.0
     connect_times: list[float] = field(default_factory=list, repr=False)
     per_device: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
@@ -159,6 +165,8 @@ class SimulationReport:
         out["elapsed_s"] = round(self.elapsed_s, 3)
         if self.all_online_s is not None:
             out["all_online_s"] = round(self.all_online_s, 3)
+        out["connect_cpu_s"] = round(self.connect_cpu_s, 3)
+        out["network_cpu_s"] = round(self.network_cpu_s, 3)
         return out
 
 
@@ -181,13 +189,13 @@ class Simulation(DeviceConnections):
         require_paho()
         self.settings = settings
         self.broker = parse_broker_url(settings.broker)
-        behaviours = {model: Behaviour.parse(spec) for model, spec in settings.behaviours.items()}
-        self.devices = [SimDevice(device_id, settings.fleet_of(device_id),
-                                  fails(device_id, settings.seed, settings.fail_rate),
-                                  groups=settings.groups_of(device_id),
-                                  behaviours=behaviours, config_refuses=fails(f"config:{device_id}", settings.seed,
-                                                                              settings.config_refuse_rate))
-                        for device_id in settings.device_ids()]
+        self._behaviours = {model: Behaviour.parse(spec) for model, spec in settings.behaviours.items()}
+        #: device id -> its identity's agent.yaml keys (settings.identities, and the devices that joined)
+        self.identities: dict[str, Mapping[str, Any]] = dict(settings.identities or {})
+        self._joining = settings.joining
+        self._lock = threading.Lock()  # devices join, and add their connects' CPU, from provisioning threads
+        self.connect_cpu_s = 0.0
+        self.devices = [self._device(device_id) for device_id in settings.device_ids()]
         self._rng = random.Random(settings.seed)
         self._backoff = Backoff(initial_s=settings.reconnect_min_s, max_s=settings.reconnect_max_s,
                                 jitter=EQUAL_JITTER)
@@ -207,6 +215,7 @@ class Simulation(DeviceConnections):
         self._thread: threading.Thread | None = None
         self._started_at: float | None = None
         self._ended_at: float | None = None
+        self._network_cpu: float | None = None  # the network thread's CPU seconds, once it has ended
         self.connect_times: list[float] = []
         self.first_connects: list[float] = []  # when each device connected for the first time
         self.commands = 0
@@ -225,13 +234,36 @@ class Simulation(DeviceConnections):
     def online(self) -> int:
         return sum(d.connected for d in self.devices)
 
-    def start(self) -> Simulation:
+    def start(self, since: float | None = None) -> Simulation:
+        """Start the network thread; ``since`` (``time.monotonic()``, default now) is when the simulation's clock
+        starts (``elapsed_s``, ``all_online_s``): a provisioned fleet's, when its provisioning did."""
         if self._thread is not None:
             raise ClosedError("a simulation runs once — create a new one")
-        self._started_at = time.monotonic()
+        self._started_at = time.monotonic() if since is None else since
         self._thread = threading.Thread(target=self._run, name="edgeinfer-simulate", daemon=True)
         self._thread.start()
         return self
+
+    def join(self, identity: Mapping[str, Any]) -> None:
+        """A device provisioned while the simulation runs (settings ``joining``), by its identity's agent.yaml keys
+        (``device_id``, ``cert``, ``key``, ``ca``, ``groups``): added, and its first connection made on the calling
+        thread — the provisioning thread that just got its certificate, as an agent connects as soon as it has one
+        (the handshake waits on the broker, not on this process). ClosedError once joining is done."""
+        device_id = str(identity["device_id"])
+        with self._lock:
+            if not self._joining:
+                raise ClosedError(f"{device_id} cannot join: this simulation takes no more devices")
+            if device_id in self.identities or len(self.devices) >= self.settings.devices:
+                raise ValueError(f"{device_id} cannot join: already there, or {self.settings.devices} devices are")
+            self.identities[device_id] = identity
+            device = self._device(device_id)
+            self.devices.append(device)
+        self._first_connect(device)
+
+    def done_joining(self) -> None:
+        """No more devices join: ``all_online_s`` is when every device that did had connected once."""
+        with self._lock:
+            self._joining = False
 
     def run(self, on_progress: Callable[[SimulationReport], None] | None = None,
             progress_every_s: float = 5.0) -> SimulationReport:
@@ -278,20 +310,39 @@ class Simulation(DeviceConnections):
         total = lambda name: sum(getattr(d.counters, name) for d in self.devices)  # noqa: E731
         times = list(self.connect_times)
         firsts = list(self.first_connects)
-        all_online = max(firsts) - (self._started_at or end) if firsts and len(firsts) == len(self.devices) else None
+        everyone = firsts and not self._joining and len(firsts) == len(self.devices)
+        all_online = max(firsts) - (self._started_at or end) if everyone else None
         return SimulationReport(
             devices=len(self.devices), published=total("published"), acked=total("acked"),
             refused=total("refused"), dropped=total("dropped"),
             online=self.online, connects=total("connects"), peak_connects_per_s=peak_per_second(times),
             commands=self.commands, updates_active=self.updates["active"], updates_failed=self.updates["failed"],
-            elapsed_s=end - (self._started_at or end), all_online_s=all_online, connect_times=times,
+            elapsed_s=end - (self._started_at or end), all_online_s=all_online, connect_cpu_s=self.connect_cpu_s,
+            network_cpu_s=self._network_cpu_s(), connect_times=times,
             per_device=per_device)
+
+    def _network_cpu_s(self) -> float:
+        if self._network_cpu is not None:
+            return self._network_cpu
+        try:  # the thread's own CPU clock, read from this one
+            return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))  # type: ignore[union-attr]
+        except (AttributeError, OSError, TypeError):
+            return 0.0
 
     def __enter__(self) -> Simulation:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def _device(self, device_id: str) -> SimDevice:
+        """A device's state; the groups it reports are its identity's (the claim's), else the settings' ``groups``."""
+        settings = self.settings
+        identity = self.identities.get(device_id)
+        return SimDevice(device_id, settings.fleet_of(device_id), fails(device_id, settings.seed, settings.fail_rate),
+                         groups=tuple(identity.get("groups") or ()) if identity else settings.groups,
+                         behaviours=self._behaviours,
+                         config_refuses=fails(f"config:{device_id}", settings.seed, settings.config_refuse_rate))
 
     # ------------------------------------------------------------------------------ the network thread
     def _later(self, delay: float, action: Callable[[], None]) -> None:
@@ -323,6 +374,7 @@ class Simulation(DeviceConnections):
         finally:
             self._shutdown()
             self._ended_at = time.monotonic()
+            self._network_cpu = time.thread_time()
 
     def _pump(self, device: SimDevice, mask: int) -> None:
         client = device.client

@@ -6,21 +6,21 @@ made on the simulator, mode 0600), a certificate request with an empty subject, 
 claim and its hardware (serial ``<serial_prefix><n>``, a locally administered MAC), the answer written to
 ``<folder>/<serial>/identity/`` as the agent writes it. A pool of ``concurrency`` threads asks at once (each a blocking
 HTTPS request: the manager, not this process, does most of the work); a refusal is counted by its status, a pending
-device waits as the agent does (until ``timeout_s``). The identities it returns are what :class:`Simulation` connects
-with (``SimulationSettings.identities``): the broker's certificate listener, each device presenting its own
-certificate. A folder that already holds a device's identity is kept (a second run resumes, as a restarted agent
+device waits as the agent does (until ``timeout_s``). Each identity is handed to ``on_provisioned`` on the thread that
+got it, as soon as it is written: ``fleet simulate --claim`` joins the device to a running :class:`Simulation` there,
+which connects it to the broker's certificate listener with its own certificate, as an agent connects as soon as it
+is provisioned. A folder that already holds a device's identity is kept (a second run resumes, as a restarted agent
 does: the same key, the same request, the same certificate).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import statistics
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,7 +77,9 @@ class ProvisionReport:
     failed: int  # no answer before the timeout, or pending when it ran out
     elapsed_s: float
     latency_ms: dict[str, float]  # one device's provisioning, first request to identity written: p50, p95, max
-    cpu_s: float  # this process's CPU time (user + system) while provisioning
+    #: CPU time (user + system) of the threads provisioning, while they did: the devices' keys, requests, HTTPS
+    #: requests and files (not what ``on_provisioned`` does with them: the connects)
+    cpu_s: float
     refusal_examples: dict[str, str] = field(default_factory=dict)
     #: device id -> the agent.yaml keys of its identity (device_id, broker, ca, cert, key, groups, ...)
     identities: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
@@ -91,58 +93,60 @@ class ProvisionReport:
         return out
 
 
-def _cpu_s() -> float:
-    times = os.times()
-    return times.user + times.system
-
-
 def provision_fleet(settings: ProvisionSettings, *, stop: threading.Event | None = None,
                     on_progress: Callable[[int, int], None] | None = None,
+                    on_provisioned: Callable[[dict[str, Any]], None] | None = None,
                     progress_every_s: float = 5.0) -> ProvisionReport:
-    """Provision every device (see the module's docstring); ``on_progress(done, devices)`` every few seconds."""
+    """Provision every device (see the module's docstring); ``on_progress(done, devices)`` every few seconds,
+    ``on_provisioned(identity)`` for each device's identity (a kept one too) on the thread that got it."""
     stop = stop or threading.Event()
     http = ManagerHTTP(settings.manager_url, cafile=settings.ca)  # one TLS context for every device's requests
     results: dict[str, Any] = {}  # serial -> identity keys | ProvisioningRefused | None
     latencies: list[float] = []
-    resumed = 0
+    tally = {"resumed": 0, "cpu_s": 0.0, "answered": 0.0}  # answered: when the last answer came (monotonic)
     lock = threading.Lock()
 
     def one(serial: str) -> None:
         folder = identity_dir(settings.folder / serial)
-        began = time.monotonic()
-        try:
-            outcome: Any = provision(settings.manager_url, settings.claim, folder, hardware_of(serial), stop=stop,
-                                     http=http)
-        except ProvisioningRefused as exc:
-            outcome = exc
+        began, cpu = time.monotonic(), time.thread_time()
+        outcome: Any = read_identity(folder)
+        kept = outcome is not None
+        if not kept:
+            try:
+                outcome = provision(settings.manager_url, settings.claim, folder, hardware_of(serial), stop=stop,
+                                    http=http)
+            except ProvisioningRefused as exc:
+                outcome = exc
+        spent = time.thread_time() - cpu
         with lock:
             results[serial] = outcome
-            if isinstance(outcome, dict):
+            tally["cpu_s"] += spent
+            tally["resumed"] += kept
+            tally["answered"] = time.monotonic()
+            if isinstance(outcome, dict) and not kept:
                 latencies.append(time.monotonic() - began)
+        if isinstance(outcome, dict) and on_provisioned is not None:
+            on_provisioned(outcome)
 
     timer = threading.Timer(settings.timeout_s, stop.set) if settings.timeout_s else None
-    started, cpu = time.monotonic(), _cpu_s()
+    started = time.monotonic()
     if timer is not None:
         timer.daemon = True
         timer.start()
-    to_ask = []
-    for serial in settings.serials():
-        kept = read_identity(identity_dir(settings.folder / serial))
-        if kept is not None:
-            results[serial], resumed = kept, resumed + 1
-        else:
-            to_ask.append(serial)
     with ThreadPoolExecutor(settings.concurrency, thread_name_prefix="edgeinfer-provision") as pool:
-        futures = [pool.submit(one, serial) for serial in to_ask]
-        while not all(f.done() for f in futures):
-            time.sleep(min(progress_every_s, 0.2) if on_progress is None else progress_every_s)
+        futures = [pool.submit(one, serial) for serial in settings.serials()]
+        pending: Any = futures
+        while pending:  # returns as soon as the last is done, not at the next progress report
+            pending = wait(pending, timeout=progress_every_s).not_done
             if on_progress is not None:
                 on_progress(len(results), settings.devices)
         for future in futures:
             future.result()  # what is not a refusal (a bug, a full disk) is raised, not counted
     if timer is not None:
         timer.cancel()
-    return _report(settings, results, latencies, resumed, time.monotonic() - started, _cpu_s() - cpu)
+    # until the last answer (the last devices' connects, on_provisioned's, are the simulation's time)
+    elapsed = (tally["answered"] or time.monotonic()) - started
+    return _report(settings, results, latencies, tally["resumed"], elapsed, tally["cpu_s"])
 
 
 def _report(settings: ProvisionSettings, results: dict[str, Any], latencies: list[float], resumed: int,
