@@ -22,7 +22,7 @@ no wheel — the manager serves the same API on h11 and asyncio: nothing here or
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import logging
 import socket
 import ssl
@@ -40,18 +40,10 @@ __all__ = ["PEER_CERTIFICATE", "FleetHTTPServer"]
 GRACEFUL_S = 5.0
 
 
-def _importable(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
-
-
 #: the HTTP parser uvicorn runs: uvicorn's own choice (``AutoHTTPProtocol``), httptools (C) when installed, else h11
 HTTP_PARSER = "httptools" if AutoHTTPProtocol.__name__ == "HttpToolsProtocol" else "h11"
 #: the event loop of the server's thread: uvloop when installed, else asyncio's
-EVENT_LOOP = "uvloop" if _importable("uvloop") else "asyncio"
+EVENT_LOOP = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"  # found, not imported: uvicorn imports it
 #: the key of a request's ``scope["state"]`` that holds the client's verified certificate (DER), if it gave one
 PEER_CERTIFICATE = "edgeinfer.peer_certificate"
 
