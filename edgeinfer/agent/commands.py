@@ -61,6 +61,7 @@ class _Registered:
     args_schema: Mapping[str, Any]
     description: str
     signed: bool
+    on_queued: Callable[[Mapping[str, Any]], None] | None = None
 
 
 class CommandLog:
@@ -168,14 +169,20 @@ class CommandRouter:
         self._thread: threading.Thread | None = None
 
     def register(self, name: Command | str, handler: Handler, *, args_schema: Mapping[str, Any] | None = None,
-                 description: str = "", signed: bool = True) -> None:
+                 description: str = "", signed: bool = True,
+                 on_queued: Callable[[Mapping[str, Any]], None] | None = None) -> None:
         """Add a command: ``handler(args, ctx)`` returns a JSON-able result or raises an EdgeInferError.
 
         ``signed``: the command changes the device's state, so it runs only when signed by the fleet key
         (the default: a new command is safe unless it says otherwise). ``signed=False`` is for commands
         that change nothing (``ping``).
+
+        ``on_queued(args)`` runs on the MQTT thread as soon as a verified, unexpired command of this name is queued,
+        while the command before it may still be running (a rollback ends an update's trial rather than waiting it
+        out). It must be quick and must not fail; the command itself still runs in turn, checked in full.
         """
-        self._handlers[str(name)] = _Registered(handler, args_schema or {"type": "object"}, description, signed)
+        self._handlers[str(name)] = _Registered(handler, args_schema or {"type": "object"}, description, signed,
+                                                on_queued)
 
     @property
     def log(self) -> CommandLog:
@@ -194,6 +201,25 @@ class CommandRouter:
         except queue.Full:
             self._agent.emit(EventKind.CMD_REJECTED, "error", "command queue full; command dropped",
                              data={"reason": "busy"})
+            return
+        self._announce(payload)
+
+    def _announce(self, payload: bytes) -> None:
+        """Tell a command's ``on_queued`` hook that it waits in the queue, once its signature and expiry check out
+        (a forged or replayed message must not end anything). Quiet: the command thread answers every refusal in
+        order."""
+        try:
+            message = decode("cmd", payload)
+            registered = self._handlers.get(message["cmd"])
+            if registered is None or registered.on_queued is None or self._key is None:
+                return
+            self._key.verify_command_signature(message, device_id=self._device_id)
+            check_command_expiry(message, max_ttl_s=self._max_ttl_s)
+            if self._log.outcome(message["id"], verified=True)[0]:
+                return  # a replay ends nothing
+            registered.on_queued(message.get("args", {}))
+        except Exception as exc:  # refused here means refused in turn, with its answer
+            log.debug("queued command not announced: %s", exc)
 
     def start(self) -> None:
         """Start handling queued commands in thread ``edgeinfer-commands``."""

@@ -102,7 +102,7 @@ class UpdateService:
                         description="install a signed update of any deployment kind (a model: download, validate, "
                                     "swap, health gate)")
         router.register(Command.ROLLBACK, self.handle_rollback, args_schema=ROLLBACK_ARGS_SCHEMA,
-                        description="go back to the previous model (or agent)")
+                        description="go back to the previous model (or agent)", on_queued=self.rollback_queued)
 
     def handle_deploy(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
         """``deploy``: the checks every kind shares, then the kind's handler; the state it ended in."""
@@ -118,6 +118,12 @@ class UpdateService:
     def handle_rollback(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
         """``rollback``: back to what ran before, of the kind the command names (a model by default)."""
         return self.handler(args.get("kind")).rollback(args, ctx)
+
+    def rollback_queued(self, args: Mapping[str, Any]) -> None:
+        """A verified rollback waits behind the deploy being handled: tell its kind, which may end a trial."""
+        request = getattr(self.handler(args.get("kind")), "request_rollback", None)
+        if request is not None:
+            request()
 
     # the model kind's parts the agent uses at start and in its state
     def installed_config(self, config: AgentConfig) -> AgentConfig:
@@ -140,7 +146,12 @@ class ModelUpdates:
         self.config = service.config
         self.slots = service.slots
         self.key = service.key
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one update or rollback at a time
+        # a rollback that arrives during an update's trial ends the trial (the committed model stays) rather than
+        # waiting out its health gate; the trial says it ended so, and the rollback then has nothing left to undo
+        self._rollback_requested = threading.Event()
+        self._updating = False
+        self._trial_ended_by_rollback = False
 
     # -- start-up ------------------------------------------------------------------------------
     def installed_config(self, config: AgentConfig) -> AgentConfig:
@@ -187,29 +198,44 @@ class ModelUpdates:
         runner = self._runner(agent, args.get("pipeline"))
         updater = updater_for(self.config, self.slots, self.key, args, delegate=runner.config.delegate)
         with self._lock:
-            report = UpdateReport.of(agent, manifest, ctx.command_id, runner.name)
-            report(TargetState.DOWNLOADING)
+            self._rollback_requested.clear()
+            self._updating, self._trial_ended_by_rollback = True, False
             try:
-                staged = updater.download(manifest)
-                report(TargetState.VALIDATING)
-                updater.validate(staged)
-            except UpdateRejected as exc:
-                report(TargetState.FAILED, "error", exc.reason, detail=exc.detail)
-                return {"state": TargetState.FAILED.value, "reason": exc.reason}
-            except EdgeInferError as exc:  # a download that never completed
-                report(TargetState.FAILED, "error", "download_failed", detail=str(exc))
-                return {"state": TargetState.FAILED.value, "reason": "download_failed"}
+                return self._update(agent, runner, updater, manifest, ctx)
+            finally:
+                self._updating = False
+
+    def _update(self, agent: AgentServices, runner: PipelineRunner, updater: Updater, manifest: Manifest,
+                ctx: CommandContext) -> dict[str, Any]:
+        report = UpdateReport.of(agent, manifest, ctx.command_id, runner.name)
+        report(TargetState.DOWNLOADING)
+        try:
+            staged = updater.download(manifest)
+            report(TargetState.VALIDATING)
+            updater.validate(staged)
+        except UpdateRejected as exc:
+            report(TargetState.FAILED, "error", exc.reason, detail=exc.detail)
+            return {"state": TargetState.FAILED.value, "reason": exc.reason}
+        except EdgeInferError as exc:  # a download that never completed
+            report(TargetState.FAILED, "error", "download_failed", detail=str(exc))
+            return {"state": TargetState.FAILED.value, "reason": "download_failed"}
+        if self._rollback_requested.is_set():  # rolled back before its trial began: the new model never runs
+            self._trial_ended_by_rollback = True
+            verdict, reason = False, "rollback_requested"
+        else:
             verdict, reason = self._trial(agent, runner, staged)
-            if verdict:
-                report(TargetState.ACTIVE)
-                return {"state": TargetState.ACTIVE.value, "version": manifest.version}
-            report(TargetState.ROLLED_BACK, "error", reason)
-            return {"state": TargetState.ROLLED_BACK.value, "reason": reason}
+        if verdict:
+            report(TargetState.ACTIVE)
+            return {"state": TargetState.ACTIVE.value, "version": manifest.version}
+        report(TargetState.ROLLED_BACK, "error", reason)
+        return {"state": TargetState.ROLLED_BACK.value, "reason": reason}
 
     def rollback(self, args: Mapping[str, Any], ctx: CommandContext) -> dict[str, Any]:
         """``rollback``: swap the previous model back into the running pipeline and commit it."""
         runner = self._runner(ctx.agent, args.get("pipeline"))
         with self._lock:
+            if self._trial_ended_by_rollback:
+                return self._kept_committed(runner, ctx)
             previous = self.slots.previous
             if previous is None:
                 raise UpdateRejected("no_previous", "there is no previous model to roll back to")
@@ -226,6 +252,22 @@ class ModelUpdates:
                        cmd_id=ctx.command_id,
                        data={"state": TargetState.ROLLED_BACK.value, "version": previous.version})
         return {"state": TargetState.ACTIVE.value, "version": previous.version}
+
+    def request_rollback(self) -> None:
+        """A signed rollback was queued (called on the MQTT thread): an update's trial in progress ends at its next
+        look, keeping the committed model, instead of the rollback waiting out its health gate."""
+        if self._updating:
+            self._rollback_requested.set()
+
+    def _kept_committed(self, runner: PipelineRunner, ctx: CommandContext) -> dict[str, Any]:
+        """The rollback ended an update's trial: the model committed before it runs, which is what was asked."""
+        self._trial_ended_by_rollback = False
+        active = self.slots.active
+        version = active.version if active is not None else None
+        ctx.agent.emit(EventKind.UPDATE, "warning", f"rollback ended the update's trial: v{version} kept",
+                       pipeline=runner.name, cmd_id=ctx.command_id,
+                       data={"state": TargetState.ROLLED_BACK.value, "version": version})
+        return {"state": TargetState.ACTIVE.value, "version": version}
 
     # -- the trial -----------------------------------------------------------------------------
     def _trial(self, agent: AgentServices, runner: PipelineRunner, staged: InstalledModel) -> tuple[bool, str | None]:
@@ -266,6 +308,11 @@ class ModelUpdates:
                 return False, f"swap_failed: {exc}"
             deadline = time.monotonic() + HEALTH_GATE_TIMEOUT_S
             while not decided.wait(0.2):
+                if self._rollback_requested.is_set():  # the fleet judged it already: back to the committed model
+                    gate.reason = "rollback_requested"
+                    self._trial_ended_by_rollback = True
+                    verdict.append(False)
+                    break
                 if agent.stopping:  # shutting down mid-trial: the old model stays committed
                     gate.reason = "agent_stopping"
                     verdict.append(False)

@@ -194,6 +194,36 @@ def test_bad_updates_are_rejected_each_with_its_reason(tmp_path, broker, fleet, 
         agent.stop()
 
 
+def test_a_rollback_during_an_update_s_trial_ends_the_trial_and_keeps_the_committed_model(tmp_path, broker, fleet,
+                                                                                          clip):
+    """The fleet may judge a canary before the device's own health gate has: its rollback, queued behind the deploy,
+    ends the trial at once (not after the gate's 60 s) and answers with the model kept. It used to wait for the trial
+    and then find no previous model to go back to, leaving the device on the new one."""
+    (agent,) = start_agents(tmp_path, broker, fleet, clip, 1, update_health_frames=100_000)  # a gate that never decides
+    try:
+        update = fleet.commands.send("cam-00", Command.DEPLOY, signed_command(fleet, BIRDS, 2))
+        assert wait(lambda: agent.version() == "2", 60)  # swapped in: the trial is running
+        rollback = fleet.commands.send("cam-00", Command.ROLLBACK, {})
+        ended = outcome(fleet, update, timeout=20)
+        assert (ended["data"]["state"], ended["data"]["reason"]) == ("rolled_back", "rollback_requested"), ended
+        answered = outcome_of(fleet, rollback)
+        assert answered["event"] == "cmd_result", answered
+        assert answered["data"]["result"] == {"state": "active", "version": 1}, answered
+        assert agent.version() == "1"
+        assert ModelSlots(tmp_path / "cam-00").active.version == 1
+    finally:
+        agent.stop()
+
+
+def outcome_of(fleet: FleetManager, command_id: str, timeout: float = 20) -> dict:
+    """The cmd_result or cmd_rejected event answering ``command_id``."""
+    def find():
+        return next((e for e in fleet.db.device_events("cam-00", limit=500) if e.get("cmd_id") == command_id
+                     and e["event"] in ("cmd_result", "cmd_rejected")), None)
+    assert wait(lambda: find() is not None, timeout), fleet.db.device_events("cam-00")
+    return find()
+
+
 def test_an_update_to_a_pipeline_of_several_sources_swaps_its_engine_and_every_stream_goes_on(
         tmp_path, broker, fleet, clip):
     """A MultiPipeline takes the new model between two batches: the update passes the health gate and is
