@@ -13,6 +13,7 @@ the manager listed online, the broker's configuration files before and after (pa
 must not change; the CRL aside) and the load average of this shared machine beside it.
 
     python bench/provision_fleet.py [--devices 10000] [--concurrency 32] [--profile manager.svg]
+                                    [--profile-simulator simulator.txt] [--interval 3600]
 
 ``--profile`` records the manager with py-spy while the devices are provisioned (a flame graph; ``.txt``: py-spy's
 collapsed stacks). ``--keep DIR`` keeps the manager's folder, its logs and the simulator's output there.
@@ -124,7 +125,7 @@ class Manager:
 
 
 def run(workdir: Path, devices: int, concurrency: int, profile: Path | None, hold_s: float,
-        interval_s: float = 10.0) -> dict:
+        interval_s: float = 10.0, profile_simulator: Path | None = None) -> dict:
     from support.postgres import PostgresServer
 
     postgres = PostgresServer(workdir / "pg").start()
@@ -151,6 +152,10 @@ def run(workdir: Path, devices: int, concurrency: int, profile: Path | None, hol
                "--claim", claim["token"], "--manager-url", manager.url, "--ca", str(manager.ca),
                "--serial-prefix", "bench-", "--identity-dir", str(identities), "--concurrency", str(concurrency),
                "--duration", str(hold_s), "--interval", str(interval_s), "--json"]
+        if profile_simulator is not None:  # py-spy runs the simulator (its CPU then includes py-spy's: ~5 %)
+            cmd = [str(Path(sys.executable).with_name("py-spy")), "record", "-o", str(profile_simulator), "-r", "50",
+                   "--nonblocking", *(["--format", "raw"] if profile_simulator.suffix == ".txt" else []),
+                   "--", *cmd]
         started = time.monotonic()
         with open(workdir / "simulate.err", "wb") as err:
             done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, cwd=REPO, env={
@@ -168,7 +173,9 @@ def run(workdir: Path, devices: int, concurrency: int, profile: Path | None, hol
         if done.returncode != 0:
             raise SystemExit(f"fleet simulate failed ({done.returncode}): "
                              f"{(workdir / 'simulate.err').read_text()[-3000:]}")
-        report = json.loads(done.stdout)
+        # py-spy, when it runs the simulator, speaks on the same stdout: the report is the JSON object in it
+        out = done.stdout.decode()
+        report = json.JSONDecoder().raw_decode(out, out.index("{"))[0]
         report.pop("per_device", None)
         provisioning = report["provisioning"]
         listed = manager.api("/api/devices")
@@ -216,14 +223,18 @@ def main() -> None:
                         help="seconds between a device's telemetry messages (the agent's default is 1 s; devices send "
                              "from their connect on, while others are still provisioned: the manager ingests them)")
     parser.add_argument("--profile", type=Path, help="py-spy flame graph of the manager (SVG, or .txt: raw)")
+    parser.add_argument("--profile-simulator", type=Path,
+                        help="py-spy flame graph of the simulator (SVG, or .txt: raw)")
     parser.add_argument("--keep", type=Path, help="work in this (new) folder and keep it")
     args = parser.parse_args()
     if args.keep is not None:
         args.keep.mkdir(parents=True)
-        result = run(args.keep, args.devices, args.concurrency, args.profile, args.hold, args.interval)
+        result = run(args.keep, args.devices, args.concurrency, args.profile, args.hold, args.interval,
+                         args.profile_simulator)
     else:
         with tempfile.TemporaryDirectory(prefix="provision-fleet-") as workdir:
-            result = run(Path(workdir), args.devices, args.concurrency, args.profile, args.hold, args.interval)
+            result = run(Path(workdir), args.devices, args.concurrency, args.profile, args.hold, args.interval,
+                         args.profile_simulator)
     print(json.dumps(result, indent=2))
 
 
