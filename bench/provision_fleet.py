@@ -8,7 +8,8 @@ subprocess: every device makes its key (EC P-256), sends its CSR, gets its certi
 certificate listener with it as soon as it has it. Reported: provisioning time and per-device cost (wall time, the
 simulator's CPU — its provisioning threads', its first connects', its network thread's, its whole —, the manager's,
 PostgreSQL's and Mosquitto's CPU read from /proc), how long until every device was connected
-(``provisioned_and_connected_s``: from the start of the provisioning; ``all_connected_s``: after its end) and how many
+(``provisioned_and_connected_s``: from the start of the provisioning; ``all_connected_s``: after its end), the
+manager's CPU by thread (``manager_cpu_ms_per_device_by_thread``, named by ``py-spy dump``) and how many
 the manager listed online, the broker's configuration files before and after (password file, ACL files: their sizes
 must not change; the CRL aside) and the load average of this shared machine beside it.
 
@@ -58,6 +59,36 @@ def postgres_cpu_s(data: Path) -> float:
         except (OSError, IndexError):
             pass  # exited meanwhile (its time is in the postmaster's now)
     return total
+
+
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of a process, by thread id."""
+    threads = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        threads[int(task.name)] = (int(fields[11]) + int(fields[12])) / TICKS
+    return threads
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Python's names of a process's threads (py-spy dump: Python does not give them to the kernel), numbers dropped
+    (a pool's workers are one name)."""
+    spy = str(Path(sys.executable).with_name("py-spy"))
+    dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60).stdout
+    return {int(m.group(1)): re.sub(r"[-_ ]?\d+$", "", m.group(2) or "?")
+            for m in re.finditer(r'^Thread (\d+) \(\w+\)(?:: "([^"]*)")?', dump, re.M)}
+
+
+def by_thread(before: dict[int, float], after: dict[int, float], names: dict[int, str], n: int) -> dict[str, float]:
+    """CPU ms a device of each named thread (a pool's together), largest first."""
+    spent: dict[str, float] = {}
+    for tid, cpu in after.items():
+        name = names.get(tid, "(ended or native)")
+        spent[name] = spent.get(name, 0.0) + cpu - before.get(tid, 0.0)
+    return {name: round(1000 * cpu / n, 2) for name, cpu in sorted(spent.items(), key=lambda kv: -kv[1]) if cpu > 0}
 
 
 def loadavg() -> str:
@@ -142,6 +173,7 @@ def run(workdir: Path, devices: int, concurrency: int, profile: Path | None, hol
         manager_pid, mosquitto_pid = manager.proc.pid, manager.mosquitto_pid()
         cpu_before = {"manager": cpu_s(manager_pid), "mosquitto": cpu_s(mosquitto_pid),
                       "postgres": postgres_cpu_s(postgres.data)}
+        threads_before = thread_cpu_s(manager_pid)
         if profile is not None:
             spy_cmd = [str(Path(sys.executable).with_name("py-spy")), "record", "-o", str(profile), "-p",
                        str(manager_pid), "-r", "50", "--nonblocking", "--gil"]
@@ -167,6 +199,7 @@ def run(workdir: Path, devices: int, concurrency: int, profile: Path | None, hol
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
+        threads_after, names = thread_cpu_s(manager_pid), thread_names(manager_pid)
         cpu = {"manager": cpu_s(manager_pid) - cpu_before["manager"],
                "mosquitto": cpu_s(mosquitto_pid) - cpu_before["mosquitto"],
                "postgres": postgres_cpu_s(postgres.data) - cpu_before["postgres"]}
@@ -198,6 +231,7 @@ def run(workdir: Path, devices: int, concurrency: int, profile: Path | None, hol
             "simulator_cpu_s": round(simulator_cpu.ru_utime + simulator_cpu.ru_stime, 1),
             "simulator_cpu_ms_per_device": round(1000 * (simulator_cpu.ru_utime + simulator_cpu.ru_stime) / n, 2),
             "manager_cpu_s": round(cpu["manager"], 1), "manager_cpu_ms_per_device": round(1000 * cpu["manager"] / n, 2),
+            "manager_cpu_ms_per_device_by_thread": by_thread(threads_before, threads_after, names, n),
             "mosquitto_cpu_s": round(cpu["mosquitto"], 1),
             "mosquitto_cpu_ms_per_device": round(1000 * cpu["mosquitto"] / n, 2),
             "postgres_cpu_s": round(cpu["postgres"], 1),
