@@ -36,10 +36,10 @@ from ..errors import ProvisioningRefused
 from ..link.protocol import ID_PATTERN
 from ..link.settings import parse_broker_url
 from ..link.vocabulary import DEFAULT_FLEET, Word
+from ..util.group_commit import GroupCommit
 from .access import FleetAccess
 from .broker_auth import DEVICE_CERT_DAYS
 from .db import FleetDB
-from .db.claims import ClaimRows
 from .device_certs import read_csr
 
 
@@ -142,6 +142,7 @@ class ClaimService:
         self.public_url = public_url
         self.cert_days = cert_days
         self.pending_retry_s = pending_retry_s
+        self._batches = _RequestBatches(self)
 
     # ------------------------------------------------------------------------------------------ claims
     def _broker(self, status: int = 409) -> dict[str, Any]:
@@ -192,43 +193,18 @@ class ClaimService:
 
     # ------------------------------------------------------------------------------------ provisioning
     def provision(self, claim_token: str, csr_pem: str, hardware: dict[str, Any], remote: str | None) -> Provisioned:
-        """A device's request (or its poll): see the module's docstring; ProvisioningRefused otherwise."""
-        with self.rows.one_connection() as rows:  # one checkout and one transaction for the request, not three
-            claim, request = self._claim_of(claim_token, rows, hardware["serial"])
-            csr = read_csr(csr_pem)
-            self._broker(403)
-            key_sha256, serial = public_key_sha256(csr), hardware["serial"]
-            auto = claim["approve"] == Approval.AUTO
-            approve = self._approving(csr, claim) if auto else None
-            actions = ("provision.request", *(["provision.approve"] if auto else []))
-
-            def audit(made: dict) -> list[dict]:  # written in the request's transaction
-                return self.access.db.audit_rows([_device_entry(action, made, claim["approve"]) for action in actions])
-
-            for attempt in range(3):  # a request for the same serial committed between our read and our insert
-                if attempt:
-                    request = rows.request_for(serial)
-                if request is not None:
-                    break
-                row = {"serial": serial, "claim_id": claim["claim_id"], "fleet": claim["fleet"],
-                       "groups": claim["groups"], "state": RequestState.PENDING.value, "public_key_sha256": key_sha256,
-                       "csr": csr_pem, "hardware": hardware, "remote": remote, "requested_at": time.time()}
-                request = rows.add_request(claim["claim_id"], row, _admit,
-                                           device_names(claim["name_template"], serial), approve, audit)
-                if request is not None:
-                    break
-            else:
-                raise ProvisioningRefused(409, f"hardware.serial {serial!r}: requests for it keep colliding; ask again")
-        return self._answer_existing(request, claim, key_sha256)  # its connection back in the pool first
-
-    def _claim_of(self, token: str, rows: ClaimRows, serial: str) -> tuple[dict, dict | None]:
-        """The token's claim, and the request made for ``serial`` if there is one (read with it)."""
-        match = CLAIM_TOKEN_RE.fullmatch(token)
-        claim, request = rows.claim_and_request(match.group(1), serial) if match else (None, None)
-        # compare even without a row, so an unknown id costs what a wrong secret costs
-        if not hmac.compare_digest(claim["token_hash"] if claim else "0" * 64, token_hash(token)) or claim is None:
-            raise ProvisioningRefused(401, "claim: not a claim this manager issued")
-        return claim, request
+        """A device's request (or its poll): see the module's docstring; ProvisioningRefused otherwise. What can be
+        checked alone is checked here, on the caller's thread; the rest is decided with the requests of other
+        devices asking at the same time, in one transaction (:class:`_RequestBatches`)."""
+        match = CLAIM_TOKEN_RE.fullmatch(claim_token)
+        if match is None:
+            _check_token(None, claim_token)  # what an unknown claim costs, then 401
+            raise AssertionError("unreachable")
+        csr = read_csr(csr_pem)
+        self._broker(403)
+        asked = _Asked(claim_token, match.group(1), csr_pem, csr, public_key_sha256(csr), hardware, remote)
+        request, claim = self._batches.decide(asked)
+        return self._answer_existing(request, claim, asked.key_sha256)
 
     def _answer_existing(self, request: dict, claim: dict, key_sha256: str) -> Provisioned:
         """The answer to a request already stored: a poll of it, or another device's (409)."""
@@ -292,18 +268,6 @@ class ClaimService:
                       "cert_serial": format(cert.serial_number, "x"),
                       "not_after": cert.not_valid_after_utc.timestamp()}
 
-    def _approving(self, csr: x509.CertificateSigningRequest, claim: dict) -> Callable[[str], tuple[dict, dict]]:
-        """For a claim that approves at once: what signs a new request inside its own transaction (its approved
-        columns, and the row that records the certificate, revocable) — one commit a device, not three."""
-        assert self.access.certificates is not None  # with the CA (the caller checked _broker)
-        certificates = self.access.certificates
-
-        def approve(device_id: str) -> tuple[dict, dict]:
-            cert, columns = self._signed(csr, device_id, f"claim {claim['claim_id']} (auto)")
-            return {**columns, "state": RequestState.APPROVED.value}, certificates.row(device_id, cert)
-
-        return approve
-
     def approve(self, device_id: str, by: str) -> dict:
         """Sign a pending device's certificate (its next poll gets it). LookupError: no such request;
         ProvisioningRefused(409): it was rejected."""
@@ -325,6 +289,159 @@ class ClaimService:
 
     def requests(self, state: RequestState | str | None = None) -> list[dict]:
         return self.rows.list_requests(None if state is None else RequestState(state).value)
+
+
+@dataclass(eq=False)
+class _Asked:
+    """One device's request, checked as far as it can be alone (its token's form, its CSR), waiting for its batch."""
+
+    token: str
+    claim_id: str
+    csr_pem: str
+    csr: x509.CertificateSigningRequest
+    key_sha256: str
+    hardware: dict[str, Any]
+    remote: str | None
+    #: (its request's row, its claim's row) once decided, or why it was refused
+    outcome: tuple[dict, dict] | ProvisioningRefused | None = None
+
+    @property
+    def serial(self) -> str:
+        return self.hardware["serial"]
+
+
+class _RequestBatches:
+    """Devices' requests decided a batch at a time (``util/group_commit.py``): a fleet flashed from one image asks by
+    the thousand, and one transaction for many requests — their claims and earlier requests read in one statement
+    each, the claim's places taken in one ``UPDATE``, the names checked in one, the rows written in one each — costs
+    the manager and the database a fraction of a transaction each. A batch admits and names its devices in the order
+    they asked, exactly as one at a time would."""
+
+    MAX_BATCH = 64
+    #: a batch that lost a race to another manager (a serial or a name it took first) is decided again, this often
+    ATTEMPTS = 3
+
+    def __init__(self, service: ClaimService) -> None:
+        self.service = service
+        self.commit: GroupCommit[_Asked] = GroupCommit(self._decide, max_batch=self.MAX_BATCH)
+
+    def decide(self, asked: _Asked) -> tuple[dict, dict]:
+        """The request's row and its claim's, once its batch is decided; ProvisioningRefused."""
+        self.commit.run(asked)
+        if isinstance(asked.outcome, ProvisioningRefused):
+            raise asked.outcome
+        assert asked.outcome is not None
+        return asked.outcome
+
+    def _decide(self, batch: Sequence[_Asked]) -> None:
+        waiting = list(batch)
+        while waiting:  # a second request for one serial waits for the first's: it is then a poll, or refused
+            now, later, serials = [], [], set()
+            for asked in waiting:
+                (later if asked.serial in serials else now).append(asked)
+                serials.add(asked.serial)
+            for _attempt in range(self.ATTEMPTS):
+                now = self._decide_once(now)
+                if not now:
+                    break
+            for asked in now:
+                asked.outcome = ProvisioningRefused(409, f"hardware.serial {asked.serial!r}: requests for it keep "
+                                                         "colliding; ask again")
+            waiting = later
+
+    def _decide_once(self, batch: list[_Asked]) -> list[_Asked]:
+        """Decide a batch of distinct serials in one transaction; those to decide again (another manager's request
+        took a serial or a name first: nothing was written)."""
+        with self.service.rows.batch() as tx:
+            claims = tx.claims(asked.claim_id for asked in batch)
+            earlier = tx.requests(asked.serial for asked in batch)
+            new: dict[str, list[_Asked]] = {}
+            for asked in batch:
+                try:
+                    claim = claims.get(asked.claim_id)
+                    _check_token(claim, asked.token)
+                    assert claim is not None
+                    if asked.serial in earlier:
+                        asked.outcome = (earlier[asked.serial], claim)  # a poll, or another device's serial
+                        continue
+                    next(device_names(claim["name_template"], asked.serial))  # a 400 before a place is taken
+                    new.setdefault(asked.claim_id, []).append(asked)
+                except ProvisioningRefused as exc:
+                    asked.outcome = exc
+            if not new:
+                return []
+            written: list[tuple[_Asked, dict, dict]] = []
+            rows: dict[str, list[dict]] = {"requests": [], "certificates": [], "audit": []}
+            for claim_id, asking in new.items():
+                claim = self._admit(tx, claim_id, asking)
+                admitted = [asked for asked in asking if asked.outcome is None]
+                for asked, name in self._names(tx, claim, admitted).items():
+                    written.append((asked, self._row(asked, claim, name, rows), claim))
+            if not tx.write(rows["requests"], rows["certificates"], rows["audit"]):
+                return [asked for asked, _row, _claim in written]
+        for asked, row, claim in written:
+            asked.outcome = (row, claim)
+        return []
+
+    @staticmethod
+    def _admit(tx: Any, claim_id: str, asking: list[_Asked]) -> dict:
+        """Take the claim's places for ``asking``, refuse (their outcome) those it does not admit, in order, and give
+        their places back; the claim's row."""
+        claim = tx.take_places(claim_id, len(asking))
+        listed = tx.listed(claim_id, (asked.serial for asked in asking)) if claim["has_serials"] else set()
+        used = claim["used"] - len(asking)
+        for asked in asking:
+            try:
+                _admit(claim, used, asked.serial in listed)
+                used += 1
+            except ProvisioningRefused as exc:
+                asked.outcome = exc
+        tx.give_back(claim_id, claim["used"] - used)
+        return claim
+
+    @staticmethod
+    def _names(tx: Any, claim: dict, asking: list[_Asked]) -> dict[_Asked, str]:
+        """Each device's name: the first of :func:`device_names` no device, credential or request holds, nor a device
+        of the batch that asked before it."""
+        names = {asked: device_names(claim["name_template"], asked.serial) for asked in asking}
+        wanted = {asked: next(names[asked]) for asked in asking}
+        given: dict[_Asked, str] = {}
+        while wanted:
+            held = tx.holders(wanted.values()) | set(given.values())
+            for asked, name in list(wanted.items()):
+                if name in held:
+                    wanted[asked] = next(names[asked])
+                    continue
+                given[asked] = name
+                held.add(name)
+                del wanted[asked]
+        return {asked: given[asked] for asked in asking}
+
+    def _row(self, asked: _Asked, claim: dict, name: str, rows: dict[str, list[dict]]) -> dict:
+        """The request's row (approved with its certificate when the claim approves at once); its certificate's and
+        its audit rows added to ``rows``."""
+        service = self.service
+        row = {"device_id": name, "serial": asked.serial, "claim_id": claim["claim_id"], "fleet": claim["fleet"],
+               "groups": claim["groups"], "state": RequestState.PENDING.value, "public_key_sha256": asked.key_sha256,
+               "csr": asked.csr_pem, "hardware": asked.hardware, "remote": asked.remote, "requested_at": time.time()}
+        actions = ["provision.request"]
+        if claim["approve"] == Approval.AUTO:
+            assert service.access.certificates is not None  # with the CA (ClaimService.provision checked _broker)
+            cert, columns = service._signed(asked.csr, name, f"claim {claim['claim_id']} (auto)")
+            row.update(columns, state=RequestState.APPROVED.value)
+            rows["certificates"].append(service.access.certificates.row(name, cert))
+            actions.append("provision.approve")
+        rows["requests"].append(row)
+        rows["audit"] += service.access.db.audit_rows([_device_entry(action, row, claim["approve"])
+                                                       for action in actions])
+        return row
+
+
+def _check_token(claim: dict | None, token: str) -> None:
+    """ProvisioningRefused(401) unless ``token`` is ``claim``'s; compared even without a claim, so that an unknown
+    id costs what a wrong secret costs."""
+    if not hmac.compare_digest(claim["token_hash"] if claim else "0" * 64, token_hash(token)) or claim is None:
+        raise ProvisioningRefused(401, "claim: not a claim this manager issued")
 
 
 def _admit(claim: dict, used: int, listed: bool) -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,11 @@ from support.ports import free_port
 from support.processes import edgeinfer_cmd
 from support.provisioning import HARDWARE, csr_of, new_key, provision
 
-from edgeinfer.errors import ConfigError
+from edgeinfer.errors import ConfigError, ProvisioningRefused
 from edgeinfer.fleet.api.rate_limit import Buckets, RateLimit
+from edgeinfer.fleet.claims import CLAIM_TOKEN_RE, _Asked, public_key_sha256
 from edgeinfer.fleet.client import FleetClient, FleetRequestError
+from edgeinfer.fleet.device_certs import read_csr
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
 
 
@@ -148,6 +151,48 @@ def test_one_request_per_serial_and_the_manager_names_devices_uniquely(fleet, ad
     assert provision(fleet, token, "x-1")[1]["device_id"] == "door-x-1-2"
     admin.enroll("door-pw-1")
     assert provision(fleet, token, "pw-1")[1]["device_id"] == "door-pw-1-2"
+
+
+def asked(token: str, serial: str, key=None) -> _Asked:
+    """A device's request as ClaimService.provision hands it to its batch."""
+    pem = csr_of(key or new_key())
+    csr = read_csr(pem)
+    return _Asked(token, CLAIM_TOKEN_RE.fullmatch(token).group(1), pem, csr, public_key_sha256(csr),
+                  {"serial": serial, **HARDWARE}, "127.0.0.1")
+
+
+def test_one_batch_decides_its_devices_in_the_order_they_asked_as_one_at_a_time_would(fleet, admin):
+    """Requests that arrive together are decided in one transaction (fleet/claims.py, _RequestBatches): the claim
+    admits its places in order and no more, two serials that give one name get two names, a second key for a serial
+    and the same request again are answered from the first request, an unknown claim is refused — as when each came
+    alone. The batch is handed over whole here (over HTTP, what arrives together is timing)."""
+    limited = create(fleet, "--group", "g", "--max-devices", "3", "--name-template", "batch-{serial}")
+    key = new_key()
+    batch = [asked(limited["token"], "q:1", key), asked(limited["token"], "q-1"),
+             asked(limited["token"], "q:1", new_key()),  # another device says it is q:1
+             asked(limited["token"], "q:1", key),  # the first asks again (a restarted agent)
+             asked(limited["token"], "q-2"), asked(limited["token"], "q-3"),
+             asked("eic_0123456789ab_" + "A" * 43, "q-4")]
+    fleet.claims._batches._decide(batch)
+    made = [a.outcome[0]["device_id"] if isinstance(a.outcome, tuple) else a.outcome.status for a in batch]
+    assert made == ["batch-q-1", "batch-q-1-2", "batch-q-1", "batch-q-1", "batch-q-2", 403, 401], made
+    assert "exhausted" in str(batch[5].outcome)
+    with pytest.raises(ProvisioningRefused, match="another key"):
+        fleet.claims._answer_existing(*batch[2].outcome, batch[2].key_sha256)
+    again = fleet.claims._answer_existing(*batch[3].outcome, batch[3].key_sha256)
+    assert again.status == 200 and again.body["certificate"] == batch[0].outcome[0]["certificate"]
+    assert [c["used"] for c in admin.claims() if c["claim_id"] == limited["claim_id"]] == [3]
+    requests = {r["device_id"]: r for r in admin.provisioning(None)}
+    assert requests["batch-q-1"]["serial"] == "q:1" and requests["batch-q-1-2"]["serial"] == "q-1"
+    assert "batch-q-3" not in requests and not [r for r in requests.values() if r["serial"] == "q-4"]
+    audited = [(e["action"], e["target"]) for e in admin.audit(100)]
+    assert all((action, name) in audited for action in ("provision.request", "provision.approve")
+               for name in ("batch-q-1", "batch-q-1-2", "batch-q-2"))
+    # devices asking at once over HTTPS: one 200 each, within the claim's bound
+    burst = create(fleet, "--group", "g", "--max-devices", "6")["token"]
+    with ThreadPoolExecutor(10) as pool:
+        statuses = sorted(pool.map(lambda i: provision(fleet, burst, f"burst-{i}")[0], range(10)))
+    assert statuses == [200] * 6 + [403] * 4, statuses
 
 
 def test_bad_certificate_requests_are_refused_naming_the_fault(fleet):

@@ -166,8 +166,12 @@ def test_a_claims_places_are_counted_from_its_requests_made_before_and_kept_as_d
             with db.engine.connect() as conn:
                 return conn.execute(sa.select(db.t.claims.c.used)).scalar_one()
 
-        def add(serial: str) -> dict | None:
-            return db.claims.add_request("c1", request(serial), _admit, iter([f"cam-{serial}", f"cam-{serial}-2"]))
+        def add(serial: str) -> dict | None:  # a batch of one request: a place taken, then the row, or refused
+            with db.claims.batch() as tx:
+                claim = tx.take_places("c1", 1)
+                _admit(claim, claim["used"] - 1, False)  # raised: the batch rolls back, its place with it
+                row = request(serial, f"cam-{serial}")
+                return row if tx.write([row], [], []) else None
 
         assert used() == 2 and db.claims.list_claims()[0]["used"] == 2
         assert add("s3")["device_id"] == "cam-s3" and used() == 3
@@ -186,7 +190,7 @@ def test_a_claims_places_are_counted_from_its_requests_made_before_and_kept_as_d
 
 
 def request(serial: str, device_id: str | None = None, state: str = "pending") -> dict:
-    """A provisioning request's row (``device_id``: as stored; None: for ``ClaimRows.add_request`` to name)."""
+    """A provisioning request's row (``device_id``: as stored; None: not named yet)."""
     row = {"serial": serial, "claim_id": "c1", "fleet": "f", "groups": ["g"], "state": state,
            "public_key_sha256": "0" * 64, "csr": "-", "hardware": {"serial": serial}, "remote": None,
            "requested_at": 1.0}

@@ -1,15 +1,14 @@
 """Claims and provisioning requests in the fleet database (fleet/claims.py says what they mean): ``claims`` (the token's
-hash only), ``claim_serials`` and ``provisioning``. A request is made in one transaction with its claim's row locked
-(its ``used`` count taken by an ``UPDATE``: PostgreSQL locks the row; SQLite writes one at a time), so several managers
-never admit more devices than a claim allows; the serial's and the device id's uniqueness are the table's, so two
-managers never give one twice. ``claims.used`` counts a claim's pending and approved requests (migration 0015): the
-request's insert adds one, a rejection frees it, in the same transaction — a lock held for O(1), not a count of
-every request the claim made."""
+hash only), ``claim_serials`` and ``provisioning``. Requests are made a batch at a time (fleet/claim_batches.py), in
+one transaction with their claim's row locked (its ``used`` count taken by an ``UPDATE``: PostgreSQL locks the row;
+SQLite writes one at a time), so several managers never admit more devices than a claim allows; the serial's and the
+device id's uniqueness are the table's, so two managers never give one twice. ``claims.used`` counts a claim's
+pending and approved requests (migration 0015): a batch's requests add theirs, a rejection frees one, in the same
+transaction — a lock held for O(1), not a count of every request the claim made."""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,41 +23,33 @@ class ClaimRows:
     def __init__(self, sa: Any, engine: Any, tables: Any) -> None:
         self.sa, self.engine = sa, engine
         self.claims, self.serials, self.requests = tables.claims, tables.claim_serials, tables.provisioning
-        self._taken = (tables.devices, tables.credentials)  # device ids in use besides the requests'
         self.certificates, self.audit = tables.certificates, tables.audit
-        self._bound: Any = None  # the connection of :meth:`one_connection`'s rows
-        # what a device's request runs, made once (a fleet provisions thousands at once: no statement built and
-        # cache-keyed again each time); a bindparam is never a column's name, which an UPDATE keeps for its SET
+        # what a batch of devices' requests runs, made once (a fleet provisions thousands at once: no statement built
+        # and cache-keyed again each time); a bindparam is never a column's name, which an UPDATE keeps for its SET
         c, r, s = self.claims.c, self.requests.c, self.serials.c
-        claim, serial, name = sa.bindparam("claim"), sa.bindparam("serial_"), sa.bindparam("name")
-        self._claim_and_request = (  # a device's first statement: its claim, and its request if it made one
-            sa.select(self.claims, *(column.label(f"request_{column.name}") for column in self.requests.c))
-            .select_from(self.claims.outerjoin(self.requests, r.serial == serial)).where(c.claim_id == claim))
-        self._columns = tuple(tuple(column.name for column in table.c) for table in (self.claims, self.requests))
-        self._request_for = sa.select(self.requests).where(r.serial == serial)
-        self._take_place = (self.claims.update().where(c.claim_id == claim).values(used=c.used + 1)
-                            .returning(*self.claims.c))  # locks the claim's row (PostgreSQL) till the commit
-        self._listed = sa.select(s.serial).where((s.claim_id == claim) & (s.serial == serial))
-        self._holders = sa.union_all(*(sa.select(table.c.device_id).where(table.c.device_id == name)
-                                       for table in (self.requests, *self._taken))).limit(1)
+        claim, n = sa.bindparam("claim"), sa.bindparam("n")
+        self._claims_of = sa.select(self.claims).where(c.claim_id.in_(sa.bindparam("claims", expanding=True)))
+        self._requests_of = sa.select(self.requests).where(r.serial.in_(sa.bindparam("serials", expanding=True)))
+        self._take_places = (self.claims.update().where(c.claim_id == claim).values(used=c.used + n)
+                             .returning(*self.claims.c))  # locks the claim's row (PostgreSQL) till the commit
+        self._give_back = self.claims.update().where(c.claim_id == claim).values(used=c.used - n)
+        self._listed = sa.select(s.serial).where((s.claim_id == claim)
+                                                 & s.serial.in_(sa.bindparam("serials", expanding=True)))
+        names = sa.bindparam("names", expanding=True)
+        self._holders = sa.union_all(*(sa.select(table.c.device_id).where(table.c.device_id.in_(names))
+                                       for table in (self.requests, tables.devices, tables.credentials)))
         self._inserts = {table.name: table.insert() for table in (self.requests, self.certificates, self.audit)}
 
     @contextmanager
-    def one_connection(self) -> Iterator[ClaimRows]:
-        """These rows on one pooled connection, for what one device's request reads and writes: one checkout (and
-        pre-ping) and one transaction, not one a call. :meth:`add_request` commits; the rest rolls back on leaving."""
+    def batch(self) -> Iterator[RequestBatch]:
+        """One pooled connection and one transaction for what a batch of devices' requests reads and writes
+        (:meth:`RequestBatch.write` commits; anything else rolls back on leaving)."""
         with self.engine.connect() as conn:
-            bound = copy.copy(self)
-            bound._bound = conn
-            yield bound
-
-    @contextmanager
-    def _connection(self) -> Iterator[Any]:
-        if self._bound is not None:
-            yield self._bound
-        else:
-            with self.engine.connect() as conn:
-                yield conn
+            try:
+                yield RequestBatch(self, conn)
+            except BaseException:
+                conn.rollback()
+                raise
 
     # ----------------------------------------------------------------------------------------- claims
     def insert_claim(self, row: dict, serials: Iterable[str]) -> None:
@@ -67,17 +58,6 @@ class ClaimRows:
             listed = [{"claim_id": row["claim_id"], "serial": s} for s in dict.fromkeys(serials)]
             if listed:
                 conn.execute(self.serials.insert(), listed)
-
-    def claim_and_request(self, claim_id: str, serial: str) -> tuple[dict | None, dict | None]:
-        """A claim's row (None: no such claim), and the request made for ``serial`` (:meth:`request_for`), in one
-        statement: every device's request asks both."""
-        with self._connection() as conn:
-            row = conn.execute(self._claim_and_request, {"claim": claim_id, "serial_": serial}).mappings().first()
-        if row is None:
-            return None, None
-        claim = {name: row[name] for name in self._columns[0]}
-        request = {name: row[f"request_{name}"] for name in self._columns[1]}
-        return claim, request if request["serial"] is not None else None  # the outer join's nulls: none made
 
     def list_claims(self) -> list[dict]:
         """Every claim with ``used`` (its pending and approved requests) and ``serials`` (how many it lists)."""
@@ -100,8 +80,8 @@ class ClaimRows:
     # ---------------------------------------------------------------------------------------- requests
     def request_for(self, serial: str) -> dict | None:
         """The request made for this serial (any state), with its CSR and certificate."""
-        with self._connection() as conn:
-            row = conn.execute(self._request_for, {"serial_": serial}).mappings().first()
+        with self.engine.connect() as conn:
+            row = conn.execute(self._requests_of, {"serials": [serial]}).mappings().first()
         return dict(row) if row else None
 
     def request(self, device_id: str) -> dict | None:
@@ -117,46 +97,6 @@ class ClaimRows:
         with self.engine.connect() as conn:
             return [dict(row) for row in conn.execute(query).mappings()]
 
-    def add_request(self, claim_id: str, row: dict, admit: Callable[[dict, int, bool], None],
-                    names: Iterable[str], approve: Callable[[str], tuple[dict, dict]] | None = None,
-                    audit: Callable[[dict], list[dict]] = lambda row: []) -> dict | None:
-        """Insert a request under its claim, locked: ``admit(claim, used, listed)`` raises to refuse (the claim's row,
-        its pending and approved requests, whether the serial is on its list); the device id is the first of
-        ``names`` no device, credential or request holds. ``approve(device_id)``, for a request approved at once,
-        gives the request's approved columns and its certificate's row, written in the same transaction, as are the
-        ``audit_log`` rows ``audit(row)`` gives (one commit a device, not four). The row as stored, or None when
-        another request for this serial committed first (read it again)."""
-        with self._connection() as conn:
-            try:
-                # the place taken first: the UPDATE locks the claim's row, and answers it as it now is
-                claim = dict(conn.execute(self._take_place, {"claim": claim_id}).mappings().one())
-                listed = claim["has_serials"] and conn.execute(self._listed, {"claim": claim_id,
-                                                                              "serial_": row["serial"]}).first()
-                admit(claim, claim["used"] - 1, bool(listed))
-                row = {**row, "device_id": self._free_name(conn, names)}
-                if approve is not None:
-                    approved, certificate = approve(row["device_id"])
-                    row.update(approved)
-                    conn.execute(self._inserts[self.certificates.name], certificate)
-                conn.execute(self._inserts[self.requests.name], row)
-                entries = audit(row)
-                if entries:
-                    conn.execute(self._inserts[self.audit.name], entries)
-                conn.commit()
-            except self.sa.exc.IntegrityError:
-                conn.rollback()  # the connection asks again in a new transaction
-                return None
-            except BaseException:
-                conn.rollback()  # refused: the place taken is given back
-                raise
-        return row
-
-    def _free_name(self, conn: Any, names: Iterable[str]) -> str:
-        for name in names:
-            if conn.execute(self._holders, {"name": name}).first() is None:
-                return name
-        raise RuntimeError("no free name")  # names() is endless
-
     def decide(self, device_id: str, state: str, values: dict) -> dict | None:
         """Move a pending request to ``state`` with ``values`` (who, when, the certificate); the row as it is now
         (unchanged when it was not pending), or None when there is no such request. A rejection frees its claim's
@@ -170,3 +110,54 @@ class ClaimRows:
             elif state == "rejected":
                 conn.execute(self.claims.update().where(c.claim_id == row["claim_id"]).values(used=c.used - 1))
         return dict(row) if row else None
+
+
+class RequestBatch:
+    """What one batch of devices' requests reads and writes, on one connection in one transaction
+    (:meth:`ClaimRows.batch`): few statements for many devices."""
+
+    def __init__(self, rows: ClaimRows, conn: Any) -> None:
+        self.rows, self.conn = rows, conn
+
+    def claims(self, claim_ids: Iterable[str]) -> dict[str, dict]:
+        """The claims of these ids (an unknown one is absent)."""
+        found = self.conn.execute(self.rows._claims_of, {"claims": sorted(set(claim_ids))}).mappings()
+        return {row["claim_id"]: dict(row) for row in found}
+
+    def requests(self, serials: Iterable[str]) -> dict[str, dict]:
+        """The requests made for these serials (any state), with their CSR and certificate."""
+        found = self.conn.execute(self.rows._requests_of, {"serials": sorted(set(serials))}).mappings()
+        return {row["serial"]: dict(row) for row in found}
+
+    def take_places(self, claim_id: str, n: int) -> dict:
+        """Count ``n`` more requests against the claim, its row locked till the commit: the claim as it now is."""
+        return dict(self.conn.execute(self.rows._take_places, {"claim": claim_id, "n": n}).mappings().one())
+
+    def give_back(self, claim_id: str, n: int) -> None:
+        """Places taken by :meth:`take_places` for requests then refused."""
+        if n:
+            self.conn.execute(self.rows._give_back, {"claim": claim_id, "n": n})
+
+    def listed(self, claim_id: str, serials: Iterable[str]) -> set[str]:
+        """Which of ``serials`` the claim lists."""
+        found = self.conn.execute(self.rows._listed, {"claim": claim_id, "serials": sorted(set(serials))})
+        return {row[0] for row in found}
+
+    def holders(self, names: Iterable[str]) -> set[str]:
+        """Which of these device ids a request, a device or a credential holds already."""
+        return {row[0] for row in self.conn.execute(self.rows._holders, {"names": sorted(set(names))})}
+
+    def write(self, requests: list[dict], certificates: list[dict], audit: list[dict]) -> bool:
+        """Insert the batch's requests, the certificates signed for them and their audit rows, and commit; False
+        (rolled back) when another request took one of their serials or names first (another manager's)."""
+        inserts, conn = self.rows._inserts, self.conn
+        try:
+            for table, rows in ((self.rows.certificates, certificates), (self.rows.requests, requests),
+                                (self.rows.audit, audit)):
+                if rows:
+                    conn.execute(inserts[table.name], rows)
+            conn.commit()
+        except self.rows.sa.exc.IntegrityError:
+            conn.rollback()
+            return False
+        return True
