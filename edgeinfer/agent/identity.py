@@ -119,6 +119,16 @@ def _request_pem(key: Any) -> str:
     return csr.public_bytes(serialization.Encoding.PEM).decode()
 
 
+def device_key(folder: Path) -> Any:
+    """The device's private key: read, or made once (EC P-256, written 0600 before anything else exists)."""
+    key = _load_key(folder)
+    if key is None:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        key, pem = _new_key()
+        atomic_write_files(folder, [(KEY_FILE, pem, 0o600)])
+    return key
+
+
 def certificate_request(folder: Path) -> str:
     """The PEM request for the device's key, made once and kept (a pending device asks again with the same one);
     one made for another key (the key was replaced) is made again. A device without a key makes both, written
