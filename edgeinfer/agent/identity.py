@@ -2,7 +2,7 @@
 
 Everything lives in ``<data_dir>/identity/`` (docs/provisioning.md)::
 
-    device.key      the private key (EC P-256), made here, mode 0600 — it never leaves the device
+    device.key      the private key (EC P-256, PEM), made here, mode 0600 — it never leaves the device
     request.csr     the certificate request (empty subject: the manager names the device), kept so that a
                     restarted agent sends the very same request while it is pending
     device.crt      the client certificate the manager signed (CN = the device id)
@@ -10,7 +10,8 @@ Everything lives in ``<data_dir>/identity/`` (docs/provisioning.md)::
     identity.yaml   agent.yaml keys (device_id, broker, ca, cert, key, manager_url, update_public_key, groups)
                     laid over agent.yaml — written last, so its presence says the identity is whole
 
-Each file is written atomically (``util/fs.py``): a power cut leaves the old file or the new one, never half.
+Each file is written atomically (``util/fs.py``): a power cut leaves the old file or the new one, never half, and
+the key and request, or the certificate and CA, are flushed together before what depends on them is written.
 :func:`hardware` reads what names the board under a root folder (``/`` on a device, a fake tree in tests,
 like ``device/host.py``): the serial from the device tree, ``/proc/cpuinfo`` or ``/etc/machine-id``, the
 device tree's model, the MAC of the first network interface that is not the loopback.
@@ -24,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..util.fs import atomic_write_bytes
+from ..util.fs import atomic_write_files
 
 IDENTITY_DIR = "identity"
 KEY_FILE = "device.key"
@@ -88,51 +89,85 @@ def hardware(root: str | os.PathLike[str] = "/", *, serial: str | None = None) -
 
 
 # ------------------------------------------------------------------------------------ key and request
-def device_key(folder: Path) -> Any:
-    """The device's private key: read, or made once (EC P-256, written 0600 before anything else exists)."""
+def _load_key(folder: Path) -> Any:
+    """The device's private key on disk, or None when it has none yet."""
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        pem = (folder / KEY_FILE).read_bytes()
+    except FileNotFoundError:
+        return None
+    return serialization.load_pem_private_key(pem, password=None)
+
+
+def _new_key() -> tuple[Any, bytes]:
+    """A new private key (EC P-256) and its PEM: SEC 1 (``EC PRIVATE KEY``), which OpenSSL 3.0 loads in half the
+    time of PKCS#8 (every TLS context that presents the device's certificate loads it)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    path = folder / KEY_FILE
-    if path.exists():
-        return serialization.load_pem_private_key(path.read_bytes(), password=None)
     key = ec.generate_private_key(ec.SECP256R1())
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    atomic_write_bytes(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()), mode=0o600)
+    return key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                  serialization.NoEncryption())
+
+
+def _request_pem(key: Any) -> str:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    csr = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
+    return csr.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def device_key(folder: Path) -> Any:
+    """The device's private key: read, or made once (EC P-256, written 0600 before anything else exists)."""
+    key = _load_key(folder)
+    if key is None:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        key, pem = _new_key()
+        atomic_write_files(folder, [(KEY_FILE, pem, 0o600)])
     return key
 
 
 def certificate_request(folder: Path) -> str:
     """The PEM request for the device's key, made once and kept (a pending device asks again with the same one);
-    one made for another key (the key was replaced) is made again."""
+    one made for another key (the key was replaced) is made again. A device without a key makes both, written
+    together (one flush of the folder): a power cut leaves neither, the key alone (the request is made again) or
+    both — the request goes out only once both are on disk."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
 
-    key = device_key(folder)
-    path = folder / REQUEST_FILE
-    if path.exists():
-        text = path.read_text()
-        try:
-            if x509.load_pem_x509_csr(text.encode()).public_key() == key.public_key():
-                return text
-        except ValueError:
-            pass
-    csr = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
-    text = csr.public_bytes(serialization.Encoding.PEM).decode()
-    atomic_write_bytes(path, text.encode(), mode=0o644)
+    key = _load_key(folder)
+    if key is None:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        key, pem = _new_key()
+        text = _request_pem(key)
+        atomic_write_files(folder, [(KEY_FILE, pem, 0o600), (REQUEST_FILE, text.encode(), 0o644)])
+        return text
+    try:
+        text = (folder / REQUEST_FILE).read_text()
+        if x509.load_pem_x509_csr(text.encode()).public_key() == key.public_key():
+            return text
+    except (FileNotFoundError, ValueError):
+        pass
+    text = _request_pem(key)
+    atomic_write_files(folder, [(REQUEST_FILE, text.encode(), 0o644)])
     return text
 
 
 # ------------------------------------------------------------------------------------------ identity
 def write_identity(folder: Path, answer: Mapping[str, Any]) -> dict[str, Any]:
     """Keep what the manager answered (``status: approved``): the certificate and CA, then ``identity.yaml``
-    (last: its presence says the identity is whole). The agent.yaml keys it sets."""
+    (last: its presence says the identity is whole). The agent.yaml keys it sets.
+
+    A power cut leaves the old identity or the new one: each file is replaced atomically, the certificate and CA
+    are flushed to disk with their folder before identity.yaml is renamed into place, and identity.yaml's own
+    rename is flushed last. Before then a new certificate may sit beside the old identity.yaml (a renewal: the
+    same key, a certificate as good), never a new identity.yaml without its certificate."""
     import yaml
 
     broker = answer["broker"]
-    atomic_write_bytes(folder / CA_FILE, str(answer["ca"]).encode(), mode=0o644)
-    atomic_write_bytes(folder / CERT_FILE, str(answer["certificate"]).encode(), mode=0o644)
+    atomic_write_files(folder, [(CA_FILE, str(answer["ca"]).encode(), 0o644),
+                                (CERT_FILE, str(answer["certificate"]).encode(), 0o644)])
     keys = {"device_id": answer["device_id"], "broker": f"mqtts://{broker['host']}:{int(broker['port'])}",
             "ca": str(folder / CA_FILE), "cert": str(folder / CERT_FILE), "key": str(folder / KEY_FILE),
             "manager_url": answer.get("manager_url"), "update_public_key": answer.get("update_key"),
@@ -140,7 +175,7 @@ def write_identity(folder: Path, answer: Mapping[str, Any]) -> dict[str, Any]:
     keys = {k: v for k, v in keys.items() if v is not None}
     # libyaml when present (as device/profiles.py): the pure-Python emitter costs ~0.4 ms, a simulator makes thousands
     text = yaml.dump(keys, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
-    atomic_write_bytes(folder / IDENTITY_FILE, text.encode(), mode=0o644)
+    atomic_write_files(folder, [(IDENTITY_FILE, text.encode(), 0o644)])
     return keys
 
 

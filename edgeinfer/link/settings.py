@@ -79,47 +79,60 @@ def _read_pem(path: Path, key: str) -> str:
     return text
 
 
+_CERTIFICATE_MARK = "-----BEGIN CERTIFICATE-----"
+_ENCRYPTED_KEY = "is encrypted; the agent needs an unencrypted key readable only by its user"
+
+
 def _load_client_certificate(context: ssl.SSLContext, cert: str, key: str) -> None:
     """Present ``cert`` with its private ``key``; ConfigError naming what is wrong with them."""
-    if "-----BEGIN CERTIFICATE-----" not in _read_pem(Path(cert), "cert"):
-        raise ConfigError(f"cert: {cert} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
     import ssl
 
-    key_text = _read_pem(Path(key), "key")
-    if "PRIVATE KEY-----" not in key_text:
-        raise ConfigError(f"key: {key} holds no PEM private key (-----BEGIN ... PRIVATE KEY-----)")
-    if "ENCRYPTED" in key_text:
-        raise ConfigError(f"key: {key} is encrypted; the agent needs an unencrypted key readable only by its user")
-
-    def no_password() -> bytes:
-        raise ConfigError(f"key: {key} is encrypted; the agent needs an unencrypted key")
+    def no_password() -> bytes:  # OpenSSL asks for one: the key is encrypted
+        raise ConfigError(f"key: {key} {_ENCRYPTED_KEY}")
 
     try:
         context.load_cert_chain(cert, key, password=no_password)
-    except ssl.SSLError as exc:
-        reason = str(exc.reason or exc)
+    except (ssl.SSLError, OSError) as exc:
+        _client_certificate_problem(cert, key)  # the files' fault, named, when it is theirs
+        reason = str(getattr(exc, "reason", None) or exc)
         if "MISMATCH" in reason.upper():
             raise ConfigError(f"cert/key: the private key {key} does not belong to the certificate {cert}") \
                 from exc
         raise ConfigError(f"cert/key: cannot load {cert} with {key} ({reason})") from exc
 
 
+def _client_certificate_problem(cert: str, key: str) -> None:
+    """ConfigError for a cert or key file that is missing, unreadable, not PEM or encrypted (read only once OpenSSL
+    has refused them: a simulator loads thousands that are good)."""
+    if _CERTIFICATE_MARK not in _read_pem(Path(cert), "cert"):
+        raise ConfigError(f"cert: {cert} holds no PEM certificate ({_CERTIFICATE_MARK})")
+    key_text = _read_pem(Path(key), "key")
+    if "PRIVATE KEY-----" not in key_text:
+        raise ConfigError(f"key: {key} holds no PEM private key (-----BEGIN ... PRIVATE KEY-----)")
+    if "ENCRYPTED" in key_text:
+        raise ConfigError(f"key: {key} {_ENCRYPTED_KEY}")
+
+
 def tls_context(ca: str | None = None, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
     """A client TLS context that verifies the broker (``ca``, or the system's CAs) and may present a cert.
 
     Raises ConfigError naming the key (``ca``, ``cert``, ``key``) that is missing, unreadable, not PEM,
-    or (cert/key) that do not belong together.
+    or (cert/key) that do not belong together. OpenSSL alone reads the files; this module reads them only to
+    say what is wrong once OpenSSL has refused them (a simulator loads thousands that are good).
     """
     import ssl  # here, not at import: an agent on a plain broker never loads OpenSSL (edgeinfer/util/defer.py)
 
-    if ca and "-----BEGIN CERTIFICATE-----" not in _read_pem(Path(ca), "ca"):
-        raise ConfigError(f"ca: {ca} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
     try:
         # with a ca, only it is trusted (as paho's tls_set and mosquitto_sub --cafile): the system's CAs are not
         # loaded, which also spares ~100 ms of parsing them per context (a simulator makes thousands)
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca or None)
-    except ssl.SSLError as exc:
-        raise ConfigError(f"ca: {ca} is not a valid PEM CA certificate ({exc.reason or exc})") from exc
+    except (ssl.SSLError, OSError) as exc:
+        if not ca:
+            raise
+        if _CERTIFICATE_MARK not in _read_pem(Path(ca), "ca"):
+            raise ConfigError(f"ca: {ca} holds no PEM certificate ({_CERTIFICATE_MARK})") from None
+        reason = getattr(exc, "reason", None) or exc
+        raise ConfigError(f"ca: {ca} is not a valid PEM CA certificate ({reason})") from exc
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if bool(cert) != bool(key):
         missing, given = ("key", "cert") if cert else ("cert", "key")

@@ -4,7 +4,8 @@ Every file edgeinfer writes for later (model slots, their state file, downloaded
 caches, optimised models, charts, clips) goes through :func:`atomic_path`: the data is written to a
 hidden temporary file beside the target, flushed to disk, renamed over the target (atomic on
 POSIX), and the folder is flushed so the rename itself survives a power cut. A reader sees the old
-file or the new one, never half of one.
+file or the new one, never half of one. :func:`atomic_write_files` writes several small files of one folder
+(a device's identity) the same way, with one flush of the folder for all of them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import hashlib
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 #: bytes read at a time when hashing
@@ -53,8 +54,15 @@ def replace_durably(temp: str | os.PathLike, final: str | os.PathLike) -> None:
 def temp_path_for(final: str | os.PathLike) -> Path:
     """A hidden temporary name beside ``final``, unique to this call, keeping its suffix (writers such
     as OpenCV's pick the container by it)."""
-    final = Path(final)
-    return final.with_name(f".{final.stem}.{os.getpid()}-{next(_temp_numbers)}.tmp{final.suffix}")
+    return Path(_temp_name(os.fspath(final)))
+
+
+def _temp_name(final: str) -> str:
+    """:func:`temp_path_for` on a string (no pathlib: the identity's writes are many and small)."""
+    folder, name = os.path.split(final)
+    stem, dot, suffix = name.rpartition(".")
+    stem, suffix = (stem, dot + suffix) if stem and suffix else (name, "")  # pathlib's stem and suffix
+    return os.path.join(folder, f".{stem}.{os.getpid()}-{next(_temp_numbers)}.tmp{suffix}")
 
 
 @contextlib.contextmanager
@@ -80,13 +88,43 @@ def atomic_path(final: str | os.PathLike, *, temp: str | os.PathLike | None = No
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> None:
     """Write ``data`` to ``path`` atomically and durably; ``mode`` (e.g. 0o600 for a secret) is the file's
     from its creation, so its content is never readable by others, not even half-written."""
-    with atomic_path(path) as temp:
-        if mode is None:
-            temp.write_bytes(data)
-            return
-        with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as out:
-            out.write(data)
-        os.chmod(temp, mode)  # the umask may have taken bits off what os.open was asked for
+    folder, name = os.path.split(os.fspath(path))
+    atomic_write_files(folder or ".", [(name, data, mode)])
+
+
+def atomic_write_files(folder: str | os.PathLike, files: Sequence[tuple[str, bytes, int | None]]) -> None:
+    """Write ``files`` ((name, data, mode) in ``folder``, created if needed) atomically and durably, with one flush
+    of the folder: each is written to its temporary file and flushed to disk, then all are renamed over their
+    targets, in order, then the folder is flushed. After a power cut each file is whole, old or new — but which
+    renames reached the disk before the folder's flush is not said, so a file whose presence vouches for others
+    (written last) goes in a call of its own, after theirs. ``mode`` None: the umask's (as ``open()``); else that
+    mode from the file's creation (a key is never readable by others, not even half-written)."""
+    # plain os calls on strings, no pathlib or context managers: a simulator writes thousands of identities
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    temps: list[str] = []
+    try:
+        for name, data, mode in files:
+            temp = _temp_name(os.path.join(folder, name))
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666 if mode is None else mode)
+            temps.append(temp)
+            try:
+                if mode is not None:
+                    os.fchmod(fd, mode)  # the umask may have taken bits off what os.open was asked for
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for (name, _, _), temp in zip(files, temps):
+            os.replace(temp, os.path.join(folder, name))
+        temps.clear()
+    finally:
+        for temp in temps:  # a write failed: the targets are as they were, and no temporary is left
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+    fsync_dir(folder)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
