@@ -133,6 +133,8 @@ def tls_context(ca: str | None = None, cert: str | None = None, key: str | None 
             raise ConfigError(f"ca: {ca} holds no PEM certificate ({_CERTIFICATE_MARK})") from None
         reason = getattr(exc, "reason", None) or exc
         raise ConfigError(f"ca: {ca} is not a valid PEM CA certificate ({reason})") from exc
+    if ca and not context.cert_store_stats()["x509"]:  # a file OpenSSL took that holds no certificate (a CRL)
+        raise ConfigError(f"ca: {ca} holds no PEM certificate ({_CERTIFICATE_MARK})")
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if bool(cert) != bool(key):
         missing, given = ("key", "cert") if cert else ("cert", "key")
