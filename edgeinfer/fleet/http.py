@@ -14,6 +14,12 @@ gives it to every request of that connection as ``scope["state"][PEER_CERTIFICAT
 copies the protocol's ``app_state`` into each request's scope. Who it is, and whether it is revoked, the API
 decides (``api/deps.py``, ``fleet/device_certs.py``).
 
+No TLS 1.3 session tickets: OpenSSL sends two after every full handshake by default, each an encryption of the
+session and a TLS record on the wire, and none of the manager's clients resumes a session — Python's ``ssl`` (the
+agent, the CLI, the simulator) never does unless given the session object, which none keeps across connections — so
+every ticket was server CPU spent for nothing (on provisioning, about a fifth of a handshake's). A browser on the
+dashboard keeps its connection alive instead; a new connection is a full handshake, as the CLI's always was.
+
 uvicorn's fast parts when they are installed (the ``fleet`` extra installs both): **httptools** (llhttp, Node.js's
 HTTP/1.1 parser, in C) instead of h11 (pure Python), and **uvloop** (libuv's event loop, whose TLS transport is
 Cython) instead of asyncio's loop (docs/fleet.md, *HTTP server*: what they save). Without them — a platform with
@@ -27,6 +33,7 @@ import logging
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -57,6 +64,13 @@ class _PeerCertificateProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-ty
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         if der:
             self.app_state = {**self.app_state, PEER_CERTIFICATE: der}
+
+
+def _without_tickets(_config: uvicorn.Config, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """uvicorn's TLS context, without TLS 1.3 session tickets (none is ever used: see the module docstring)."""
+    context = default()
+    context.num_tickets = 0
+    return context
 
 
 class _Server(uvicorn.Server):
@@ -103,6 +117,7 @@ class FleetHTTPServer:
                                 http=_PeerCertificateProtocol if self.client_ca else AutoHTTPProtocol,
                                 timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=30,
                                 ssl_certfile=certfile, ssl_keyfile=keyfile,
+                                ssl_context_factory=_without_tickets if self.tls else None,
                                 **({"ssl_cert_reqs": ssl.CERT_OPTIONAL, "ssl_ca_certs": self.client_ca}
                                    if self.client_ca else {}))
         server = self._server = _Server(config)

@@ -293,3 +293,51 @@ def test_a_devices_provisioning_request_is_matched_against_the_provisioning_rout
     assert status in (400, 401) and b"error" in body
     provisioning_routes = {route.path for router in (claims.router, renewal.router) for route in router.routes}
     assert tried[-1] == path and set(tried) <= provisioning_routes, tried
+
+
+def test_a_provisioning_request_refused_for_its_body_takes_no_thread_from_the_pool(server, monkeypatch):
+    """What every route's ``Services`` dependency resolves to is a lookup on the event loop, not a run in the thread
+    pool and back (api/deps.py): a device's request with a malformed body is refused without one (its route hops
+    only for the database's work)."""
+    import anyio.to_thread
+
+    runs = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def counted(function, *args, **kwargs):
+        runs.append(getattr(function, "__name__", repr(function)))
+        return await run_sync(function, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    request = urllib.request.Request(f"{server.url}/api/v1/provision", data=b'{"claim": 1}', method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 400 and b"claim" in refused.value.read()
+    assert runs == []
+
+
+def test_the_tls_server_sends_no_session_tickets(tmp_path):
+    """No client of the manager resumes a TLS session (Python's ssl does not unless given the session): the server
+    issues no TLS 1.3 session ticket, whose making was CPU spent on every connection (fleet/http.py)."""
+    import ssl
+
+    from edgeinfer.fleet.broker_auth import FleetCA
+
+    ca = FleetCA(tmp_path).ensure()
+    certfile, keyfile = ca.server_cert(["127.0.0.1"])
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    with FleetHTTPServer(tls=(str(certfile), str(keyfile)), client_ca=str(ca.ca_file)) as server:
+        server.start(app)
+        connection = http.client.HTTPSConnection("127.0.0.1", server.port, timeout=10,
+                                                 context=ssl.create_default_context(cafile=str(ca.ca_file)))
+        connection.request("GET", "/")
+        answer = connection.getresponse()
+        assert answer.read() == b"ok"
+        session = connection.sock.session
+        connection.close()
+    assert session is not None and not session.has_ticket

@@ -65,7 +65,8 @@ class FleetServices:
     rate_limit: RateLimit | None = None
 
 
-def services(request: HTTPConnection) -> FleetServices:
+async def services(request: HTTPConnection) -> FleetServices:
+    # async: FastAPI runs a plain def dependency in the thread pool, a hop (and back) for a lookup in a dict
     return request.app.state.services
 
 
