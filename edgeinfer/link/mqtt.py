@@ -160,6 +160,8 @@ class MqttLink:
         disconnect cleanly (no Last Will), and join the thread."""
         if self._thread is None or not self._thread.is_alive():
             self._stop.set()
+            if self._inbox is not None:
+                self._inbox.close()
             return
         self._drain_deadline = time.monotonic() + drain_timeout
         self._stop.set()
@@ -194,6 +196,8 @@ class MqttLink:
             self._shutdown()
         finally:
             self.status.connected = False
+            if self._inbox is not None:
+                self._inbox.close()
 
     def _step(self) -> None:
         now = time.monotonic()

@@ -102,8 +102,12 @@ class FleetDB:
 
     def record_state(self, fleet: str, device_id: str, state: dict) -> None:
         """A device's retained state message (birth or Last Will)."""
+        self.record_states([(fleet, device_id, state)])
+
+    def record_states(self, states: Sequence[tuple[str, str, dict]]) -> None:
+        """Devices' state messages ``(fleet, device_id, state)``, in the order received, in one transaction."""
         with self.engine.begin() as conn:
-            writes.upsert_devices(self.engine, conn, self.t, [(fleet, device_id, writes.state_values(state))])
+            writes.upsert_devices(self.engine, conn, self.t, writes.state_rows(states))
 
     def prune(self, *, raw_max_age_s: float = DEFAULT_RAW_RETENTION_S,
               rollup_max_age_s: float = DEFAULT_ROLLUP_RETENTION_S, events_max_age_s: float | None = None,
