@@ -156,6 +156,12 @@ def _device_upsert(engine: Any, t: Tables, columns: tuple[str, ...]) -> Any:
     return statement
 
 
+def record_states(engine: Any, t: Tables, states: Sequence[tuple[str, str, dict]]) -> None:
+    """Devices' ``(fleet, device_id, state)`` messages in one transaction (:func:`state_rows`)."""
+    with engine.begin() as conn:
+        upsert_devices(engine, conn, t, state_rows(states))
+
+
 def state_rows(states: Sequence[tuple[str, str, dict]]) -> list[tuple[str, str, dict[str, Any]]]:
     """One ``(fleet, device_id, values)`` per device for :func:`upsert_devices` from its ``(fleet, device_id, state)``
     messages in the order received: a later message's columns override an earlier one's, the others stay (a Last
