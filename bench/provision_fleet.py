@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 #: the broker's files that grow with password accounts (and must not with certificates); the CRL aside
-BROKER_FILES = ("passwd", "acl", "acl-certificates", "mosquitto.conf")
+BROKER_FILES = ("passwd", "acl", "acl-certificates", "mosquitto.conf", "openssl.cnf")
 TICKS = os.sysconf("SC_CLK_TCK")
 
 

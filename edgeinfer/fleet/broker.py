@@ -33,6 +33,14 @@ Why these settings:
   the patterns to password accounts. Mosquitto 2.0.11 re-reads the CRL on SIGHUP (:meth:`reload`) and
   then refuses a revoked certificate's handshake, but checks no connection already open: the fleet
   manager closes a revoked device's session itself (``fleet/device_certs.py``, ``kick``).
+- with ``tls``, no TLS 1.3 session tickets: Mosquitto runs with ``OPENSSL_CONF`` naming
+  ``<data_dir>/mosquitto/openssl.cnf`` (:data:`OPENSSL_CONFIG`; the same file for any fleet size) with
+  ``NumTickets = 0``. OpenSSL 3.0 builds each of the two tickets it sends after a handshake by encoding
+  the session, decoding it again and re-encoding it — with the client's certificate in it, whose public key
+  3.0's decoder re-reads each time: a fifth of the broker's CPU per connecting device, measured. A ticket
+  only serves a client that resumes its session, which neither paho nor the agent does: every connection
+  is a full handshake, its certificate checked against the CRL. That file replaces the system's OpenSSL
+  configuration for Mosquitto, so it also says the system's usual floor (TLS 1.2, security level 2).
 """
 
 from __future__ import annotations
@@ -62,6 +70,23 @@ log = logging.getLogger(__name__)
 
 #: a run that lasted this long resets the restart backoff
 STABLE_RUN_S = 30.0
+
+#: Mosquitto's OpenSSL configuration with TLS (``OPENSSL_CONF``): no session tickets (see the module's docstring)
+OPENSSL_CONFIG = """\
+# Written by edgeinfer (fleet serve) at every start: Mosquitto's OpenSSL settings (its OPENSSL_CONF).
+openssl_conf = edgeinfer_openssl
+
+[edgeinfer_openssl]
+ssl_conf = edgeinfer_ssl
+
+[edgeinfer_ssl]
+system_default = edgeinfer_tls
+
+[edgeinfer_tls]
+MinProtocol = TLSv1.2
+CipherString = DEFAULT:@SECLEVEL=2
+NumTickets = 0
+"""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -119,6 +144,7 @@ class ManagedMosquitto:
         self.config_file = self.folder / "mosquitto.conf"
         self.persistence_file = self.folder / "mosquitto.db"
         self.log_file = self.folder / "mosquitto.log"
+        self.openssl_config_file = self.folder / "openssl.cnf"
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
@@ -203,6 +229,8 @@ class ManagedMosquitto:
         executable = self.executable or find_mosquitto()
         self._prepare_folder()
         self.config_file.write_text(self.config_text())
+        if self.tls is not None:
+            self.openssl_config_file.write_text(OPENSSL_CONFIG)
         self._launch(executable, timeout)
         try:
             self.save(timeout)
@@ -232,8 +260,9 @@ class ManagedMosquitto:
                                   "(Address already in use) — choose another --broker-port, or pass --broker for it")
         with open(self.log_file, "ab") as out:
             logged = out.tell()  # what this run logs starts here (the log is kept across restarts)
+            env = {**os.environ, "OPENSSL_CONF": str(self.openssl_config_file)} if self.tls is not None else None
             proc = subprocess.Popen([executable, "-c", str(self.config_file)], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         with self._lock:
             self._proc = proc
         deadline = time.monotonic() + timeout

@@ -3,10 +3,17 @@
 The link thread hands each message to :meth:`Ingest.deliver`, which only queues it. The queue is
 bounded: when the writer falls behind, ``deliver`` blocks, the link stops reading its socket, and
 the broker keeps the rest in the manager's persistent session — back-pressure, never a silent
-drop here. One writer thread takes what has queued up (up to ``batch_size``), validates it, stores
-it in one transaction per kind (telemetry de-duplicated on (device, boot_id, seq)), and only then
+drop here. One writer thread takes what has queued up (up to ``batch_size``, waiting up to
+``linger_s`` after a batch's first message for more to join it), validates it, stores it in one
+transaction per kind (telemetry de-duplicated on (device, boot_id, seq)), and only then
 acknowledges each message (MQTT 5 manual PUBACK), so a crash between receipt and commit loses
 nothing: the broker redelivers and the database drops the duplicate.
+
+Why the linger: a transaction costs the writer about 1.5 ms of CPU whatever it holds (checkout, the
+pool's ping, the statement, the commit, measured on PostgreSQL) and a message's own share is a tenth
+of that; devices connecting one after another send their ``state`` a few milliseconds apart, so
+without waiting every batch was one message. Waiting ``linger_s`` (0.1 s) for a batch's company only
+delays its storing and acknowledgement by as much; a busy fleet fills a batch before then.
 
 Every message is counted once as received and then as exactly one of stored, duplicate or invalid;
 the counters are what ``/metrics`` exposes.
@@ -32,6 +39,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE_SIZE = 20_000
 DEFAULT_BATCH_SIZE = 1_000
+#: how long the writer waits after a batch's first message for more to join it (see the module's docstring)
+DEFAULT_LINGER_S = 0.1
 KINDS = ("state", "telemetry", "events")
 _LOG_EVERY_S = 10.0  # at most one warning per this many seconds about malformed messages
 #: the cyclic collector's young-generation threshold in a process that ingests (CPython's default: 700)
@@ -104,11 +113,12 @@ class Ingest:
 
     def __init__(self, db: FleetDB, *, on_event: Callable[[str, dict], None] | None = None,
                  on_state: Callable[[str, dict], None] | None = None, queue_size: int = DEFAULT_QUEUE_SIZE,
-                 batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+                 batch_size: int = DEFAULT_BATCH_SIZE, linger_s: float = DEFAULT_LINGER_S) -> None:
         self.db = db
         self.stats = IngestStats()
         self.queue_size = queue_size
         self.batch_size = batch_size
+        self.linger_s = linger_s
         self._on_event = on_event
         self._on_state = on_state
         self._queue: queue.Queue[tuple[str, bytes, Any] | None] = queue.Queue(maxsize=queue_size)
@@ -181,16 +191,24 @@ class Ingest:
                 return
 
     def _take(self) -> tuple[_Batch | None, bool]:
-        """Block for one message, then take what else is waiting (up to batch_size). (batch, stop after it)."""
+        """Block for one message, then take what else is waiting or comes within ``linger_s`` (up to batch_size).
+        (batch, stop after it)."""
         first = self._queue.get()
         if first is None:
             return None, True
         items, last = [first], False
+        until = time.monotonic() + self.linger_s
         while len(items) < self.batch_size:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                break
+                left = until - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    break
+                try:
+                    item = self._queue.get(timeout=left)
+                except queue.Empty:
+                    break
             if item is None:
                 last = True
                 break
@@ -243,8 +261,8 @@ class Ingest:
         states = batch.of_kind("state")
         stored, duplicates = self.db.store_telemetry(telemetry) if telemetry else (0, 0)
         stored_events = self.db.store_events([item[:3] for item in events]) if events else 0
-        for fleet, device, state, _text in states:
-            self.db.record_state(fleet, device, state)
+        if states:
+            self.db.record_states([item[:3] for item in states])
         # e.g. rollout progress, before the ack: a crash here gets a redelivery
         for callback, items in ((self._on_event, events), (self._on_state, states)):
             for _fleet, device, message, _text in items if callback is not None else ():

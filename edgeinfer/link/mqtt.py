@@ -156,8 +156,7 @@ class MqttLink:
         return self._retained.idle() and self._outbox.idle()
 
     def stop(self, drain_timeout: float = 2.0) -> None:
-        """Let pending retained messages (and in-flight rows) be acknowledged for up to ``drain_timeout`` s,
-        disconnect cleanly (no Last Will), and join the thread."""
+        """Let what is in flight be acknowledged (up to ``drain_timeout`` s), disconnect (no Last Will), join."""
         if self._thread is None or not self._thread.is_alive():
             self._stop.set()
             return
@@ -169,12 +168,14 @@ class MqttLink:
             log.warning("MQTT thread did not stop in time; abandoning it (daemon thread)")
 
     def close(self) -> None:
-        """Stop (with a short drain) and release the client. Idempotent."""
+        """Stop (with a short drain) and release the client and the inbox's wake-up sockets. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self.stop()
+        if self._inbox is not None:
+            self._inbox.close()
 
     def __enter__(self) -> MqttLink:
         return self.start()

@@ -10,7 +10,7 @@ import contextlib
 import functools
 import os
 import select
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MissingDependency
@@ -273,11 +273,12 @@ def connect(client: Any, broker: BrokerURL, settings: LinkSettings, protocol: st
         client.connect(broker.host, broker.port, keepalive=settings.keepalive_s)
 
 
-def loop_once(client: Any, timeout: float) -> int:
+def loop_once(client: Any, timeout: float, *, wake: int | None = None, woken: Callable[[], None] | None = None) -> int:
     """One round of paho's network loop — select(), read, write, keepalive — as paho's ``loop()`` does it,
     through paho's API for callers that select() themselves, but without ``loop()``'s wake-up socket pair:
     every paho call is made on the link's own thread, so the byte paho writes to that pair for each
-    packet it queues (each acknowledgement) would only cost a system call."""
+    packet it queues (each acknowledgement) would only cost a system call. ``wake``: a file descriptor
+    that another thread makes readable to end the wait (then ``woken()`` is called: it empties it)."""
     from paho.mqtt.enums import MQTTErrorCode
 
     sock = client.socket()
@@ -286,10 +287,15 @@ def loop_once(client: Any, timeout: float) -> int:
     pending = sock.pending()  # bytes paho has not read yet from our buffer (or TLS's): do not wait
     unsent = sock.unsent()  # what a corked send left for when the socket is writable
     try:
-        readable, writable, _ = select.select([sock], [sock] if unsent or client.want_write() else [], [],
+        readable, writable, _ = select.select([sock] if wake is None else [sock, wake],
+                                              [sock] if unsent or client.want_write() else [], [],
                                               0.0 if pending else timeout)
     except (OSError, ValueError, TypeError):  # closed under us
         return MQTTErrorCode.MQTT_ERR_CONN_LOST
+    if wake is not None and wake in readable:
+        readable.remove(wake)
+        if woken is not None:
+            woken()
     if readable or pending:
         rc = client.loop_read()
         if rc or client.socket() is None:

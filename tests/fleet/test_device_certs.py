@@ -194,3 +194,26 @@ def test_the_agents_first_boot_against_the_real_provisioning_route_and_revocatio
     again = CertDevice(fleet, str(folder / CERT_FILE), str(folder / KEY_FILE), str(folder / CA_FILE))
     assert not again.connected(2)
     again.close()
+
+
+def test_the_broker_sends_no_session_ticket_so_every_connection_is_a_full_handshake(fleet, admin, tmp_path):
+    """OpenSSL 3.0 re-decodes the client's certificate to build each TLS 1.3 session ticket: the managed Mosquitto
+    runs with its own OpenSSL configuration (no tickets), on both listeners; the certificate still decides."""
+    import socket
+    import ssl
+
+    cert, key, ca = files_of(admin.enroll("cert-ticket", "f", certificate=True), tmp_path / "t")
+    connect = b"\x10\x17\x00\x04MQTT\x04\x02\x00\x0a\x00\x0bcert-ticket"  # MQTT 3.1.1 CONNECT, clean session
+    for port, certificate in ((fleet.access.certificate_broker["port"], True), (fleet.broker.port, False)):
+        context = ssl.create_default_context(cafile=ca)
+        if certificate:
+            context.load_cert_chain(cert, key)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(connect if certificate else b"\xc0\x00")  # a PINGREQ before CONNECT: the broker hangs up
+            answer = tls.recv(4)  # what the broker sends after the handshake's tickets would have come first
+            assert tls.version() == "TLSv1.3" and not tls.session_reused
+            assert not tls.session.has_ticket, port
+        if certificate:
+            assert answer == b"\x20\x02\x00\x00"  # CONNACK, accepted: the certificate is the identity
+    assert (fleet.broker.folder / "openssl.cnf").read_text().count("NumTickets = 0") == 1

@@ -204,3 +204,50 @@ def test_a_message_the_database_refuses_is_set_aside_and_the_rest_stored(tmp_pat
         assert manager.wait_connected(10)
         time.sleep(1.0)
         assert manager.ingest.stats.received["telemetry"] == 0
+
+
+class Acks:
+    """Deliveries' acknowledgements, in order (what the link would send as PUBACKs)."""
+
+    def __init__(self) -> None:
+        self.acked: list[str] = []
+
+    def delivery(self, name: str):
+        return type("Delivery", (), {"ack": lambda _self: self.acked.append(name)})()
+
+
+def test_messages_within_the_linger_share_one_batch_and_a_devices_states_apply_in_order(tmp_path):
+    """A transaction costs the writer the same however little it holds: what comes within ``linger_s`` of a batch's
+    first message joins it. A device's birth and then its Last Will in one batch leave it offline with the birth's
+    groups, as if written one after the other; each is acknowledged only once the batch is stored."""
+    from support.fleet import state_message
+
+    from edgeinfer.fleet.db import FleetDB
+    from edgeinfer.fleet.ingest import Ingest
+
+    db = FleetDB(f"sqlite:///{tmp_path / 'fleet.sqlite3'}")
+    acks = Acks()
+    ingest = Ingest(db, linger_s=3.0).start()
+    try:
+        birth = state_message("cam-1", "1" * 32, groups=("lobby",))
+        ingest.deliver(Topics("f", "cam-1").state, json.dumps(birth).encode(), acks.delivery("birth"))
+        time.sleep(0.3)
+        assert acks.acked == [] and db.get_device("cam-1") is None  # held for company, not acknowledged
+        will = {"v": 1, "type": "state", "fleet": "f", "device": "cam-1", "ts": time.time(), "online": False,
+                "boot_id": "1" * 32, "reason": "connection lost"}
+        ingest.deliver(Topics("f", "cam-1").state, json.dumps(will).encode(), acks.delivery("will"))
+        ingest.deliver(Topics("f", "cam-2").state, json.dumps(state_message("cam-2", "2" * 32)).encode(),
+                       acks.delivery("other"))
+        assert wait(lambda: len(acks.acked) == 3, 10)
+        assert ingest.stats.batches == 1 and ingest.stats.stored["state"] == 3
+        device = db.get_device("cam-1")
+        assert device["online"] is False and device["groups"] == ["lobby"] and device["state"]["online"] is False
+        assert db.get_device("cam-2")["online"] is True
+        # closing while a batch waits for company stores and acknowledges it, without waiting out the linger
+        ingest.linger_s = 60.0
+        ingest.deliver(Topics("f", "cam-3").state, json.dumps(state_message("cam-3", "3" * 32)).encode(),
+                       acks.delivery("last"))
+        time.sleep(0.3)
+    finally:
+        ingest.close(timeout=20)
+    assert acks.acked[-1] == "last" and db.get_device("cam-3")["online"] is True

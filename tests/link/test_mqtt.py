@@ -286,3 +286,32 @@ def test_manual_ack_and_receive_maximum_make_the_broker_hold_back(broker):
         assert received[-1][0] == 100 and received[-2][0] == 100
         received[-2][1].ack()  # stale: dropped
         received[-1][1].ack()
+
+
+def test_an_acknowledgement_from_another_thread_wakes_the_link_thread_once_per_batch():
+    """The link thread waits in select() on its socket and the inbox's wake-up socket (no 2 ms poll while messages
+    are unacknowledged): the first acknowledgement queued makes it readable, the next ones go out with it."""
+    import select
+    import threading
+
+    from edgeinfer.link.inbox import Delivery, Inbox
+
+    woken = threading.Event()
+    inbox = Inbox(lambda *_: None, woken.set)
+    inbox.connected()
+    try:
+        fd = inbox.wake_fileno()
+        assert select.select([fd], [], [], 0)[0] == []
+        acks = [threading.Thread(target=Delivery(inbox, 1, mid, 1).ack) for mid in (1, 2, 3)]
+        for thread in acks:
+            thread.start()
+            thread.join()
+        assert select.select([fd], [], [], 5)[0] == [fd] and woken.is_set()
+        inbox.woken()  # emptied: one byte for the three, which the next pump sends together
+        assert select.select([fd], [], [], 0)[0] == []
+        assert [d.mid for d in inbox._acks] == [1, 2, 3]
+        Delivery(inbox, 0, 4, 1).ack()  # an earlier connection's: dropped, wakes nothing
+        assert select.select([fd], [], [], 0)[0] == []
+    finally:
+        inbox.close()
+    Delivery(inbox, 1, 5, 1).ack()  # after the link closed its inbox: dropped, no error

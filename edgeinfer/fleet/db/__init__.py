@@ -86,8 +86,7 @@ class FleetDB:
 
     # -------------------------------------------------------------------------------- ingest
     def store_telemetry(self, batch: Sequence[tuple]) -> tuple[int, int]:
-        """``(fleet, device, telemetry[, its JSON text as received])`` items in one transaction;
-        (stored, duplicates)."""
+        """``(fleet, device, telemetry[, its JSON text as received])`` in one transaction; (stored, duplicates)."""
         return writes.store_telemetry(self._sa, self.engine, self.t, batch)
 
     def store_events(self, batch: Sequence[tuple[str, str, dict]]) -> int:
@@ -102,8 +101,11 @@ class FleetDB:
 
     def record_state(self, fleet: str, device_id: str, state: dict) -> None:
         """A device's retained state message (birth or Last Will)."""
-        with self.engine.begin() as conn:
-            writes.upsert_devices(self.engine, conn, self.t, [(fleet, device_id, writes.state_values(state))])
+        self.record_states([(fleet, device_id, state)])
+
+    def record_states(self, states: Sequence[tuple[str, str, dict]]) -> None:
+        """Devices' state messages ``(fleet, device_id, state)``, in the order received, in one transaction."""
+        writes.record_states(self.engine, self.t, states)
 
     def prune(self, *, raw_max_age_s: float = DEFAULT_RAW_RETENTION_S,
               rollup_max_age_s: float = DEFAULT_ROLLUP_RETENTION_S, events_max_age_s: float | None = None,

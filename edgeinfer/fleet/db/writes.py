@@ -156,6 +156,23 @@ def _device_upsert(engine: Any, t: Tables, columns: tuple[str, ...]) -> Any:
     return statement
 
 
+def record_states(engine: Any, t: Tables, states: Sequence[tuple[str, str, dict]]) -> None:
+    """Devices' ``(fleet, device_id, state)`` messages in one transaction (:func:`state_rows`)."""
+    with engine.begin() as conn:
+        upsert_devices(engine, conn, t, state_rows(states))
+
+
+def state_rows(states: Sequence[tuple[str, str, dict]]) -> list[tuple[str, str, dict[str, Any]]]:
+    """One ``(fleet, device_id, values)`` per device for :func:`upsert_devices` from its ``(fleet, device_id, state)``
+    messages in the order received: a later message's columns override an earlier one's, the others stay (a Last
+    Will after a birth is offline and keeps the birth's groups) — as if each had been written in turn."""
+    merged: dict[str, tuple[str, dict[str, Any]]] = {}
+    for fleet, device_id, state in states:
+        values = state_values(state)
+        merged[device_id] = (fleet, {**merged[device_id][1], **values} if device_id in merged else values)
+    return [(fleet, device_id, values) for device_id, (fleet, values) in merged.items()]
+
+
 def state_values(state: dict) -> dict[str, Any]:
     """The device columns a retained state message (birth or Last Will) sets."""
     values: dict[str, Any] = {"online": bool(state.get("online")), "state": state}
