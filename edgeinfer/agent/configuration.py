@@ -148,12 +148,8 @@ class ConfigUpdates:
         target = self.state.folder / "incoming" / f"{manifest.sha256}.json"
         try:
             staged = downloads_for(self.bootstrap, args).fetch(manifest, target)
-        except UpdateRejected as exc:
-            report(TargetState.FAILED, "error", exc.reason, detail=exc.detail)
-            return {"state": TargetState.FAILED.value, "reason": exc.reason}
-        except EdgeInferError as exc:  # a download that never completed
-            report(TargetState.FAILED, "error", "download_failed", detail=str(exc))
-            return {"state": TargetState.FAILED.value, "reason": "download_failed"}
+        except EdgeInferError as exc:  # refused, or a download that never completed
+            return report.failed(exc)
         try:
             return self.apply_staged(manifest, staged, ctx, report=report, arrived=arrived)
         finally:

@@ -213,12 +213,8 @@ class ModelUpdates:
             staged = updater.download(manifest)
             report(TargetState.VALIDATING)
             updater.validate(staged)
-        except UpdateRejected as exc:
-            report(TargetState.FAILED, "error", exc.reason, detail=exc.detail)
-            return {"state": TargetState.FAILED.value, "reason": exc.reason}
-        except EdgeInferError as exc:  # a download that never completed
-            report(TargetState.FAILED, "error", "download_failed", detail=str(exc))
-            return {"state": TargetState.FAILED.value, "reason": "download_failed"}
+        except EdgeInferError as exc:  # refused, or a download that never completed
+            return report.failed(exc)
         if self._rollback_requested.is_set():  # rolled back before its trial began: the new model never runs
             self._trial_ended_by_rollback = True
             verdict, reason = False, "rollback_requested"

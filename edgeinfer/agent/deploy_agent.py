@@ -67,12 +67,8 @@ class AgentUpdates:
                                                  deployment_id=manifest.deployment_id, number=manifest.version)
             slots.begin_trial(slot, record, deployment_id=manifest.deployment_id, cmd_id=ctx.command_id,
                               version=manifest.version, version_text=bundle.version, sha256=manifest.sha256)
-        except UpdateRejected as exc:
-            report(TargetState.FAILED, "error", exc.reason, detail=exc.detail)
-            return {"state": TargetState.FAILED.value, "reason": exc.reason}
-        except EdgeInferError as exc:  # a download that never completed
-            report(TargetState.FAILED, "error", "download_failed", detail=str(exc))
-            return {"state": TargetState.FAILED.value, "reason": "download_failed"}
+        except EdgeInferError as exc:  # refused, or a download that never completed
+            return report.failed(exc)
         log.warning("edgeinfer %s is installed in slot %s: restarting into it", bundle.version, slot)
         ctx.agent.request_exit(SWITCH_EXIT_STATUS)
         return {"state": "switching", "slot": slot, "version": bundle.version}

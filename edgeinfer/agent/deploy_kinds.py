@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..errors import EdgeInferError, UpdateRejected
 from ..link.vocabulary import DeploymentKind, EventKind, TargetState
 from ..updates.signing import Manifest
 from ..updates.updater import Downloads
@@ -42,6 +43,13 @@ class UpdateReport:
         what = self.label or f"v{self.version}"
         message = f"update to {what}: {state.value}" + (f" ({reason})" if reason else "")
         self.agent.emit(EventKind.UPDATE, level, message, pipeline=self.pipeline, cmd_id=self.cmd_id, data=data)
+
+    def failed(self, exc: EdgeInferError) -> dict[str, Any]:
+        """Report a deployment that failed before it ran — refused (``UpdateRejected``: its reason) or a download
+        that never completed — and answer the state it ended in."""
+        reason, detail = (exc.reason, exc.detail) if isinstance(exc, UpdateRejected) else ("download_failed", str(exc))
+        self(TargetState.FAILED, "error", reason, detail=detail)
+        return {"state": TargetState.FAILED.value, "reason": reason}
 
 
 class KindHandler(Protocol):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..util.fs import atomic_write_files
+from ..util.yaml_text import dump_yaml, load_yaml
 
 IDENTITY_DIR = "identity"
 KEY_FILE = "device.key"
@@ -163,7 +164,6 @@ def write_identity(folder: Path, answer: Mapping[str, Any]) -> dict[str, Any]:
     are flushed to disk with their folder before identity.yaml is renamed into place, and identity.yaml's own
     rename is flushed last. Before then a new certificate may sit beside the old identity.yaml (a renewal: the
     same key, a certificate as good), never a new identity.yaml without its certificate."""
-    import yaml
 
     broker = answer["broker"]
     atomic_write_files(folder, [(CA_FILE, str(answer["ca"]).encode(), 0o644),
@@ -173,8 +173,7 @@ def write_identity(folder: Path, answer: Mapping[str, Any]) -> dict[str, Any]:
             "manager_url": answer.get("manager_url"), "update_public_key": answer.get("update_key"),
             "groups": list(answer.get("groups") or [])}
     keys = {k: v for k, v in keys.items() if v is not None}
-    # libyaml when present (as device/profiles.py): the pure-Python emitter costs ~0.4 ms, a simulator makes thousands
-    text = yaml.dump(keys, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
+    text = dump_yaml(keys, sort_keys=False)
     atomic_write_files(folder, [(IDENTITY_FILE, text.encode(), 0o644)])
     return keys
 
@@ -184,7 +183,7 @@ def read_identity(folder: Path) -> dict[str, Any] | None:
     import yaml
 
     try:
-        data = yaml.load((folder / IDENTITY_FILE).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        data = load_yaml((folder / IDENTITY_FILE).read_text())
     except FileNotFoundError:
         return None
     except (OSError, yaml.YAMLError) as exc:

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import ProfileError
 from ..util.config import KeyedReader, keyed_error, read_document
+from ..util.yaml_text import load_yaml
 from .host import ARCH_ALIASES
 
 PROFILE_DIRS_ENV = "EDGEINFER_PROFILE_DIRS"
@@ -322,7 +323,7 @@ def _read_yaml(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise ProfileError(f"{path}: is not UTF-8 text ({exc.reason})") from exc
     try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml when present
+        return load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(syntax)"
