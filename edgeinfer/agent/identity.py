@@ -121,12 +121,11 @@ def _request_pem(key: Any) -> str:
 
 
 def device_key(folder: Path) -> Any:
-    """The device's private key: read, or made once (EC P-256, written 0600 before anything else exists)."""
+    """The device's private key: read, or made once with its request (:func:`certificate_request`)."""
     key = _load_key(folder)
     if key is None:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        key, pem = _new_key()
-        atomic_write_files(folder, [(KEY_FILE, pem, 0o600)])
+        certificate_request(folder)
+        key = _load_key(folder)
     return key
 
 

@@ -198,8 +198,7 @@ class ClaimService:
         devices asking at the same time, in one transaction (:class:`_RequestBatches`)."""
         match = CLAIM_TOKEN_RE.fullmatch(claim_token)
         if match is None:
-            _check_token(None, claim_token)  # what an unknown claim costs, then 401
-            raise AssertionError("unreachable")
+            _check_token(None, claim_token)  # raises 401, after what an unknown claim costs
         csr = read_csr(csr_pem)
         self._broker(403)
         asked = _Asked(claim_token, match.group(1), csr_pem, csr, public_key_sha256(csr), hardware, remote)
@@ -358,9 +357,7 @@ class _RequestBatches:
             new: dict[str, list[_Asked]] = {}
             for asked in batch:
                 try:
-                    claim = claims.get(asked.claim_id)
-                    _check_token(claim, asked.token)
-                    assert claim is not None
+                    claim = _check_token(claims.get(asked.claim_id), asked.token)
                     if asked.serial in earlier:
                         asked.outcome = (earlier[asked.serial], claim)  # a poll, or another device's serial
                         continue
@@ -437,11 +434,12 @@ class _RequestBatches:
         return row
 
 
-def _check_token(claim: dict | None, token: str) -> None:
-    """ProvisioningRefused(401) unless ``token`` is ``claim``'s; compared even without a claim, so that an unknown
-    id costs what a wrong secret costs."""
+def _check_token(claim: dict | None, token: str) -> dict:
+    """``claim``, when ``token`` is its token; else ProvisioningRefused(401). Compared even without a claim, so that an
+    unknown id costs what a wrong secret costs."""
     if not hmac.compare_digest(claim["token_hash"] if claim else "0" * 64, token_hash(token)) or claim is None:
         raise ProvisioningRefused(401, "claim: not a claim this manager issued")
+    return claim
 
 
 def _admit(claim: dict, used: int, listed: bool) -> None:
