@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +29,7 @@ from edgeinfer.fleet.claims import CLAIM_TOKEN_RE, _Asked, public_key_sha256
 from edgeinfer.fleet.client import FleetClient, FleetRequestError
 from edgeinfer.fleet.device_certs import read_csr
 from edgeinfer.fleet.manager import FleetManager, FleetSettings
+from edgeinfer.updates.signing import PRIVATE_KEY_FILE
 
 
 def settings(data_dir: Path, db_url: str, **more) -> FleetSettings:
@@ -193,6 +196,92 @@ def test_one_batch_decides_its_devices_in_the_order_they_asked_as_one_at_a_time_
     with ThreadPoolExecutor(10) as pool:
         statuses = sorted(pool.map(lambda i: provision(fleet, burst, f"burst-{i}")[0], range(10)))
     assert statuses == [200] * 6 + [403] * 4, statuses
+
+
+def twin_of(first: FleetManager, data_dir: Path, db_url: str) -> FleetManager:
+    """A second manager on the first one's database, as docs/provisioning.md says to run several: the fleet CA and
+    the signing key copied into its own data dir."""
+    for name in ("tls/ca.key", "tls/ca.crt", PRIVATE_KEY_FILE):
+        (data_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(first.settings.data_dir / name, data_dir / name)
+    return FleetManager(settings(data_dir, db_url))
+
+
+def spy_on_attempts(monkeypatch, managers) -> dict[str, int]:
+    """Counts the batches the managers decide and the transactions that took (more: a batch decided again)."""
+    counts = {"batches": 0, "decided": 0}
+    for manager in managers:
+        batches = manager.claims._batches
+        decide, decide_once = batches._decide, batches._decide_once
+
+        def counted_decide(batch, decide=decide):
+            counts["batches"] += 1
+            return decide(batch)
+
+        def counted_once(batch, decide_once=decide_once):
+            counts["decided"] += 1
+            return decide_once(batch)
+
+        monkeypatch.setattr(batches, "_decide", counted_decide)
+        monkeypatch.setattr(batches, "_decide_once", counted_once)
+    return counts
+
+
+def test_two_managers_on_one_database_admit_a_claim_s_devices_once_each_and_within_its_bound(tmp_path, postgres,
+                                                                                              monkeypatch):
+    """Several managers share claims through the database (docs/provisioning.md, *Several managers*): requests that
+    arrive at both at once are admitted within the claim's count, one serial once, one name once — batches of the two
+    managers that race for a name or a serial, written in parallel transactions, lose to the database's unique keys
+    and are decided again (fleet/claims.py, _RequestBatches.ATTEMPTS), never answered twice or 500."""
+    db_url = postgres.create_database()
+    with FleetManager(settings(tmp_path / "a", db_url)) as first, twin_of(first, tmp_path / "b", db_url) as second:
+        managers = (first, second)
+        assert second.access.ca.ca_file.read_bytes() == first.access.ca.ca_file.read_bytes()
+        # two claims that name devices alike, decided by the two managers at the same instant, five times: "r:1" and
+        # "r-1" ask for one name, so do "r:3" and "r-3", and "r-2" is asked for at both with two keys
+        tokens = [create(first, "--group", "g", "--name-template", "race-{serial}")["token"] for _ in managers]
+        attempts = spy_on_attempts(monkeypatch, managers)
+        together = threading.Barrier(2)
+
+        def decide(manager: FleetManager, batch: list[_Asked]) -> None:
+            together.wait()
+            manager.claims._batches._decide(batch)
+
+        for round_ in range(5):
+            batches = [[asked(tokens[0], f"r{round_}:1"), asked(tokens[0], f"r{round_}-2"),
+                        asked(tokens[0], f"r{round_}:3")],
+                       [asked(tokens[1], f"r{round_}-1"), asked(tokens[1], f"r{round_}-2"),
+                        asked(tokens[1], f"r{round_}-3")]]
+            with ThreadPoolExecutor(2) as pool:
+                list(pool.map(decide, managers, batches))
+            own = sorted(a.outcome[0]["device_id"] for batch in batches for a in batch
+                         if isinstance(a.outcome, tuple) and a.outcome[0]["public_key_sha256"] == a.key_sha256)
+            names = [f"race-r{round_}-{n}" for n in (1, 2, 3)]
+            assert own == sorted([*names, f"{names[0]}-2", f"{names[2]}-2"]), [a.outcome for b in batches for a in b]
+            # the second "r-2" is answered with the first one's request (then 409: another key), or refused 409
+            second_r2 = [a.outcome for batch in batches for a in batch[1:2]
+                         if not (isinstance(a.outcome, tuple) and a.outcome[0]["public_key_sha256"] == a.key_sha256)]
+            assert len(second_r2) == 1 and (isinstance(second_r2[0], tuple) or second_r2[0].status == 409)
+        assert attempts["batches"] == 10 and attempts["decided"] > 10, attempts  # at least one race was lost
+        rows = FleetClient(second.http.url, token=first.admin_token, ca=second.access.ca.ca_file).provisioning(None)
+        assert len(rows) == 25 and len({r["serial"] for r in rows}) == 25
+        # one claim of 8, 24 devices at both managers over HTTPS (two keys ask for each of 4 serials)
+        at_second = FleetClient(second.http.url, token=first.admin_token, ca=second.access.ca.ca_file)
+        bound = at_second.create_claim({"groups": ["g"], "max_devices": 8, "name_template": "twin-{serial}"})
+        serials = [f"t:{i}" for i in range(10)] + [f"t-{i}" for i in range(10)] + [f"t:{i}" for i in range(4)]
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda i: provision(managers[i % 2], bound["token"], serials[i]),
+                                    range(len(serials))))
+        statuses = sorted(status for status, _body, _headers in answers)
+        assert statuses.count(200) == 8 and set(statuses) <= {200, 403, 409}, statuses
+        admitted = [body for status, body, _headers in answers if status == 200]
+        assert len({body["device_id"] for body in admitted}) == 8
+        for manager in managers:
+            admin = FleetClient(manager.http.url, token=first.admin_token, ca=manager.access.ca.ca_file)
+            assert [c["used"] for c in admin.claims() if c["claim_id"] == bound["claim_id"]] == [8]
+            listed = [r for r in admin.provisioning(None) if r["claim_id"] == bound["claim_id"]]
+            assert sorted(r["device_id"] for r in listed) == sorted(b["device_id"] for b in admitted)
+            assert len({r["serial"] for r in listed}) == 8
 
 
 def test_bad_certificate_requests_are_refused_naming_the_fault(fleet):
