@@ -245,12 +245,14 @@ class FleetManager:
             threading.Thread(target=self._save_broker, name="edgeinfer-fleet-broker-save", daemon=True).start()
 
     def _save_broker(self) -> None:
-        time.sleep(1.0)  # the SUBACKs first
+        if self._stop.wait(1.0):  # the SUBACKs first; a manager closed meanwhile has stopped its broker too
+            return
         try:
             if self.broker is not None:
                 self.broker.save()
         except Exception as exc:
-            log.warning("could not make Mosquitto save its persistence: %s", exc)
+            if not self._stop.is_set():
+                log.warning("could not make Mosquitto save its persistence: %s", exc)
 
     def _load_or_create_key(self) -> SigningKey:
         path = self.data_dir / PRIVATE_KEY_FILE

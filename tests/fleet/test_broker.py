@@ -4,6 +4,7 @@ a crash survived with its sessions, MQTT 5 shared subscriptions, and clear error
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import signal
 import socket
@@ -75,6 +76,19 @@ def test_persistence_lands_in_a_root_only_folder_and_a_crash_keeps_sessions(tmp_
         assert wait(lambda: late, 10) and late == [("edgeinfer/v1/f/d/state", b"birth", True)]
         stop(back, reader)
     assert broker.pid is None
+
+
+def test_a_manager_closed_at_once_says_nothing_of_its_stopped_broker_s_persistence(tmp_path, caplog):
+    """The manager asks its Mosquitto to save its persistence a second after it connects (its session must survive a
+    broker crash); a manager closed before that has stopped its broker with it: nothing to save, nothing to warn of."""
+    from edgeinfer.fleet.manager import FleetManager, FleetSettings
+
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.fleet.manager"):
+        with FleetManager(FleetSettings(broker=None, broker_port=free_port(), http="127.0.0.1:0",
+                                        data_dir=tmp_path / "fleet")) as manager:
+            assert manager.wait_connected(10)
+        time.sleep(1.5)  # past the save's second
+    assert not [r.getMessage() for r in caplog.records if "persistence" in r.getMessage()]
 
 
 def test_a_start_waits_for_this_runs_own_running_line_not_an_earlier_runs(tmp_path):
