@@ -36,3 +36,14 @@ def test_runtime_is_imported_on_first_use():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=env_with_repo(PYTHONPATH=f"{REPO}:{REPO / 'tests'}"))
     assert out.stdout.split() == ["True", "False"]
+
+
+def test_the_fleet_commands_load_no_model_pipeline():
+    """`edgeinfer fleet ...` (a claim, a device list, a deploy) runs no model: its commands load neither numpy nor the
+    pipeline's option parsing (`deploy --require-eval`'s options are declared in cli/fleet_eval.py, and the
+    evaluation's own imports wait for it to run) — a fifth of a second of CPU on every call when they did."""
+    code = ("import sys, json, edgeinfer.cli.fleet; "
+            "print(json.dumps([m for m in ('numpy', 'edgeinfer.pipeline.options', 'edgeinfer.cli.evaluate') "
+            "if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []

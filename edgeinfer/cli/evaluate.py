@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from .fleet_access import client_options
-from .fleet_eval import evaluation_inputs, sample_filter_options
+from .fleet_eval import dataset_options, eval_options, evaluation_inputs, sample_filter_options
 from .output import print_json
 from .pipeline_flags import decoder_flag
 from .progress import StderrProgress
@@ -63,31 +63,6 @@ def print_comparison(result: dict[str, Any]) -> None:
     verdict = "worse" if result["worse"] else "not worse"
     click.echo(f"candidate - baseline: {deltas} → {verdict} (tolerance {_pct(result['tolerance'])} "
                f"on {', '.join(result['judged'])})")
-
-
-def dataset_options(func: Any) -> Any:
-    """The options every evaluation takes (``evaluate`` and ``deploy --require-eval``)."""
-    from ..tools.evaluate import FORMATS
-
-    for option in reversed([
-        click.option("--format", "dataset_format", type=click.Choice(FORMATS),
-                     help="The dataset's format (default: data.yaml → yolo, a .json → coco, else class folders)."),
-        click.option("--labels", type=click.Path(exists=True, dir_okay=False),
-                     help="The model's class names, one a line (default: packed in the model or its metadata)."),
-        click.option("--ignore-unknown-classes", "ignore_unknown", is_flag=True,
-                     help="Leave out the dataset's classes the model does not know, instead of refusing."),
-        click.option("--eval-delegate", "eval_delegate", help="Run the evaluation on this delegate."),
-    ]):
-        func = option(func)
-    return func
-
-
-def eval_options(dataset_format: str | None, labels: str | None, ignore_unknown: bool,
-                 eval_delegate: str | None) -> Any:
-    from ..tools.evaluate import EvaluateOptions
-
-    return EvaluateOptions(format=dataset_format, labels=labels, ignore_unknown=ignore_unknown,
-                           delegate=eval_delegate)
 
 
 @click.command()

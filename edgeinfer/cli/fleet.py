@@ -14,7 +14,6 @@ import click
 
 from ..fleet.rollout import DeploymentStatus
 from ..util.optional import import_optional
-from .evaluate import dataset_options, eval_options
 from .fleet_access import (
     audit,
     broker_auth,
@@ -31,8 +30,8 @@ from .fleet_claims import claim
 from .fleet_config import config
 from .fleet_dataset import dataset
 from .fleet_db import db
+from .fleet_eval import dataset_options, eval_options, target_devices
 from .fleet_eval import require_eval as require_eval_gate
-from .fleet_eval import target_devices
 from .fleet_logs import doctor as fleet_doctor
 from .fleet_logs import logs as fleet_logs
 from .fleet_simulate import simulate
