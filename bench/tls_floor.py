@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provision_fleet import Manager, cpu_s
@@ -68,20 +69,20 @@ def idle_rate(servers: dict[str, int], seconds: float) -> dict[str, float]:
     return {name: (cpu_s(pid) - before[name]) / seconds for name, pid in servers.items()}
 
 
-def measure(manager: Manager, rounds: int, per_round: int) -> dict:
+def measure(manager: Manager, device_dir: Path, rounds: int, per_round: int) -> dict:
+    """Provision one device into ``device_dir``, then time its TLS operations (see the module's docstring)."""
     claim = manager.api("/api/claims", {"groups": ["bench"], "max_devices": 1, "approve": "auto"})
-    folder = identity_dir(Path(tempfile.mkdtemp(prefix="tls-floor-", dir="/dev/shm")) / "device")
-    keys = provision(manager.url, claim["token"], folder, hardware_of("tls-floor-0"), cafile=str(manager.ca))
+    keys = provision(manager.url, claim["token"], identity_dir(device_dir), hardware_of("tls-floor-0"),
+                     cafile=str(manager.ca))
     assert keys is not None
-    broker = parse_broker_url(keys["broker"])
-    manager_host, manager_port = manager.url.split("//", 1)[1].rsplit(":", 1)
+    broker, https = parse_broker_url(keys["broker"]), urlsplit(manager.url)
     device_context = tls_context(keys["ca"], keys["cert"], keys["key"])
     agent_context = ssl.create_default_context(cafile=str(manager.ca))  # as ManagerHTTP makes it
     kinds: dict[str, tuple[Callable[[], object], dict[str, int]]] = {
         "context": (lambda: tls_context(keys["ca"], keys["cert"], keys["key"]), {}),
         "mqtt_handshake": (lambda: handshake(device_context, broker.host, broker.port),
                            {"mosquitto": manager.mosquitto_pid()}),
-        "https_handshake": (lambda: handshake(agent_context, manager_host, int(manager_port)),
+        "https_handshake": (lambda: handshake(agent_context, https.hostname, https.port),
                             {"manager": manager.proc.pid}),
     }
     for op, _servers in kinds.values():  # warm up: the first of each pays for imports and caches
@@ -118,7 +119,7 @@ def main() -> None:
         (Path(workdir) / "manager").mkdir()
         try:
             manager.start()
-            print(json.dumps(measure(manager, args.rounds, args.per_round), indent=2))
+            print(json.dumps(measure(manager, Path(workdir) / "device", args.rounds, args.per_round), indent=2))
         finally:
             manager.stop()
             postgres.stop()

@@ -207,6 +207,11 @@ def twin_of(first: FleetManager, data_dir: Path, db_url: str) -> FleetManager:
     return FleetManager(settings(data_dir, db_url))
 
 
+def owns(asked_: _Asked) -> bool:
+    """Whether a decided request holds its serial with its own key (not another key's earlier request)."""
+    return isinstance(asked_.outcome, tuple) and asked_.outcome[0]["public_key_sha256"] == asked_.key_sha256
+
+
 def spy_on_attempts(monkeypatch, managers) -> dict[str, int]:
     """Counts the batches the managers decide and the transactions that took (more: a batch decided again)."""
     counts = {"batches": 0, "decided": 0}
@@ -254,19 +259,17 @@ def test_two_managers_on_one_database_admit_a_claim_s_devices_once_each_and_with
                         asked(tokens[1], f"r{round_}-3")]]
             with ThreadPoolExecutor(2) as pool:
                 list(pool.map(decide, managers, batches))
-            own = sorted(a.outcome[0]["device_id"] for batch in batches for a in batch
-                         if isinstance(a.outcome, tuple) and a.outcome[0]["public_key_sha256"] == a.key_sha256)
+            own = sorted(a.outcome[0]["device_id"] for batch in batches for a in batch if owns(a))
             names = [f"race-r{round_}-{n}" for n in (1, 2, 3)]
             assert own == sorted([*names, f"{names[0]}-2", f"{names[2]}-2"]), [a.outcome for b in batches for a in b]
             # the second "r-2" is answered with the first one's request (then 409: another key), or refused 409
-            second_r2 = [a.outcome for batch in batches for a in batch[1:2]
-                         if not (isinstance(a.outcome, tuple) and a.outcome[0]["public_key_sha256"] == a.key_sha256)]
+            second_r2 = [a.outcome for batch in batches for a in batch[1:2] if not owns(a)]
             assert len(second_r2) == 1 and (isinstance(second_r2[0], tuple) or second_r2[0].status == 409)
         assert attempts["batches"] == 10 and attempts["decided"] > 10, attempts  # at least one race was lost
-        rows = FleetClient(second.http.url, token=first.admin_token, ca=second.access.ca.ca_file).provisioning(None)
+        at_second = FleetClient(second.http.url, token=first.admin_token, ca=second.access.ca.ca_file)
+        rows = at_second.provisioning(None)
         assert len(rows) == 25 and len({r["serial"] for r in rows}) == 25
         # one claim of 8, 24 devices at both managers over HTTPS (two keys ask for each of 4 serials)
-        at_second = FleetClient(second.http.url, token=first.admin_token, ca=second.access.ca.ca_file)
         bound = at_second.create_claim({"groups": ["g"], "max_devices": 8, "name_template": "twin-{serial}"})
         serials = [f"t:{i}" for i in range(10)] + [f"t-{i}" for i in range(10)] + [f"t:{i}" for i in range(4)]
         with ThreadPoolExecutor(12) as pool:
